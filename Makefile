@@ -1,0 +1,58 @@
+# taskloss — the two commands are `make run` and `make test`; both create the environment when missing.
+SHELL := /bin/bash
+VENV ?= .venv
+# Use an existing environment instead of the venv with `make test PY=python` (e.g. inside the conda env).
+PY ?= $(VENV)/bin/python
+STAMP := $(VENV)/.taskloss-installed
+JOBS ?= 2
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
+
+.PHONY: help env run test test-fast notebooks sync bench pretrained clean
+
+help:
+	@echo "make run        execute every notebook (default parameters) into runs/default/ + SUMMARY.md"
+	@echo "make test       unit tests + pairing + runner tests + every notebook through nbval"
+	@echo "make notebooks  re-execute notebooks and refresh the committed .ipynb outputs"
+	@echo "make sync       re-pair notebooks/*.py -> .ipynb (keeps outputs)"
+	@echo "make bench      run benchmarks/bench_*.py and write benchmarks/RESULTS.md"
+	@echo "make pretrained rebuild the cached pretrained small LM (data/pretrained/)"
+
+# The environment: a venv with torch installed *first* (torch==2.13.0 when none is present) so that the
+# unpinned torch requirement of the rest is already satisfied and pip never pulls a multi-GB CUDA build.
+$(STAMP): pyproject.toml
+	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then \
+	  test -x $(VENV)/bin/python || python3 -m venv $(VENV); \
+	  $(PY) -m pip install -q --upgrade pip; \
+	  $(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"; \
+	  $(PY) -m pip install -q -e ".[dev]"; \
+	  $(PY) -m pip install -q --no-deps "curvlinops-for-pytorch>=2"; \
+	  touch $(STAMP); \
+	fi
+
+env: $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m taskloss.runs all --out runs/default
+
+# OMP threads = 1 per worker: two xdist workers share the two cores without oversubscription.
+test: $(STAMP)
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+	  $(PY) -m pytest -n $(JOBS) --dist loadfile tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
+
+test-fast: $(STAMP)
+	OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) -m pytest -n $(JOBS) tests -m "not slow"
+
+notebooks: $(STAMP)
+	MPLBACKEND=Agg $(PY) -m taskloss.runs refresh $(NOTEBOOKS)
+
+sync: $(STAMP)
+	$(PY) -m jupytext --sync $(NOTEBOOKS)
+
+bench: $(STAMP)
+	$(PY) benchmarks/run_all.py
+
+pretrained: $(STAMP)
+	$(PY) data/build_pretrained_lm.py --force
+
+clean:
+	rm -rf runs .pytest_cache

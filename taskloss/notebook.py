@@ -1,0 +1,125 @@
+"""The one small API notebooks use to record results and figures into their run folder.
+
+A notebook's ``parameters`` cell holds ``output_dir = ""``; the runner (``python -m taskloss.runs``) injects a
+folder, and an interactive session falls back to ``runs/interactive/<notebook>``::
+
+    run = taskloss.notebook.start("01_optimization_as_sampling", output_dir, device=device, seed=seed)
+    run.record("sampling/ess_ratio", 0.83, headline=True)
+    run.savefig(fig, "isotropy.png")
+    run.table()
+
+``results.json`` is rewritten atomically on every ``record`` so a notebook that fails half-way keeps what it
+had measured. The runner reads the ``headline`` keys into ``SUMMARY.md``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .utils import RUNS_DIR, resolve_device, seed_everything
+
+__all__ = ["Run", "start", "atomic_write_text", "RESULTS_FILE"]
+
+RESULTS_FILE = "results.json"
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file + rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().tolist() if value.numel() != 1 else value.item()
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+@dataclass
+class Run:
+    """Results and figures of one notebook execution (see :func:`start`)."""
+
+    name: str
+    dir: Path
+    device: torch.device
+    seed: int
+    results: dict[str, Any] = field(default_factory=dict)
+    headline: list[str] = field(default_factory=list)
+
+    def record(self, key: str, value: Any, *, headline: bool = False) -> Any:
+        """Store ``value`` under ``key`` (e.g. ``"mgs/edit_distance"``) and rewrite ``results.json``."""
+        if not isinstance(key, str) or not key:
+            raise ValueError("result key must be a non-empty string")
+        self.results[key] = _jsonable(value)
+        if headline and key not in self.headline:
+            self.headline.append(key)
+        self._flush()
+        return value
+
+    def savefig(self, fig, filename: str, **kwargs) -> Path:
+        """Save a matplotlib figure into the run folder (PNG by default) and return its path."""
+        path = self.dir / filename
+        if path.suffix == "":
+            path = path.with_suffix(".png")
+        kwargs.setdefault("dpi", 110)
+        kwargs.setdefault("bbox_inches", "tight")
+        fig.savefig(path, **kwargs)
+        return path
+
+    def table(self, keys: list[str] | None = None) -> str:
+        """Print (and return) a Markdown table of the recorded results."""
+        keys = list(self.results) if keys is None else keys
+        lines = ["| result | value |", "|---|---|"]
+        for k in keys:
+            v = self.results[k]
+            if isinstance(v, float):
+                v = f"{v:.6g}"
+            elif isinstance(v, list) and len(v) > 8:
+                v = f"[{len(v)} values]"
+            lines.append(f"| {k}{' ★' if k in self.headline else ''} | {v} |")
+        text = "\n".join(lines)
+        print(text)
+        return text
+
+    def _flush(self) -> None:
+        payload = {"notebook": self.name, "device": str(self.device), "seed": self.seed,
+                   "headline": self.headline, "results": self.results}
+        atomic_write_text(self.dir / RESULTS_FILE, json.dumps(payload, indent=1, sort_keys=False))
+
+
+def start(name: str, output_dir: str = "", *, device: str = "auto", seed: int = 0) -> Run:
+    """Begin a notebook run: resolve the device, seed everything, create the output folder.
+
+    ``output_dir == ""`` means ``runs/interactive/<name>`` (what a reader running the notebook by hand gets).
+    """
+    out = Path(output_dir) if output_dir else RUNS_DIR / "interactive" / name
+    out.mkdir(parents=True, exist_ok=True)
+    dev = resolve_device(device)
+    seed_everything(seed)
+    run = Run(name=name, dir=out, device=dev, seed=seed)
+    run._flush()
+    return run

@@ -1,0 +1,144 @@
+"""Small shared helpers: device resolution, seeding, input validation.
+
+Every public entry point of :mod:`taskloss` validates its inputs through these functions so that errors are
+uniform and clear (``ValueError`` for bad values, ``TypeError`` for bad types) and nothing returns NaN silently.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import torch
+
+__all__ = [
+    "REPO_ROOT", "DATA_DIR", "RUNS_DIR",
+    "resolve_device", "seed_everything",
+    "check_positive", "check_nonnegative", "check_probability", "check_int", "check_finite",
+    "check_ndim", "check_nonempty", "check_same_length", "check_floating",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DATA_DIR = REPO_ROOT / "data"
+RUNS_DIR = REPO_ROOT / "runs"
+
+
+def resolve_device(device: str | torch.device = "auto") -> torch.device:
+    """``"auto"`` → ``cuda`` when available, else ``cpu``; anything else is passed to :class:`torch.device`.
+
+    Asking for ``cuda`` on a machine without one raises instead of silently falling back.
+    """
+    if isinstance(device, torch.device):
+        dev = device
+    elif not isinstance(device, str):
+        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
+    elif device == "auto":
+        dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        dev = torch.device(device)
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
+    return dev
+
+
+def seed_everything(seed: int) -> torch.Generator:
+    """Seed Python, NumPy and torch (all devices); return a CPU ``torch.Generator`` seeded the same way."""
+    check_int("seed", seed, minimum=0)
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+    os.environ.setdefault("PYTHONHASHSEED", str(seed))
+    return torch.Generator().manual_seed(seed)
+
+
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def check_positive(name: str, value, *, allow_inf: bool = False) -> float:
+    """Raise ``ValueError`` unless ``value`` is a finite number > 0."""
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if not _is_number(value):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    v = float(value)
+    if math.isnan(v) or v <= 0 or (math.isinf(v) and not allow_inf):
+        raise ValueError(f"{name} must be > 0{'' if allow_inf else ' and finite'}, got {value}")
+    return v
+
+
+def check_nonnegative(name: str, value) -> float:
+    """Raise ``ValueError`` unless ``value`` is a finite number >= 0."""
+    if not _is_number(value):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    v = float(value)
+    if not math.isfinite(v) or v < 0:
+        raise ValueError(f"{name} must be >= 0 and finite, got {value}")
+    return v
+
+
+def check_probability(name: str, value) -> float:
+    """Raise ``ValueError`` unless ``0 <= value <= 1``."""
+    if not _is_number(value):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    v = float(value)
+    if not (0.0 <= v <= 1.0):
+        raise ValueError(f"{name} must lie in [0, 1], got {value}")
+    return v
+
+
+def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    """Raise unless ``value`` is an integer within ``[minimum, maximum]``."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if minimum is not None and value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ValueError(f"{name} must be <= {maximum}, got {value}")
+    return int(value)
+
+
+def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """Raise ``ValueError`` if a floating tensor holds NaN or ±inf."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.is_floating_point() or tensor.is_complex():
+        if not bool(torch.isfinite(tensor).all()):
+            raise ValueError(f"{name} contains NaN or inf")
+    return tensor
+
+
+def check_floating(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    if not tensor.is_floating_point():
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")
+    return tensor
+
+
+def check_ndim(name: str, tensor: torch.Tensor, ndim: int | Iterable[int]) -> torch.Tensor:
+    """Raise ``ValueError`` unless ``tensor.ndim`` is (one of) ``ndim``."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    if tensor.ndim not in allowed:
+        raise ValueError(f"{name} must have ndim in {allowed}, got shape {tuple(tensor.shape)}")
+    return tensor
+
+
+def check_nonempty(name: str, obj) -> None:
+    """Raise ``ValueError`` on an empty batch (tensor with a zero dimension, or empty sequence)."""
+    n = obj.shape[0] if isinstance(obj, torch.Tensor) and obj.ndim > 0 else len(obj)
+    if n == 0 or (isinstance(obj, torch.Tensor) and obj.numel() == 0):
+        raise ValueError(f"{name} is empty (batch size 0)")
+
+
+def check_same_length(**named) -> int:
+    """Raise ``ValueError`` unless all arguments have the same leading length; return it."""
+    lengths = {k: (v.shape[0] if isinstance(v, torch.Tensor) else len(v)) for k, v in named.items()}
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"batch sizes differ: {lengths}")
+    return next(iter(lengths.values()))
