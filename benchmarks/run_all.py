@@ -1,0 +1,99 @@
+"""Run every ``benchmarks/bench_*.py`` and write their Markdown into ``benchmarks/RESULTS.md``.
+
+Each benchmark measures ours against the reference in one process and prints a Markdown section of ratios.
+RESULTS.md keeps one block per machine (this CPU, a GPU, …): a run replaces only its own machine's block, so
+CPU and GPU figures live side by side.
+
+    python benchmarks/run_all.py                 # all benchmarks, device auto
+    python benchmarks/run_all.py --device cuda --only mgs emo
+    python benchmarks/run_all.py --quick         # smaller sizes (smoke run)
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+RESULTS = HERE / "RESULTS.md"
+
+
+def machine_description(device: str) -> tuple[str, str]:
+    """A stable key and a human description of the machine the numbers come from."""
+    import torch
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    use_cuda = device == "cuda" or (device == "auto" and torch.cuda.is_available())
+    if use_cuda:
+        gpu = torch.cuda.get_device_name(0)
+        key = "cuda-" + re.sub(r"\W+", "-", gpu).strip("-").lower()
+        desc = f"GPU {gpu} (CUDA {torch.version.cuda}), host CPU {cpu}, {cores} cores"
+    else:
+        key = f"cpu-{cores}cores"
+        desc = f"CPU {cpu}, {cores} cores, no GPU"
+    desc += f"; torch {torch.__version__}, Python {platform.python_version()}"
+    return key, desc
+
+
+def replace_block(text: str, key: str, block: str) -> str:
+    start, end = f"<!-- machine: {key} -->", f"<!-- end machine: {key} -->"
+    new = f"{start}\n{block.strip()}\n{end}"
+    if start in text and end in text:
+        return text[: text.index(start)] + new + text[text.index(end) + len(end):]
+    if not text.strip():
+        text = ("# Benchmark results\n\nWritten by `make bench` (`python benchmarks/run_all.py`). Ratios are ours / "
+                "reference from one run on the machine named in each block; see each script for what it measures.\n")
+    return text.rstrip() + "\n\n" + new + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--only", nargs="*", default=None, help="topics, e.g. mgs emo curvature")
+    ap.add_argument("--output", default=str(RESULTS))
+    args = ap.parse_args(argv)
+    scripts = sorted(HERE.glob("bench_*.py"))
+    if args.only:
+        scripts = [s for s in scripts if s.stem.removeprefix("bench_") in args.only]
+    if not scripts:
+        print("no benchmark selected", file=sys.stderr)
+        return 2
+    key, desc = machine_description(args.device)
+    stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+    sections, failed = [f"## Machine: {desc}\n\nMeasured {stamp}{' (--quick)' if args.quick else ''}.\n"], []
+    for script in scripts:
+        print(f"running {script.name} …", flush=True)
+        t0 = time.perf_counter()
+        cmd = [sys.executable, str(script), "--device", args.device] + (["--quick"] if args.quick else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        print(proc.stdout)
+        if proc.returncode != 0:
+            failed.append(script.name)
+            print(proc.stderr[-4000:], file=sys.stderr)
+            sections.append(f"### {script.stem}: FAILED (exit {proc.returncode})\n")
+        else:
+            body = re.sub(r"^## ", "### ", proc.stdout.strip(), flags=re.M)
+            sections.append(f"{body}\n\n_{script.name}: {time.perf_counter() - t0:.0f} s_\n")
+    out = Path(args.output)
+    out.write_text(replace_block(out.read_text() if out.exists() else "", key, "\n".join(sections)))
+    print(f"wrote {out} (block {key})")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
