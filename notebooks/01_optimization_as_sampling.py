@@ -1,0 +1,742 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Optimization as sampling an update
+#
+# An optimizer, at the point $\theta$, has to pick an update $\Delta\theta$. Instead of computing it, we can
+# *draw* it: make $\Delta\theta$ a random variable whose density rewards updates that lower the loss,
+#
+# $$p(\Delta\theta\mid\theta) = \frac{1}{Z(\theta)}\exp\!\Big(-\frac{l(\theta+\Delta\theta)-l(\theta)}{\alpha}\Big),
+# \qquad Z(\theta) = \int \exp\!\Big(-\frac{l(\theta+\Delta\theta)-l(\theta)}{\alpha}\Big)\,d\Delta\theta,$$
+#
+# and take its mean $\Delta\theta_* = \mathbb E_p[\Delta\theta]$ as the update. Nothing here needs $l$ to be
+# differentiable, which is why the view matters for task losses (accuracy, BLEU, edit distance): it is the
+# starting point of the paper *MLE-guided parameter search for task loss minimization in neural sequence
+# modeling* (MGS), whose estimator is self-normalized importance sampling with a proposal built from the
+# gradient of a differentiable surrogate.
+#
+# **Question.** What does $\Delta\theta_*$ do as the temperature $\alpha$ varies; how do gradient descent and
+# Newton's method come out of it exactly; and how well can $\Delta\theta_*$ be estimated from a handful of
+# samples when $Z$ is unknown?
+#
+# Everything used below lives in `taskloss.sampling`: `log_target`, `self_normalized_is`, `expected_update`,
+# the proposals (`GaussianProposal`, `UniformBallProposal`, `GaussianMixtureProposal`), the exact ball
+# quantities (`ball_log_partition`, `ball_log_partition_derivative`, `ball_expected_update`) and the quadratic
+# case (`newton_update`, `gaussian_update_distribution`).
+
+# %% tags=["parameters"]
+seed: int = 0
+device: str = "auto"
+output_dir: str = ""
+eps: float = 0.5                      # radius of the ball ‖Δθ‖ ≤ ε
+alpha_demo: float = 0.3               # temperature of the first pictures
+alphas: list[float] = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0]
+grid_size: int = 801                  # points per axis of the quadrature grid on the ball
+n_samples: int = 4000                 # Monte Carlo draws per estimate of Δθ*
+n_samples_exact: int = 50000          # draws for the comparisons with closed forms
+sample_sizes: list[int] = [4, 8, 16, 32, 64, 128, 256]   # n for the SNIS bias / ESS study
+n_replicates: int = 4000              # independent SNIS runs per n
+n_is: int = 1000                      # draws per run in the proposal-mismatch study
+n_is_replicates: int = 400            # runs per proposal in the proposal-mismatch study
+
+# %%
+import math
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from scipy import integrate
+from tqdm.auto import tqdm
+
+import taskloss.notebook
+from taskloss.sampling import (GaussianMixtureProposal, GaussianProposal, UniformBallProposal,
+                               ball_expected_update, ball_log_partition, ball_log_partition_derivative,
+                               expected_update, gaussian_update_distribution, log_target, newton_update,
+                               self_normalized_is)
+
+run = taskloss.notebook.start("01_optimization_as_sampling", output_dir, device=device, seed=seed)
+dev, f64 = run.device, torch.float64
+gen = torch.Generator(device=dev).manual_seed(seed)
+print("device:", dev)
+
+
+def T(x):
+    """A float64 tensor on the run's device."""
+    return torch.as_tensor(x, dtype=f64, device=dev)
+
+
+def angle_deg(u, v):
+    """Angle between two vectors, in degrees."""
+    c = float(u @ v / (u.norm() * v.norm()))
+    return math.degrees(math.acos(max(-1.0, min(1.0, c))))
+
+
+# %% [markdown]
+# ## 1 · The update as a random variable
+#
+# Two 2-D losses around a current point $\theta$:
+#
+# * a **quadratic** $l_Q(\theta) = \tfrac12(\theta-\theta^\star)^\top A(\theta-\theta^\star)$;
+# * a **non-quadratic loss with a kink**: a Rosenbrock valley plus an absolute value,
+#   $l_K(x,y) = (1-x)^2 + 4(y-x^2)^2 + 0.8\,|x + y/2 - 0.15|$, whose kink line crosses the ball around $\theta$.
+#
+# We restrict $\Delta\theta$ to the ball $\|\Delta\theta\|\le\varepsilon$ (so $p$ is normalizable whatever the
+# loss) and compute $\Delta\theta_*$ two ways: by **quadrature** on a fine grid over the ball (the reference)
+# and by **self-normalized importance sampling** (SNIS) from a proposal $q$:
+#
+# $$\Delta\theta_* \approx \sum_{i=1}^n \bar w_i\,\Delta\theta_i,\qquad
+# \bar w_i = \frac{\rho(\Delta\theta_i)/q(\Delta\theta_i)}{\sum_j \rho(\Delta\theta_j)/q(\Delta\theta_j)},\qquad
+# \rho(\Delta\theta) = e^{-[l(\theta+\Delta\theta)-l(\theta)]/\alpha},\quad \Delta\theta_i\sim q .$$
+#
+# $Z$ cancels in the ratio, which is why only the unnormalized $\rho$ is needed. The weights are computed from
+# $\log\rho-\log q$ with a log-sum-exp, so $\alpha\to0$ (log-targets of size $10^4$) does not overflow. First
+# the estimator from scratch in four lines, then parity with `taskloss.sampling.self_normalized_is`.
+
+# %%
+A_quad = T([[3.0, 1.0], [1.0, 1.5]])
+theta_star = T([0.6, -0.2])
+
+
+def loss_quadratic(th):
+    d = th - theta_star
+    return 0.5 * ((d @ A_quad) * d).sum(-1)
+
+
+def loss_kinked(th):
+    x, y = th[..., 0], th[..., 1]
+    return (1 - x) ** 2 + 4 * (y - x**2) ** 2 + 0.8 * (x + 0.5 * y - 0.15).abs()
+
+
+theta0 = T([-0.5, 0.6])
+losses = {"quadratic": loss_quadratic, "kinked": loss_kinked}
+grads = {k: torch.func.grad(lambda t, f=f: f(t))(theta0) for k, f in losses.items()}
+for k, g in grads.items():
+    print(f"{k:9s}: l(θ) = {float(losses[k](theta0)):.4f}, g = {g.tolist()}")
+
+# quadrature grid over the ball (cell area h²)
+u = torch.linspace(-eps, eps, grid_size, dtype=f64, device=dev)
+grid = torch.stack(torch.meshgrid(u, u, indexing="xy"), -1).reshape(-1, 2)
+grid = grid[grid.norm(dim=-1) <= eps]
+cell = float(u[1] - u[0]) ** 2
+grid_loss = {k: f(theta0 + grid) - f(theta0) for k, f in losses.items()}
+
+
+def grid_update(name, alpha):
+    """Δθ* and log Z by quadrature on the grid."""
+    lt = -grid_loss[name] / alpha
+    w = torch.softmax(lt, 0)
+    return (w[:, None] * grid).sum(0), float(torch.logsumexp(lt, 0)) + math.log(cell)
+
+
+# SNIS from scratch vs the package, uniform-on-ball proposal, kinked loss
+ball_q = UniformBallProposal(T([0.0, 0.0]), eps)
+d_i = ball_q.sample(n_samples, gen)
+log_rho = -(loss_kinked(theta0 + d_i) - loss_kinked(theta0)) / alpha_demo
+log_q = ball_q.log_prob(d_i)
+w_scratch = torch.exp(log_rho - log_q - torch.logsumexp(log_rho - log_q, 0))
+est_scratch = (w_scratch[:, None] * d_i).sum(0)
+pkg = self_normalized_is(log_target(loss_kinked, theta0, d_i, alpha_demo), log_q, d_i)
+torch.testing.assert_close(pkg.estimate, est_scratch)
+torch.testing.assert_close(pkg.weights, w_scratch)
+print("scratch SNIS == taskloss.sampling.self_normalized_is:", est_scratch.tolist())
+
+# %% [markdown]
+# Now three proposals for each loss: uniform on the ball; a Gaussian around the scaled negative gradient;
+# and the MGS mixture $q=\lambda\,\mathcal N(0,\sigma^2 I)+(1-\lambda)\,\mathcal N(-\eta g,\sigma^2 I)$. The
+# Gaussian ones put mass outside the ball, where the restricted target is zero (`radius=eps`): those draws get
+# weight 0. Every estimate must agree with the quadrature to within Monte Carlo error.
+
+# %%
+alpha = alpha_demo
+results_1 = {}
+for name, f in losses.items():
+    g = grads[name]
+    guide = -0.5 * eps * g / g.norm()
+    proposals = {
+        "uniform ball": UniformBallProposal(T([0.0, 0.0]), eps),
+        "Gaussian at −ηg": GaussianProposal(guide, scale=0.5 * eps),
+        "MGS mixture": GaussianMixtureProposal.mgs(guide, 0.5 * eps, 0.3),
+    }
+    ref, _ = grid_update(name, alpha)
+    for pname, q in proposals.items():
+        res = expected_update(f, theta0, alpha, q, n_samples, gen, radius=eps)
+        err = float((res.estimate - ref).norm())
+        results_1[(name, pname)] = (res, err)
+        print(f"{name:9s} {pname:16s} Δθ* = {res.estimate.cpu().numpy().round(4)}  quadrature = "
+              f"{ref.cpu().numpy().round(4)}  |err|/ε = {err / eps:.4f}  ESS/n = {float(res.ess) / n_samples:.3f}")
+        assert err < 0.04 * eps, (name, pname, err)
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+for ax, name in zip(axes, losses):
+    v = torch.linspace(-eps, eps, 201, dtype=f64, device=dev)
+    mesh = torch.stack(torch.meshgrid(v, v, indexing="xy"), -1)
+    lt = -(losses[name](theta0 + mesh) - losses[name](theta0)) / alpha
+    lt = torch.where(mesh.norm(dim=-1) <= eps, lt - lt.max(), torch.nan).cpu()
+    tc = ax.contourf(v.cpu(), v.cpu(), lt, levels=np.linspace(-6, 0, 13), cmap="Blues", extend="min")
+    res, _ = results_1[(name, "MGS mixture")]
+    sub = torch.randperm(n_samples, generator=gen, device=dev)[:3000]  # a random subset keeps the picture light
+    s = res.samples[sub].cpu()
+    ax.scatter(s[:, 0], s[:, 1], s=3000 * res.weights[sub].cpu() * n_samples / 4000, c="k", alpha=0.35, lw=0,
+               label="MGS draws, area ∝ weight")
+    ref, _ = grid_update(name, alpha)
+    g = grads[name].cpu()
+    ax.arrow(0, 0, *(-eps * g / g.norm()).tolist(), color="gray", width=0.004, length_includes_head=True, label="−g (to ε)")
+    ax.arrow(0, 0, *ref.cpu().tolist(), color="C3", width=0.008, length_includes_head=True, label="Δθ* quadrature")
+    ax.plot(*res.estimate.cpu().tolist(), "o", color="C1", ms=8, label="Δθ* SNIS")
+    ax.add_patch(plt.Circle((0, 0), eps, fill=False, ls="--", color="k"))
+    ax.set(xlim=(-1.1 * eps, 1.1 * eps), ylim=(-1.1 * eps, 1.1 * eps), aspect="equal",
+           title=f"{name} loss, α = {alpha}: log p(Δθ) − max", xlabel="Δθ₁", ylabel="Δθ₂")
+    ax.legend(loc="upper right", fontsize=7)
+fig.colorbar(tc, ax=axes, shrink=0.8)
+run.savefig(fig, "update_distribution.png")
+plt.show()
+
+# %% [markdown]
+# ## 2 · The two limits of the temperature
+#
+# * $\alpha\to0$: $p$ concentrates on the minimizers of $l(\theta+\Delta\theta)$ over the ball, so $\Delta\theta_*$
+#   tends to the **best point in the ball** — steepest descent in the literal sense. For a non-linear loss this
+#   point is *not* along $-g$.
+# * $\alpha\to\infty$: $p$ tends to the uniform distribution on the ball, whose mean is 0, so
+#   $\Delta\theta_*\to0$. Expanding $e^{-\Delta l/\alpha}\approx 1-\Delta l/\alpha$ gives the rate:
+#   $\Delta\theta_* = -\tfrac1\alpha\,\mathbb E_{U}[\Delta\theta\,l(\theta+\Delta\theta)] + O(\alpha^{-2})$ with
+#   $U$ uniform on the ball, and the divergence theorem turns this into
+#   $$\mathbb E_U[\Delta\theta\,l(\theta+\Delta\theta)] = \mathbb E_U\Big[\tfrac{\varepsilon^2-\|\Delta\theta\|^2}{2}\,\nabla l(\theta+\Delta\theta)\Big],$$
+#   a **smoothed gradient**: an average of gradients over the ball (weights summing to $\varepsilon^2/(d+2)$).
+#   So the large-$\alpha$ update is a small gradient-descent step on a ball-smoothed loss; for a linear loss it
+#   is exactly $-\tfrac{\varepsilon^2}{(d+2)\alpha}g$.
+#
+# Below, the quadrature $\Delta\theta_*(\alpha)$ for the kinked loss against the argmin over the ball (found on
+# the fine grid), the smoothed-gradient prediction at large $\alpha$, the linearized loss's exact answer
+# (`ball_expected_update`, §3), and Monte Carlo with the uniform proposal, whose effective sample size collapses
+# as $\alpha\to0$ (the target becomes a spike the uniform draws rarely hit). At large $\alpha$ the opposite
+# problem: $\Delta\theta_*$ is tiny while each uniform draw has spread $\varepsilon/\sqrt{d+2}$ per coordinate, so
+# the Monte Carlo estimate hits a noise floor (standard deviation $\approx\varepsilon/\sqrt{(d+2)n}$ per coordinate)
+# instead of following $1/\alpha$.
+
+# %%
+name = "kinked"
+g_k = grads[name]
+i_min = int(torch.argmin(grid_loss[name]))
+argmin = grid[i_min]
+print(f"argmin of l over the ball (grid): {argmin.tolist()}  angle to −g: {angle_deg(argmin, -g_k):.1f}°")
+
+# smoothed gradient E_U[(ε²−‖Δ‖²)/2 ∇l(θ+Δ)] by quadrature (grad of the kinked loss is defined a.e.)
+grad_grid = torch.func.vmap(torch.func.grad(loss_kinked))(theta0 + grid)
+smoothed = (((eps**2 - (grid**2).sum(-1)) / 2)[:, None] * grad_grid).mean(0)
+lin_mean = -(grid * grid_loss[name][:, None]).mean(0)  # −E_U[Δ l(θ+Δ)], the α·Δθ* limit
+torch.testing.assert_close(lin_mean, -smoothed, rtol=2e-3, atol=1e-5)  # the divergence-theorem identity
+
+sweep = {"norm": [], "angle": [], "to_argmin": [], "mc_norm": [], "mc_err": [], "mc_ess": [], "lin_norm": []}
+for a in tqdm(alphas, desc="α sweep"):
+    m, _ = grid_update(name, a)
+    sweep["norm"].append(float(m.norm()))
+    sweep["angle"].append(angle_deg(m, -g_k))
+    sweep["to_argmin"].append(float((m - argmin).norm()))
+    res = expected_update(loss_kinked, theta0, a, UniformBallProposal(T([0.0, 0.0]), eps), n_samples, gen)
+    sweep["mc_norm"].append(float(res.estimate.norm()))
+    sweep["mc_err"].append(float((res.estimate - m).norm()))
+    sweep["mc_ess"].append(float(res.ess) / n_samples)
+    sweep["lin_norm"].append(float(ball_expected_update(g_k, a, eps).norm()))
+alphas_t = np.array(alphas)
+for a, n_, ang, da, e in zip(alphas, sweep["norm"], sweep["angle"], sweep["to_argmin"], sweep["mc_err"]):
+    print(f"α = {a:7.3f}  ‖Δθ*‖ = {n_:.4f}  angle to −g = {ang:5.1f}°  ‖Δθ* − argmin‖ = {da:.4f}  |MC − quad| = {e:.4f}")
+
+# %%
+# α → 0: the best point in the ball; α → ∞: zero, along the smoothed gradient at rate 1/α
+m_small, _ = grid_update(name, alphas[0])
+m_large, _ = grid_update(name, alphas[-1])
+assert float((m_small - argmin).norm()) < 0.02 * eps
+assert sweep["to_argmin"][0] < sweep["to_argmin"][len(alphas) // 2]
+assert sweep["norm"][-1] < 0.02 * eps and all(np.diff(sweep["norm"]) < 0)
+torch.testing.assert_close(alphas[-1] * m_large, -smoothed, rtol=0.02, atol=0.0)
+assert abs(angle_deg(m_large, -smoothed)) < 1.0 and abs(angle_deg(m_small, -g_k) - angle_deg(argmin, -g_k)) < 1.0
+# Monte Carlo with the uniform proposal: accurate when α is not small, ESS collapses as α → 0
+ok = alphas_t >= 0.1
+assert max(np.array(sweep["mc_err"])[ok]) < 0.05 * eps
+assert sweep["mc_ess"][0] < 0.01 < 0.9 < sweep["mc_ess"][-1]
+run.record("alpha_limit/dist_to_argmin_over_eps_small_alpha", float((m_small - argmin).norm()) / eps)
+run.record("alpha_limit/norm_over_eps_large_alpha", sweep["norm"][-1] / eps)
+run.record("alpha_limit/angle_to_minus_g_small_alpha_deg", sweep["angle"][0])
+run.record("alpha_limit/angle_to_minus_g_large_alpha_deg", sweep["angle"][-1])
+run.record("alpha_limit/uniform_proposal_ess_fraction_small_alpha", sweep["mc_ess"][0])
+print(f"uniform-proposal ESS/n: {sweep['mc_ess'][0]:.2e} at α = {alphas[0]}, {sweep['mc_ess'][-1]:.3f} at α = {alphas[-1]}")
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+ax = axes[0]
+ax.loglog(alphas_t, sweep["norm"], "o-", label="kinked loss, quadrature")
+ax.loglog(alphas_t, sweep["mc_norm"], "x", ms=8, label="kinked loss, SNIS (uniform q)")
+ax.loglog(alphas_t, sweep["lin_norm"], "--", label="linearized loss, exact (Bessel)")
+ax.loglog(alphas_t, float(smoothed.norm()) / alphas_t, ":", label="‖smoothed grad‖/α")
+ax.axhline(eps / math.sqrt(4 * n_samples), color="C1", lw=0.8, ls="-.", label="MC std per coordinate ε/√((d+2)n)")
+ax.axhline(eps, color="gray", lw=0.8)
+ax.set(xlabel="α", ylabel="‖Δθ*‖", title="step length", ylim=(1e-3, 1))
+ax.legend(fontsize=7)
+ax = axes[1]
+ax.semilogx(alphas_t, sweep["angle"], "o-", label="kinked loss")
+ax.axhline(angle_deg(argmin, -g_k), color="C3", ls="--", label="argmin over the ball")
+ax.axhline(angle_deg(-smoothed, -g_k), color="C2", ls=":", label="smoothed gradient")
+ax.axhline(0, color="gray", lw=0.8, label="linearized loss (always 0)")
+ax.set(xlabel="α", ylabel="angle(Δθ*, −g) [deg]", title="direction")
+ax.legend(fontsize=7)
+ax = axes[2]
+ax.loglog(alphas_t, sweep["mc_ess"], "o-")
+ax.set(xlabel="α", ylabel="ESS / n", title=f"uniform proposal, n = {n_samples}")
+run.savefig(fig, "alpha_limits.png")
+plt.show()
+
+# %% [markdown]
+# ## 3 · First order: gradient descent, exactly
+#
+# Replace the loss by its linearization, $l(\theta+\Delta\theta)-l(\theta)\approx\Delta\theta^\top g$. On the
+# ball,
+# $$Z(g)=\int_{\|\Delta\theta\|\le\varepsilon}e^{-\Delta\theta^\top g/\alpha}\,d\Delta\theta,
+# \qquad \Delta\theta_* = -\alpha\nabla_g\log Z(g).$$
+# A rotation $R$ maps the ball onto itself with unit Jacobian, so $Z(Rg)=Z(g)$: $Z$ depends on $\|g\|$ only,
+# and then $\nabla_g\log Z = \frac{Z'(\|g\|)}{Z(\|g\|)}\frac{g}{\|g\|}$, so **$\Delta\theta_*$ points along $-g$**:
+# $$\Delta\theta_* = -\alpha\,\frac{Z'(\|g\|)}{Z(\|g\|)}\,\frac{g}{\|g\|}.$$
+# First the isotropy, numerically: $Z$ for rotated $g$ by adaptive 2-D quadrature in Cartesian coordinates
+# (nothing rotation-invariant about that rule), and in $d=5$ by Monte Carlo with random rotations.
+
+# %%
+g2 = T([1.2, -0.7])
+alpha_iso = 0.2
+
+
+def z_cartesian(gv, a):
+    g1, g2_ = float(gv[0]), float(gv[1])
+    return integrate.dblquad(lambda y, x: math.exp(-(x * g1 + y * g2_) / a), -eps, eps,
+                             lambda x: -math.sqrt(max(eps**2 - x**2, 0.0)), lambda x: math.sqrt(max(eps**2 - x**2, 0.0)),
+                             epsabs=0, epsrel=1e-10)[0]
+
+
+rot_angles = np.linspace(0, 2 * np.pi, 8, endpoint=False)
+z_rot = []
+for phi in rot_angles:
+    R = T([[math.cos(phi), -math.sin(phi)], [math.sin(phi), math.cos(phi)]])
+    z_rot.append(z_cartesian(R @ g2, alpha_iso))
+z_rot = np.array(z_rot)
+z_exact2 = float(torch.exp(ball_log_partition(g2.norm(), alpha_iso, eps, 2)))
+iso_spread = float(z_rot.std() / z_rot.mean())
+print(f"d=2: Z over 8 rotations of g: spread {iso_spread:.1e}; exact (Bessel) {z_exact2:.8f}; quadrature {z_rot.mean():.8f}")
+assert iso_spread < 1e-8 and abs(z_rot.mean() / z_exact2 - 1) < 1e-8
+
+# d = 5: random rotations, Monte Carlo with one uniform-ball sample set
+d5, alpha5 = 5, 0.3
+g5 = torch.randn(d5, generator=gen, dtype=f64, device=dev)
+g5 = 2.0 * g5 / g5.norm()
+ball5 = UniformBallProposal(torch.zeros(d5, dtype=f64, device=dev), eps)
+cos_to_minus_g, log_z_mc = [], []
+for _ in range(8):
+    Q, _ = torch.linalg.qr(torch.randn(d5, d5, generator=gen, dtype=f64, device=dev))
+    gr = Q @ g5
+    res = expected_update(lambda th, gr=gr: th @ gr, torch.zeros(d5, dtype=f64, device=dev), alpha5, ball5,
+                          n_samples_exact, gen)
+    cos_to_minus_g.append(float(-res.estimate @ gr / (res.estimate.norm() * gr.norm())))
+    log_z_mc.append(float(res.log_z))
+log_z5 = float(ball_log_partition(g5.norm(), alpha5, eps, d5))
+print(f"d=5: cos(Δθ*, −g) over 8 rotations: min {min(cos_to_minus_g):.5f};  log Z MC {np.round(log_z_mc, 4)} vs exact {log_z5:.4f}")
+assert min(cos_to_minus_g) > 0.995
+assert max(abs(np.array(log_z_mc) - log_z5)) < 0.02
+
+# %% [markdown]
+# **$Z(\|g\|)$ in closed form.** Write $s=\|g\|$ and $x=s\varepsilon/\alpha$. Slicing the ball perpendicular to
+# $g$ at height $t=\Delta\theta^\top g/s$ leaves a $(d-1)$-ball of radius $\sqrt{\varepsilon^2-t^2}$:
+# $$Z = V_{d-1}\int_{-\varepsilon}^{\varepsilon}e^{-st/\alpha}\,(\varepsilon^2-t^2)^{\frac{d-1}{2}}\,dt,$$
+# with $V_k=\pi^{k/2}/\Gamma(k/2+1)$ the volume of the unit $k$-ball. This is Poisson's integral for the
+# modified Bessel function, $\int_{-1}^{1}e^{-xu}(1-u^2)^{\nu-\frac12}du=\frac{\sqrt\pi\,\Gamma(\nu+\frac12)}{(x/2)^{\nu}}I_\nu(x)$
+# with $\nu=d/2$, and it simplifies to
+# $$Z(s) = \Big(\frac{2\pi\varepsilon^2}{x}\Big)^{d/2} I_{d/2}(x) = V_d\,\varepsilon^d\;{}_0F_1\!\Big(;\tfrac d2+1;\tfrac{x^2}{4}\Big).$$
+# As $x\to0$, $Z\to V_d\varepsilon^d$, the volume of the ball. Differentiating with
+# $\frac{d}{dx}\big[x^{-\nu}I_\nu(x)\big]=x^{-\nu}I_{\nu+1}(x)$:
+# $$\frac{Z'(s)}{Z(s)} = \frac{\varepsilon}{\alpha}\,\frac{I_{d/2+1}(x)}{I_{d/2}(x)},\qquad
+# \Delta\theta_* = -\varepsilon\,\frac{I_{d/2+1}(x)}{I_{d/2}(x)}\,\frac{g}{\|g\|}.$$
+# (Over the *sphere* $\|\Delta\theta\|=\varepsilon$ instead of the ball the same steps give the ratio
+# $I_{d/2}/I_{d/2-1}$.) The ratio $r_\nu(x)=I_{\nu+1}(x)/I_\nu(x)$ increases from $x/(2\nu+2)$ near 0 to 1 as
+# $x\to\infty$, so the step length goes from $\frac{\varepsilon^2\|g\|}{(d+2)\alpha}$ (large $\alpha$: gradient descent with
+# learning rate $\varepsilon^2/((d+2)\alpha)$) to $\varepsilon$ (small $\alpha$: a full step of length $\varepsilon$ along $-g$).
+# `ball_log_partition` evaluates $\log Z$ in float64 from the exponentially scaled Bessel function, the power
+# series, or the uniform large-order expansion — finite for any $x$ and $d$.
+#
+# From scratch: the slice integral with `scipy.integrate.quad`, against the package.
+
+# %%
+def z_slice(s, a, e, d, moment=False):
+    """Z (or Z' = −(1/α)∫ t e^{−st/α}…) from the 1-D slice integral."""
+    v = math.pi ** ((d - 1) / 2) / math.gamma((d - 1) / 2 + 1)
+    f = lambda t: (-t / a if moment else 1.0) * math.exp(-s * t / a) * (e * e - t * t) ** ((d - 1) / 2)  # noqa: E731
+    return v * integrate.quad(f, -e, e, epsabs=0, epsrel=1e-12, limit=200)[0]
+
+
+worst = 0.0
+for d in (1, 2, 3, 10):
+    for s, a in [(0.5, 1.0), (2.0, 0.3), (5.0, 0.05)]:
+        z, dz = z_slice(s, a, eps, d), z_slice(s, a, eps, d, moment=True)
+        z_pkg = float(torch.exp(ball_log_partition(s, a, eps, d)))
+        r_pkg = float(ball_log_partition_derivative(s, a, eps, d))
+        worst = max(worst, abs(z_pkg / z - 1), abs(r_pkg / (dz / z) - 1))
+print(f"slice-integral quadrature vs closed form, d ∈ {{1,2,3,10}}: worst relative difference {worst:.1e}")
+assert worst < 1e-8
+
+# %% [markdown]
+# And against Monte Carlo: draw $\Delta\theta$ uniformly in the ball, estimate $Z$ by $V_d\varepsilon^d\cdot$ mean of
+# $e^{-\Delta\theta^\top g/\alpha}$ (the `log_z` diagnostic of SNIS) and $Z'/Z = -\mathbb E_p[\Delta\theta^\top g]/(\alpha\|g\|)$
+# by SNIS, in $d=2,3,10$.
+
+# %%
+s_mc, alpha_mc = 2.0, 0.25
+mc_rows = []
+for d in (2, 3, 10):
+    gd = torch.randn(d, generator=gen, dtype=f64, device=dev)
+    gd = s_mc * gd / gd.norm()
+    res = expected_update(lambda th, gd=gd: th @ gd, torch.zeros(d, dtype=f64, device=dev), alpha_mc,
+                          UniformBallProposal(torch.zeros(d, dtype=f64, device=dev), eps), n_samples_exact, gen)
+    r_mc = float(-res.estimate @ gd) / (alpha_mc * s_mc)
+    r_ex = float(ball_log_partition_derivative(s_mc, alpha_mc, eps, d))
+    lz_ex = float(ball_log_partition(s_mc, alpha_mc, eps, d))
+    mc_rows.append((d, r_mc, r_ex, abs(r_mc / r_ex - 1), float(res.log_z), lz_ex))
+    print(f"d={d:2d}: Z'/Z MC {r_mc:.4f} exact {r_ex:.4f} (rel err {abs(r_mc / r_ex - 1):.3%});  "
+          f"log Z MC {float(res.log_z):.4f} exact {lz_ex:.4f};  ESS/n {float(res.ess) / n_samples_exact:.2f}")
+rel_err_zp = max(r[3] for r in mc_rows)
+assert rel_err_zp < 0.04 and max(abs(r[4] - r[5]) for r in mc_rows) < 0.03
+run.record("first_order/zprime_over_z_mc_rel_error", rel_err_zp, headline=True)
+print(f"worst relative error of Monte Carlo Z'/Z: {rel_err_zp:.2%}")
+
+# %%
+xs = np.logspace(-2, 2.5, 200)
+fig, ax = plt.subplots(figsize=(6.5, 4.2))
+for d in (1, 2, 3, 10, 100):
+    ratio = ball_log_partition_derivative(torch.tensor(xs), 1.0, 1.0, d).numpy()  # ε = α = 1: r_{d/2}(x)
+    ax.semilogx(xs, ratio, label=f"d = {d}")
+for d, r_mc, r_ex, *_ in mc_rows:
+    ax.plot(s_mc * eps / alpha_mc, r_mc * alpha_mc / eps, "kx", ms=8)
+ax.plot([], [], "kx", label="SNIS estimates (d = 2, 3, 10)")
+ax.set(xlabel="x = ‖g‖ε/α", ylabel="‖Δθ*‖/ε = I_{d/2+1}(x) / I_{d/2}(x)",
+       title="first-order update length on the ball", ylim=(0, 1.02))
+ax.legend(fontsize=8)
+run.savefig(fig, "ball_update_length.png")
+plt.show()
+
+# limits of the closed form
+for d in (2, 10):
+    gd = torch.ones(d, dtype=f64, device=dev)
+    small = ball_expected_update(gd, 1e-8, eps)
+    large = ball_expected_update(gd, 1e8, eps)
+    torch.testing.assert_close(small, -eps * gd / gd.norm())
+    torch.testing.assert_close(large, -eps**2 * gd / ((d + 2) * 1e8), rtol=1e-6, atol=0.0)
+
+# %% [markdown]
+# ## 4 · Second order: Newton's step, with covariance $\alpha H^{-1}$
+#
+# Expand to second order, $l(\theta+\Delta\theta)-l(\theta)\approx\Delta\theta^\top g+\frac12\Delta\theta^\top H\Delta\theta$, and
+# complete the square:
+# $$-\frac1\alpha\Big[\Delta\theta^\top g+\tfrac12\Delta\theta^\top H\Delta\theta\Big]
+# = -\frac1{2\alpha}(\Delta\theta+H^{-1}g)^\top H(\Delta\theta+H^{-1}g) + \frac{1}{2\alpha}g^\top H^{-1}g .$$
+# For $H\succ0$ this is a Gaussian, no ball needed:
+# $$p(\Delta\theta\mid\theta)=\mathcal N\big(\Delta\theta;\,-H^{-1}g,\;\alpha H^{-1}\big),\qquad \Delta\theta_*=-H^{-1}g,$$
+# Newton's step, whatever $\alpha$ — the temperature only sets the spread, $\alpha H^{-1}$ (dropping the $\alpha$
+# from the covariance is an easy slip; the check below sees it). For the quadratic $l_Q$ the expansion is exact,
+# so SNIS from a broad proposal must recover both moments. We check that for two temperatures, and for a random
+# 6-D quadratic.
+
+# %%
+g_q, H_q = grads["quadratic"], A_quad
+newton = newton_update(g_q, H_q)
+torch.testing.assert_close(newton, theta_star - theta0)  # Newton lands on the minimizer of a quadratic
+newton_rows = {}
+for a in (0.05, 0.5):
+    p = gaussian_update_distribution(g_q, H_q, a)
+    broad = GaussianProposal(torch.zeros(2, dtype=f64, device=dev), scale=1.0)
+    res = expected_update(loss_quadratic, theta0, a, broad, n_samples_exact, gen)
+    dd = res.samples - res.estimate
+    cov_w = (res.weights[:, None, None] * dd[:, :, None] * dd[:, None, :]).sum(0)
+    mean_err = float((res.estimate - newton).norm() / newton.norm())
+    cov_err = float(torch.linalg.matrix_norm(cov_w - p.covariance) / torch.linalg.matrix_norm(p.covariance))
+    # the exact log density differs from the target by the constant −log Z
+    lt = log_target(loss_quadratic, theta0, res.samples[:5], a)
+    const = p.log_prob(res.samples[:5]) - lt
+    torch.testing.assert_close(const, const[0].expand(5))
+    newton_rows[a] = (res, cov_w, mean_err, cov_err)
+    print(f"α = {a}: SNIS mean {res.estimate.cpu().numpy().round(4)} vs −H⁻¹g {newton.cpu().numpy().round(4)} "
+          f"(rel err {mean_err:.2%}); cov rel err {cov_err:.2%}; ESS/n {float(res.ess) / n_samples_exact:.3f}")
+    assert mean_err < 0.02 and cov_err < 0.10
+ratio = newton_rows[0.5][1] / newton_rows[0.05][1]
+print("covariance ratio between α = 0.5 and α = 0.05 (elementwise):", ratio.cpu().numpy().round(2).tolist())
+assert abs(float(torch.linalg.matrix_norm(newton_rows[0.5][1]) / torch.linalg.matrix_norm(newton_rows[0.05][1])) - 10) < 1.5
+
+# a random 6-D quadratic: exact sampling and SNIS both give −H⁻¹g
+B = torch.randn(6, 6, generator=gen, dtype=f64, device=dev)
+H6, g6 = B @ B.T / 6 + 0.5 * torch.eye(6, dtype=f64, device=dev), torch.randn(6, generator=gen, dtype=f64, device=dev)
+p6 = gaussian_update_distribution(g6, H6, 0.2)
+x6 = p6.sample(n_samples_exact, gen)
+newton6 = newton_update(g6, H6)
+res6 = expected_update(lambda th: th @ g6 + 0.5 * ((th @ H6) * th).sum(-1), torch.zeros(6, dtype=f64, device=dev),
+                       0.2, GaussianProposal(newton6, scale=float(torch.linalg.eigvalsh(p6.covariance).max().sqrt()) * 1.5),
+                       n_samples_exact, gen)
+err6_exact = float((x6.mean(0) - newton6).norm() / newton6.norm())
+err6_snis = float((res6.estimate - newton6).norm() / newton6.norm())
+print(f"d=6: exact-sample mean rel err {err6_exact:.2%}, SNIS mean rel err {err6_snis:.2%}")
+assert err6_exact < 0.03 and err6_snis < 0.05
+run.record("newton/mean_rel_error", newton_rows[0.5][2], headline=True)
+run.record("newton/cov_rel_error", newton_rows[0.5][3])
+print(f"α = 0.5: Newton mean rel err {newton_rows[0.5][2]:.2%}, covariance rel err {newton_rows[0.5][3]:.2%}")
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+t = torch.linspace(0, 2 * math.pi, 200, dtype=f64)
+for ax, a in zip(axes, (0.05, 0.5)):
+    res, cov_w, *_ = newton_rows[a]
+    pick = torch.multinomial(res.weights, 2000, replacement=True, generator=gen)  # resampling ≈ draws from p
+    s = res.samples[pick].cpu()
+    ax.scatter(s[:, 0], s[:, 1], s=3, c="k", alpha=0.3, lw=0, label="2000 draws resampled by SNIS weight")
+    L = torch.linalg.cholesky(a * torch.linalg.inv(H_q.cpu()))
+    for k in (1, 2):
+        ring = newton.cpu() + k * (torch.stack([t.cos(), t.sin()], 1) @ L.T)
+        ax.plot(ring[:, 0], ring[:, 1], "C3", lw=1.2, label="N(−H⁻¹g, αH⁻¹): 1σ, 2σ" if k == 1 else None)
+    ax.plot(*newton.cpu().tolist(), "r*", ms=14, label="Newton step −H⁻¹g")
+    ax.plot(*res.estimate.cpu().tolist(), "o", color="C1", ms=7, label="SNIS mean")
+    ax.arrow(0, 0, *(-0.5 * g_q.cpu() / g_q.norm().cpu()).tolist(), color="gray", width=0.01, label="−g direction")
+    ax.set(aspect="equal", title=f"quadratic loss, α = {a}", xlabel="Δθ₁", ylabel="Δθ₂", xlim=(-1, 2.5), ylim=(-2.2, 1.2))
+    ax.legend(fontsize=7, loc="upper right")
+run.savefig(fig, "newton_gaussian.png")
+plt.show()
+
+# %% [markdown]
+# ## 5 · Self-normalized importance sampling: bias, ESS, and the choice of proposal
+#
+# With draws $\Delta\theta_i\sim q$ and $\tilde w_i=\rho/q$, SNIS is a ratio of two unbiased averages,
+# $\hat\mu_n=\frac{\frac1n\sum\tilde w_i f_i}{\frac1n\sum\tilde w_i}$. A ratio of unbiased estimates is biased;
+# expanding to second order around the means ($\bar w = p/q$ normalized so $\mathbb E_q\bar w=1$):
+# $$\mathbb E[\hat\mu_n]-\mu = -\frac1n\,\mathbb E_q\big[\bar w^2\,(f-\mu)\big]+O(n^{-2}),\qquad
+# \operatorname{Var}\hat\mu_n \approx \frac1n\,\mathbb E_q\big[\bar w^2(f-\mu)^2\big].$$
+# So the bias is $O(1/n)$, below the $O(1/\sqrt n)$ noise. The **effective sample size**
+# $\mathrm{ESS}=1/\sum_i\bar w_i^2$ (normalized weights) lies in $[1,n]$, equals $n$ when $p/q$ is constant and
+# $\mathrm{ESS}/n\to1/\mathbb E_q[\bar w^2]$.
+#
+# Target: the Gaussian $p=\mathcal N(\mu,\Sigma)$ of §4 ($\alpha=0.5$), known only through $\rho$. Proposals
+# $q=\mathcal N(\mu+\delta L e,\;c^2\Sigma)$ with $\Sigma=LL^\top$: a shift of $\delta$ standard deviations and a
+# width factor $c$. In whitened coordinates everything is Gaussian and closed-form (for $c^2>\tfrac12$):
+# $$\mathbb E_q[\bar w^2]=\Big(\frac{c^2}{\sqrt{2c^2-1}}\Big)^{d}e^{\delta^2/(2c^2-1)},\qquad
+# \mathbb E_q[\bar w^2 (z-0)] = -\mathbb E_q[\bar w^2]\,\frac{\delta e}{2c^2-1},$$
+# so the bias is $+\frac1n\mathbb E_q[\bar w^2]\frac{\delta}{2c^2-1}Le$ — pulled *towards the proposal*. The same
+# tilted Gaussian gives the variance, $n\cdot\mathrm{MSE}\to\mathbb E_q[\bar w^2]\big(\frac{c^2}{2c^2-1}\operatorname{tr}\Sigma
+# +\frac{\delta^2\|Le\|^2}{(2c^2-1)^2}\big)$. For $c^2\le\tfrac12$ the weights have infinite variance and
+# neither ESS/n nor the MSE settles.
+
+# %%
+alpha_is = 0.5
+p_is = gaussian_update_distribution(g_q, H_q, alpha_is)
+mu, Lp, dim_is = p_is.mean, p_is.scale_tril, 2
+e_dir = T([1.0, 0.0])
+
+
+def rho_log(x):
+    """log ρ for the quadratic loss at θ0 (the unnormalized target)."""
+    return -(loss_quadratic(theta0 + x) - loss_quadratic(theta0)) / alpha_is
+
+
+def proposal(delta, c):
+    return GaussianProposal(mu + delta * (Lp @ e_dir), cov=c**2 * p_is.covariance)
+
+
+def second_moment(delta, c):
+    return (c**2 / math.sqrt(2 * c**2 - 1)) ** dim_is * math.exp(delta**2 / (2 * c**2 - 1))
+
+
+def n_mse_limit(delta, c):
+    """n · MSE of the SNIS mean as n → ∞: tr E_q[w̄²(f−μ)(f−μ)ᵀ] (tilted-Gaussian second moment)."""
+    k = 2 * c**2 - 1
+    shift = delta * (Lp @ e_dir)
+    return second_moment(delta, c) * (c**2 / k * float(torch.trace(p_is.covariance)) + float(shift @ shift) / k**2)
+
+
+# the bias experiment: δ = 1, c = 1.5, R replicates for each n, batched through self_normalized_is
+delta_b, c_b = 1.0, 1.5
+q_b = proposal(delta_b, c_b)
+bias_theory = second_moment(delta_b, c_b) * delta_b / (2 * c_b**2 - 1) * (Lp @ e_dir)  # n · bias
+bias_rows = []
+for n in tqdm(sample_sizes, desc="SNIS bias vs n"):
+    x = q_b.sample(n_replicates * n, gen).reshape(n_replicates, n, 2)
+    res = self_normalized_is(rho_log(x), q_b.log_prob(x), x)
+    err = res.estimate - mu                                   # [R, 2]
+    bias, se = err.mean(0), err.std(0) / math.sqrt(n_replicates)
+    mse = float((err**2).sum(-1).mean())
+    ess = res.ess / n
+    bias_rows.append(dict(n=n, bias=bias.cpu(), se=se.cpu(), mse=mse, ess_mean=float(ess.mean()), ess_std=float(ess.std())))
+for r in bias_rows:
+    print(f"n = {r['n']:4d}: n·bias = {(r['n'] * r['bias']).numpy().round(3)} ± {(r['n'] * r['se']).numpy().round(3)} "
+          f"(theory {bias_theory.cpu().numpy().round(3)}),  n·MSE = {r['n'] * r['mse']:.3f},  ESS/n = {r['ess_mean']:.3f}")
+
+# %%
+# the bias is real (many standard errors at small n), points towards the proposal, and n·bias → theory
+nb = np.array([(r["n"] * r["bias"]).numpy() for r in bias_rows])
+nse = np.array([(r["n"] * r["se"]).numpy() for r in bias_rows])
+bt = bias_theory.cpu().numpy()
+first = bias_rows[0]
+assert float((first["bias"] @ (Lp @ e_dir).cpu())) > 0
+assert abs(float(first["bias"][0])) > 4 * float(first["se"][0])
+large = [i for i, r in enumerate(bias_rows) if r["n"] >= 32]
+assert all(abs(nb[i, 0] - bt[0]) < 4 * nse[i, 0] + 0.15 * abs(bt[0]) for i in large)
+# MSE ~ 1/n: n·MSE roughly constant once n is moderate
+nmse = np.array([r["n"] * r["mse"] for r in bias_rows])
+assert nmse[large].max() / nmse[large].min() < 1.3
+# ESS/n → 1/E_q[w̄²]
+ess_limit = 1 / second_moment(delta_b, c_b)
+assert abs(bias_rows[-1]["ess_mean"] - ess_limit) < 0.05 and all(r["ess_mean"] * r["n"] >= 1 for r in bias_rows)
+run.record(f"snis/n_times_bias_measured_n{bias_rows[large[0]]['n']}", float(nb[large[0], 0]))
+run.record("snis/n_times_bias_theory", float(bt[0]))
+
+fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+ns = np.array(sample_sizes)
+axes[0].errorbar(ns, nb[:, 0], yerr=2 * nse[:, 0], fmt="o-", capsize=3, label="measured n·bias (±2 SE)")
+axes[0].axhline(bt[0], color="C3", ls="--", label="theory, n → ∞")
+axes[0].set(xscale="log", xlabel="n", ylabel="n · bias (first coordinate)", title="SNIS bias is O(1/n)")
+axes[0].legend(fontsize=8)
+axes[1].loglog(ns, nmse / ns, "o-", label="MSE")
+axes[1].loglog(ns, nmse[-1] / ns, "k:", label="∝ 1/n")
+axes[1].loglog(ns, (nb**2).sum(1) / ns**2, "s--", label="bias²")
+axes[1].set(xlabel="n", title="error of the SNIS mean")
+axes[1].legend(fontsize=8)
+axes[2].errorbar(ns, [r["ess_mean"] for r in bias_rows], yerr=[r["ess_std"] for r in bias_rows], fmt="o-", capsize=3,
+                 label=f"ESS/n (mean ± sd over {n_replicates} runs)")
+axes[2].axhline(ess_limit, color="C3", ls="--", label="1 / E_q[w̄²]")
+axes[2].set(xscale="log", xlabel="n", ylabel="ESS / n", title=f"δ = {delta_b}, c = {c_b}", ylim=(0, 1.05))
+axes[2].legend(fontsize=8)
+run.savefig(fig, "snis_bias_ess.png")
+plt.show()
+
+# %% [markdown]
+# **A proposal close to the target helps.** For each proposal, `n_is` draws per run and `n_is_replicates`
+# runs (batched): the ESS fraction and the mean squared error of $\hat\mu$, against the shift $\delta$
+# (width $c=1.25$) and against the width $c$ (no shift). $c=0.6<1/\sqrt2$ is a too-narrow proposal: the
+# weights' variance is infinite there.
+
+# %%
+def mismatch(delta, c):
+    q = proposal(delta, c)
+    x = q.sample(n_is_replicates * n_is, gen).reshape(n_is_replicates, n_is, 2)
+    res = self_normalized_is(rho_log(x), q.log_prob(x), x)
+    return float((res.ess / n_is).mean()), float(((res.estimate - mu) ** 2).sum(-1).mean())
+
+
+deltas_list, widths = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0], [0.6, 0.8, 1.0, 1.25, 2.0, 4.0]
+shift_rows = [mismatch(dl, 1.25) for dl in tqdm(deltas_list, desc="shift")]
+width_rows = [mismatch(0.0, c) for c in tqdm(widths, desc="width")]
+shift_theory = [1 / second_moment(dl, 1.25) for dl in deltas_list]
+shift_mse_theory = [n_mse_limit(dl, 1.25) / n_is for dl in deltas_list]
+width_mse_theory = [n_mse_limit(0.0, c) / n_is if c**2 > 0.5 else math.nan for c in widths]
+width_theory = [1 / second_moment(0.0, c) if c**2 > 0.5 else 0.0 for c in widths]
+for dl, (ess, mse), th, mt in zip(deltas_list, shift_rows, shift_theory, shift_mse_theory):
+    print(f"shift δ = {dl:3.1f}: ESS/n = {ess:.3f} (limit {th:.3f}), MSE = {mse:.2e} (large-n theory {mt:.2e})")
+for c, (ess, mse), th, mt in zip(widths, width_rows, width_theory, width_mse_theory):
+    print(f"width c = {c:4.2f}: ESS/n = {ess:.3f} (limit {th:.3f}), MSE = {mse:.2e} (large-n theory {mt:.2e})")
+x_same = p_is.sample(n_is, gen)
+res_same = self_normalized_is(rho_log(x_same), p_is.log_prob(x_same), x_same)
+print(f"q = p exactly: ESS = {float(res_same.ess):.6f} of n = {n_is}")
+
+# %%
+ess_shift = np.array([r[0] for r in shift_rows])
+mse_shift = np.array([r[1] for r in shift_rows])
+assert abs(float(res_same.ess) - n_is) < 1e-6 * n_is
+assert all(np.diff(ess_shift) < 0) and mse_shift[-1] > 5 * mse_shift[0]
+assert all(abs(e - t) < 0.05 + 0.15 * t for e, t, dl in zip(ess_shift, shift_theory, deltas_list) if dl <= 2.0)
+# width: best near c = 1; too narrow (c = 0.6, infinite-variance weights) is worse than 2× too wide
+ess_w = np.array([r[0] for r in width_rows])
+i1 = widths.index(1.0)
+assert ess_w[i1] > 0.99 and ess_w[i1] == ess_w.max()
+assert ess_w[widths.index(0.6)] < ess_w[widths.index(2.0)]
+# MSE follows the large-n formula for moderate shifts and widths c ≥ 1 (for c² < 3/4 the squared weights
+# themselves have infinite variance, and the MSE estimate from a few hundred runs is unreliable)
+mse_w = np.array([r[1] for r in width_rows])
+assert all(abs(m / t - 1) < 0.3 for m, t, dl in zip(mse_shift, shift_mse_theory, deltas_list) if dl <= 2.0)
+assert all(abs(m / t - 1) < 0.3 for m, t, c in zip(mse_w, width_mse_theory, widths) if c >= 1.0)
+# ESS is not the whole story: the variance-optimal width for a mean is wider than the target (c² = 3/2 here)
+c_grid = np.linspace(0.75, 3, 2000)
+c_best = c_grid[np.argmin([n_mse_limit(0.0, c) for c in c_grid])]
+assert abs(c_best**2 - 1.5) < 0.01
+print(f"width with the smallest large-n MSE: c = {c_best:.3f} (√1.5 = {math.sqrt(1.5):.3f}), while ESS peaks at c = 1")
+# not yet asymptotic: three standard deviations off, the weights are so heavy-tailed that ESS/n at n = n_is
+# still sits above its n → ∞ limit (the rare large weights that would pull it down are mostly not drawn yet)
+assert ess_shift[-1] > shift_theory[-1]
+print(f"δ = 3: measured ESS/n {ess_shift[-1]:.4f} vs limit {shift_theory[-1]:.4f} — finite n overstates ESS here")
+good, bad = shift_rows[deltas_list.index(0.5)], shift_rows[deltas_list.index(3.0)]
+run.record("snis/ess_fraction_bad_proposal_limit", shift_theory[-1])
+run.record("snis/ess_fraction_good_proposal", good[0], headline=True)
+run.record("snis/ess_fraction_bad_proposal", bad[0], headline=True)
+run.record("snis/mse_ratio_bad_over_good", bad[1] / good[1], headline=True)
+
+fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex="col")
+axes[0, 0].semilogy(deltas_list, ess_shift, "o-", label="ESS/n measured")
+axes[0, 0].semilogy(deltas_list, shift_theory, "k--", label="1 / E_q[w̄²]  (n → ∞)")
+axes[0, 0].set(ylabel="ESS / n", title="proposal shifted off the target (c = 1.25)")
+axes[0, 0].legend(fontsize=8)
+axes[1, 0].semilogy(deltas_list, mse_shift, "s-", color="C3", label="measured")
+axes[1, 0].semilogy(deltas_list, shift_mse_theory, "k--", label="large-n theory")
+axes[1, 0].legend(fontsize=8)
+axes[1, 0].set(xlabel="shift δ (target standard deviations)", ylabel="MSE of the SNIS mean")
+axes[0, 1].semilogx(widths, ess_w, "o-", label="ESS/n measured")
+axes[0, 1].semilogx([c for c in widths if c**2 > 0.5], [t for c, t in zip(widths, width_theory) if c**2 > 0.5],
+                    "k--", label="1 / E_q[w̄²]  (n → ∞)")
+axes[0, 1].set(ylabel="ESS / n", title="proposal too narrow or too wide (δ = 0)")
+axes[1, 1].loglog(widths, mse_w, "s-", color="C3", label="measured")
+axes[1, 1].loglog(widths, width_mse_theory, "k--", label="large-n theory")
+axes[1, 1].axvline(c_best, color="C2", ls="-.", lw=0.8, label="MSE-optimal width √1.5")
+axes[1, 1].legend(fontsize=8)
+axes[1, 1].set(xlabel="width factor c", ylabel="MSE of the SNIS mean")
+for ax in axes[:, 1]:
+    ax.axvline(1 / math.sqrt(2), color="gray", ls=":", label="c = 1/√2 (infinite-variance weights below)")
+axes[0, 1].legend(fontsize=8)
+run.savefig(fig, "proposal_mismatch.png")
+plt.show()
+
+# %% [markdown]
+# ## Results
+
+# %%
+run.record("alpha_limit/angle_argmin_deg", angle_deg(argmin, -g_k))
+summary = run.table()
+
+# %% [markdown]
+# **What the numbers say** (the asserts above hold for seeds 0–4; the printed values are this run's):
+#
+# * **Sampling an update works without derivatives.** On the kinked loss, SNIS with any of the three
+#   proposals lands within 4% of ε of the quadrature answer; the MGS mixture, built from the gradient, does
+#   so from the same few thousand draws.
+# * **Temperature interpolates between two classical updates.** As $\alpha\to0$, $\Delta\theta_*$ reaches the
+#   best point of the ball (within 2% of ε), which for the kinked loss is tens of degrees off $-g$
+#   (`alpha_limit/angle_to_minus_g_small_alpha_deg`). As $\alpha\to\infty$ it shrinks like $1/\alpha$ along
+#   the *ball-smoothed* gradient, again not $-g$ — only for a linear loss are both ends along $-g$. The uniform
+#   proposal's ESS collapses below 1% of the draws at the smallest $\alpha$
+#   (`alpha_limit/uniform_proposal_ess_fraction_small_alpha`): sampling the sharp end needs a guided proposal.
+# * **First order = gradient descent, exactly.** $Z$ is rotation-invariant to quadrature precision, and
+#   $\Delta\theta_*=-\varepsilon\,\frac{I_{d/2+1}(x)}{I_{d/2}(x)}\frac{g}{\|g\|}$ agrees with slice-integral quadrature
+#   to $10^{-8}$ and with Monte Carlo to within the reported relative error
+#   (`first_order/zprime_over_z_mc_rel_error`, below 4%).
+# * **Second order = Newton.** For the quadratic, SNIS recovers the mean $-H^{-1}g$ within 2% and the
+#   covariance $\alpha H^{-1}$ within 10%; the covariance scales with $\alpha$ (ratio ≈ 10 between
+#   $\alpha=0.5$ and $0.05$), the mean does not.
+# * **SNIS.** Its bias is measurable at small $n$ (many standard errors at $n=4$), points toward the proposal
+#   and approaches the $1/n$ prediction for $n\ge32$ (within the noise, which grows as $n\cdot$SE); its MSE falls
+#   like $1/n$. ESS/n tracks $1/\mathbb E_q[\bar w^2]$ for shifts up to two standard deviations: half a standard
+#   deviation off keeps most of the draws (`snis/ess_fraction_good_proposal`), three off keeps a few percent
+#   (`snis/ess_fraction_bad_proposal`) with a much larger error (`snis/mse_ratio_bad_over_good`).
+#   **Not asymptotic at this size:** at three standard deviations the measured ESS/n at `n_is` draws is *above*
+#   its limit (`snis/ess_fraction_bad_proposal_limit`, printed next to it above) — with heavy-tailed
+#   weights the finite-sample ESS is optimistic, which is itself a warning about trusting ESS for bad
+#   proposals. A too-narrow proposal ($c<1/\sqrt2$, infinite-variance weights) does worse than a 2× too-wide one,
+#   and the MSE follows its large-$n$ formula within 30% for shifts up to 2 and widths $c\ge1$. ESS is not
+#   the whole story: it peaks at $c=1$ (the proposal *is* the target), but the MSE of the mean is smallest for a
+#   somewhat wider proposal ($c^2=3/2$ in theory) — the variance-optimal proposal for a mean is
+#   $\propto|f-\mu|\,p$, not $p$.
+#   This is the point of MGS: a proposal centred by the gradient of a differentiable surrogate makes a few
+#   samples enough.
