@@ -51,23 +51,33 @@ _TYPE_OF_VALUE = {bool: "bool", int: "int", float: "float", str: "str", list: "l
 
 
 def notebook_parameters(nb_or_path) -> dict[str, Parameter]:
-    """The parameters of a notebook's ``parameters``-tagged cell, with declared type and default value."""
-    from papermill.inspection import _infer_parameters
+    """The parameters of a notebook's ``parameters``-tagged cell, with declared type and default value.
 
+    The cell is parsed with :mod:`ast` (every top-level ``name: type = value`` or ``name = value``), so comments
+    and layout cannot hide a parameter; the type is the annotation, else the type of the literal default.
+    """
     nb = read_notebook(nb_or_path) if isinstance(nb_or_path, (str, Path)) else nb_or_path
     tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
-    if not tagged:
-        raise ParameterError("notebook has no cell tagged 'parameters'")
+    if len(tagged) != 1:
+        raise ParameterError(f"notebook must have exactly one cell tagged 'parameters', found {len(tagged)}")
+    try:
+        tree = ast.parse(tagged[0].source)
+    except SyntaxError as exc:
+        raise ParameterError(f"parameters cell does not parse: {exc}") from exc
     params = {}
-    for p in _infer_parameters(nb, name="python3", language="python"):
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.value is not None:
+            name, annotation, value = node.target.id, ast.unparse(node.annotation), node.value
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            name, annotation, value = node.targets[0].id, None, node.value
+        else:
+            raise ParameterError(f"parameters cell line {node.lineno}: only 'name: type = literal' is allowed")
         try:
-            default = ast.literal_eval(p.default)
-        except (ValueError, SyntaxError):
-            default = p.default
-        type_name = p.inferred_type_name
-        if type_name in ("None", "", None):
-            type_name = _TYPE_OF_VALUE.get(type(default), "any")
-        params[p.name] = Parameter(p.name, type_name.replace(" ", ""), default)
+            default = ast.literal_eval(value)
+        except ValueError as exc:
+            raise ParameterError(f"parameter {name!r}: default must be a literal") from exc
+        type_name = annotation or _TYPE_OF_VALUE.get(type(default), "any")
+        params[name] = Parameter(name, type_name.replace(" ", ""), default)
     return params
 
 
