@@ -43,7 +43,7 @@ test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) -m pytest -n $(JOBS) tests -m "not slow"
 
 notebooks: $(STAMP)
-	MPLBACKEND=Agg $(PY) -m taskloss.runs refresh $(NOTEBOOKS)
+	$(PY) -m taskloss.runs refresh $(NOTEBOOKS)
 
 sync: $(STAMP)
 	$(PY) -m jupytext --sync $(NOTEBOOKS)

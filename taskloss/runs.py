@@ -42,6 +42,8 @@ __all__ = ["RunSpec", "find_notebook", "list_notebooks", "plan_runs", "execute",
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
 META_FILE = "meta.json"
+# Kernels inherit the environment: an MPLBACKEND=Agg left over from a test shell would drop every inline figure.
+INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 
 
 def list_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
@@ -172,6 +174,7 @@ def execute(spec: RunSpec, *, timeout: float | None = None, threads: int | None 
             "parameters": spec.parameters, "started": datetime.now(timezone.utc).isoformat(),
             **environment_info()}
     start = time.perf_counter()
+    os.environ["MPLBACKEND"] = INLINE_BACKEND
     if threads:  # the kernel inherits the environment: keep parallel jobs from oversubscribing the cores
         for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ[var] = str(threads)
@@ -265,6 +268,7 @@ def refresh(paths: list[Path], *, timeout: float = 1800) -> None:
     import jupytext
     from nbclient import NotebookClient
 
+    os.environ["MPLBACKEND"] = INLINE_BACKEND
     for py in paths:
         py = find_notebook(str(py))
         nb = read_notebook(py)
