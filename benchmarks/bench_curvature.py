@@ -19,7 +19,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _timing import sync  # noqa: E402
 from taskloss.curvature import FisherDiagonalPreconditioner, HessianFree, nll_loss  # noqa: E402
 from taskloss.data import digits_images, load_digits_splits  # noqa: E402
 from taskloss.kfac import KFAC  # noqa: E402
@@ -28,11 +30,6 @@ from taskloss.utils import resolve_device  # noqa: E402
 
 AE_HIDDEN = (128, 64, 32, 8, 32, 64, 128)  # the K-FAC paper's deep autoencoder shape, scaled to 8×8 digits
 TARGET_STEP_RATIO = 1.5
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize()
 
 
 class Trainer:
@@ -110,11 +107,11 @@ def time_steps(makers, X, T, bs, window, repeats, device):
         for i, tr in enumerate(trainers):
             if device.type == "cuda":
                 torch.cuda.reset_peak_memory_stats()
-            _sync(device)
+            sync(device)
             t0 = time.perf_counter()
             for x, t in batches:
                 tr.step(x, t)
-            _sync(device)
+            sync(device)
             times[i].append((time.perf_counter() - t0) / window)
             if device.type == "cuda":
                 peaks[i] = max(peaks[i], torch.cuda.max_memory_allocated())
@@ -174,11 +171,11 @@ def autoencoder_race(device, quick):
             clock, hit, it, loss = 0.0, None, 0, float("nan")
             while clock < max_seconds and hit is None:
                 batches = _batches(X, X, bs, eval_every, gen)
-                _sync(device)
+                sync(device)
                 t0 = time.perf_counter()
                 for x, t in batches:
                     tr.step(x, t)
-                _sync(device)
+                sync(device)
                 clock += time.perf_counter() - t0  # evaluation below is not on the clock
                 it += eval_every
                 with torch.no_grad():

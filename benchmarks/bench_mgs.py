@@ -14,7 +14,7 @@ one full step (surrogate gradient, K candidates, weights, ``optimizer.step()`` w
 Time: ``time.perf_counter`` (CUDA-synchronized on GPU). Peak memory above what is live before the step: on
 CUDA ``torch.cuda.max_memory_allocated``; on CPU the allocator trace of ``torch.profiler``
 (``profile_memory=True``) — the maximum of its running "Total Allocated" counter minus its first value, i.e.
-bytes handed out by torch's CPU allocator, not RSS.
+bytes handed out by torch's CPU allocator, not RSS. Both helpers are shared: ``benchmarks/_timing.py``.
 
 Targets (from the issue): parallel ≥ 2× faster than sequential at K = 8; MGS step ≤ 3× an MLE step.
 
@@ -23,18 +23,15 @@ Targets (from the issue): parallel ≥ 2× faster than sequential at K = 8; MGS 
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import statistics
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import median_time, peak_bytes  # noqa: E402
 from taskloss.data import load_digits_splits  # noqa: E402
 from taskloss.mgs import MGS  # noqa: E402
 from taskloss.models import MLP  # noqa: E402
@@ -49,44 +46,6 @@ def surrogate(model, batch):
 
 def zero_one(logits, batch):
     return (logits.argmax(-1) != batch[1]).to(logits.dtype).mean()
-
-
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _time(fn, device, repeats):
-    fn()  # warm-up (vmap tracing, allocator)
-    times = []
-    for _ in range(repeats):
-        _sync(device)
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
-def _peak_bytes(fn, device):
-    if device.type == "cuda":
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        fn()
-        _sync(device)
-        return torch.cuda.max_memory_allocated(device) - base
-    from torch.profiler import ProfilerActivity, profile
-    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-        fn()
-    with tempfile.TemporaryDirectory() as tmp:
-        path = os.path.join(tmp, "trace.json")
-        prof.export_chrome_trace(path)
-        with open(path) as f:
-            events = json.load(f)["traceEvents"]
-    totals = [e["args"]["Total Allocated"] for e in events
-              if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
-    return (max(totals) - totals[0]) if totals else 0
 
 
 def _setup(hidden, batch_size, device, seed=0):
@@ -106,15 +65,15 @@ def bench_config(hidden, batch_size, Ks, device, repeats):
         opt.zero_grad(set_to_none=True)
         surrogate(model, batch).backward()
         opt.step()
-    row["mle_s"] = _time(mle, device, repeats)
-    row["mle_bytes"] = _peak_bytes(mle, device)
+    row["mle_s"] = median_time(mle, device, repeats)
+    row["mle_bytes"] = peak_bytes(mle, device)
     for K in Ks:
         for name, kw in (("parallel", dict(parallel=True)), ("sequential", dict(parallel=False)),
                          ("low_memory", dict(parallel=True, low_memory=True, chunk_size=1))):
             model, opt, batch = _setup(hidden, batch_size, device)
             mgs = MGS(model, opt, surrogate, zero_one, K=K, seed=0, vmap_task_loss=True, **kw)
-            row[f"{name}{K}_s"] = _time(lambda: mgs.step(batch), device, repeats)
-            row[f"{name}{K}_bytes"] = _peak_bytes(lambda: mgs.step(batch), device)
+            row[f"{name}{K}_s"] = median_time(lambda: mgs.step(batch), device, repeats)
+            row[f"{name}{K}_bytes"] = peak_bytes(lambda: mgs.step(batch), device)
     return row
 
 

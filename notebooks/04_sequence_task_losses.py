@@ -469,7 +469,7 @@ print(f"\nnotebook time: {time.time() - t_start:.1f} s")
 
 # %% [markdown]
 # **Reading the numbers.** The table, the verdicts and the per-seed counts above are computed, not written;
-what follows says how to read them and what the asserts guarantee (they held on seeds 0–8 in runs of three).
+# what follows says how to read them and what the asserts guarantee (they held on seeds 0–8 in runs of three).
 #
 # * **Continued MLE** — the pretraining objective at a small learning rate — leaves the task losses where they
 #   were (asserted: within 0.05 of the pretrained model's targeted loss) and keeps the perplexity.

@@ -14,196 +14,31 @@ with the proposal q = λ·N(0, σ²I) + (1−λ)·N(−∇l̃, σ²I) built from
 ``density="unit_sigma"`` reproduces the reference code, which evaluates the two Gaussians as if σ were 1 and
 drops their normalizing constants: log q = log(λ e^{−½‖Δθ‖²} + (1−λ) e^{−½‖Δθ+g‖²}).
 
-Functional core: :func:`mixture_log_density`, :func:`mgs_weights`, :func:`effective_sample_size`.
-Update step: :class:`MGS` (any ``nn.Module``, any task loss, any torch optimizer, candidates scored in one
-``torch.func.vmap`` over stacked parameters, split across ranks under ``torch.distributed``).
+Functional core (:mod:`taskloss.mgs_core`, re-exported here): :func:`mixture_log_density`, :func:`mgs_weights`,
+:func:`effective_sample_size`. Update step: :class:`MGS` (any ``nn.Module``, any task loss, any torch optimizer,
+candidates scored in one ``torch.func.vmap`` over stacked parameters — see :mod:`taskloss.mgs_scoring` — and
+split across ranks under ``torch.distributed``).
 """
 from __future__ import annotations
 
-import contextlib
 import math
-import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import torch
 import torch.distributed as dist
 from torch import Tensor, nn
-from torch.func import functional_call, vmap
-from torch.utils._pytree import tree_map
 
+from .mgs_core import (DENSITIES, _check_choice, _log_q_from_sq, _seed_for, _uniform_from_seed,
+                       effective_sample_size, mgs_weights, mixture_log_density)
+from .mgs_scoring import _CandidateScoring, default_forward
 from .utils import check_int, check_positive, check_probability
 
 __all__ = ["MGS", "MGSStats", "mixture_log_density", "mgs_weights", "effective_sample_size",
            "default_forward", "DENSITIES", "SIGMA_MODES", "ASSIGNMENTS"]
 
-DENSITIES = ("mixture", "unit_sigma")
 SIGMA_MODES = ("absolute", "relative")
 ASSIGNMENTS = ("random", "stratified")
-_LOG_2PI = math.log(2 * math.pi)
-
-
-# ------------------------------------------------------------------------------------------ functional core
-def _check_choice(name: str, value, choices) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return value
-
-
-def _log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: float, density: str) -> Tensor:
-    """log q from squared distances to the two means. ``d0``/``d1``: float64 ``[..., T]`` = ‖Δθ_t‖², ‖Δθ_t+g_t‖²
-    per tensor t; ``sigma``, ``numel``: float64 ``[T]``. Tensors with σ_t = 0 are not perturbed and skipped."""
-    if density == "unit_sigma":
-        l0, l1 = -0.5 * d0.sum(-1), -0.5 * d1.sum(-1)
-    else:
-        live = sigma > 0
-        s2 = torch.where(live, sigma, torch.ones_like(sigma)) ** 2
-        const = -(numel * (torch.log(torch.where(live, sigma, torch.ones_like(sigma))) + 0.5 * _LOG_2PI))
-        l0 = torch.where(live, -0.5 * d0 / s2 + const, torch.zeros_like(d0)).sum(-1)
-        l1 = torch.where(live, -0.5 * d1 / s2 + const, torch.zeros_like(d1)).sum(-1)
-    log_mix = torch.tensor([math.log(mix) if mix > 0 else -math.inf,
-                            math.log1p(-mix) if mix < 1 else -math.inf], dtype=torch.float64, device=l0.device)
-    return torch.logsumexp(torch.stack([l0 + log_mix[0], l1 + log_mix[1]], -1), -1)
-
-
-def _as_list(x) -> list[Tensor]:
-    if isinstance(x, Tensor):
-        return [x]
-    if isinstance(x, dict):
-        return list(x.values())
-    return list(x)
-
-
-def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = "mixture") -> Tensor:
-    """Log density of the MGS proposal q = λ·N(0, σ_t²I) + (1−λ)·N(−g, σ_t²I) at Δθ, summed over tensors.
-
-    ``delta``: a tensor, a sequence or a dict of tensors (one per parameter tensor t), each shaped like the
-    matching ``grad`` tensor (one candidate → float64 scalar) or with an extra leading candidate dimension
-    ``[K, *shape]`` (→ float64 ``[K]``). ``grad``: the surrogate gradient g (same structure, without K).
-    ``sigma``: one float for all tensors or one per tensor (σ_t = 0 marks an unperturbed tensor, skipped).
-    ``mix`` = λ, the weight of the zero-centred component. ``density="mixture"``: the true density with σ_t
-    (normalizing constants included); ``"unit_sigma"``: the reference code's formula (σ taken as 1, constants
-    dropped) — see the module docstring. Computed in float64 through ``logsumexp`` (no underflow).
-    Derived in notebook 02_importance_sampling_and_mgs.
-    """
-    _check_choice("density", density, DENSITIES)
-    mix = check_probability("mix", mix)
-    deltas, grads = _as_list(delta), _as_list(grad)
-    if len(deltas) != len(grads) or not deltas:
-        raise ValueError(f"delta and grad must hold the same non-zero number of tensors, got "
-                         f"{len(deltas)} and {len(grads)}")
-    sig = [float(sigma)] * len(grads) if isinstance(sigma, (int, float)) else [float(s) for s in sigma]
-    if len(sig) != len(grads):
-        raise ValueError(f"sigma must be a float or hold one value per tensor ({len(grads)}), got {len(sig)}")
-    if any(not math.isfinite(s) or s < 0 for s in sig):
-        raise ValueError(f"sigma must be finite and >= 0, got {sig}")
-    batched = deltas[0].ndim == grads[0].ndim + 1
-    d0, d1 = [], []
-    for t, (d, g) in enumerate(zip(deltas, grads)):
-        if tuple(d.shape[int(batched):]) != tuple(g.shape) or (d.ndim != g.ndim + int(batched)):
-            raise ValueError(f"delta[{t}] has shape {tuple(d.shape)}, expected "
-                             f"{('[K] + ' if batched else '') + str(tuple(g.shape))}")
-        dd = d.detach().double().reshape(d.shape[0], -1) if batched else d.detach().double().reshape(1, -1)
-        gg = g.detach().double().reshape(1, -1).to(dd.device)
-        if not bool(torch.isfinite(dd).all()) or not bool(torch.isfinite(gg).all()):
-            raise ValueError(f"delta[{t}] or grad[{t}] contains NaN or inf")
-        d0.append(dd.square().sum(1))
-        d1.append((dd + gg).square().sum(1))
-    dev = d0[0].device
-    out = _log_q_from_sq(torch.stack(d0, -1), torch.stack(d1, -1), torch.tensor(sig, dtype=torch.float64,
-                         device=dev), torch.tensor([float(g.numel()) for g in grads], dtype=torch.float64,
-                         device=dev), mix, density)
-    return out if batched else out[0]
-
-
-def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = False) -> Tensor:
-    """Self-normalized importance weights of the MGS candidates, float64 ``[K]``.
-
-    w_k ∝ exp(−[l_k − l(θ)]/α) / q(Δθ_k), normalized in log space (``logsumexp``): no overflow or NaN for tiny α
-    or huge losses. ``task_losses``: ``[K]`` l(θ+Δθ_k) (``+inf`` allowed: weight 0); ``base_loss``: l(θ) (it
-    cancels after normalization but must be finite); ``log_q``: ``[K]`` log q(Δθ_k); ``alpha`` > 0 the
-    temperature. ``log=True`` returns the normalized log-weights. Derived in notebook 02.
-    """
-    alpha = check_positive("alpha", alpha)
-    L = torch.as_tensor(task_losses, dtype=torch.float64)
-    lq = torch.as_tensor(log_q, dtype=torch.float64, device=L.device)
-    b = torch.as_tensor(base_loss, dtype=torch.float64, device=L.device)
-    if L.ndim != 1 or L.numel() == 0:
-        raise ValueError(f"task_losses must be a non-empty 1-D tensor [K], got shape {tuple(L.shape)}")
-    if lq.shape != L.shape:
-        raise ValueError(f"log_q must have shape {tuple(L.shape)}, got {tuple(lq.shape)}")
-    if b.numel() != 1 or not bool(torch.isfinite(b).all()):
-        raise ValueError(f"base_loss must be a finite scalar, got {b}")
-    if bool(torch.isnan(L).any()) or bool((L == -math.inf).any()):
-        raise ValueError(f"task_losses contain NaN or -inf: {L.tolist()}")
-    if bool(torch.isinf(L).all()):
-        raise ValueError("every candidate has an infinite task loss; no weight can be formed")
-    if not bool(torch.isfinite(lq).all()):
-        raise ValueError(f"log_q must be finite, got {lq.tolist()}")
-    # −(l_k − l_0)/α, shifted by the best candidate so the largest term is exactly 0 (the shift cancels).
-    shift = L[torch.isfinite(L)].min()
-    logits = -((L - shift) / alpha) - lq
-    out = torch.log_softmax(logits, 0)
-    return out if log else out.exp()
-
-
-def effective_sample_size(weights: Tensor) -> float:
-    """Kish's effective sample size 1 / Σ w_k² of normalized weights (K for uniform, 1 for a single winner)."""
-    w = torch.as_tensor(weights, dtype=torch.float64)
-    if w.ndim != 1 or w.numel() == 0 or not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
-        raise ValueError("weights must be a non-empty 1-D tensor of finite non-negative values")
-    if not math.isclose(float(w.sum()), 1.0, rel_tol=1e-6):
-        raise ValueError(f"weights must sum to 1, got {float(w.sum())}")
-    return float(1.0 / w.square().sum())
-
-
-def default_forward(model: Callable, batch):
-    """``(inputs, targets, ...)`` → ``model(inputs)``; a tensor batch → ``model(batch)``. Pass ``forward_fn`` to
-    :class:`MGS` for anything else (e.g. decoding a continuation from a prefix)."""
-    if isinstance(batch, (tuple, list)) and batch:
-        return model(batch[0])
-    if isinstance(batch, Tensor):
-        return model(batch)
-    raise TypeError(f"default_forward needs a tuple (inputs, ...) or a tensor batch, got {type(batch).__name__};"
-                    " pass forward_fn=(model, batch) -> outputs")
-
-
-def _splitmix64(x: int) -> int:
-    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
-    return x ^ (x >> 31)
-
-
-def _seed_for(base: int, step: int, k: int) -> int:
-    """Per-candidate seed shared by every rank: a SplitMix64 hash of (base seed, step, candidate) < 2⁶³."""
-    return _splitmix64(_splitmix64(_splitmix64(base) ^ step) ^ k) >> 1
-
-
-def _uniform_from_seed(seed: int) -> float:
-    """A U[0, 1) draw determined by ``seed`` (the candidate's mixture component), identical on every rank."""
-    return (_splitmix64(seed ^ 0x5DEECE66D) >> 11) / 2.0 ** 53
-
-
-def _scalar_loss(value, what: str) -> Tensor:
-    t = torch.as_tensor(value)
-    if t.numel() != 1:
-        raise ValueError(f"task_loss_fn must return a scalar per candidate, got shape {tuple(t.shape)} ({what})")
-    return t.detach().reshape(()).to(torch.float64)
-
-
-class _FunctionalModel:
-    """The model with candidate parameters inside ``vmap``: calling it runs ``functional_call(model, params, …)``;
-    other attributes (``vocab_size``, ``max_len``, …) are the module's."""
-
-    def __init__(self, model: nn.Module, params: dict[str, Tensor]):
-        self._model, self._params = model, params
-
-    def __call__(self, *args, **kwargs):
-        return functional_call(self._model, self._params, args, kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
 
 
 @dataclass
@@ -240,7 +75,7 @@ class MGSStats:
 
 
 # ------------------------------------------------------------------------------------------------ the step
-class MGS:
+class MGS(_CandidateScoring):
     """MLE-guided parameter search as an optimizer step: ``stats = MGS(...).step(batch)``.
 
     Each step: (1) g = ∇l̃(θ) from ``surrogate_loss_fn(model, batch)`` (a differentiable scalar, e.g.
@@ -440,59 +275,6 @@ class MGS:
         if self.include_mle:
             d0[0], d1[0] = gg[0], torch.zeros_like(gg[0])
         return _log_q_from_sq(d0, d1, sig, numel, self.mix, self.density)
-
-    # -- scoring -------------------------------------------------------------------------------------------
-    def _call(self, params: dict[str, Tensor]) -> "_FunctionalModel":
-        return _FunctionalModel(self.model, params)
-
-    @contextlib.contextmanager
-    def _loaded(self, flat: Tensor, theta: Tensor):
-        """The module itself with θ+Δθ = ``flat`` copied into its parameters; θ restored on exit (even on error)."""
-        with torch.no_grad():
-            for p, v in zip(self.params, self._unflat(flat).values()):
-                p.copy_(v)
-        try:
-            yield self.model
-        finally:
-            with torch.no_grad():
-                for p, v in zip(self.params, self._unflat(theta).values()):
-                    p.copy_(v)
-
-    def _score_one(self, model_k, batch) -> Tensor:
-        return _scalar_loss(self.task_loss_fn(self.forward_fn(model_k, batch), batch), "loop")
-
-    def _score(self, deltas: Tensor, theta: Tensor, batch) -> list[Tensor]:
-        """Task losses of the candidates θ + Δθ_j for the rows of ``deltas [c, P]``."""
-        c = deltas.shape[0]
-        if self.mode != "loop":
-            stacked = self._unflat(theta.unsqueeze(0) + deltas)
-            try:
-                if self.mode == "vmap":
-                    out = vmap(lambda p: self.task_loss_fn(self.forward_fn(self._call(p), batch), batch),
-                               randomness="different")(stacked)
-                    if not isinstance(out, Tensor) or out.shape != (c,):
-                        raise ValueError(f"task_loss_fn must return a scalar tensor per candidate, got "
-                                         f"{tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__}")
-                    self._mode_confirmed = True
-                    return list(out.detach().to(torch.float64).unbind(0))
-                outs = vmap(lambda p: self.forward_fn(self._call(p), batch), randomness="different")(stacked)
-                res = [_scalar_loss(self.task_loss_fn(tree_map(lambda o, j=j: o[j], outs), batch), "vmap_forward")
-                       for j in range(c)]
-                self._mode_confirmed = True
-                return res
-            except Exception as e:  # noqa: BLE001 — a genuine error re-raises in the fallback below
-                if not self._auto or self._mode_confirmed:
-                    raise
-                new = "vmap_forward" if self.mode == "vmap" else "loop"
-                warnings.warn(f"MGS: candidate evaluation mode '{self.mode}' failed ({type(e).__name__}: "
-                              f"{str(e)[:160]}); falling back to '{new}'", RuntimeWarning, stacklevel=3)
-                self.mode = new
-                return self._score(deltas, theta, batch)
-        out = []
-        for d in deltas:
-            with self._loaded(theta + d, theta) as model_k:
-                out.append(self._score_one(model_k, batch))
-        return out
 
     # -- the step ------------------------------------------------------------------------------------------
     def step(self, batch, *, return_deltas: bool = False) -> MGSStats:

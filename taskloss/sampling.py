@@ -10,6 +10,10 @@ estimated from samples of a proposal q by self-normalized importance sampling (S
 closed forms: a linear loss on the ball ‖Δθ‖ ≤ ε (gradient descent, :func:`ball_expected_update`) and a
 quadratic loss (a Gaussian with mean −H⁻¹g and covariance αH⁻¹: Newton, :func:`gaussian_update_distribution`).
 
+This module holds the SNIS core (:func:`self_normalized_is`, :func:`log_target`, :func:`expected_update`) and the
+quadratic case; the proposals live in :mod:`taskloss.proposals` and the ε-ball formulas in :mod:`taskloss.ball`,
+both re-exported here.
+
 Shapes: parameters ``theta [d]``, candidate updates ``deltas [K, d]``, losses ``[K]``. Tensors follow the
 device of their inputs; random draws use the device of the ``generator`` when one is given.
 """
@@ -17,12 +21,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable
 
-import numpy as np
 import torch
-from scipy import special
 
+from .ball import (ball_expected_update, ball_log_partition, ball_log_partition_derivative, ball_partition,
+                   log_ball_volume)
+from .proposals import GaussianMixtureProposal, GaussianProposal, UniformBallProposal, _no_nan
 from .utils import check_finite, check_floating, check_int, check_ndim, check_positive
 
 __all__ = [
@@ -52,11 +57,6 @@ class SNISResult:
     ess: torch.Tensor
     log_z: torch.Tensor
     samples: torch.Tensor | None = None
-
-
-def _no_nan(name: str, t: torch.Tensor) -> None:
-    if bool(torch.isnan(t).any()):
-        raise ValueError(f"{name} contains NaN")
 
 
 def self_normalized_is(log_target: torch.Tensor, log_proposal: torch.Tensor,
@@ -161,291 +161,6 @@ def expected_update(loss_fn: LossFn, theta: torch.Tensor, alpha: float, proposal
     res = self_normalized_is(lt, lq, deltas)
     res.samples = deltas
     return res
-
-
-# ---------------------------------------------------------------------------------------- proposals
-def _draw(kind: str, shape, generator, like: torch.Tensor) -> torch.Tensor:
-    """Random draws on the generator's device (when given), returned on ``like``'s device and dtype."""
-    fn = torch.randn if kind == "normal" else torch.rand
-    if generator is None:
-        return fn(*shape, device=like.device, dtype=like.dtype)
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-    return fn(*shape, generator=generator, device=generator.device, dtype=like.dtype).to(like.device)
-
-
-def _check_points(x: torch.Tensor, d: int) -> None:
-    check_floating("x", x)
-    if x.ndim < 1 or x.shape[-1] != d:
-        raise ValueError(f"x must have shape [..., {d}], got {tuple(x.shape)}")
-    _no_nan("x", x)
-
-
-class GaussianProposal:
-    """N(mean, Σ) with ``mean [d]`` and either ``scale`` (std: a float or a ``[d]`` tensor, diagonal Σ) or
-    ``cov [d, d]`` (symmetric positive definite). ``sample(n, generator) → [n, d]``, ``log_prob([..., d])``.
-    Derived in notebook 01_optimization_as_sampling."""
-
-    def __init__(self, mean: torch.Tensor, scale: float | torch.Tensor | None = None,
-                 cov: torch.Tensor | None = None):
-        check_floating("mean", mean)
-        check_ndim("mean", mean, 1)
-        check_finite("mean", mean)
-        if (scale is None) == (cov is None):
-            raise ValueError("give exactly one of scale and cov")
-        d = mean.shape[0]
-        if d < 1:
-            raise ValueError("mean is empty: need d >= 1")
-        if cov is None:
-            if isinstance(scale, torch.Tensor) and scale.numel() > 1:
-                check_finite("scale", scale)
-                if tuple(scale.shape) != (d,) or bool((scale <= 0).any()):
-                    raise ValueError(f"scale must be positive with shape [{d}], got {tuple(scale.shape)}")
-                std = scale.to(mean)
-            else:
-                std = torch.full((d,), check_positive("scale", scale), dtype=mean.dtype, device=mean.device)
-            self.scale_tril = torch.diag(std)
-        else:
-            check_floating("cov", cov)
-            check_finite("cov", cov)
-            if tuple(cov.shape) != (d, d):
-                raise ValueError(f"cov must have shape [{d}, {d}], got {tuple(cov.shape)}")
-            cov = cov.to(mean)
-            if not torch.allclose(cov, cov.mT, rtol=1e-5, atol=1e-8 * float(cov.abs().max())):
-                raise ValueError("cov must be symmetric")
-            tril, info = torch.linalg.cholesky_ex(0.5 * (cov + cov.mT))
-            if int(info) != 0:
-                raise ValueError("cov must be positive definite")
-            self.scale_tril = tril
-        self.mean = mean
-        self.dim = d
-
-    @property
-    def covariance(self) -> torch.Tensor:
-        return self.scale_tril @ self.scale_tril.mT
-
-    def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        n = check_int("n", n, minimum=1)
-        z = _draw("normal", (n, self.dim), generator, self.mean)
-        return self.mean + z @ self.scale_tril.mT
-
-    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
-        _check_points(x, self.dim)
-        diff = (x - self.mean).reshape(-1, self.dim).mT
-        sol = torch.linalg.solve_triangular(self.scale_tril, diff, upper=False)
-        maha = (sol * sol).sum(0).reshape(x.shape[:-1])
-        half_logdet = torch.log(torch.diagonal(self.scale_tril)).sum()
-        return -0.5 * maha - half_logdet - 0.5 * self.dim * math.log(2 * math.pi)
-
-
-def log_ball_volume(dim: int, radius: float) -> float:
-    """log of the volume of the d-ball of ``radius``: (d/2) log π − log Γ(d/2 + 1) + d log r."""
-    dim = check_int("dim", dim, minimum=1)
-    radius = check_positive("radius", radius)
-    return 0.5 * dim * math.log(math.pi) - math.lgamma(0.5 * dim + 1) + dim * math.log(radius)
-
-
-class UniformBallProposal:
-    """Uniform on the ball ‖x − center‖ ≤ radius (``center [d]``): the proposal of the ε-ball case.
-    ``log_prob`` is −log vol inside and −inf outside. Derived in notebook 01_optimization_as_sampling."""
-
-    def __init__(self, center: torch.Tensor, radius: float):
-        check_floating("center", center)
-        check_ndim("center", center, 1)
-        check_finite("center", center)
-        if center.shape[0] < 1:
-            raise ValueError("center is empty: need d >= 1")
-        self.center, self.radius, self.dim = center, check_positive("radius", radius), center.shape[0]
-        self._log_vol = log_ball_volume(self.dim, self.radius)
-
-    def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        n = check_int("n", n, minimum=1)
-        z = _draw("normal", (n, self.dim), generator, self.center)
-        direction = z / torch.linalg.vector_norm(z, dim=-1, keepdim=True).clamp_min(1e-30)
-        r = self.radius * _draw("uniform", (n, 1), generator, self.center) ** (1.0 / self.dim)
-        return self.center + r * direction
-
-    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
-        _check_points(x, self.dim)
-        inside = torch.linalg.vector_norm(x - self.center, dim=-1) <= self.radius * (1 + 1e-6)
-        return torch.where(inside, x.new_tensor(-self._log_vol), x.new_tensor(-math.inf))
-
-
-class GaussianMixtureProposal:
-    """Σₘ πₘ N(meanₘ, Σₘ) over :class:`GaussianProposal` components with mixing ``weights [M]``
-    (normalized here). :meth:`mgs` builds the mixture λ N(0, σ²I) + (1−λ) N(guide, σ²I) of the paper
-    "MLE-guided parameter search for task loss minimization in neural sequence modeling".
-    Derived in notebook 01_optimization_as_sampling."""
-
-    def __init__(self, components: Sequence[GaussianProposal], weights: Sequence[float] | torch.Tensor):
-        comps = list(components)
-        if not comps or not all(isinstance(c, GaussianProposal) for c in comps):
-            raise ValueError("components must be a non-empty sequence of GaussianProposal")
-        if len({c.dim for c in comps}) != 1:
-            raise ValueError("all components must have the same dimension")
-        w = torch.as_tensor(weights, dtype=comps[0].mean.dtype).to(comps[0].mean.device).flatten()
-        if w.numel() != len(comps) or not bool(torch.isfinite(w).all()) or bool((w < 0).any()) or float(w.sum()) <= 0:
-            raise ValueError(f"weights must be {len(comps)} finite non-negative numbers with a positive sum")
-        self.components, self.weights, self.dim = comps, w / w.sum(), comps[0].dim
-
-    @classmethod
-    def mgs(cls, guide: torch.Tensor, scale: float, mix: float) -> "GaussianMixtureProposal":
-        """λ N(0, scale²I) + (1−λ) N(guide, scale²I) with λ = ``mix`` ∈ [0, 1]."""
-        if isinstance(mix, bool) or not isinstance(mix, (int, float)) or not 0.0 <= mix <= 1.0:
-            raise ValueError(f"mix must be a number in [0, 1], got {mix}")
-        zero = GaussianProposal(torch.zeros_like(guide), scale=scale)
-        return cls([zero, GaussianProposal(guide, scale=scale)], [mix, 1.0 - mix])
-
-    def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
-        n = check_int("n", n, minimum=1)
-        w = self.weights if generator is None else self.weights.to(generator.device)
-        idx = torch.multinomial(w, n, replacement=True, generator=generator).to(self.weights.device)
-        draws = torch.stack([c.sample(n, generator) for c in self.components])  # [M, n, d]
-        return draws[idx, torch.arange(n, device=idx.device)]
-
-    def log_prob(self, x: torch.Tensor) -> torch.Tensor:
-        _check_points(x, self.dim)
-        lp = torch.stack([c.log_prob(x) for c in self.components])  # [M, ...]
-        logw = torch.log(self.weights).reshape(-1, *([1] * (lp.ndim - 1)))
-        return torch.logsumexp(lp + logw, dim=0)
-
-
-# ------------------------------------------------------------------------------ the ε-ball, exactly
-def _log_iv_debye(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """log I_ν(x) by the uniform (Debye) expansion, three correction terms — for large ν."""
-    z = x / nu
-    s = np.sqrt(1.0 + z * z)
-    p = 1.0 / s
-    eta = s + np.log(z / (1.0 + s))
-    u1 = (3 * p - 5 * p**3) / 24
-    u2 = (81 * p**2 - 462 * p**4 + 385 * p**6) / 1152
-    u3 = (30375 * p**3 - 369603 * p**5 + 765765 * p**7 - 425425 * p**9) / 414720
-    return nu * eta - 0.5 * np.log(2 * np.pi * nu) - 0.5 * np.log(s) + np.log1p(u1 / nu + u2 / nu**2 + u3 / nu**3)
-
-
-def _log_iv(nu: float, x: np.ndarray) -> np.ndarray:
-    """log I_ν(x) for x > 0 in float64: scaled Bessel (ive), else the power series ₀F₁, else Debye."""
-    x = np.asarray(x, dtype=np.float64)
-    with np.errstate(all="ignore"):
-        e = special.ive(nu, x)
-        out = np.log(e) + x
-        bad = ~(e > 1e-280) | ~np.isfinite(out)
-        if bad.any():
-            xb = x[bad]
-            series = nu * np.log(xb / 2) - special.gammaln(nu + 1) + np.log(special.hyp0f1(nu + 1, xb * xb / 4))
-            bad2 = ~np.isfinite(series)
-            if bad2.any():
-                series[bad2] = _log_iv_debye(np.full(int(bad2.sum()), nu), xb[bad2])
-            out[bad] = series
-    return out
-
-
-def _ball_args(g_norm, alpha, eps: float, dim: int):
-    """Validate, move to CPU float64 NumPy; return (x = ‖g‖ε/α, α, eps, dim, device), broadcast."""
-    eps = check_positive("eps", eps)
-    dim = check_int("dim", dim, minimum=1)
-    device = g_norm.device if isinstance(g_norm, torch.Tensor) else (
-        alpha.device if isinstance(alpha, torch.Tensor) else torch.device("cpu"))
-    arrays = []
-    for name, v in (("g_norm", g_norm), ("alpha", alpha)):
-        if isinstance(v, torch.Tensor):
-            if not (v.is_floating_point() or v.dtype in (torch.int32, torch.int64)):
-                raise TypeError(f"{name} must be a real tensor, got dtype {v.dtype}")
-            a = v.detach().to("cpu", torch.float64).numpy()
-        elif isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool):
-            a = np.asarray(float(v))
-        else:
-            raise TypeError(f"{name} must be a number or a tensor, got {type(v).__name__}")
-        if not np.isfinite(a).all():
-            raise ValueError(f"{name} must be finite, got NaN or inf")
-        arrays.append(a)
-    s, a = arrays
-    if (s < 0).any():
-        raise ValueError("g_norm must be >= 0")
-    if (a <= 0).any():
-        raise ValueError("alpha must be > 0")
-    s, a = np.broadcast_arrays(s, a)
-    return np.asarray(s * eps / a, dtype=np.float64), np.asarray(a, dtype=np.float64), eps, dim, device
-
-
-def ball_log_partition(g_norm, alpha, eps: float, dim: int) -> torch.Tensor:
-    """log Z for Z(‖g‖) = ∫_{‖Δ‖≤ε} exp(−Δᵀg/α) dΔ in ``dim`` dimensions, exactly and in log space.
-
-    With x = ‖g‖ε/α and ν = d/2, integrating over the sphere then the radius gives
-    Z = (2πε²/x)^{d/2} I_{d/2}(x) = vol(ε-ball) · ₀F₁(; d/2 + 1; x²/4), finite in log space for any x.
-    ``g_norm`` and ``alpha`` broadcast (numbers or tensors); returns float64 on ``g_norm``'s device.
-    Derived in notebook 01_optimization_as_sampling.
-    """
-    x, _, eps, dim, device = _ball_args(g_norm, alpha, eps, dim)
-    nu = 0.5 * dim
-    log_vol = log_ball_volume(dim, eps)
-    out = np.full(x.shape, log_vol, dtype=np.float64)
-    small = (x > 0) & (x * x / 4 <= 1.0)
-    out[small] += np.log(special.hyp0f1(nu + 1, x[small] ** 2 / 4))
-    big = x * x / 4 > 1.0
-    if big.any():
-        xb = x[big]
-        out[big] = dim * math.log(eps) + nu * np.log(2 * np.pi / xb) + _log_iv(nu, xb)
-    return torch.from_numpy(out).to(device)
-
-
-def ball_partition(g_norm, alpha, eps: float, dim: int) -> torch.Tensor:
-    """Z(‖g‖) = exp(:func:`ball_log_partition`); raises ``OverflowError`` rather than return inf (use the
-    log version for large ‖g‖ε/α). Derived in notebook 01_optimization_as_sampling."""
-    log_z = ball_log_partition(g_norm, alpha, eps, dim)
-    if bool((log_z > 709.0).any()):
-        raise OverflowError("Z overflows float64 here; use ball_log_partition")
-    return log_z.exp()
-
-
-def _bessel_ratio(nu: float, x: np.ndarray) -> np.ndarray:
-    """I_{ν+1}(x) / I_ν(x) ∈ [0, 1) for x ≥ 0 (0 at x = 0)."""
-    out = np.zeros_like(x)
-    pos = x > 0
-    if pos.any():
-        xp = x[pos]
-        with np.errstate(all="ignore"):
-            num, den = special.ive(nu + 1, xp), special.ive(nu, xp)
-            r = num / den
-        bad = ~((num > 1e-280) & (den > 1e-280)) | ~np.isfinite(r)
-        if bad.any():  # small x / large ν: the ratio of power series, free of Γ-function cancellation
-            xb = xp[bad]
-            with np.errstate(all="ignore"):
-                series = xb / (2 * nu + 2) * special.hyp0f1(nu + 2, xb * xb / 4) / special.hyp0f1(nu + 1, xb * xb / 4)
-            bad2 = ~np.isfinite(series)
-            if bad2.any():
-                series[bad2] = np.exp(_log_iv(nu + 1, xb[bad2]) - _log_iv(nu, xb[bad2]))
-            r[bad] = series
-        out[pos] = np.clip(r, 0.0, 1.0)
-    return out
-
-
-def ball_log_partition_derivative(g_norm, alpha, eps: float, dim: int) -> torch.Tensor:
-    """Z'(‖g‖)/Z(‖g‖) = d log Z / d‖g‖ = (ε/α) · I_{d/2+1}(x) / I_{d/2}(x), x = ‖g‖ε/α.
-
-    (From d/dx log[x^{−ν} I_ν(x)] = I_{ν+1}(x)/I_ν(x).) Returns float64 on ``g_norm``'s device.
-    Derived in notebook 01_optimization_as_sampling."""
-    x, a, eps, dim, device = _ball_args(g_norm, alpha, eps, dim)
-    return torch.from_numpy(np.asarray(eps / a * _bessel_ratio(0.5 * dim, x))).to(device)
-
-
-def ball_expected_update(g: torch.Tensor, alpha, eps: float) -> torch.Tensor:
-    """Exact Δθ* for the linearized loss on the ball ‖Δθ‖ ≤ ε: for ``g [..., d]`` returns ``[..., d]``
-
-        Δθ* = −α (Z'/Z) g/‖g‖ = −ε · I_{d/2+1}(x)/I_{d/2}(x) · g/‖g‖,   x = ‖g‖ε/α,
-
-    which tends to −ε g/‖g‖ as α → 0 (steepest descent to the sphere) and to −ε²g/((d+2)α) → 0 as α → ∞
-    (gradient descent with learning rate ε²/((d+2)α)). ``alpha`` is a number or broadcasts with
-    ``g[..., 0]``. Same dtype and device as ``g``. Derived in notebook 01_optimization_as_sampling."""
-    check_floating("g", g)
-    if g.ndim < 1 or g.shape[-1] < 1:
-        raise ValueError(f"g must have shape [..., d] with d >= 1, got {tuple(g.shape)}")
-    check_finite("g", g)
-    g_norm = torch.linalg.vector_norm(g.double(), dim=-1)
-    x, _, eps, dim, _ = _ball_args(g_norm, alpha, eps, g.shape[-1])
-    ratio = torch.from_numpy(_bessel_ratio(0.5 * dim, x)).to(g.device)
-    unit = g.double() / g_norm.clamp_min(1e-300).unsqueeze(-1)
-    return (-eps * ratio.unsqueeze(-1) * unit).to(g.dtype)
 
 
 # ------------------------------------------------------------------------------ the quadratic case

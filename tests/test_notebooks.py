@@ -4,6 +4,7 @@ The notebooks themselves are executed by nbval (``make test`` collects ``noteboo
 """
 from __future__ import annotations
 
+import ast
 from pathlib import Path
 
 import jupytext
@@ -24,6 +25,12 @@ def _cells(nb):
 
 def test_there_are_notebooks():
     assert SOURCES, "notebooks/NN_topic.py sources are missing"
+
+
+@pytest.mark.parametrize("py", SOURCES, ids=lambda p: p.stem)
+def test_source_is_valid_python(py: Path):
+    """The percent-format source must stay a runnable script (every markdown line commented)."""
+    ast.parse(py.read_text(), filename=str(py))
 
 
 @pytest.mark.parametrize("py", SOURCES, ids=lambda p: p.stem)

@@ -1,0 +1,66 @@
+"""Timing and peak-memory helpers shared by the ``benchmarks/bench_*.py`` scripts (not a benchmark itself:
+``run_all.py`` only runs ``bench_*.py``).
+
+* :func:`sync` — ``torch.cuda.synchronize(device)`` on CUDA, nothing elsewhere;
+* :func:`median_time` — median wall-clock seconds of ``fn()`` over ``repeats`` calls after ``warmup`` untimed
+  ones, ``time.perf_counter``, CUDA-synchronized before and after each call;
+* :func:`peak_bytes` — peak memory of one call above what is live before it: on CUDA
+  ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``; on CPU the allocator trace of
+  ``torch.profiler`` (``profile_memory=True``) — the maximum of its running "Total Allocated" counter minus its
+  first value, i.e. bytes handed out by torch's CPU allocator, not RSS.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import tempfile
+import time
+from typing import Callable
+
+import torch
+
+__all__ = ["sync", "median_time", "peak_bytes"]
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA only), so that a timer brackets the work itself."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def median_time(fn: Callable[[], object], device: torch.device, repeats: int, warmup: int = 1) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` synchronized calls, after ``warmup`` untimed calls (vmap
+    tracing, allocator caches)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        fn()
+        sync(device)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
+    """Peak bytes allocated by one call of ``fn()`` above what was live before it (see the module docstring)."""
+    if device.type == "cuda":
+        sync(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        base = torch.cuda.memory_allocated(device)
+        fn()
+        sync(device)
+        return torch.cuda.max_memory_allocated(device) - base
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "trace.json")
+        prof.export_chrome_trace(path)
+        with open(path) as f:
+            events = json.load(f)["traceEvents"]
+    totals = [e["args"]["Total Allocated"] for e in events
+              if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
+    return (max(totals) - totals[0]) if totals else 0
