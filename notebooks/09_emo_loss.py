@@ -23,7 +23,8 @@
 # Source: *EMO: Earth Mover Distance Optimization for Auto-Regressive Language Modeling* (Ren et al., ICLR
 # 2024); the quality score follows the recipe of *MAUVE: Measuring the Gap Between Neural Text and Human Text
 # using Divergence Frontiers*. The package code is `taskloss.emo` (the chunked, memory-lean loss and its MLE
-# mixes); `benchmarks/bench_emo.py` measures its time and memory against cross-entropy.
+# mixes); the distribution-level quality scores are `taskloss.text_quality`; `benchmarks/bench_emo.py` measures
+# the loss's time and memory against cross-entropy.
 
 # %% tags=["parameters"]
 seed: int = 0
@@ -61,8 +62,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 from scipy.optimize import linprog
-from sklearn.cluster import KMeans
-from sklearn.decomposition import PCA
 from tqdm.auto import tqdm
 
 import taskloss.notebook
@@ -70,6 +69,7 @@ from taskloss import text
 from taskloss.emo import EMOLoss, emo_cost_matrix, emo_loss, emo_soft_upper_bound, normalize_cost_embeddings
 from taskloss.metrics import repetition
 from taskloss.models import TransformerLM, generate
+from taskloss.text_quality import embed_texts, frontier_score, mmd2
 
 run = taskloss.notebook.start("09_emo_loss", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
@@ -343,48 +343,11 @@ assert g_emo / g_mle < 0.05
 #   that pure EMO lowers it).
 
 # %%
-def frontier_score(ref_emb, gen_emb, n_clusters=None, seed=0, scale=5.0, n_lambda=25):
-    """MAUVE's divergence-frontier area computed on given embeddings (here MiniLM), in [0, 1]."""
-    x = np.concatenate([ref_emb, gen_emb]).astype(np.float64)
-    n_ref = len(ref_emb)
-    k = n_clusters or max(2, round(len(x) / 20))            # n/10 with n = samples per side
-    x = PCA(n_components=0.9, svd_solver="full").fit_transform(x)
-    labels = KMeans(n_clusters=k, n_init=5, random_state=seed).fit(x).labels_
-    p = np.bincount(labels[:n_ref], minlength=k) / n_ref
-    q = np.bincount(labels[n_ref:], minlength=k) / (len(x) - n_ref)
-    lam = np.linspace(1e-6, 1 - 1e-6, n_lambda)[:, None]
-    r = lam * p + (1 - lam) * q
-
-    def kl(a, b):
-        return np.where(a > 0, a * np.log(np.where(a > 0, a, 1) / b), 0.0).sum(-1)
-
-    xs = np.concatenate([[0.0], np.exp(-scale * kl(q, r)), [1.0]])
-    ys = np.concatenate([[1.0], np.exp(-scale * kl(p, r)), [0.0]])
-    order = np.argsort(xs, kind="stable")
-    return float(np.trapezoid(ys[order], xs[order]))
-
-
-def mmd2(xe, ye):
-    """Unbiased MMD² with an RBF kernel, bandwidth = median pairwise distance of the pooled sample."""
-    z = torch.cat([xe, ye]).double()
-    d2 = torch.cdist(z, z).pow(2)
-    kern = torch.exp(-d2 / d2[d2 > 0].median())
-    n = len(xe)
-    kxx, kyy, kxy = kern[:n, :n], kern[n:, n:], kern[:n, n:]
-    m = len(ye)
-    return float((kxx.sum() - kxx.trace()) / (n * (n - 1)) + (kyy.sum() - kyy.trace()) / (m * (m - 1))
-                 - 2 * kxy.mean())
-
-
-def embed(texts):
-    return text.sentence_embeddings(texts, device=dev).cpu()
-
-
 prefixes, refs = text.prefix_continuations("valid", prefix_len, cont_len, tok, max_items=2 * n_prompts, path=corpus)
 n_p = min(n_prompts, len(refs) // 2)
 prompts = prefixes[:n_p]
 ref_text = [tok.decode(r) for r in refs[:n_p]]
-ref_emb = embed(ref_text + [tok.decode(r) for r in refs[n_p:2 * n_p]])
+ref_emb = embed_texts(ref_text + [tok.decode(r) for r in refs[n_p:2 * n_p]], device=dev)
 ref_a, ref_b = ref_emb[:n_p], ref_emb[n_p:2 * n_p]
 assert abs(frontier_score(ref_a.numpy(), ref_a.numpy(), seed=seed) - 1.0) < 1e-9   # identical sets → 1
 far = frontier_score(ref_a.numpy(), -ref_a.numpy() + 5.0, seed=seed)                  # disjoint clouds → ~0
@@ -448,7 +411,7 @@ def train(model, loss_name, steps, lr, gen, eval_every=0, desc="", warmup=0):
 def evaluate(model, s):
     gen = torch.Generator(device=dev).manual_seed(1000 + s)
     out = generate(model, prompts.to(dev), cont_len, eos_id=None, pad_id=tok.pad_id, greedy=False, generator=gen)
-    gen_emb = embed([tok.decode(r) for r in out.cpu().tolist()])
+    gen_emb = embed_texts([tok.decode(r) for r in out.cpu().tolist()], device=dev)
     ppl, entropy = perplexity(model, valid_blocks, with_entropy=True)
     return {"ppl": ppl, "entropy": entropy, "frontier": frontier_score(ref_a.numpy(), gen_emb.numpy(), seed=s),
             "mmd2": mmd2(ref_a, gen_emb), "rep4": float(repetition(out.cpu(), n=4).mean())}
