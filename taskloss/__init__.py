@@ -11,6 +11,7 @@ derives it:
 - :mod:`taskloss.mgs_scoring`      — scoring MGS candidates: one vmap, vmapped forward, or a loop (02–04)
 - :mod:`taskloss.metrics`          — task losses: accuracy, macro-F1, edit distance, repetition, BLEU, … (02–05)
 - :mod:`taskloss.sequence_tasks`   — text completion scored by sequence task losses (04)
+- :mod:`taskloss.causal_lm`        — one interface over causal LMs, KV-cached greedy decoding that vmaps (04)
 - :mod:`taskloss.policy_gradient`  — REINFORCE: sampling outputs, scored by a task loss (03–05)
 - :mod:`taskloss.zeroth_order`     — zeroth-order optimization: sampling parameters, Gaussian smoothing (03, 05)
 - :mod:`taskloss.natural_gradient` — the natural-gradient step, trust region, Gaussian KL and Fisher (06)
