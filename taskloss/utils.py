@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import os
 import random
+import tempfile
 from pathlib import Path
 from typing import Iterable
 
@@ -15,7 +16,7 @@ import numpy as np
 import torch
 
 __all__ = [
-    "REPO_ROOT", "DATA_DIR", "RUNS_DIR",
+    "REPO_ROOT", "DATA_DIR", "RUNS_DIR", "atomic_write_text",
     "resolve_device", "seed_everything",
     "check_positive", "check_nonnegative", "check_probability", "check_int", "check_finite",
     "check_ndim", "check_nonempty", "check_same_length", "check_floating",
@@ -24,6 +25,21 @@ __all__ = [
 REPO_ROOT = Path(__file__).resolve().parents[1]
 DATA_DIR = REPO_ROOT / "data"
 RUNS_DIR = REPO_ROOT / "runs"
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file + rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
