@@ -11,8 +11,9 @@ Examples::
 
 Every run folder holds the executed notebook, its figures and ``results.json`` (written by the notebook through
 :mod:`taskloss.notebook`) and ``meta.json`` (parameters, package versions, git commit, timing, status), written last and atomically: a
-folder whose ``meta.json`` says ``ok`` is a finished run, and re-running the same sweep skips it (``--force``
-redoes it); an interrupted or failed run is redone. Parameter names and types are checked
+folder whose ``meta.json`` says ``ok`` for the same parameters at the same git commit is a finished run, and
+re-running the same sweep skips it (``--force`` redoes it); an interrupted or failed run, or one made by an older
+commit, is redone. Parameter names and types are checked
 against the notebook's ``parameters`` cell before anything executes.
 """
 from __future__ import annotations
@@ -148,14 +149,25 @@ def environment_info() -> dict[str, Any]:
     return info
 
 
-def is_finished(folder: Path) -> bool:
+def is_finished(folder: Path, spec: RunSpec | None = None) -> bool:
+    """A run is finished when its ``meta.json`` says ``ok`` — and, given ``spec``, when it ran with the same
+    resolved parameters at the same git commit (a run made by other code or other parameters is redone)."""
     meta = folder / META_FILE
     if not meta.exists():
         return False
     try:
-        return json.loads(meta.read_text()).get("status") == "ok"
+        m = json.loads(meta.read_text())
     except json.JSONDecodeError:
         return False
+    if m.get("status") != "ok":
+        return False
+    if spec is not None:
+        if json.loads(json.dumps(spec.parameters, default=str)) != m.get("parameters"):
+            return False
+        ran_at, now = (m.get("git") or {}).get("commit"), _git_commit()["commit"]
+        if ran_at and now and ran_at != now:
+            return False
+    return True
 
 
 def execute(spec: RunSpec, *, timeout: float | None = None, threads: int | None = None) -> dict[str, Any]:
@@ -199,7 +211,7 @@ def run_many(specs: list[RunSpec], *, jobs: int = 1, force: bool = False, timeou
     """Execute runs (``jobs`` at a time), skipping finished ones unless ``force``; never stop at a failure."""
     from tqdm.auto import tqdm
 
-    todo = [s for s in specs if force or not is_finished(s.out_dir)]
+    todo = [s for s in specs if force or not is_finished(s.out_dir, s)]
     skipped = [s for s in specs if s not in todo]
     for s in skipped:
         print(f"skip (finished): {s.out_dir}")

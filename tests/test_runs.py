@@ -155,6 +155,19 @@ def test_interrupted_sweep_resumes_without_redoing_finished_runs(tiny, tmp_path)
     assert runs.is_finished(second)
 
 
+@pytest.mark.slow
+def test_finished_run_is_redone_when_parameters_or_commit_differ(tiny, tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    spec, = runs.plan_runs(tiny, out)
+    runs.run_many([spec], progress=False)
+    assert runs.is_finished(spec.out_dir, spec)
+    other, = runs.plan_runs(tiny, out, cli=[("scale", "3")], nested=False)
+    other.out_dir = spec.out_dir
+    assert not runs.is_finished(spec.out_dir, other)  # same folder, other parameters
+    monkeypatch.setattr(runs, "_git_commit", lambda: {"commit": "0" * 40, "dirty": False})
+    assert not runs.is_finished(spec.out_dir, spec)  # made by another commit
+
+
 def test_find_notebook_and_list(tmp_path):
     (tmp_path / "01_alpha.py").write_text("")
     (tmp_path / "02_beta.py").write_text("")
