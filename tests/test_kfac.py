@@ -283,3 +283,17 @@ def test_linear_on_sequences_uses_the_expand_convention_like_curvlinops():
     op = curvlinops.KFACLinearOperator(net, nn.CrossEntropyLoss(), params, [(X, y)], fisher_type="empirical",
                                        separate_weight_and_bias=False, check_deterministic=False)
     torch.testing.assert_close(K, op @ torch.eye(sum(p.numel() for p in params), dtype=torch.float64))
+
+
+@pytest.mark.parametrize("kwargs", [dict(padding=1), dict(stride=2), dict(padding=(1, 2), stride=(2, 1)),
+                                    dict(padding=1, bias=False), dict(dilation=2, padding=1)])
+def test_conv_patches_equal_unfold(kwargs):
+    """The strided-view patch extraction equals unfold → transpose → reshape (→ append ones for the bias)."""
+    conv = nn.Conv2d(3, 4, (3, 2), **kwargs)
+    k = KFAC(nn.Sequential(conv), fisher_type="empirical")
+    x = torch.randn(2, 3, 7, 6)
+    ref = nn.functional.unfold(x, conv.kernel_size, dilation=conv.dilation, padding=conv.padding,
+                               stride=conv.stride).transpose(1, 2).reshape(-1, 3 * 3 * 2)
+    if conv.bias is not None:
+        ref = torch.cat([ref, ref.new_ones(ref.shape[0], 1)], dim=1)
+    assert torch.equal(k._patches("0", x), ref)
