@@ -221,9 +221,8 @@ class MGS(_CandidateScoring):
                                                              self._shapes)}
 
     def _segsum(self, x: Tensor) -> Tensor:
-        """Per-tensor sums of flat float64 vectors ``[..., P]`` → CPU ``[..., T]`` (each row summed in order)."""
-        lengths = self._lengths.expand(*x.shape[:-1], len(self._numels)).contiguous()
-        return torch.segment_reduce(x, "sum", lengths=lengths, axis=x.ndim - 1).cpu()
+        """Per-tensor sums of a flat float64 vector ``[P]`` → CPU ``[T]``."""
+        return torch.segment_reduce(x, "sum", lengths=self._lengths).cpu()
 
     def _surrogate_grad(self, batch):
         loss = self.surrogate_loss_fn(self.model, batch)
@@ -248,41 +247,25 @@ class MGS(_CandidateScoring):
             return math.ceil((j + 1) * r - 1e-9) - math.ceil(j * r - 1e-9) == 1
         return _uniform_from_seed(seed) >= self.mix
 
-    def _generate(self, ks: list[int], seeds: list[int], mle: list[bool], g: Tensor, s_flat: Tensor,
-                  stats=None) -> Tensor:
-        """Flat Δθ_k of candidates ``ks`` as rows ``[len(ks), P]``, regenerated from their seeds. With ``stats =
-        (g64, zz, zg)`` also fills rows k of the float64 per-tensor statistics ‖z_t‖², ⟨z_t, g_t⟩ of their standard
-        normal noise z (one batched float64 pass per chunk; ``g64=None``: low_memory, one tensor at a time)."""
-        out = g.new_empty((len(ks), g.numel()))
-        noisy = []                        # (row, candidate) pairs that carry noise
-        for r, k in enumerate(ks):
-            if self.include_mle and k == 0:
-                torch.neg(g, out=out[r])
-            else:
-                gen = torch.Generator(device=g.device).manual_seed(seeds[k])
-                torch.randn(g.shape, generator=gen, device=g.device, dtype=g.dtype, out=out[r])
-                noisy.append((r, k))
-        if stats is not None and noisy:
+    def _generate(self, k: int, seed: int, mle: bool, g: Tensor, s_flat: Tensor, stats=None) -> Tensor:
+        """Flat Δθ_k ``[P]`` regenerated from its seed. With ``stats = (g64, zz, zg)`` also fills row k of the
+        float64 per-tensor statistics ‖z_t‖², ⟨z_t, g_t⟩ of its standard normal noise z."""
+        if self.include_mle and k == 0:
+            return -g
+        gen = torch.Generator(device=g.device).manual_seed(seed)
+        z = torch.randn(g.shape, generator=gen, device=g.device, dtype=g.dtype)
+        if stats is not None:
             g64, zz, zg = stats
-            rows, cands = [r for r, _ in noisy], [k for _, k in noisy]
-            if g64 is not None:   # one float64 copy of the chunk's z (transient), reused in place for ⟨z, g⟩
-                z64 = (out if len(rows) == len(ks) else out[rows]).to(torch.float64, copy=True)
-                zz[cands] = self._segsum(z64.square())
-                zg[cands] = self._segsum(z64.mul_(g64))
+            if g64 is not None:   # one float64 copy of z (transient)
+                z64 = z.double()
+                zz[k] = self._segsum(z64 * z64)
+                zg[k] = self._segsum(z64 * g64)
                 del z64
-            else:
-                for r, k in noisy:
-                    for t, (zt, gt) in enumerate(zip(out[r].split(self._numels), g.split(self._numels))):
-                        zt64 = zt.double()
-                        zz[k, t], zg[k, t] = zt64.square().sum(), (zt64 * gt.double()).sum()
-        neg_g = -g if any(mle[k] for _, k in noisy) else None
-        for r, k in noisy:
-            z = out[r]
-            if mle[k]:
-                torch.addcmul(neg_g, s_flat, z, out=z)
-            else:
-                z.mul_(s_flat)
-        return out
+            else:                 # low_memory: float64 one tensor at a time
+                for t, (zt, gt) in enumerate(zip(z.split(self._numels), g.split(self._numels))):
+                    zt64 = zt.double()
+                    zz[k, t], zg[k, t] = zt64.square().sum(), (zt64 * gt.double()).sum()
+        return torch.addcmul(-g, s_flat, z) if mle else z.mul_(s_flat)
 
     def _log_q(self, mle, zz, zg, gg, sig, numel) -> Tensor:
         s = sig[None, :]
@@ -299,11 +282,11 @@ class MGS(_CandidateScoring):
         world, rank = self.world()
         base_seed = self._base_seed(world)
         surrogate, g, grad_norm = self._surrogate_grad(batch)
-        g64 = g.double()
-        gg = self._segsum(g64.square())
+        g64 = None if self.low_memory else g.double()
+        gg = self._segsum(g.double().square())
         numel = torch.tensor(self._numels, dtype=torch.float64)
         if self.sigma_mode == "relative":
-            sig = self.sigma * self._segsum(g64.abs()) / numel
+            sig = self.sigma * self._segsum(g.double().abs()) / numel
         else:
             sig = torch.full((len(self._numels),), self.sigma, dtype=torch.float64)
         s_flat = torch.repeat_interleave(sig.to(device=g.device, dtype=g.dtype), self._lengths)
@@ -317,8 +300,7 @@ class MGS(_CandidateScoring):
         theta = self._flat([p.detach() for p in self.params])
         stored: list[tuple[list[int], Tensor]] = []    # (candidate ids, their Δθ rows [c, P])
         local: dict[int, Tensor] = {}
-        stats = (None if self.low_memory else g64, zz, zg)
-        del g64
+        stats = (g64, zz, zg)
         was_training = self.model.training
         try:
             if self.eval_mode:
@@ -327,16 +309,16 @@ class MGS(_CandidateScoring):
                 base = self._score_one(self.model, batch)
                 for i in range(0, len(own), chunk):
                     ks = own[i:i + chunk]
-                    ds = self._generate(ks, seeds, mle, g, s_flat, stats)
+                    ds = torch.stack([self._generate(k, seeds[k], mle[k], g, s_flat, stats) for k in ks])
                     local.update(zip(ks, self._score(ds, theta, batch)))
                     if not self.low_memory:
                         stored.append((ks, ds))
                     del ds
                 for k in range(n):  # candidates scored by other ranks: their statistics (and noise) only
                     if k not in local:
-                        d = self._generate([k], seeds, mle, g, s_flat, stats)
+                        d = self._generate(k, seeds[k], mle[k], g, s_flat, stats)
                         if not self.low_memory:
-                            stored.append(([k], d))
+                            stored.append(([k], d.unsqueeze(0)))
                         del d
         finally:
             self.model.train(was_training)
@@ -355,7 +337,7 @@ class MGS(_CandidateScoring):
             rows = {k: d for ks, ds in stored for k, d in zip(ks, ds)}
             update = torch.zeros_like(theta)
             for k in range(n):
-                d = rows[k] if k in rows else self._generate([k], seeds, mle, g, s_flat)[0]
+                d = rows[k] if k in rows else self._generate(k, seeds[k], mle[k], g, s_flat)
                 update.add_(d, alpha=float(w[k]))
                 if kept is not None:
                     kept.append(self._unflat(d.clone()))
