@@ -50,6 +50,7 @@ def machine_description(device: str) -> tuple[str, str]:
 
 
 def replace_block(text: str, key: str, block: str) -> str:
+    """Put ``block`` between this machine's markers in ``text`` (added at the end if it has none)."""
     start, end = f"<!-- machine: {key} -->", f"<!-- end machine: {key} -->"
     new = f"{start}\n{block.strip()}\n{end}"
     if start in text and end in text:
@@ -58,6 +59,16 @@ def replace_block(text: str, key: str, block: str) -> str:
         text = ("# Benchmark results\n\nWritten by `make bench` (`python benchmarks/run_all.py`). Ratios are ours / "
                 "reference from one run on the machine named in each block; see each script for what it measures.\n")
     return text.rstrip() + "\n\n" + new + "\n"
+
+
+def bench_sections(text: str, key: str) -> dict[str, str]:
+    """The per-script sections already recorded for this machine (kept when ``--only`` reruns a subset)."""
+    start, end = f"<!-- machine: {key} -->", f"<!-- end machine: {key} -->"
+    if start not in text or end not in text:
+        return {}
+    block = text[text.index(start): text.index(end)]
+    pattern = re.compile(r"<!-- bench: (\S+) -->.*?<!-- end bench: \1 -->", re.S)
+    return {m.group(1): m.group(0) for m in pattern.finditer(block)}
 
 
 def main(argv=None) -> int:
@@ -75,7 +86,9 @@ def main(argv=None) -> int:
         return 2
     key, desc = machine_description(args.device)
     stamp = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
-    sections, failed = [f"## Machine: {desc}\n\nMeasured {stamp}{' (--quick)' if args.quick else ''}.\n"], []
+    out = Path(args.output)
+    previous = out.read_text() if out.exists() else ""
+    sections, failed = bench_sections(previous, key), []
     for script in scripts:
         print(f"running {script.name} …", flush=True)
         t0 = time.perf_counter()
@@ -85,12 +98,13 @@ def main(argv=None) -> int:
         if proc.returncode != 0:
             failed.append(script.name)
             print(proc.stderr[-4000:], file=sys.stderr)
-            sections.append(f"### {script.stem}: FAILED (exit {proc.returncode})\n")
+            body = f"### {script.stem}: FAILED (exit {proc.returncode})"
         else:
             body = re.sub(r"^## ", "### ", proc.stdout.strip(), flags=re.M)
-            sections.append(f"{body}\n\n_{script.name}: {time.perf_counter() - t0:.0f} s_\n")
-    out = Path(args.output)
-    out.write_text(replace_block(out.read_text() if out.exists() else "", key, "\n".join(sections)))
+        note = f"_{script.name}: {time.perf_counter() - t0:.0f} s, measured {stamp}{' (--quick)' if args.quick else ''}_"
+        sections[script.stem] = f"<!-- bench: {script.stem} -->\n{body}\n\n{note}\n<!-- end bench: {script.stem} -->"
+    header = f"## Machine: {desc}\n"
+    out.write_text(replace_block(previous, key, "\n\n".join([header] + [sections[k] for k in sorted(sections)])))
     print(f"wrote {out} (block {key})")
     return 1 if failed else 0
 
