@@ -89,8 +89,9 @@ def generate(model: nn.Module, prefix: torch.Tensor, max_new_tokens: int, eos_id
     samples from ``softmax(logits / temperature)`` restricted to the ``top_k`` largest logits, using
     ``generator`` (which must live on the prefix's device) for reproducibility.
 
-    Works for :class:`~taskloss.models.TransformerLM` (the context is cropped to its last ``max_len`` tokens)
-    and :class:`~taskloss.models.RNNLM` (the recurrent state is carried, one token per step). Runs under
+    Works for :class:`~taskloss.models.TransformerLM` (with key/value caches when prefix + continuation fit in
+    ``max_len``; otherwise the context is cropped to its last ``max_len`` tokens and recomputed each step) and
+    :class:`~taskloss.models.RNNLM` (the recurrent state is carried, one token per step). Runs under
     ``torch.no_grad()`` with the model temporarily in eval mode (its mode is restored afterwards).
     """
     if not isinstance(prefix, torch.Tensor):
@@ -114,25 +115,40 @@ def generate(model: nn.Module, prefix: torch.Tensor, max_new_tokens: int, eos_id
     max_len = getattr(model, "max_len", None)
     seq = torch.cat([prefix.long(), prefix.new_full((B, max_new_tokens), pad_id, dtype=torch.long)], dim=1)
     finished = torch.zeros(B, dtype=torch.bool, device=prefix.device)
+    # A TransformerLM whose whole output fits its context decodes through per-layer key/value caches (one new
+    # row per step instead of re-running the context); otherwise the cropped context is recomputed each step.
+    cached = not recurrent and hasattr(model, "blocks") and (max_len is None or P + max_new_tokens - 1 <= max_len)
     was_training = model.training
     model.eval()
+    steps = None
     try:
         if recurrent:
             logits, state = model(seq[:, :P], return_state=True)
+            last = logits[:, -1]
+        elif cached:
+            from .causal_lm import CausalLM  # local import: causal_lm builds on this module
+            steps = CausalLM(model)._tl_cached_steps(seq[:, :P])
+            last = next(steps)
         for t in range(max_new_tokens):
-            if not recurrent:
+            if not recurrent and not cached:
                 start = 0 if max_len is None else max(0, P + t - max_len)
-                logits = model(seq[:, start:P + t])
-            nxt = _next_token(logits[:, -1], greedy, temperature, top_k, generator)
+                last = model(seq[:, start:P + t])[:, -1]
+            nxt = _next_token(last, greedy, temperature, top_k, generator)
             nxt = torch.where(finished, torch.full_like(nxt, pad_id), nxt)
             seq[:, P + t] = nxt
             if eos_id is not None:
                 finished |= nxt == eos_id
                 if bool(finished.all()):
                     break
-            if recurrent and t + 1 < max_new_tokens:
-                logits, state = model(nxt[:, None], state, return_state=True)
+            if t + 1 < max_new_tokens:
+                if recurrent:
+                    logits, state = model(nxt[:, None], state, return_state=True)
+                    last = logits[:, -1]
+                elif cached:
+                    last = steps.send(nxt)
     finally:
+        if steps is not None:
+            steps.close()
         model.train(was_training)
     return seq[:, P:]
 
