@@ -238,10 +238,7 @@ def emo_and_mle_per_token(logits: torch.Tensor, targets: torch.Tensor, cost_embe
     check_int("ignore_index", ignore_index)
     x = _flatten(logits, "targets", targets)
     n, v = x.shape
-    if not isinstance(cost_embeddings, torch.Tensor):
-        raise TypeError(f"cost_embeddings must be a torch.Tensor, got {type(cost_embeddings).__name__}")
-    _check_vocab(v, cost_embeddings)
-    emb, inv = _embeddings_and_inverse_norms(cost_embeddings.to(x.device), _compute_dtype(logits.dtype))
+    emb, inv = _prepared_cost(cost_embeddings, v, x.device, logits.dtype)
     t = targets.reshape(-1).to(device=x.device, dtype=torch.long)
     valid = t != ignore_index
     if not bool(((t >= 0) & (t < v) | ~valid).all()):
@@ -288,6 +285,15 @@ def _reduce(loss: torch.Tensor, valid: torch.Tensor, reduction: str) -> torch.Te
     return total / valid.sum().clamp_min(1).to(loss.dtype)  # all-padding batch → 0, zero gradient
 
 
+def _prepared_cost(cost_embeddings, v: int, device, logits_dtype):
+    """Validate the cost embeddings against the vocabulary size ``v``; return them on ``device`` with their
+    inverse norms in the compute dtype of ``logits_dtype``."""
+    if not isinstance(cost_embeddings, torch.Tensor):
+        raise TypeError(f"cost_embeddings must be a torch.Tensor, got {type(cost_embeddings).__name__}")
+    _check_vocab(v, cost_embeddings)
+    return _embeddings_and_inverse_norms(cost_embeddings.to(device), _compute_dtype(logits_dtype))
+
+
 def emo_loss(logits: torch.Tensor, targets: torch.Tensor, cost_embeddings: torch.Tensor, *,
              ignore_index: int = -100, reduction: str = "mean", mix: str = "emo", ratio_max: float | None = None,
              eps: float = 1e-10, chunk_size: int | None = None) -> torch.Tensor:
@@ -330,10 +336,7 @@ def emo_soft_upper_bound(logits: torch.Tensor, target_probs: torch.Tensor, cost_
                          f"{tuple(logits.shape)}")
     x = _flatten(logits, "target_probs", None)
     n, v = x.shape
-    if not isinstance(cost_embeddings, torch.Tensor):
-        raise TypeError(f"cost_embeddings must be a torch.Tensor, got {type(cost_embeddings).__name__}")
-    _check_vocab(v, cost_embeddings)
-    emb, inv = _embeddings_and_inverse_norms(cost_embeddings.to(x.device), _compute_dtype(logits.dtype))
+    emb, inv = _prepared_cost(cost_embeddings, v, x.device, logits.dtype)
     tau = target_probs.reshape(n, v).to(device=x.device)
     if not bool(torch.isfinite(tau).all()) or bool((tau < 0).any()):
         raise ValueError("target_probs must be finite and non-negative")
