@@ -248,23 +248,20 @@ class MGS(_CandidateScoring):
         return _uniform_from_seed(seed) >= self.mix
 
     def _generate(self, k: int, seed: int, mle: bool, g: Tensor, s_flat: Tensor, stats=None) -> Tensor:
-        """Flat Δθ_k ``[P]`` regenerated from its seed. With ``stats = (g64, zz, zg)`` also fills row k of the
+        """Flat Δθ_k ``[P]`` regenerated from its seed. With ``stats = (zz, zg)`` also fills row k of the
         float64 per-tensor statistics ‖z_t‖², ⟨z_t, g_t⟩ of its standard normal noise z."""
         if self.include_mle and k == 0:
             return -g
         gen = torch.Generator(device=g.device).manual_seed(seed)
         z = torch.randn(g.shape, generator=gen, device=g.device, dtype=g.dtype)
         if stats is not None:
-            g64, zz, zg = stats
-            if g64 is not None:   # one float64 copy of z (transient)
-                z64 = z.double()
-                zz[k] = self._segsum(z64 * z64)
-                zg[k] = self._segsum(z64 * g64)
-                del z64
-            else:                 # low_memory: float64 one tensor at a time
-                for t, (zt, gt) in enumerate(zip(z.split(self._numels), g.split(self._numels))):
-                    zt64 = zt.double()
-                    zz[k, t], zg[k, t] = zt64.square().sum(), (zt64 * gt.double()).sum()
+            # float64 per-tensor ‖z_t‖² and ⟨z_t, g_t⟩, one tensor at a time. Both memory modes use this one
+            # reduction (not segment_reduce in one and sum in the other): different kernels sum in a different
+            # order, which made log q differ by ~1e-14 between the modes on some CPUs.
+            zz, zg = stats
+            for t, (zt, gt) in enumerate(zip(z.split(self._numels), g.split(self._numels))):
+                zt64 = zt.double()
+                zz[k, t], zg[k, t] = zt64.square().sum(), (zt64 * gt.double()).sum()
         return torch.addcmul(-g, s_flat, z) if mle else z.mul_(s_flat)
 
     def _log_q(self, mle, zz, zg, gg, sig, numel) -> Tensor:
@@ -282,7 +279,6 @@ class MGS(_CandidateScoring):
         world, rank = self.world()
         base_seed = self._base_seed(world)
         surrogate, g, grad_norm = self._surrogate_grad(batch)
-        g64 = None if self.low_memory else g.double()
         gg = self._segsum(g.double().square())
         numel = torch.tensor(self._numels, dtype=torch.float64)
         if self.sigma_mode == "relative":
@@ -300,7 +296,7 @@ class MGS(_CandidateScoring):
         theta = self._flat([p.detach() for p in self.params])
         stored: list[tuple[list[int], Tensor]] = []    # (candidate ids, their Δθ rows [c, P])
         local: dict[int, Tensor] = {}
-        stats = (g64, zz, zg)
+        stats = (zz, zg)
         was_training = self.model.training
         try:
             if self.eval_mode:

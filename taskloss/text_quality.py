@@ -155,7 +155,8 @@ def divergence_frontier(p, q, scale: float = 5.0, n_lambda: int = 25) -> tuple[n
 
     def kl(a: np.ndarray) -> np.ndarray:                                         # KL(a ‖ R_λ) for every λ
         safe = np.where(a > 0, a, 1.0)
-        return np.where(a > 0, a * np.log(safe / np.where(a > 0, r, 1.0)), 0.0).sum(-1)
+        kl_sum = np.where(a > 0, a * np.log(safe / np.where(a > 0, r, 1.0)), 0.0).sum(-1)
+        return np.maximum(kl_sum, 0.0)   # KL ≥ 0: rounding must not push a frontier point past 1
 
     x = np.concatenate([[0.0], np.exp(-c * kl(q)), [1.0]])
     y = np.concatenate([[1.0], np.exp(-c * kl(p)), [0.0]])

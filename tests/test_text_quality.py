@@ -35,8 +35,8 @@ def _frontier_area_direct(p, q, scale=5.0, n_lambda=25):
     p = [float(v) / sum(p) for v in p]
     q = [float(v) / sum(q) for v in q]
 
-    def kl(a, r):
-        return sum(ai * math.log(ai / ri) for ai, ri in zip(a, r) if ai > 0)
+    def kl(a, r):  # KL ≥ 0; rounding can make a near-zero sum slightly negative (x = e^{-c·KL} > 1)
+        return max(0.0, sum(ai * math.log(ai / ri) for ai, ri in zip(a, r) if ai > 0))
 
     pts = [(0.0, 1.0), (1.0, 0.0)]
     for i in range(n_lambda):
