@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 env: $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m taskloss.runs all --out runs/default
+	$(PY) -m taskloss.runner all --out runs/default
 
 # OMP threads = 1 per worker: two xdist workers share the two cores without oversubscription.
 test: $(STAMP)
@@ -43,7 +43,7 @@ test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) -m pytest -n $(JOBS) tests -m "not slow"
 
 notebooks: $(STAMP)
-	$(PY) -m taskloss.runs refresh $(NOTEBOOKS)
+	$(PY) -m taskloss.runner refresh $(NOTEBOOKS)
 
 sync: $(STAMP)
 	$(PY) -m jupytext --sync $(NOTEBOOKS)

@@ -22,9 +22,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _timing import sync  # noqa: E402
-from taskloss.curvature import FisherDiagonalPreconditioner, HessianFree, nll_loss  # noqa: E402
-from taskloss.data import digits_images, load_digits_splits  # noqa: E402
-from taskloss.kfac import KFAC  # noqa: E402
+
+from taskloss.curvature import (  # noqa: E402
+    KFAC,  # noqa: E402
+    FisherDiagonalPreconditioner,
+    HessianFree,
+    nll_loss,
+)
+from taskloss.datasets import digits_images, load_digits_splits  # noqa: E402
 from taskloss.models import MLP, SmallCNN  # noqa: E402
 from taskloss.utils import resolve_device  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Benchmark: chunked EMO (taskloss.emo) vs a direct dense formulation vs cross-entropy, forward + backward.
+"""Benchmark: chunked EMO (taskloss.losses.emo) vs a direct dense formulation vs cross-entropy, forward + backward.
 
 Same logits ``[N, V]`` for every method; each measurement is the median of several repeats of
 ``loss(logits, targets).backward()``.
@@ -11,7 +11,7 @@ Same logits ``[N, V]`` for every method; each measurement is the median of sever
   bytes torch's CPU allocator handed out (not RSS).
 
 Methods:
-* ``emo``        — :func:`taskloss.emo.emo_loss` (chunked custom autograd function, O(V·d) per token).
+* ``emo``        — :func:`taskloss.losses.emo.emo_loss` (chunked custom autograd function, O(V·d) per token).
 * ``direct``     — the reference-code formulation: dense one-hot ``[N, V]`` @ ``ê`` for the target embedding,
   ``softmax(logits) @ ê``, plain autograd (O(V·d) per token, but dense one-hot and softmax kept for backward).
 * ``dense_cost`` — ``Σ_i p_i c_it`` through the dense ``[V, V]`` cost matrix (O(V²) per token); only run where
@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from taskloss.emo import emo_loss, normalize_cost_embeddings  # noqa: E402
+from taskloss.losses import emo_loss, normalize_cost_embeddings  # noqa: E402
 from taskloss.utils import resolve_device  # noqa: E402
 
 TIME_TARGET, MEM_TARGET = 1.3, 1.1

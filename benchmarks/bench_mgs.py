@@ -1,6 +1,6 @@
-"""Benchmark: MGS step (taskloss.mgs) — candidates scored in one vmap vs one after another, and vs an MLE step.
+"""Benchmark: MGS step (taskloss.search.mgs) — candidates scored in one vmap vs one after another, and vs an MLE step.
 
-Task: digits classification (``taskloss.data.load_digits_splits``), ``taskloss.models.MLP``; surrogate
+Task: digits classification (``taskloss.datasets.digits.load_digits_splits``), ``taskloss.models.MLP``; surrogate
 cross-entropy, task loss the 0-1 error of the argmax (vmappable). Each figure is the median over repeats of
 one full step (surrogate gradient, K candidates, weights, ``optimizer.step()`` with AdamW):
 
@@ -32,9 +32,10 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import median_time, peak_bytes  # noqa: E402
-from taskloss.data import load_digits_splits  # noqa: E402
-from taskloss.mgs import MGS  # noqa: E402
+
+from taskloss.datasets import load_digits_splits  # noqa: E402
 from taskloss.models import MLP  # noqa: E402
+from taskloss.search import MGS  # noqa: E402
 from taskloss.utils import resolve_device  # noqa: E402
 
 SPEEDUP_TARGET, MLE_RATIO_TARGET = 2.0, 3.0

@@ -5,8 +5,8 @@
     python data/build_pretrained_lm.py --force    # rebuild (``make pretrained``)
 
 Trains ``taskloss.models.TransformerLM`` by maximum likelihood (next-token cross-entropy) on the train
-split of the default corpus (:func:`taskloss.text.load_corpus`), tokenized with the compact MiniLM
-tokenizer (:func:`taskloss.text.get_tokenizer`). Everything is seeded; batches come from a seeded
+split of the default corpus (:func:`taskloss.datasets.corpus.load_corpus`), tokenized with the compact MiniLM
+tokenizer (:func:`taskloss.datasets.corpus.get_tokenizer`). Everything is seeded; batches come from a seeded
 ``torch.Generator``; PyTorch runs on ``threads`` intra-op threads (default 1: float reductions then happen
 in a fixed order, so a rebuild with the same torch version on the same CPU type gives the same weights;
 other torch versions/CPUs give the same recipe up to float rounding). The valid loss is measured every
@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
-from taskloss import text  # noqa: E402
+from taskloss.datasets import corpus  # noqa: E402
 from taskloss.models import TransformerLM  # noqa: E402
 
 OUT_DIR = REPO / "data" / "pretrained" / "small_lm"
@@ -97,10 +97,10 @@ def build(out_dir: str | os.PathLike = OUT_DIR, force: bool = False, threads: in
         tc["steps"] = int(steps)
     torch.set_num_threads(threads)
     torch.manual_seed(tc["seed"])
-    tok = text.get_tokenizer(tc["min_count"])
-    train = text.lm_blocks("train", tc["block_size"], tok)
-    valid = text.lm_blocks("valid", tc["block_size"], tok)
-    test = text.lm_blocks("test", tc["block_size"], tok)
+    tok = corpus.get_tokenizer(tc["min_count"])
+    train = corpus.lm_blocks("train", tc["block_size"], tok)
+    valid = corpus.lm_blocks("valid", tc["block_size"], tok)
+    test = corpus.lm_blocks("test", tc["block_size"], tok)
     model = TransformerLM(tok.vocab_size, **cfg["model"])
     decay = [p for n, p in model.named_parameters() if p.ndim >= 2 and "pos_emb" not in n]
     no_decay = [p for n, p in model.named_parameters() if not (p.ndim >= 2 and "pos_emb" not in n)]
@@ -141,13 +141,13 @@ def build(out_dir: str | os.PathLike = OUT_DIR, force: bool = False, threads: in
     tok.save(out_dir / "tokenizer.json")
     meta = {
         "config": cfg, "declared_steps": CONFIG["train"]["steps"], "best_step": best[1],
-        "corpus_sha256": text.corpus_hash(), "corpus_stats": text.corpus_stats(),
+        "corpus_sha256": corpus.corpus_hash(), "corpus_stats": corpus.corpus_stats(),
         "tokenizer_sha256": tok.hash, "vocab_size": tok.vocab_size,
         "n_params": sum(p.numel() for p in model.parameters()),
         "train_loss": train_loss, "valid_loss": valid_loss, "test_loss": test_loss,
         "train_ppl": math.exp(train_loss), "valid_ppl": math.exp(valid_loss), "test_ppl": math.exp(test_loss),
-        "unigram_valid_ppl": text.unigram_perplexity("valid", tok),
-        "unigram_test_ppl": text.unigram_perplexity("test", tok),
+        "unigram_valid_ppl": corpus.unigram_perplexity("valid", tok),
+        "unigram_test_ppl": corpus.unigram_perplexity("test", tok),
         "check": {"blocks": cfg["check_blocks"], "valid_loss": check, "valid_ppl": math.exp(check)},
         "history": history, "threads": threads,
         "versions": {"torch": torch.__version__, "python": platform.python_version()},

@@ -27,7 +27,7 @@
 # Newton's method come out of it exactly; and how well can $\Delta\theta_*$ be estimated from a handful of
 # samples when $Z$ is unknown?
 #
-# Everything used below lives in `taskloss.sampling`: `log_target`, `self_normalized_is`, `expected_update`,
+# Everything used below lives in `taskloss.sampling.update`: `log_target`, `self_normalized_is`, `expected_update`,
 # the proposals (`GaussianProposal`, `UniformBallProposal`, `GaussianMixtureProposal`), the exact ball
 # quantities (`ball_log_partition`, `ball_log_partition_derivative`, `ball_expected_update`) and the quadratic
 # case (`newton_update`, `gaussian_update_distribution`).
@@ -56,13 +56,22 @@ import torch
 from scipy import integrate
 from tqdm.auto import tqdm
 
-import taskloss.notebook
-from taskloss.sampling import (GaussianMixtureProposal, GaussianProposal, UniformBallProposal,
-                               ball_expected_update, ball_log_partition, ball_log_partition_derivative,
-                               expected_update, gaussian_update_distribution, log_target, newton_update,
-                               self_normalized_is)
+import taskloss.runner
+from taskloss.sampling import (
+    GaussianMixtureProposal,
+    GaussianProposal,
+    UniformBallProposal,
+    ball_expected_update,
+    ball_log_partition,
+    ball_log_partition_derivative,
+    expected_update,
+    gaussian_update_distribution,
+    log_target,
+    newton_update,
+    self_normalized_is,
+)
 
-run = taskloss.notebook.start("01_optimization_as_sampling", output_dir, device=device, seed=seed)
+run = taskloss.runner.start("01_optimization_as_sampling", output_dir, device=device, seed=seed)
 dev, f64 = run.device, torch.float64
 gen = torch.Generator(device=dev).manual_seed(seed)
 print("device:", dev)
@@ -98,7 +107,7 @@ def angle_deg(u, v):
 #
 # $Z$ cancels in the ratio, which is why only the unnormalized $\rho$ is needed. The weights are computed from
 # $\log\rho-\log q$ with a log-sum-exp, so $\alpha\to0$ (log-targets of size $10^4$) does not overflow. First
-# the estimator from scratch in four lines, then parity with `taskloss.sampling.self_normalized_is`.
+# the estimator from scratch in four lines, then parity with `taskloss.sampling.update.self_normalized_is`.
 
 # %%
 A_quad = T([[3.0, 1.0], [1.0, 1.5]])
@@ -146,7 +155,7 @@ est_scratch = (w_scratch[:, None] * d_i).sum(0)
 pkg = self_normalized_is(log_target(loss_kinked, theta0, d_i, alpha_demo), log_q, d_i)
 torch.testing.assert_close(pkg.estimate, est_scratch)
 torch.testing.assert_close(pkg.weights, w_scratch)
-print("scratch SNIS == taskloss.sampling.self_normalized_is:", est_scratch.tolist())
+print("scratch SNIS == taskloss.sampling.update.self_normalized_is:", est_scratch.tolist())
 
 # %% [markdown]
 # Now three proposals for each loss: uniform on the ball; a Gaussian around the scaled negative gradient;

@@ -21,8 +21,8 @@
 # surrogate loss l̃ (cross-entropy) — do when l̃ and l disagree?
 #
 # Source: *MLE-guided parameter search for task loss minimization in neural sequence modeling* (Welleck & Cho,
-# AAAI 2021). Package code: `taskloss.mgs` (`MGS`, `mixture_log_density`, `mgs_weights`); the importance-
-# sampling machinery of notebook 01 lives in `taskloss.sampling`.
+# AAAI 2021). Package code: `taskloss.search.mgs` (`MGS`, `mixture_log_density`, `mgs_weights`); the importance-
+# sampling machinery of notebook 01 lives in `taskloss.sampling.update`.
 
 # %% tags=["parameters"]
 seed: int = 0
@@ -49,11 +49,11 @@ from scipy.stats import norm
 from torch import nn
 from tqdm.auto import tqdm
 
-import taskloss.notebook
-from taskloss.mgs import MGS, effective_sample_size, mgs_weights, mixture_log_density
+import taskloss.runner
 from taskloss.sampling import GaussianMixtureProposal, gaussian_update_distribution, newton_update
+from taskloss.search import MGS, effective_sample_size, mgs_weights, mixture_log_density
 
-run = taskloss.notebook.start("02_importance_sampling_and_mgs", output_dir, device=device, seed=seed)
+run = taskloss.runner.start("02_importance_sampling_and_mgs", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 t_start = time.time()
 print("device:", dev)
@@ -112,7 +112,7 @@ print("grid mean", quad_mean.numpy(), " closed form -H^-1 g", newton_update(g2, 
 #
 # Two consequences: l(θ) cancels (it shifts every logit equally), and the softmax form is how the weights must
 # be computed — the exponents are sums over a whole batch of task losses divided by a small α, easily beyond
-# the ±745 that `exp` survives in float64. `taskloss.mgs.mgs_weights` does exactly this in log space.
+# the ±745 that `exp` survives in float64. `taskloss.search.mgs_density.mgs_weights` does exactly this in log space.
 #
 # **MGS's proposal** is a two-component Gaussian mixture: with probability λ a pure perturbation of the current
 # parameters, with probability 1−λ a perturbation of the surrogate's gradient step,
@@ -413,7 +413,7 @@ run.record("ess_over_K/d512", ess_dim[-1])
 #   gradient is zero almost everywhere;
 # * surrogate: l̃(θ) = ½‖θ − b‖², minimized at b ≠ a.
 #
-# Gradient descent on l̃ converges to b and stays at task loss l(b). MGS (the `taskloss.mgs.MGS` class, a
+# Gradient descent on l̃ converges to b and stays at task loss l(b). MGS (the `taskloss.search.mgs.MGS` class, a
 # two-parameter module, SGD with learning rate 0.3) draws candidates around θ and around the surrogate step
 # b − θ. Near b the surrogate step vanishes and both components are centred at θ, so MGS keeps searching
 # with the task loss alone.

@@ -27,8 +27,8 @@
 #
 # Source: *MLE-guided parameter search for task loss minimization in neural sequence modeling* (Welleck & Cho,
 # AAAI 2021); policy gradient after *Simple statistical gradient-following algorithms for connectionist
-# reinforcement learning* (Williams, 1992). Package code: `taskloss.mgs`, `taskloss.policy_gradient`,
-# `taskloss.zeroth_order`, metrics from `taskloss.metrics`.
+# reinforcement learning* (Williams, 1992). Package code: `taskloss.search.mgs`, `taskloss.search.policy_gradient`,
+# `taskloss.search.zeroth_order`, metrics from `taskloss.losses.metrics`.
 
 # %% tags=["parameters"]
 seed: int = 0
@@ -63,15 +63,13 @@ import torch.nn.functional as F
 from sklearn.metrics import accuracy_score, f1_score
 from tqdm.auto import tqdm
 
-import taskloss.notebook
-from taskloss.data import load_digits_splits
-from taskloss.metrics import accuracy, macro_f1
-from taskloss.mgs import MGS
+import taskloss.runner
+from taskloss.datasets import load_digits_splits
+from taskloss.losses import accuracy, macro_f1
 from taskloss.models import MLP
-from taskloss.policy_gradient import classification_reinforce
-from taskloss.zeroth_order import functional_loss, gaussian_smoothing_grad
+from taskloss.search import MGS, classification_reinforce, functional_loss, gaussian_smoothing_grad
 
-run = taskloss.notebook.start("03_metric_optimization_classification", output_dir, device=device, seed=seed)
+run = taskloss.runner.start("03_metric_optimization_classification", output_dir, device=device, seed=seed)
 dev = run.device
 t_start = time.time()
 splits = load_digits_splits(0)
@@ -120,7 +118,7 @@ assert unchanged >= 15
 #
 # `MGS(model, optimizer, surrogate_loss_fn, task_loss_fn)` evaluates the K candidates θ+Δθ_k in one
 # `torch.func.vmap` over stacked parameters; the task loss receives the candidate's logits and the batch.
-# (Macro-F1 as written in `taskloss.metrics` checks its class range with `.item()`, which vmap cannot trace:
+# (Macro-F1 as written in `taskloss.losses.metrics` checks its class range with `.item()`, which vmap cannot trace:
 # for it we pass `vmap_task_loss=False`, which vmaps the forward pass and scores each candidate's logits in a
 # loop.) The update's log-weights are a sum of two terms,
 #
@@ -164,7 +162,7 @@ assert spread["unit_sigma"] < 1.0
 # run `scratch_steps` steps from the same random initialization.
 #
 # * **MLE**: Adam on cross-entropy.
-# * **MGS**: `taskloss.mgs.MGS` with AdamW, K candidates, the reference's defaults (α = 0.01, σ = 1 relative,
+# * **MGS**: `taskloss.search.mgs.MGS` with AdamW, K candidates, the reference's defaults (α = 0.01, σ = 1 relative,
 #   λ = ½, gradient and update clipped to norm 1); the task loss is the minibatch's 1 − metric. Two variants:
 #   the true mixture density (default) and the reference's unit-σ density.
 # * **Policy gradient**: `classification_reinforce`, `pg_samples` label vectors per step with a leave-one-out

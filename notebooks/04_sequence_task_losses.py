@@ -23,11 +23,11 @@
 #
 # Source: the text-completion experiment of *MLE-guided parameter search for task loss minimization in neural
 # sequence modeling* (Welleck & Cho, AAAI 2021), there with GPT-2 fine-tuned on WikiText-103, here at a size
-# that runs in about a minute on one CPU core: the committed small LM (`taskloss.text.load_pretrained_lm`,
+# that runs in about a minute on one CPU core: the committed small LM (`taskloss.lm.pretrained.load_pretrained_lm`,
 # ~1 M parameters) on the default corpus. The parameters below reach the paper's scale without editing the
-# notebook (`params/04_sequence_task_losses/gpu.yaml`). Package code: `taskloss.sequence_tasks` (decoding,
-# task losses, data glue, a Hugging Face adapter), `taskloss.mgs.MGS`, `taskloss.policy_gradient`,
-# `taskloss.metrics`.
+# notebook (`params/04_sequence_task_losses/gpu.yaml`). Package code: `taskloss.lm.completion` (decoding,
+# task losses, data glue, a Hugging Face adapter), `taskloss.search.mgs.MGS`, `taskloss.search.policy_gradient`,
+# `taskloss.losses.metrics`.
 
 # %% tags=["parameters"]
 seed: int = 0
@@ -39,7 +39,7 @@ corpus_path: str = ""           # empty: the default corpus; else a WikiText raw
 prefix_len: int = 16            # prefix tokens given to the model
 cont_len: int = 16              # reference continuation tokens (+ EOS when the line ends there)
 decode_len: int = 16            # greedy tokens decoded; non-termination means no EOS among them
-task_loss: str = "edit_distance+repetition"   # terms of taskloss.sequence_tasks.TASK_LOSSES joined by '+'
+task_loss: str = "edit_distance+repetition"   # terms of taskloss.lm.completion.TASK_LOSSES joined by '+'
 n_train_prefixes: int = 512     # pool of training prefixes the task-loss minibatches are drawn from
 n_prefixes: int = 128           # held-out prefixes (valid split) every method is evaluated on
 batch_size: int = 16            # prefixes per step
@@ -71,16 +71,23 @@ import torch
 from rapidfuzz.distance import Levenshtein
 from tqdm.auto import tqdm
 
-import taskloss.notebook
-from taskloss import metrics
-from taskloss.mgs import MGS, mgs_weights
-from taskloss.models import count_parameters, generate
-from taskloss.policy_gradient import sequence_reinforce
-from taskloss.sequence_tasks import (TASK_LOSSES, CompletionBatch, CompletionTask, completion_pairs,
-                                     evaluate_completions, greedy_decode, heldout_blocks, load_causal_lm,
-                                     perplexity)
+import taskloss.runner
+from taskloss.lm import (
+    TASK_LOSSES,
+    CompletionBatch,
+    CompletionTask,
+    completion_pairs,
+    evaluate_completions,
+    generate,
+    greedy_decode,
+    heldout_blocks,
+    load_causal_lm,
+    perplexity,
+)
+from taskloss.search import MGS, mgs_weights, sequence_reinforce
+from taskloss.utils import count_parameters
 
-run = taskloss.notebook.start("04_sequence_task_losses", output_dir, device=device, seed=seed)
+run = taskloss.runner.start("04_sequence_task_losses", output_dir, device=device, seed=seed)
 dev = run.device
 t_start = time.time()
 corpus = corpus_path or None
@@ -146,7 +153,7 @@ torch.testing.assert_close(task.per_sequence(hyp, ref), sum(terms[n] for n in ta
 # %% [markdown]
 # **Greedy decoding is exact and vectorizable.** `greedy_decode` always runs `decode_len` steps (no early exit,
 # no `.item()`), so MGS can decode all K candidates in one `torch.func.vmap`; its key/value cache makes each
-# step cost one token. Parity with the package's reference decoder `taskloss.models.generate` (which recomputes
+# step cost one token. Parity with the package's reference decoder `taskloss.lm.generate` (which recomputes
 # the whole context every step):
 
 # %%
@@ -496,5 +503,5 @@ print(f"\nnotebook time: {time.time() - t_start:.1f} s")
 #   100 tokens, hundreds of steps). `params/04_sequence_task_losses/gpu.yaml` sets it up — point `model_path`
 #   at a local Hugging Face GPT-2 folder (ideally fine-tuned on WikiText-103 by MLE first, as in the paper) and
 #   `corpus_path` at the WikiText-103 raw folder; nothing is downloaded. The adapter, its cached decoding under
-#   `vmap` and the data glue are tested on a tiny random GPT-2 (`tests/test_sequence_tasks.py`) and the
+#   `vmap` and the data glue are tested on a tiny random GPT-2 (`tests/lm/test_completion.py`) and the
 #   notebook runs end to end with one; the full-size run was not executed (no GPU in this environment).

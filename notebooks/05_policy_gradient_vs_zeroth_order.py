@@ -30,8 +30,8 @@
 # *Multivariate Stochastic Approximation Using a Simultaneous Perturbation Gradient Approximation* (SPSA);
 # *Fine-Tuning Language Models with Just Forward Passes* (MeZO).
 #
-# Package code: `taskloss.policy_gradient` (REINFORCE), `taskloss.zeroth_order` (Gaussian smoothing, SPSA,
-# MeZO), `taskloss.metrics` (the task losses).
+# Package code: `taskloss.search.policy_gradient` (REINFORCE), `taskloss.search.zeroth_order` (Gaussian smoothing, SPSA,
+# MeZO), `taskloss.losses.metrics` (the task losses).
 
 # %% tags=["parameters"]
 seed: int = 0
@@ -67,11 +67,13 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-import taskloss.notebook
-from taskloss import metrics, policy_gradient as PG, zeroth_order as ZO
-from taskloss.data import load_digits_splits
+import taskloss.runner
+from taskloss.datasets import load_digits_splits
+from taskloss.losses import metrics
+from taskloss.search import policy_gradient as PG
+from taskloss.search import zeroth_order as ZO
 
-run = taskloss.notebook.start("05_policy_gradient_vs_zeroth_order", output_dir, device=device, seed=seed)
+run = taskloss.runner.start("05_policy_gradient_vs_zeroth_order", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 print("device:", dev)
 
@@ -101,7 +103,7 @@ def new_gen(s: int) -> torch.Generator:
 # randomness we differentiate through is our own.
 #
 # **Check 1 (same samples, same numbers).** Below, a from-scratch REINFORCE — autograd through
-# $\log q_\theta(\theta')$ with the samples $\theta'$ held fixed — and `taskloss.zeroth_order.gaussian_smoothing_grad`
+# $\log q_\theta(\theta')$ with the samples $\theta'$ held fixed — and `taskloss.search.zeroth_order.gaussian_smoothing_grad`
 # on the *same* $\varepsilon$ give identical vectors, with and without the baseline $f(\theta)$.
 
 # %%
@@ -272,7 +274,7 @@ run.record("baselines/sample_mean_shrink_n2", shrink)
 # * **Policy gradient** samples `pg_samples` labels per training input from $p_\theta$ and uses the leave-one-out
 #   baseline: an unbiased estimate of $\nabla J$ with $J(\theta) = \tfrac1N\sum_n p_\theta(y_n\mid x_n)$, the expected
 #   accuracy. $J$ has a closed form, so its exact gradient is available for reference
-#   (`taskloss.policy_gradient.expected_reward`).
+#   (`taskloss.search.policy_gradient.expected_reward`).
 # * **Zeroth order on $J$** perturbs the parameters and evaluates $J$ itself (forward passes only, antithetic).
 #   For small $\sigma$ the estimate is $\tfrac1n\sum\varepsilon_i\varepsilon_i^\top\nabla J$, whose cosine with $\nabla J$ is about
 #   $1/\sqrt{1+(d+1)/n}$ (from $\mathbb E\,\hat g^\top g = \|g\|^2$ and $\mathbb E\|\hat g\|^2 = (1+\tfrac{d+1}n)\|g\|^2$): it

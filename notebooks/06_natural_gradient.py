@@ -26,8 +26,8 @@
 # Sources: *Natural Gradient Works Efficiently in Learning* (Amari) and *New Insights and Perspectives on the
 # Natural Gradient Method* (Martens). The coupled 2-D Gaussian below is the classic illustration of the method.
 #
-# The package functions used here live in `taskloss.natural_gradient` (the step, KL between Gaussians, the
-# Fisher of a parameterized Gaussian, the coupled example) and `taskloss.curvature` (the GGN of a network).
+# The package functions used here live in `taskloss.curvature.natural_gradient` (the step, KL between Gaussians, the
+# Fisher of a parameterized Gaussian, the coupled example) and `taskloss.curvature.fisher` (the GGN of a network).
 
 # %% tags=["parameters"]
 seed: int = 0
@@ -50,14 +50,20 @@ from scipy.optimize import minimize
 from torch.distributions import MultivariateNormal, kl_divergence
 from torch.func import functional_call, hessian, jacfwd, jacrev
 
-import taskloss.notebook
+import taskloss.runner
 from taskloss import curvature
-from taskloss.data import load_digits_splits
+from taskloss.curvature import (
+    CoupledGaussian,
+    NaturalGradientDescent,
+    gaussian_fisher,
+    gaussian_kl,
+    natural_gradient,
+    trust_region_step,
+)
+from taskloss.datasets import load_digits_splits
 from taskloss.models import MLP
-from taskloss.natural_gradient import (CoupledGaussian, NaturalGradientDescent, gaussian_fisher, gaussian_kl,
-                                       natural_gradient, trust_region_step)
 
-run = taskloss.notebook.start("06_natural_gradient", output_dir, device=device, seed=seed)
+run = taskloss.runner.start("06_natural_gradient", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 gen = torch.Generator(device=dev).manual_seed(seed)
 print("device:", dev)
@@ -80,7 +86,7 @@ print("device:", dev)
 #
 # For a Gaussian family $N(m(\theta), V(\theta))$ the expectation has a closed form,
 # $F_{ij} = \partial_i m^\top V^{-1} \partial_j m + \tfrac12 \operatorname{tr}(V^{-1}\partial_i V\, V^{-1}
-# \partial_j V)$ (`taskloss.gaussian_fisher`). We check the expansion and both forms on a deliberately nonlinear
+# \partial_j V)$ (`taskloss.curvature.gaussian_fisher`). We check the expansion and both forms on a deliberately nonlinear
 # 2-D family: a curved mean and a correlated covariance, four parameters.
 
 # %%
@@ -177,7 +183,7 @@ plt.show()
 # The direction never depends on $\varepsilon$; only the length does. Equivalently, in whitened coordinates
 # $\varphi = F^{1/2}\theta$ the constraint is a Euclidean ball, $\|\varphi_{t+1}-\varphi_t\|^2 = \delta^\top F\delta$,
 # so the natural gradient is plain steepest descent in $\varphi$. We solve the problem with a generic constrained
-# solver (SLSQP) and compare with `taskloss.trust_region_step`. The loss is the cross-entropy of the family against
+# solver (SLSQP) and compare with `taskloss.curvature.trust_region_step`. The loss is the cross-entropy of the family against
 # a fixed target Gaussian, $\mathrm{KL}(N(m^*, V^*)\,\|\,p_\theta)$.
 
 # %%
@@ -408,7 +414,7 @@ plt.show()
 #
 # We check this on a small tanh network with a softmax output on 64-pixel digits: the exact Fisher from scratch
 # (score outer products summed over all classes, weighted by the model's probabilities), the expected negative
-# Hessian, and `taskloss.curvature.ggn_matrix`.
+# Hessian, and `taskloss.curvature.fisher.ggn_matrix`.
 
 # %%
 X_all, y_all = load_digits_splits(seed=0).train
@@ -463,7 +469,7 @@ run.record("classifier/ggn_min_eigenvalue", float(ev_G.min()))
 # same vector added to every row of the output weights) lie in its null space — `hidden + 1` of them here, visible
 # as the smallest eigenvalues above. In practice the step is therefore damped, $(F + \lambda I)^{-1} g$ (with a
 # tiny λ the step along the almost-flat directions is huge and the loss goes up; λ = 0.1 with unit step works here).
-# One step of `taskloss.NaturalGradientDescent` — a `torch.optim` optimizer fed the dense GGN — equals the damped
+# One step of `taskloss.curvature.NaturalGradientDescent` — a `torch.optim` optimizer fed the dense GGN — equals the damped
 # solve done by hand.
 
 # %%
@@ -610,7 +616,7 @@ run.table()
 # $10^{-6}$, against `coupled/steps_to_kl_1e-6_natural` for the natural gradient (asserted: over 50× fewer),
 # whose iterates contract uniformly along a straight line — steepest descent in the whitened coordinates.
 #
-# For a softmax output the exact Fisher equals the GGN from `taskloss.curvature` to rounding error and is
+# For a softmax output the exact Fisher equals the GGN from `taskloss.curvature.fisher` to rounding error and is
 # positive semi-definite, while the Hessian with the observed labels has the negative eigenvalue printed above.
 # Finally, one natural step taken in θ and in a nonlinear reparameterization ψ differ by $O(\eta^2)$ (slope ≈ 2),
 # whereas steepest-descent steps differ at $O(\eta)$ (slope ≈ 1); over whole runs the natural paths stay together

@@ -23,7 +23,7 @@
 # Sources: "Optimizing Neural Networks with Kronecker-factored Approximate Curvature" (K-FAC),
 # "Limitations of the empirical Fisher approximation for natural gradient descent" (the empirical Fisher's
 # failure), "Deep learning via Hessian-free optimization" (truncated-CG natural/Gauss-Newton steps).
-# Everything is implemented in `taskloss.curvature` and `taskloss.kfac`; this notebook derives, checks and
+# Everything is implemented in `taskloss.curvature.fisher` and `taskloss.curvature.kfac`; this notebook derives, checks and
 # compares them.
 
 # %% tags=["parameters"]
@@ -54,13 +54,13 @@ from torch import nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
-import taskloss.notebook
+import taskloss.runner
 from taskloss import curvature as C
-from taskloss.data import load_digits_splits
-from taskloss.kfac import KFAC
+from taskloss.curvature import KFAC
+from taskloss.datasets import load_digits_splits
 from taskloss.models import MLP
 
-run = taskloss.notebook.start("07_fisher_approximations", output_dir, device=device, seed=seed)
+run = taskloss.runner.start("07_fisher_approximations", output_dir, device=device, seed=seed)
 dev = run.device
 torch.set_default_dtype(torch.float32)
 
@@ -69,7 +69,7 @@ torch.set_default_dtype(torch.float32)
 #
 # Take a model $f_\theta(x)\in\mathbb{R}^C$ that parameterizes $p_\theta(y\mid x)$ (a softmax over logits, or
 # a unit-variance Gaussian with mean $f$), per-example loss $\ell_n(\theta) = -\log p_\theta(y_n\mid x_n)$ and
-# training loss $\mathcal{L} = \frac1N\sum_n \ell_n$ (the scale convention of `taskloss.curvature`).
+# training loss $\mathcal{L} = \frac1N\sum_n \ell_n$ (the scale convention of `taskloss.curvature.fisher`).
 # The Fisher averages, over the inputs, the covariance of the score under the **model's own** labels:
 #
 # $$F = \frac1N\sum_n \mathbb{E}_{y\sim p_\theta(\cdot\mid x_n)}\big[\nabla_\theta \log p_\theta(y\mid x_n)\,
@@ -88,7 +88,7 @@ torch.set_default_dtype(torch.float32)
 # gradients, the quantity behind Adagrad/Adam-style scalings.
 #
 # From scratch on a tiny MLP (float64): enumerate every class to get the exact expectations, loop over
-# examples for per-example gradients — then parity with `taskloss.curvature`.
+# examples for per-example gradients — then parity with `taskloss.curvature.fisher`.
 
 # %%
 torch.manual_seed(seed)

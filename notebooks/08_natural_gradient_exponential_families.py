@@ -24,7 +24,7 @@
 # Sources: *New Insights and Perspectives on the Natural Gradient Method* (Martens); *Conjugate-Computation
 # Variational Inference* (Khan & Lin) and *The Variational Gaussian Approximation Revisited* (Opper & Archambeau)
 # for the Gaussian VI update; Bonnet (1964) and Price (1958) for the two Gaussian gradient identities.
-# Package code: `taskloss.natural_gradient`.
+# Package code: `taskloss.curvature.natural_gradient`.
 
 # %% tags=["parameters"]
 seed: int = 0
@@ -54,14 +54,26 @@ from torch.distributions import MultivariateNormal
 from torch.func import grad, hessian, vmap
 from tqdm.auto import tqdm
 
-import taskloss.notebook
-from taskloss.natural_gradient import (NaturalGaussianVI, bonnet_gradient, gaussian_from_expectation,
-                                       gaussian_from_natural, gaussian_kl, gaussian_log_partition,
-                                       gaussian_natural_fisher, gaussian_natural_gradient, gaussian_samples,
-                                       gaussian_to_expectation, gaussian_to_natural, gaussian_vi_natural_update,
-                                       price_gradient, sym_to_vec, vec_to_sym)
+import taskloss.runner
+from taskloss.curvature import (
+    NaturalGaussianVI,
+    bonnet_gradient,
+    gaussian_from_expectation,
+    gaussian_from_natural,
+    gaussian_kl,
+    gaussian_log_partition,
+    gaussian_natural_fisher,
+    gaussian_natural_gradient,
+    gaussian_samples,
+    gaussian_to_expectation,
+    gaussian_to_natural,
+    gaussian_vi_natural_update,
+    price_gradient,
+    sym_to_vec,
+    vec_to_sym,
+)
 
-run = taskloss.notebook.start("08_natural_gradient_exponential_families", output_dir, device=device, seed=seed)
+run = taskloss.runner.start("08_natural_gradient_exponential_families", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 gen = torch.Generator(device=dev).manual_seed(seed)
 print("device:", dev)
@@ -332,7 +344,7 @@ for d in (1, 2, 3):
 #
 # with $P = V^{-1}$ the precision (the $m$-update uses the new $P$). For $\rho = 1$ and a Gaussian likelihood it
 # is the exact Bayesian update in one step. We first write one step from scratch in natural coordinates and check
-# parity with `taskloss.NaturalGaussianVI` on the same random draws.
+# parity with `taskloss.curvature.NaturalGaussianVI` on the same random draws.
 
 # %%
 data = load_breast_cancer()

@@ -22,8 +22,8 @@
 #
 # Source: *EMO: Earth Mover Distance Optimization for Auto-Regressive Language Modeling* (Ren et al., ICLR
 # 2024); the quality score follows the recipe of *MAUVE: Measuring the Gap Between Neural Text and Human Text
-# using Divergence Frontiers*. The package code is `taskloss.emo` (the chunked, memory-lean loss and its MLE
-# mixes); the distribution-level quality scores are `taskloss.text_quality`; `benchmarks/bench_emo.py` measures
+# using Divergence Frontiers*. The package code is `taskloss.losses.emo` (the chunked, memory-lean loss and its MLE
+# mixes); the distribution-level quality scores are `taskloss.losses.text_quality`; `benchmarks/bench_emo.py` measures
 # the loss's time and memory against cross-entropy.
 
 # %% tags=["parameters"]
@@ -64,14 +64,22 @@ import torch.nn.functional as F
 from scipy.optimize import linprog
 from tqdm.auto import tqdm
 
-import taskloss.notebook
-from taskloss import text
-from taskloss.emo import EMOLoss, emo_cost_matrix, emo_loss, emo_soft_upper_bound, normalize_cost_embeddings
-from taskloss.metrics import repetition
-from taskloss.models import TransformerLM, generate
-from taskloss.text_quality import embed_texts, frontier_score, mmd2
+import taskloss.runner
+from taskloss.datasets import get_tokenizer, lm_blocks, minilm_token_embeddings, prefix_continuations
+from taskloss.lm import generate, load_pretrained_lm
+from taskloss.losses import (
+    EMOLoss,
+    embed_texts,
+    emo_cost_matrix,
+    emo_loss,
+    emo_soft_upper_bound,
+    frontier_score,
+    mmd2,
+    repetition,
+)
+from taskloss.models import TransformerLM
 
-run = taskloss.notebook.start("09_emo_loss", output_dir, device=device, seed=seed)
+run = taskloss.runner.start("09_emo_loss", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 t_start = time.time()
 print("device:", dev)
@@ -128,7 +136,7 @@ np.testing.assert_allclose(lp_onehot, closed.numpy(), atol=1e-8)
 #
 # Forming $\sum_i p_i \hat e_i$ first costs $O(Vd)$ per token instead of the $O(V^2)$ of the cost matrix — with a
 # 30k vocabulary and $d = 384$ that is a 80× saving, and no $V \times V$ matrix is ever stored. Below, a
-# three-line from-scratch version next to the dense $O(V^2)$ one and `taskloss.emo.emo_loss` (chunked custom
+# three-line from-scratch version next to the dense $O(V^2)$ one and `taskloss.losses.emo.emo_loss` (chunked custom
 # autograd function; the target embedding is gathered by index, never via a dense one-hot matrix).
 #
 # A zero embedding row has no direction; `taskloss` defines $\hat e = 0$ there, so that token costs $1$ to
@@ -143,7 +151,7 @@ def emo_scratch(logits, targets, emb):
 dense = (p_small @ C_small).gather(1, t_small[:, None]).squeeze(1)      # O(V²): Σ_i p_i c_it via the matrix
 torch.testing.assert_close(emo_scratch(logits_small, t_small, E_small), dense)
 torch.testing.assert_close(emo_loss(logits_small, t_small, E_small, reduction="none", chunk_size=2), dense)
-print("O(V·d) scratch = O(V²) dense = taskloss.emo_loss:", dense.numpy().round(5))
+print("O(V·d) scratch = O(V²) dense = taskloss.losses.emo_loss:", dense.numpy().round(5))
 
 # %% [markdown]
 # **The $c = 1-\delta$ special case.** If every wrong token costs $1$ (identity embeddings, all mutually
@@ -290,15 +298,15 @@ run.record("derivation/emo_optimum_mass_on_one_token", float(fits["EMO"].max()))
 if lm_d_model > 0 and pretrain_steps < 1:
     raise ValueError("lm_d_model > 0 asks for a freshly pretrained LM: set pretrain_steps >= 1")
 if lm_d_model == 0:
-    base_lm, tok = text.load_pretrained_lm(device="cpu", folder=pretrained_folder or None)
+    base_lm, tok = load_pretrained_lm(device="cpu", folder=pretrained_folder or None)
 else:
-    tok = text.get_tokenizer(path=corpus_path or None)
+    tok = get_tokenizer(path=corpus_path or None)
     base_lm = None
 V = tok.vocab_size
 corpus = corpus_path or None
-E_minilm = text.minilm_token_embeddings(tok)                                 # [V, 384]
-train_blocks = text.lm_blocks("train", block_size, tok, path=corpus)
-valid_blocks = text.lm_blocks("valid", block_size, tok, path=corpus)[:eval_blocks]
+E_minilm = minilm_token_embeddings(tok)                                 # [V, 384]
+train_blocks = lm_blocks("train", block_size, tok, path=corpus)
+valid_blocks = lm_blocks("valid", block_size, tok, path=corpus)[:eval_blocks]
 print(f"vocabulary {V}, train blocks {tuple(train_blocks.shape)}, eval blocks {tuple(valid_blocks.shape)}")
 
 targets0 = train_blocks[:4, 1:].reshape(-1)
@@ -315,7 +323,7 @@ assert g_emo / g_mle < 0.05
 # %% [markdown]
 # ## 3 · Experiment: continued training of a pretrained LM
 #
-# Start from the small LM pretrained by MLE (`taskloss.text.load_pretrained_lm`) and continue training it on
+# Start from the small LM pretrained by MLE (`taskloss.lm.pretrained.load_pretrained_lm`) and continue training it on
 # the training split with four objectives for the same number of AdamW steps and batches:
 #
 # * **MLE** — cross-entropy;
@@ -337,13 +345,13 @@ assert g_emo / g_mle < 0.05
 #   disjoint sets of human continuations is reported: the level two independent human samples reach at this
 #   sample size (a model can land above it by chance — the score is that noisy at small n). A second, simpler
 #   distance: the unbiased MMD² with an RBF kernel (median bandwidth) on the same embeddings (0 = same);
-# * **repetition** of the sampled continuations: seq-rep-4 (`taskloss.metrics.repetition`), the fraction of
+# * **repetition** of the sampled continuations: seq-rep-4 (`taskloss.losses.metrics.repetition`), the fraction of
 #   repeated 4-grams;
 # * the mean **entropy** of the predicted next-token distributions on the held-out blocks (section 2 predicts
 #   that pure EMO lowers it).
 
 # %%
-prefixes, refs = text.prefix_continuations("valid", prefix_len, cont_len, tok, max_items=2 * n_prompts, path=corpus)
+prefixes, refs = prefix_continuations("valid", prefix_len, cont_len, tok, max_items=2 * n_prompts, path=corpus)
 n_p = min(n_prompts, len(refs) // 2)
 prompts = prefixes[:n_p]
 ref_text = [tok.decode(r) for r in refs[:n_p]]

@@ -14,12 +14,13 @@ from typing import Iterable
 
 import numpy as np
 import torch
+from torch import nn
 
 __all__ = [
     "REPO_ROOT", "DATA_DIR", "RUNS_DIR", "atomic_write_text",
     "resolve_device", "seed_everything",
     "check_positive", "check_nonnegative", "check_probability", "check_int", "check_finite",
-    "check_ndim", "check_nonempty", "check_same_length", "check_floating",
+    "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids", "count_parameters",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -158,3 +159,36 @@ def check_same_length(**named) -> int:
     if len(set(lengths.values())) > 1:
         raise ValueError(f"batch sizes differ: {lengths}")
     return next(iter(lengths.values()))
+
+
+def _is_transformed(t: torch.Tensor) -> bool:
+    """True inside torch.func transforms (vmap/grad), where data-dependent checks (``.item()``) are impossible."""
+    fn = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
+    return bool(fn(t)) if fn is not None else False
+
+
+def check_token_ids(name: str, idx, vocab_size: int, max_len: int | None = None) -> torch.Tensor:
+    """Validate a token batch: integer tensor of shape ``[B, T]``, ``B, T ≥ 1``, ids in ``[0, vocab_size)``,
+    ``T ≤ max_len``. Returns ``idx`` unchanged. (The range check is skipped inside torch.func transforms.)"""
+    if not isinstance(idx, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.LongTensor, got {type(idx).__name__}")
+    if idx.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"{name} must hold integer token ids (int64 or int32), got dtype {idx.dtype}")
+    if idx.ndim != 2:
+        raise ValueError(f"{name} must have shape [B, T], got shape {tuple(idx.shape)}")
+    if idx.shape[0] == 0 or idx.shape[1] == 0:
+        raise ValueError(f"{name} is empty: shape {tuple(idx.shape)} (need B ≥ 1 and T ≥ 1)")
+    if max_len is not None and idx.shape[1] > max_len:
+        raise ValueError(f"{name} has length T={idx.shape[1]} > max_len={max_len}; crop the context")
+    if not _is_transformed(idx):
+        lo, hi = int(idx.min()), int(idx.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"{name} holds token ids in [{lo}, {hi}], outside [0, vocab_size={vocab_size})")
+    return idx
+
+
+def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
+    """Number of scalar parameters of ``model`` (tied weights counted once)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)

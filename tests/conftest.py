@@ -8,8 +8,17 @@ from __future__ import annotations
 
 import os
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", derandomize=True, database=None, deadline=None)
 settings.register_profile("explore", derandomize=False, deadline=None, max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture(scope="session")
+def tok():
+    """The compact tokenizer of the default corpus (built once per test process, cached on disk)."""
+    from taskloss.datasets import get_tokenizer
+
+    return get_tokenizer()

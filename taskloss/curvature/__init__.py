@@ -1,0 +1,74 @@
+"""The geometry of training: Fisher information and the generalized Gauss-Newton matrix (dense, diagonal,
+matrix-free), conjugate gradients and Hessian-free, diagonal-Fisher preconditioning, K-FAC, the natural-gradient
+step and trust region, and the Gaussian exponential family.
+
+One scale convention (the curvature of the batch-mean NLL) is stated in :mod:`taskloss.curvature.fisher`.
+Notebooks: 06_natural_gradient, 07_fisher_approximations, 08_natural_gradient_exponential_families.
+
+Modules:
+
+- :mod:`~taskloss.curvature.fisher`              — likelihoods, Fisher/GGN dense, diagonal and matrix-free
+- :mod:`~taskloss.curvature.hessian_free`        — conjugate gradients, the Hessian-free direction and optimizer
+- :mod:`~taskloss.curvature.diagonal`            — diagonal-Fisher preconditioning
+- :mod:`~taskloss.curvature.kfac`                — K-FAC for Linear and Conv2d layers
+- :mod:`~taskloss.curvature.natural_gradient`    — the natural-gradient step, trust region, Gaussian KL and Fisher, the coupled Gaussian
+- :mod:`~taskloss.curvature.gaussian_family`     — Gaussian natural/expectation parameters, Bonnet/Price, natural-gradient VI
+"""
+from taskloss.curvature.diagonal import FisherDiagonalPreconditioner
+from taskloss.curvature.fisher import (
+    LIKELIHOODS,
+    empirical_fisher,
+    empirical_fisher_diagonal,
+    fisher_matrix,
+    flatten,
+    ggn_diagonal,
+    ggn_matrix,
+    ggn_operator,
+    ggn_vector_product,
+    mc_fisher,
+    mc_fisher_diagonal,
+    named_tensors,
+    nll_loss,
+    output_hessian_sqrt,
+    sample_targets,
+    unflatten,
+)
+from taskloss.curvature.gaussian_family import (
+    MCEstimate,
+    NaturalGaussianVI,
+    bonnet_gradient,
+    gaussian_from_expectation,
+    gaussian_from_natural,
+    gaussian_log_partition,
+    gaussian_natural_fisher,
+    gaussian_natural_gradient,
+    gaussian_samples,
+    gaussian_to_expectation,
+    gaussian_to_natural,
+    gaussian_vi_natural_update,
+    price_gradient,
+    sym_to_vec,
+    vec_to_sym,
+)
+from taskloss.curvature.hessian_free import HessianFree, conjugate_gradient, hessian_free_direction
+from taskloss.curvature.kfac import KFAC
+from taskloss.curvature.natural_gradient import (
+    CoupledGaussian,
+    NaturalGradientDescent,
+    gaussian_fisher,
+    gaussian_kl,
+    natural_gradient,
+    trust_region_step,
+)
+
+__all__ = [
+    "LIKELIHOODS", "nll_loss", "sample_targets", "output_hessian_sqrt", "flatten", "unflatten", "ggn_matrix",
+    "fisher_matrix", "mc_fisher", "empirical_fisher", "ggn_diagonal", "mc_fisher_diagonal",
+    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "named_tensors", "conjugate_gradient",
+    "hessian_free_direction", "HessianFree", "FisherDiagonalPreconditioner", "KFAC", "natural_gradient",
+    "trust_region_step", "NaturalGradientDescent", "gaussian_kl", "gaussian_fisher", "CoupledGaussian",
+    "sym_to_vec", "vec_to_sym", "gaussian_to_natural", "gaussian_from_natural", "gaussian_to_expectation",
+    "gaussian_from_expectation", "gaussian_log_partition", "gaussian_natural_fisher", "MCEstimate",
+    "gaussian_samples", "bonnet_gradient", "price_gradient", "gaussian_natural_gradient",
+    "gaussian_vi_natural_update", "NaturalGaussianVI",
+]

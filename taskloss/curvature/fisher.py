@@ -1,0 +1,351 @@
+"""Fisher information, generalized Gauss-Newton (GGN): dense, diagonal and matrix-free (GGN-vector products).
+
+Derived in notebooks 06_natural_gradient (Fisher, GGN, trust region) and 07_fisher_approximations (exact / MC /
+empirical Fisher, diagonal). Built on these functions: conjugate gradients and Hessian-free in
+:mod:`taskloss.curvature.hessian_free`, diagonal-Fisher preconditioning in :mod:`taskloss.curvature.diagonal`,
+K-FAC in :mod:`taskloss.curvature.kfac`.
+
+Scale convention (the whole module, and :mod:`taskloss.curvature.kfac`)
+-------------------------------------------------------------
+* A model maps inputs ``[N, ...]`` to outputs ``f`` of shape ``[N, C]``: logits for ``likelihood="categorical"``,
+  means for ``likelihood="gaussian"`` (the NLL of ``N(f, I)``, i.e. ``½‖y − f‖²`` per example, constants dropped).
+* The training loss is the batch **mean** of per-example negative log-likelihoods (:func:`nll_loss`).
+* Every curvature matrix is the curvature of that mean loss:
+  ``F = (1/N) Σ_n J_nᵀ H_n J_n`` with ``J_n = ∂f_n/∂θ`` and ``H_n`` the Hessian of the per-example NLL in ``f_n``
+  (``diag(p) − ppᵀ`` resp. ``I``). For these likelihoods the exact Fisher equals the GGN.
+  The MC Fisher replaces ``H_n`` by ``(1/S) Σ_s ∇ℓ(f_n, ŷ_s)∇ℓᵀ`` with ``ŷ_s ~ p(y | f_n)``; the empirical Fisher
+  uses the observed label: ``(1/N) Σ_n ∇ℓ_n ∇ℓ_nᵀ``.
+
+Other libraries take the curvature of *whatever loss you hand them*:
+* curvlinops (``GGNLinearOperator``, ``EFLinearOperator``, ``KFACLinearOperator``) with
+  ``CrossEntropyLoss(reduction="mean")`` equals ours; ``reduction="sum"`` is ``N ×`` ours.
+  ``MSELoss(reduction="sum")`` is ``Σ (y − f)² = 2 Σ ½(y − f)²`` → ``2N ×`` ours; ``MSELoss(reduction="mean")``
+  averages over ``N·C`` entries → ``(2/C) ×`` ours. (Checked in ``tests/curvature/test_fisher.py``.)
+* BackPACK extensions likewise take the curvature of the loss module they are handed (so the same two factors
+  apply: ``N`` for ``reduction="sum"``, 2 — or ``2/C`` for an over-entries mean — for ``MSELoss``, which has no ½).
+  nngeometry's ``FIM`` is an average over the examples of its loader (a mean, like ours); only the curvlinops
+  conversions are verified by the tests here, so check any other library against :func:`ggn_matrix` on a small
+  model before mixing the two. General rule: ``ours = theirs / (N if sum-reduced) / (2 if squared error
+  without ½) × (C if averaged over the C output entries too)``.
+
+Parameters are a dict ``name → tensor``; flat vectors concatenate ``params.values()`` flattened, in dict order.
+``model_or_fn`` is an ``nn.Module`` (called through ``torch.func.functional_call``; ``params=None`` means all its
+parameters that require grad) or a function ``fn(params_dict, inputs) → outputs``.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Literal, Mapping
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, jvp, vjp, vmap
+
+from taskloss.utils import check_finite, check_int
+
+__all__ = [
+    "LIKELIHOODS", "nll_loss", "sample_targets", "output_hessian_sqrt", "flatten", "unflatten",
+    "ggn_matrix", "fisher_matrix", "mc_fisher", "empirical_fisher", "ggn_diagonal", "mc_fisher_diagonal",
+    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "named_tensors",
+]
+
+Likelihood = Literal["categorical", "gaussian"]
+LIKELIHOODS = ("categorical", "gaussian")
+_CHUNK_ELEMENTS = 2**24  # bound on N_chunk · K · P floats held by the per-example factor computation
+
+
+# ----------------------------------------------------------------------------------------------- likelihoods
+def _check_likelihood(likelihood: str) -> None:
+    if likelihood not in LIKELIHOODS:
+        raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
+
+
+def _check_outputs(outputs: Tensor, likelihood: str) -> Tensor:
+    _check_likelihood(likelihood)
+    if not isinstance(outputs, Tensor) or not outputs.is_floating_point():
+        raise TypeError("outputs must be a floating-point torch.Tensor")
+    if outputs.ndim != 2:
+        raise ValueError(f"outputs must have shape [N, C], got {tuple(outputs.shape)}")
+    if outputs.shape[0] == 0 or outputs.shape[1] == 0:
+        raise ValueError("outputs is empty (batch size 0 or no output dimensions)")
+    return check_finite("outputs", outputs)
+
+
+def _check_targets(outputs: Tensor, targets: Tensor, likelihood: str) -> Tensor:
+    if not isinstance(targets, Tensor):
+        raise TypeError("targets must be a torch.Tensor")
+    n, c = outputs.shape
+    if likelihood == "categorical":
+        if targets.dtype not in (torch.int64, torch.int32) or targets.shape != (n,):
+            raise ValueError(f"categorical targets must be integer class ids of shape ({n},), "
+                             f"got dtype {targets.dtype}, shape {tuple(targets.shape)}")
+        if bool((targets < 0).any()) or bool((targets >= c).any()):
+            raise ValueError(f"categorical targets must lie in [0, {c})")
+    else:
+        if targets.shape != (n, c) or not targets.is_floating_point():
+            raise ValueError(f"gaussian targets must be floats of shape ({n}, {c}), got {tuple(targets.shape)}")
+        check_finite("targets", targets)
+    return targets
+
+
+def nll_loss(outputs: Tensor, targets: Tensor, likelihood: Likelihood = "categorical") -> Tensor:
+    """The module's loss: batch mean of per-example NLL. ``outputs [N, C]``; targets ``[N]`` ids or ``[N, C]``.
+
+    Categorical: cross-entropy of logits. Gaussian: ``½‖y − f‖²`` per example (NLL of ``N(f, I)``, no constant).
+    """
+    _check_outputs(outputs, likelihood)
+    _check_targets(outputs, targets, likelihood)
+    if likelihood == "categorical":
+        return nn.functional.cross_entropy(outputs, targets.long())
+    return 0.5 * (targets - outputs).pow(2).sum(-1).mean()
+
+
+def _nll_grad(outputs: Tensor, targets: Tensor, likelihood: str) -> Tensor:
+    """∂ℓ_n/∂f_n of the per-example NLL: ``softmax(f) − onehot(y)`` or ``f − y``; shape like ``outputs``."""
+    if likelihood == "categorical":
+        return outputs.softmax(-1) - nn.functional.one_hot(targets.long(), outputs.shape[-1]).to(outputs.dtype)
+    return outputs - targets
+
+
+def sample_targets(outputs: Tensor, likelihood: Likelihood = "categorical", n_samples: int = 1,
+                   generator: torch.Generator | None = None) -> Tensor:
+    """Draw labels from the model's predictive distribution ``p(y | f)``.
+
+    Returns ``[n_samples, N]`` class ids (categorical) or ``[n_samples, N, C]`` draws ``f + ε``, ``ε ~ N(0, I)``.
+    The generator may live on another device than ``outputs`` (draws are made on the generator's device).
+    """
+    _check_outputs(outputs, likelihood)
+    check_int("n_samples", n_samples, minimum=1)
+    outputs = outputs.detach()
+    gen_device = generator.device if generator is not None else outputs.device
+    n, c = outputs.shape
+    if likelihood == "categorical":
+        cdf = outputs.softmax(-1).cumsum(-1)
+        u = torch.rand(n_samples, n, 1, generator=generator, device=gen_device, dtype=outputs.dtype)
+        return (cdf.unsqueeze(0) < u.to(outputs.device)).sum(-1).clamp_(max=c - 1)
+    eps = torch.randn(n_samples, n, c, generator=generator, device=gen_device, dtype=outputs.dtype)
+    return outputs.unsqueeze(0) + eps.to(outputs.device)
+
+
+def output_hessian_sqrt(outputs: Tensor, likelihood: Likelihood = "categorical") -> Tensor:
+    """``L_n [N, C, C]`` with ``L_n L_nᵀ = H_n`` (Hessian of the per-example NLL in ``f_n``).
+
+    Categorical: ``L = diag(√p) − p √pᵀ`` (uses ``Σp = 1``); Gaussian: ``L = I``.
+    """
+    _check_outputs(outputs, likelihood)
+    n, c = outputs.shape
+    if likelihood == "gaussian":
+        return torch.eye(c, dtype=outputs.dtype, device=outputs.device).expand(n, c, c)
+    p = outputs.detach().softmax(-1)
+    sp = p.sqrt()
+    return torch.diag_embed(sp) - p.unsqueeze(-1) * sp.unsqueeze(-2)
+
+
+def _apply_output_hessian(outputs: Tensor, u: Tensor, likelihood: str) -> Tensor:
+    """``H_n u_n`` for every example, without forming ``H`` (``[N, C]``)."""
+    if likelihood == "gaussian":
+        return u
+    p = outputs.softmax(-1)
+    return p * u - p * (p * u).sum(-1, keepdim=True)
+
+
+# ----------------------------------------------------------------------------------------- params & models
+def flatten(tensors: Mapping[str, Tensor]) -> Tensor:
+    """Concatenate a dict of tensors into one flat vector (dict order)."""
+    if not isinstance(tensors, Mapping) or len(tensors) == 0:
+        raise ValueError("expected a non-empty dict of tensors")
+    return torch.cat([t.reshape(-1) for t in tensors.values()])
+
+
+def unflatten(flat: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Inverse of :func:`flatten`: split ``flat [P]`` into tensors shaped like ``like``."""
+    total = sum(t.numel() for t in like.values())
+    if not isinstance(flat, Tensor) or flat.ndim != 1 or flat.numel() != total:
+        raise ValueError(f"flat vector must have shape ({total},), got "
+                         f"{tuple(flat.shape) if isinstance(flat, Tensor) else type(flat).__name__}")
+    out, i = {}, 0
+    for k, t in like.items():
+        out[k] = flat[i:i + t.numel()].view_as(t)
+        i += t.numel()
+    return out
+
+
+def named_tensors(params, model_fn) -> tuple[list[str], list[Tensor]]:
+    """(names, tensors) of an optimizer's ``params``: a dict, ``(name, tensor)`` pairs, or tensors of ``model_fn``
+    (named after the module's parameters) or of a function (named ``"0"``, ``"1"``, …)."""
+    if isinstance(params, Mapping):
+        items = list(params.items())
+    else:
+        items = list(params)
+        if items and isinstance(items[0], tuple):
+            items = [(str(k), p) for k, p in items]
+        elif isinstance(model_fn, nn.Module):
+            names = {id(p): k for k, p in model_fn.named_parameters()}
+            if any(id(p) not in names for p in items):
+                raise ValueError("every parameter must belong to model_fn")
+            items = [(names[id(p)], p) for p in items]
+        else:
+            items = [(str(i), p) for i, p in enumerate(items)]
+    if not items:
+        raise ValueError("optimizer got an empty parameter list")
+    return [k for k, _ in items], [p for _, p in items]
+
+
+def _prepare(model_or_fn, params, inputs: Tensor):
+    """Return ``(fn(params, inputs), params_dict_detached)`` after validating everything."""
+    if isinstance(model_or_fn, nn.Module):
+        module = model_or_fn
+        if params is None:
+            params = {k: p for k, p in module.named_parameters() if p.requires_grad}
+
+        def fn(p, x):
+            return functional_call(module, p, (x,))
+    elif callable(model_or_fn):
+        fn = model_or_fn
+        if params is None:
+            raise ValueError("params must be given (a dict name → tensor) when model_or_fn is a function")
+    else:
+        raise TypeError("model_or_fn must be an nn.Module or a callable fn(params, inputs)")
+    if not isinstance(params, Mapping) or len(params) == 0:
+        raise ValueError("params must be a non-empty dict name → tensor")
+    for k, p in params.items():
+        if not isinstance(p, Tensor) or not p.is_floating_point():
+            raise TypeError(f"parameter {k!r} must be a floating-point tensor")
+        check_finite(f"parameter {k!r}", p)
+    if not isinstance(inputs, Tensor):
+        raise TypeError("inputs must be a torch.Tensor")
+    if inputs.ndim == 0 or inputs.shape[0] == 0:
+        raise ValueError("inputs is empty (batch size 0)")
+    check_finite("inputs", inputs)
+    return fn, {k: p.detach() for k, p in params.items()}
+
+
+def _forward(fn, params, inputs, likelihood) -> Tensor:
+    with torch.no_grad():
+        out = fn(params, inputs)
+    _check_outputs(out, likelihood)
+    if out.shape[0] != inputs.shape[0]:
+        raise ValueError(f"model returned {out.shape[0]} outputs for {inputs.shape[0]} inputs")
+    return out
+
+
+def _jt_factors(fn, params, inputs: Tensor, factors: Tensor) -> Tensor:
+    """``B[n, k] = J_nᵀ V[n, k]`` for ``factors V [N, K, C]``, flattened to ``[N, K, P]`` (vmapped vjp)."""
+
+    def one(x, v):
+        _, vjp_fn = vjp(lambda p: fn(p, x.unsqueeze(0)).squeeze(0), params)
+        if v.shape[0] == 1:
+            return flatten(vjp_fn(v[0])[0]).unsqueeze(0)
+        return torch.cat([t.reshape(v.shape[0], -1) for t in vmap(vjp_fn)(v)[0].values()], dim=1)
+
+    n, k, _ = factors.shape
+    p_dim = sum(p.numel() for p in params.values())
+    chunk = max(1, _CHUNK_ELEMENTS // max(1, k * p_dim))
+    return [vmap(one)(inputs[i:i + chunk], factors[i:i + chunk]) for i in range(0, n, chunk)]
+
+
+def _dense(chunks, n) -> Tensor:
+    return sum(torch.einsum("nkp,nkq->pq", b, b) for b in chunks) / n
+
+
+def _diag(chunks, n) -> Tensor:
+    return sum(b.pow(2).sum((0, 1)) for b in chunks) / n
+
+
+def _exact_factors(fn, params, inputs, likelihood):
+    return output_hessian_sqrt(_forward(fn, params, inputs, likelihood), likelihood).transpose(1, 2)
+
+
+def _mc_factors(fn, params, inputs, likelihood, n_samples, generator):
+    out = _forward(fn, params, inputs, likelihood)
+    ys = sample_targets(out, likelihood, n_samples, generator)                       # [S, N] or [S, N, C]
+    g = torch.stack([_nll_grad(out, y, likelihood) for y in ys], dim=1)               # [N, S, C]
+    return g / math.sqrt(n_samples)
+
+
+def _ef_factors(fn, params, inputs, targets, likelihood):
+    out = _forward(fn, params, inputs, likelihood)
+    _check_targets(out, targets, likelihood)
+    if targets.shape[0] != inputs.shape[0]:
+        raise ValueError("inputs and targets have different batch sizes")
+    return _nll_grad(out, targets, likelihood).unsqueeze(1)
+
+
+# ------------------------------------------------------------------------------------------ dense & diagonal
+def ggn_matrix(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "categorical") -> Tensor:
+    """Exact GGN = exact Fisher ``(1/N) Σ J_nᵀ H_n J_n`` as a dense ``[P, P]`` matrix (small models only)."""
+    fn, params = _prepare(model_or_fn, params, inputs)
+    return _dense(_jt_factors(fn, params, inputs, _exact_factors(fn, params, inputs, likelihood)), len(inputs))
+
+
+fisher_matrix = ggn_matrix  # the Fisher of a categorical / unit-variance Gaussian likelihood is the GGN
+
+
+def mc_fisher(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "categorical", n_samples: int = 1,
+              generator: torch.Generator | None = None) -> Tensor:
+    """Monte-Carlo Fisher ``[P, P]``: ``(1/NS) Σ_{n,s} g_{ns} g_{ns}ᵀ`` with ``g_{ns} = ∇_θ ℓ(f_n, ŷ_{ns})`` and
+    ``ŷ_{ns} ~ p(·|f_n)`` (``generator`` makes the draws reproducible)."""
+    fn, params = _prepare(model_or_fn, params, inputs)
+    factors = _mc_factors(fn, params, inputs, likelihood, n_samples, generator)
+    return _dense(_jt_factors(fn, params, inputs, factors), len(inputs))
+
+
+def empirical_fisher(model_or_fn, params, inputs: Tensor, targets: Tensor,
+                     likelihood: Likelihood = "categorical") -> Tensor:
+    """Empirical Fisher ``[P, P]``: ``(1/N) Σ_n g_n g_nᵀ`` with per-example gradients at the observed labels."""
+    fn, params = _prepare(model_or_fn, params, inputs)
+    factors = _ef_factors(fn, params, inputs, targets, likelihood)
+    return _dense(_jt_factors(fn, params, inputs, factors), len(inputs))
+
+
+def ggn_diagonal(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "categorical") -> Tensor:
+    """Exact diagonal of the GGN/Fisher, flat ``[P]`` (C vjps per example through ``H_n = L_n L_nᵀ``)."""
+    fn, params = _prepare(model_or_fn, params, inputs)
+    return _diag(_jt_factors(fn, params, inputs, _exact_factors(fn, params, inputs, likelihood)), len(inputs))
+
+
+def mc_fisher_diagonal(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "categorical",
+                       n_samples: int = 1, generator: torch.Generator | None = None) -> Tensor:
+    """Diagonal of :func:`mc_fisher`, flat ``[P]``."""
+    fn, params = _prepare(model_or_fn, params, inputs)
+    factors = _mc_factors(fn, params, inputs, likelihood, n_samples, generator)
+    return _diag(_jt_factors(fn, params, inputs, factors), len(inputs))
+
+
+def empirical_fisher_diagonal(model_or_fn, params, inputs: Tensor, targets: Tensor,
+                              likelihood: Likelihood = "categorical") -> Tensor:
+    """Diagonal of :func:`empirical_fisher` (mean of squared per-example gradients), flat ``[P]``."""
+    fn, params = _prepare(model_or_fn, params, inputs)
+    factors = _ef_factors(fn, params, inputs, targets, likelihood)
+    return _diag(_jt_factors(fn, params, inputs, factors), len(inputs))
+
+
+# ---------------------------------------------------------------------------------------- matrix-free GGN
+def ggn_operator(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "categorical") -> Callable:
+    """A matvec ``v ↦ G v`` (flat ``[P]`` or dict) at fixed params: one forward now, then jvp → H → vjp per call."""
+    fn, params = _prepare(model_or_fn, params, inputs)
+    _check_likelihood(likelihood)
+    n = inputs.shape[0]
+
+    def f(p):
+        return fn(p, inputs)
+
+    out, vjp_fn = vjp(f, params)
+    _check_outputs(out.detach(), likelihood)
+    out = out.detach()
+
+    def matvec(v):
+        as_dict = isinstance(v, Mapping)
+        vd = dict(v) if as_dict else unflatten(v, params)
+        if vd.keys() != params.keys() or any(vd[k].shape != params[k].shape for k in params):
+            raise ValueError("vector must match the parameters' names and shapes")
+        _, jv = jvp(f, (params,), (vd,))
+        (res,) = vjp_fn(_apply_output_hessian(out, jv, likelihood) / n)
+        return res if as_dict else flatten(res)
+
+    return matvec
+
+
+def ggn_vector_product(model_or_fn, params, inputs: Tensor, v, likelihood: Likelihood = "categorical"):
+    """``G v`` without forming ``G`` (jvp → output Hessian → vjp). ``v`` flat ``[P]`` or dict; returns the same kind."""
+    return ggn_operator(model_or_fn, params, inputs, likelihood)(v)

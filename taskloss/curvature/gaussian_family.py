@@ -1,0 +1,331 @@
+"""The Gaussian as an exponential family: natural / moment / expectation parameters, the log-partition, the
+Fisher of the natural parameters, Bonnet / Price Monte-Carlo gradients and natural-gradient Gaussian VI.
+
+Derived in notebook 08_natural_gradient_exponential_families. The generic natural-gradient step and the Gaussian
+geometry of notebook 06 (KL, closed-form Fisher, the coupled example) live in
+:mod:`taskloss.curvature.natural_gradient`, which shares the validation helpers below (finite floating tensors,
+square / symmetric positive definite matrices, mean-covariance pairs).
+
+Symmetric-matrix parameters (``λ₂ = -½V⁻¹``, ``μ₂ = V + mmᵀ``) are turned into vectors with
+:func:`sym_to_vec`, which scales off-diagonal entries by √2 so that the Frobenius inner product of matrices
+equals the dot product of vectors — the Fisher of the natural parameters is then an ordinary invertible matrix.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, NamedTuple
+
+import torch
+from torch.func import grad, hessian, vmap
+
+from taskloss.utils import check_finite, check_floating, check_int, check_positive
+
+__all__ = [
+    "sym_to_vec", "vec_to_sym", "gaussian_to_natural", "gaussian_from_natural", "gaussian_to_expectation",
+    "gaussian_from_expectation", "gaussian_log_partition", "gaussian_natural_fisher",
+    "MCEstimate", "gaussian_samples", "bonnet_gradient", "price_gradient", "gaussian_natural_gradient",
+    "gaussian_vi_natural_update", "NaturalGaussianVI",
+]
+
+
+# --------------------------------------------------------- validation (shared with taskloss.curvature.natural_gradient)
+def _tensor(name: str, x: torch.Tensor, ndim_min: int = 1) -> torch.Tensor:
+    check_floating(name, x)
+    check_finite(name, x)
+    if x.ndim < ndim_min:
+        raise ValueError(f"{name} must have at least {ndim_min} dimension(s), got shape {tuple(x.shape)}")
+    if x.numel() == 0:
+        raise ValueError(f"{name} is empty (shape {tuple(x.shape)})")
+    return x
+
+
+def _square(name: str, x: torch.Tensor) -> torch.Tensor:
+    _tensor(name, x, 2)
+    if x.shape[-1] != x.shape[-2]:
+        raise ValueError(f"{name} must be square in its last two dimensions, got shape {tuple(x.shape)}")
+    return x
+
+
+def _cholesky(name: str, x: torch.Tensor) -> torch.Tensor:
+    asym = (x - x.transpose(-1, -2)).abs().amax()
+    if bool(asym > 1e-6 * x.abs().amax() + 1e-12):
+        raise ValueError(f"{name} is not symmetric (max |x - xᵀ| = {float(asym):.3g})")
+    x = 0.5 * (x + x.transpose(-1, -2))
+    chol, info = torch.linalg.cholesky_ex(x)
+    if bool((info != 0).any()):
+        raise ValueError(f"{name} is not symmetric positive definite (add damping or check the input)")
+    return chol
+
+
+def _mean_cov(m: torch.Tensor, V: torch.Tensor, name: str = "") -> torch.Tensor:
+    """Validate a mean [..., d] and covariance [..., d, d]; return the Cholesky factor of V."""
+    _tensor(f"{name}mean", m)
+    _square(f"{name}covariance", V)
+    try:
+        ok = V.shape[-1] == m.shape[-1] and torch.broadcast_shapes(m.shape[:-1], V.shape[:-2]) is not None
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{name}mean of shape {tuple(m.shape)} does not match covariance {tuple(V.shape)}")
+    return _cholesky(f"{name}covariance", V)
+
+
+# ------------------------------------------------------------------ Gaussian exponential-family parameters
+def _sym_index(d: int, device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Row/column indices of the vector layout, and the [d, d] map from matrix entries to vector positions."""
+    iu = torch.triu_indices(d, d, offset=1, device=device)
+    rows = torch.cat([torch.arange(d, device=device), iu[0]])
+    cols = torch.cat([torch.arange(d, device=device), iu[1]])
+    pos = torch.empty(d, d, dtype=torch.long, device=device)
+    pos[rows, cols] = torch.arange(rows.numel(), device=device)
+    pos[cols, rows] = torch.arange(rows.numel(), device=device)
+    return rows, cols, pos
+
+
+def _sym_scale(rows, cols, like, off: float) -> torch.Tensor:
+    ones = torch.ones(rows.shape, dtype=like.dtype, device=like.device)
+    return torch.where(rows == cols, ones, ones * off)
+
+
+def _sym_to_vec(S: torch.Tensor) -> torch.Tensor:
+    d = S.shape[-1]
+    rows, cols, _ = _sym_index(d, S.device)
+    scale = _sym_scale(rows, cols, S, math.sqrt(2.0))
+    return S[..., rows, cols] * scale
+
+
+def _vec_to_sym(v: torch.Tensor, d: int) -> torch.Tensor:
+    rows, cols, pos = _sym_index(d, v.device)
+    scale = _sym_scale(rows, cols, v, 1.0 / math.sqrt(2.0))
+    return (v * scale)[..., pos]
+
+
+def sym_to_vec(S: torch.Tensor) -> torch.Tensor:
+    """Symmetric [..., d, d] → [..., d(d+1)/2]: the diagonal, then the upper triangle row by row times √2.
+
+    An isometry: ``⟨A, B⟩_F = sym_to_vec(A) · sym_to_vec(B)`` for symmetric A, B. Only the upper triangle is read.
+    """
+    return _sym_to_vec(_square("S", S))
+
+
+def vec_to_sym(v: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`sym_to_vec`: [..., d(d+1)/2] → symmetric [..., d, d]."""
+    _tensor("v", v)
+    k = v.shape[-1]
+    d = int(round((math.sqrt(8 * k + 1) - 1) / 2))
+    if d * (d + 1) // 2 != k:
+        raise ValueError(f"last dimension {k} is not d(d+1)/2 for any integer d")
+    return _vec_to_sym(v, d)
+
+
+def gaussian_to_natural(m: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(m [.., d], V [.., d, d]) → (λ₁ = V⁻¹m, λ₂ = -½V⁻¹)``.
+
+    Derived in notebook 08_natural_gradient_exponential_families.
+    """
+    L = _mean_cov(m, V)
+    P = torch.cholesky_inverse(L)
+    return (P @ m.unsqueeze(-1)).squeeze(-1), -0.5 * P
+
+
+def gaussian_from_natural(l1: torch.Tensor, l2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(λ₁, λ₂) → (m = -½λ₂⁻¹λ₁, V = -½λ₂⁻¹)``; requires ``λ₂`` negative definite.
+
+    Derived in notebook 08_natural_gradient_exponential_families.
+    """
+    _tensor("lambda1", l1)
+    _square("lambda2", l2)
+    L = _cholesky("-lambda2 (lambda2 must be negative definite)", -2.0 * l2)
+    V = torch.cholesky_inverse(L)
+    return (V @ l1.unsqueeze(-1)).squeeze(-1), V
+
+
+def gaussian_to_expectation(m: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(m, V) → (μ₁ = E[z] = m, μ₂ = E[zzᵀ] = V + mmᵀ)``.
+
+    Derived in notebook 08_natural_gradient_exponential_families.
+    """
+    _mean_cov(m, V)
+    return m, V + m.unsqueeze(-1) * m.unsqueeze(-2)
+
+
+def gaussian_from_expectation(mu1: torch.Tensor, mu2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(μ₁, μ₂) → (m = μ₁, V = μ₂ - μ₁μ₁ᵀ)``; raises unless V is positive definite.
+
+    Derived in notebook 08_natural_gradient_exponential_families.
+    """
+    _tensor("mu1", mu1)
+    _square("mu2", mu2)
+    V = mu2 - mu1.unsqueeze(-1) * mu1.unsqueeze(-2)
+    _cholesky("mu2 - mu1 mu1^T", V)
+    return mu1, 0.5 * (V + V.transpose(-1, -2))
+
+
+def _log_partition(l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
+    L = torch.linalg.cholesky(-2.0 * l2)                                 # LLᵀ = V⁻¹
+    w = torch.linalg.solve_triangular(L, l1.unsqueeze(-1), upper=False).squeeze(-1)
+    return (0.5 * w.square().sum(-1) - torch.log(torch.diagonal(L, dim1=-2, dim2=-1)).sum(-1)
+            + 0.5 * l1.shape[-1] * math.log(2 * math.pi))
+
+
+def gaussian_log_partition(l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
+    """``A(λ) = -¼ λ₁ᵀλ₂⁻¹λ₁ - ½ log det(-2λ₂) + (d/2) log 2π`` with base measure ``h(z) = 1``.
+
+    So ``log q(z) = λ₁ᵀz + zᵀλ₂z - A(λ)`` exactly; ``∇A = (μ₁, μ₂)``, ``∇²A`` = the Fisher. ``l1`` [..., d],
+    ``l2`` [..., d, d] negative definite → [...]. Derived in notebook 08_natural_gradient_exponential_families.
+    """
+    gaussian_from_natural(l1, l2)  # validates
+    return _log_partition(l1, l2)
+
+
+def gaussian_natural_fisher(l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
+    """Fisher of the natural parameters, ``∇²A``, in the coordinates ``(λ₁, sym_to_vec(λ₂))``: [D, D].
+
+    ``D = d + d(d+1)/2``; one distribution (``l1`` [d], ``l2`` [d, d]); by ``torch.func.hessian`` of the
+    log-partition. Equals ``Cov[(z, sym_to_vec(zzᵀ))]`` under q.
+    Derived in notebook 08_natural_gradient_exponential_families.
+    """
+    _tensor("lambda1", l1)
+    if l1.ndim != 1:
+        raise ValueError("gaussian_natural_fisher takes a single distribution: lambda1 [d], lambda2 [d, d]")
+    gaussian_from_natural(l1, l2)  # validates
+    d = l1.shape[0]
+    return hessian(lambda v: _log_partition(v[:d], _vec_to_sym(v[d:], d)))(torch.cat([l1, _sym_to_vec(l2)]))
+
+
+# ----------------------------------------------------------------------- Bonnet / Price estimators
+class MCEstimate(NamedTuple):
+    """A Monte-Carlo mean and its standard error (sample std / √S), same shape."""
+
+    mean: torch.Tensor
+    stderr: torch.Tensor
+
+
+def gaussian_samples(m: torch.Tensor, V: torch.Tensor, n_samples: int,
+                     generator: torch.Generator | None = None) -> torch.Tensor:
+    """``n_samples`` draws of ``N(m [d], V [d, d])`` as [S, d] (``z = m + Lε``, ``LLᵀ = V``)."""
+    L = _mean_cov(m, V)
+    check_int("n_samples", n_samples, minimum=1)
+    if m.ndim != 1:
+        raise ValueError("m must be a vector [d]")
+    gen_device = generator.device if generator is not None else m.device
+    eps = torch.randn(n_samples, m.shape[0], dtype=m.dtype, device=gen_device, generator=generator).to(m.device)
+    return m + eps @ L.T
+
+
+def _mc(values: torch.Tensor) -> MCEstimate:
+    n = values.shape[0]
+    se = values.std(0, unbiased=True) / math.sqrt(n) if n > 1 else torch.full_like(values[0], float("inf"))
+    return MCEstimate(values.mean(0), se)
+
+
+def bonnet_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor, V: torch.Tensor,
+                    n_samples: int, generator: torch.Generator | None = None) -> MCEstimate:
+    """Bonnet's theorem: ``∇_m E_{N(m,V)}[f(z)] = E[∇f(z)]``, estimated from ``n_samples`` draws → [d].
+
+    ``f`` maps one point [d] to a scalar and must be differentiable with ``torch.func`` (it is vmapped).
+    Derived in notebook 08_natural_gradient_exponential_families.
+    """
+    z = gaussian_samples(m, V, n_samples, generator)
+    return _mc(vmap(grad(f))(z))
+
+
+def price_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor, V: torch.Tensor,
+                   n_samples: int, generator: torch.Generator | None = None) -> MCEstimate:
+    """Price's theorem: ``∇_V E_{N(m,V)}[f(z)] = ½ E[∇²f(z)]`` (V's entries taken as free) → [d, d].
+
+    The derivative with respect to the single free entry ``V_ij = V_ji`` of a symmetric V is twice the
+    off-diagonal entry of this matrix. Derived in notebook 08_natural_gradient_exponential_families.
+    """
+    z = gaussian_samples(m, V, n_samples, generator)
+    return _mc(0.5 * vmap(hessian(f))(z))
+
+
+def gaussian_natural_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor, V: torch.Tensor,
+                              n_samples: int, generator: torch.Generator | None = None
+                              ) -> tuple[MCEstimate, MCEstimate]:
+    """Natural gradient of ``E_{N(m,V)}[f]`` w.r.t. ``(λ₁, λ₂)`` = its gradient w.r.t. ``(μ₁, μ₂)``:
+
+    ``(E[∇f] - E[∇²f] m,  ½ E[∇²f])`` from one set of ``n_samples`` draws (Bonnet + Price), each as an
+    :class:`MCEstimate` of shape [d] and [d, d]. Derived in notebook 08_natural_gradient_exponential_families.
+    """
+    z = gaussian_samples(m, V, n_samples, generator)
+    g, H = vmap(grad(f))(z), vmap(hessian(f))(z)
+    return _mc(g - H @ m), _mc(0.5 * H)
+
+
+# ------------------------------------------------------------------------ Gaussian variational inference
+def gaussian_vi_natural_update(m: torch.Tensor, precision: torch.Tensor, grad_mean: torch.Tensor,
+                               hess_mean: torch.Tensor, lr: float, prior_mean: torch.Tensor,
+                               prior_precision: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """One natural-gradient ascent step on ``ELBO = E_q[f] + E_q[log N(z; m₀, P₀⁻¹)] + H(q)``, q = N(m, P⁻¹).
+
+    In natural parameters ``λ ← (1-ρ)λ + ρ(λ_prior + ∇_μ E_q[f])``, i.e.
+    ``P' = (1-ρ)P + ρ(P₀ - E[∇²f])`` and ``m' = m + ρ P'⁻¹ (E[∇f] - P₀(m - m₀))``, where ``grad_mean`` [d] and
+    ``hess_mean`` [d, d] estimate ``E_q[∇f]``, ``E_q[∇²f]``. ``lr`` ρ in (0, 1]. Returns ``(m', P')``.
+    Derived in notebook 08_natural_gradient_exponential_families.
+    """
+    rho = check_positive("lr", lr)
+    if rho > 1:
+        raise ValueError(f"lr must lie in (0, 1] for the natural-parameter update, got {lr}")
+    _tensor("m", m)
+    _cholesky("precision", _square("precision", precision))
+    if m.ndim != 1 or precision.shape != (m.shape[0], m.shape[0]):
+        raise ValueError(f"m must be [d] and precision [d, d], got {tuple(m.shape)} and {tuple(precision.shape)}")
+    for name, x in (("grad_mean", grad_mean), ("prior_mean", prior_mean)):
+        if _tensor(name, x).shape != m.shape:
+            raise ValueError(f"{name} must have shape {tuple(m.shape)}, got {tuple(x.shape)}")
+    for name, x in (("hess_mean", hess_mean), ("prior_precision", prior_precision)):
+        if _tensor(name, x).shape != precision.shape:
+            raise ValueError(f"{name} must have shape {tuple(precision.shape)}, got {tuple(x.shape)}")
+    new_prec = (1 - rho) * precision + rho * (prior_precision - 0.5 * (hess_mean + hess_mean.T))
+    L = _cholesky("updated precision (E[hessian of f] not negative semi-definite? lower lr)", new_prec)
+    step = torch.cholesky_solve((grad_mean - prior_precision @ (m - prior_mean)).unsqueeze(-1), L).squeeze(-1)
+    return m + rho * step, 0.5 * (new_prec + new_prec.T)
+
+
+class NaturalGaussianVI:
+    """Stochastic natural-gradient Gaussian variational inference: ``q(z) = N(mean, precision⁻¹)``.
+
+    Maximizes ``E_q[log_lik(z)] + E_q[log N(z; prior_mean, prior_precision⁻¹)] + H(q)``. Each :meth:`step` draws
+    ``n_samples`` points, estimates ``E[∇ log_lik]`` and ``E[∇² log_lik]`` (Bonnet / Price) and applies
+    :func:`gaussian_vi_natural_update`. ``log_lik`` maps a point [d] to a scalar (vmapped with torch.func).
+    Derived in notebook 08_natural_gradient_exponential_families.
+    """
+
+    def __init__(self, log_lik: Callable[[torch.Tensor], torch.Tensor], prior_mean: torch.Tensor,
+                 prior_precision: torch.Tensor, lr: float = 0.1, n_samples: int = 8,
+                 init_mean: torch.Tensor | None = None, init_precision: torch.Tensor | None = None,
+                 generator: torch.Generator | None = None):
+        if not callable(log_lik):
+            raise TypeError("log_lik must be callable: point [d] -> scalar")
+        self.prior_mean = _tensor("prior_mean", prior_mean)
+        if prior_mean.ndim != 1:
+            raise ValueError("prior_mean must be a vector [d]")
+        self.prior_precision = _square("prior_precision", prior_precision)
+        if prior_precision.shape != (prior_mean.shape[0],) * 2:
+            raise ValueError("prior_precision must be [d, d] with d = len(prior_mean)")
+        _cholesky("prior_precision", prior_precision)
+        self.lr, self.n_samples = check_positive("lr", lr), check_int("n_samples", n_samples, minimum=1)
+        if self.lr > 1:
+            raise ValueError(f"lr must lie in (0, 1], got {lr}")
+        self.log_lik, self.generator = log_lik, generator
+        self.mean = (prior_mean if init_mean is None else _tensor("init_mean", init_mean)).clone()
+        self.precision = (prior_precision if init_precision is None
+                          else _square("init_precision", init_precision)).clone()
+        if self.mean.shape != prior_mean.shape or self.precision.shape != prior_precision.shape:
+            raise ValueError("init_mean / init_precision must match the prior's shapes")
+        _cholesky("init_precision", self.precision)
+
+    @property
+    def covariance(self) -> torch.Tensor:
+        return torch.cholesky_inverse(torch.linalg.cholesky(self.precision))
+
+    def step(self) -> torch.Tensor:
+        """One update; returns the Monte-Carlo estimate of ``E_q[log_lik]`` at the parameters before it."""
+        z = gaussian_samples(self.mean, self.covariance, self.n_samples, self.generator)
+        values = vmap(self.log_lik)(z)
+        g, H = vmap(grad(self.log_lik))(z).mean(0), vmap(hessian(self.log_lik))(z).mean(0)
+        self.mean, self.precision = gaussian_vi_natural_update(
+            self.mean, self.precision, g, H, self.lr, self.prior_mean, self.prior_precision)
+        return values.mean()

@@ -1,0 +1,56 @@
+"""What a model is judged by, and losses that aim at it: task losses and metrics (accuracy, macro-F1, edit
+distance, repetition, non-termination, BLEU), the earth mover distance (EMO) loss, and distribution-level
+quality of generated text.
+
+Notebooks: 03_metric_optimization_classification, 04_sequence_task_losses, 05_policy_gradient_vs_zeroth_order,
+09_emo_loss.
+
+Modules:
+
+- :mod:`~taskloss.losses.metrics`            — task losses and metrics
+- :mod:`~taskloss.losses.emo`                — earth mover distance loss for language models
+- :mod:`~taskloss.losses.text_quality`       — frontier score (MAUVE recipe) and MMD² of text embeddings
+"""
+from taskloss.losses.emo import (
+    MIXES,
+    REDUCTIONS,
+    EMOLoss,
+    combine_emo_mle,
+    emo_and_mle_per_token,
+    emo_cost_matrix,
+    emo_loss,
+    emo_soft_upper_bound,
+    normalize_cost_embeddings,
+)
+from taskloss.losses.metrics import (
+    accuracy,
+    bleu,
+    bleu_from_ids,
+    bleu_loss,
+    cut_at_eos,
+    edit_distance,
+    macro_f1,
+    macro_f1_loss,
+    non_termination,
+    repetition,
+    sentence_bleu,
+    to_lists,
+    token_repeat_rate,
+    zero_one_loss,
+)
+from taskloss.losses.text_quality import (
+    cluster_histograms,
+    divergence_frontier,
+    embed_texts,
+    frontier_area,
+    frontier_score,
+    mmd2,
+)
+
+__all__ = [
+    "cut_at_eos", "to_lists", "accuracy", "zero_one_loss", "macro_f1", "macro_f1_loss", "edit_distance",
+    "repetition", "token_repeat_rate", "non_termination", "bleu", "sentence_bleu", "bleu_loss", "bleu_from_ids",
+    "MIXES", "REDUCTIONS", "normalize_cost_embeddings", "emo_cost_matrix", "emo_and_mle_per_token",
+    "combine_emo_mle", "emo_loss", "emo_soft_upper_bound", "EMOLoss", "frontier_score", "cluster_histograms",
+    "divergence_frontier", "frontier_area", "mmd2", "embed_texts",
+]

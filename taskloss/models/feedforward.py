@@ -1,0 +1,79 @@
+"""Feed-forward networks for the 8×8 digits: an MLP and a small CNN (only ``nn.Linear`` / ``nn.Conv2d`` carry
+parameters, which is what K-FAC's hooks look for).
+
+Used by MGS (02, 03), zeroth-order vs policy gradient (05) and the natural-gradient notebooks (06–08).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from taskloss.utils import check_int
+
+__all__ = ["MLP", "SmallCNN"]
+
+_ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
+
+
+class MLP(nn.Sequential):
+    """Multi-layer perceptron ``[n, in_dim] → [n, out_dim]`` as an ``nn.Sequential`` of ``nn.Linear`` layers
+    with ``activation`` between them (no activation after the last layer). ``hidden`` is an int or a
+    sequence of widths (``()`` gives a linear model). PyTorch's default Linear initialisation."""
+
+    def __init__(self, in_dim: int, hidden: int | Sequence[int] = (64,), out_dim: int | None = None,
+                 activation: str = "relu", bias: bool = True):
+        check_int("in_dim", in_dim, minimum=1)
+        if out_dim is None:
+            raise TypeError("MLP needs out_dim")
+        check_int("out_dim", out_dim, minimum=1)
+        hidden = (hidden,) if isinstance(hidden, int) and not isinstance(hidden, bool) else tuple(hidden)
+        for i, h in enumerate(hidden):
+            check_int(f"hidden[{i}]", h, minimum=1)
+        if activation not in _ACTIVATIONS:
+            raise ValueError(f"activation must be one of {tuple(_ACTIVATIONS)}, got {activation!r}")
+        dims = (in_dim, *hidden, out_dim)
+        layers: list[nn.Module] = []
+        for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
+            layers.append(nn.Linear(a, b, bias=bias))
+            if i < len(dims) - 2:
+                layers.append(_ACTIVATIONS[activation]())
+        super().__init__(*layers)
+        self.in_dim, self.out_dim, self.hidden, self.activation = in_dim, out_dim, hidden, activation
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor) or x.ndim < 1 or x.shape[-1] != self.in_dim:
+            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+            raise ValueError(f"MLP expects input [..., {self.in_dim}], got {shape}")
+        return super().forward(x)
+
+
+class SmallCNN(nn.Module):
+    """Small CNN for 8×8 digit images: Conv3×3(in→w) → ReLU → Conv3×3(w→2w) → ReLU → MaxPool2 → Linear.
+
+    Input ``[n, in_channels, 8, 8]`` (or flat ``[n, in_channels·64]``) → logits ``[n, n_classes]``.
+    Only ``nn.Conv2d`` and ``nn.Linear`` carry parameters (what K-FAC hooks look for)."""
+
+    def __init__(self, in_channels: int = 1, n_classes: int = 10, width: int = 16):
+        super().__init__()
+        check_int("in_channels", in_channels, minimum=1)
+        check_int("n_classes", n_classes, minimum=2)
+        check_int("width", width, minimum=1)
+        self.in_channels, self.n_classes, self.width = in_channels, n_classes, width
+        self.conv1 = nn.Conv2d(in_channels, width, 3, padding=1)
+        self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1)
+        self.pool = nn.MaxPool2d(2)
+        self.fc = nn.Linear(2 * width * 4 * 4, n_classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"SmallCNN expects a tensor, got {type(x).__name__}")
+        if x.ndim == 2 and x.shape[1] == self.in_channels * 64:
+            x = x.reshape(-1, self.in_channels, 8, 8)
+        if x.ndim != 4 or tuple(x.shape[1:]) != (self.in_channels, 8, 8):
+            raise ValueError(f"SmallCNN expects [n, {self.in_channels}, 8, 8] (or [n, {self.in_channels * 64}]),"
+                             f" got {tuple(x.shape)}")
+        x = self.pool(F.relu(self.conv2(F.relu(self.conv1(x)))))
+        return self.fc(x.flatten(1))

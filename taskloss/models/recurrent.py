@@ -1,0 +1,76 @@
+"""A recurrent language model (``nn.LSTM`` or tanh ``nn.RNN``) with optional weight tying.
+
+Used by the decoding and sequence-loss code (:mod:`taskloss.lm`) wherever a Transformer LM is, and by the
+gradient-flow notebooks on recurrent networks.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from taskloss.utils import check_int, check_probability, check_token_ids
+
+__all__ = ["RNNLM"]
+
+
+class RNNLM(nn.Module):
+    """Recurrent language model: embedding → ``nn.LSTM`` or ``nn.RNN`` (tanh), batch-first → linear output.
+
+    ``forward(idx [B, T], state=None, return_state=False)`` → logits ``[B, T, V]`` (and the final state:
+    ``(h, c)`` each ``[n_layers, B, hidden]`` for LSTM, ``h`` for RNN). With ``tie_weights`` the output layer
+    shares the token embedding; when ``hidden != d_model`` a bias-free projection ``hidden → d_model`` is
+    inserted first. ``output_embedding`` is the output weight ``[V, d_out]``.
+    """
+
+    is_recurrent = True
+
+    def __init__(self, vocab_size: int, d_model: int = 128, hidden: int = 256, n_layers: int = 1,
+                 cell: str = "lstm", tie_weights: bool = False, dropout: float = 0.0):
+        super().__init__()
+        for name, val in (("vocab_size", vocab_size), ("d_model", d_model), ("hidden", hidden),
+                          ("n_layers", n_layers)):
+            check_int(name, val, minimum=1)
+        if cell not in ("lstm", "rnn"):
+            raise ValueError(f"cell must be 'lstm' or 'rnn', got {cell!r}")
+        check_probability("dropout", dropout)
+        if dropout == 1.0:
+            raise ValueError("dropout must be < 1")
+        self.vocab_size, self.d_model, self.hidden, self.n_layers = vocab_size, d_model, hidden, n_layers
+        self.cell, self.tie_weights, self.max_len = cell, bool(tie_weights), None
+        self.validate_inputs = True
+        self.tok_emb = nn.Embedding(vocab_size, d_model)
+        rnn_cls = nn.LSTM if cell == "lstm" else nn.RNN
+        kw = {} if cell == "lstm" else {"nonlinearity": "tanh"}
+        self.rnn = rnn_cls(d_model, hidden, num_layers=n_layers, batch_first=True,
+                           dropout=dropout if n_layers > 1 else 0.0, **kw)
+        self.drop = nn.Dropout(dropout)
+        d_out = hidden
+        self.out_proj = None
+        if self.tie_weights and hidden != d_model:
+            self.out_proj = nn.Linear(hidden, d_model, bias=False)
+            d_out = d_model
+        self.head = nn.Linear(d_out, vocab_size, bias=not self.tie_weights)
+        nn.init.normal_(self.tok_emb.weight, std=0.1)
+        if self.tie_weights:
+            self.head.weight = self.tok_emb.weight
+
+    @property
+    def output_embedding(self) -> torch.Tensor:
+        """Weight ``[V, d_out]`` of the output layer."""
+        return self.head.weight
+
+    def hidden_states(self, idx: torch.Tensor, state=None) -> torch.Tensor:
+        """Hidden states ``[B, T, d_out]`` that feed the output layer (``logits = h @ output_embedding.T (+ b)``)."""
+        return self.forward(idx, state, return_hidden=True)[1]
+
+    def forward(self, idx: torch.Tensor, state=None, return_state: bool = False, return_hidden: bool = False):
+        """``idx`` ``[B, T]`` → logits ``[B, T, V]``; extra outputs in the order (logits, hidden, state)."""
+        if self.validate_inputs:
+            check_token_ids("idx", idx, self.vocab_size)
+        out, state = self.rnn(self.drop(self.tok_emb(idx)), state)
+        h = self.drop(out)
+        if self.out_proj is not None:
+            h = self.out_proj(h)
+        logits = self.head(h)
+        extra = ((h,) if return_hidden else ()) + ((state,) if return_state else ())
+        return (logits, *extra) if extra else logits

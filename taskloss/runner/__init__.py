@@ -1,0 +1,16 @@
+"""Running the notebooks: the results API every notebook records through (:func:`start`), reading and
+validating a notebook's ``parameters`` cell, and the rerun / sweep runner behind ``make run`` and
+``python -m taskloss.runner`` (also installed as ``taskloss-runs``).
+
+Modules:
+
+- :mod:`~taskloss.runner.notebook`       — recording results and figures of a notebook run
+- :mod:`~taskloss.runner.compare`        — paired comparisons: effect, interval, p-value, verdict
+- :mod:`~taskloss.runner.plotting`       — seed bands, bars with intervals, labelled axes
+- :mod:`~taskloss.runner.params`         — reading and validating a notebook's parameters cell
+- :mod:`~taskloss.runner.runs`           — running, rerunning and sweeping notebooks with papermill
+"""
+from taskloss.runner.compare import VERDICTS, Comparison, comparison_table, paired_comparison
+from taskloss.runner.notebook import RESULTS_FILE, Run, start
+
+__all__ = ["Run", "start", "RESULTS_FILE", "Comparison", "paired_comparison", "comparison_table", "VERDICTS"]

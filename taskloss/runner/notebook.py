@@ -1,0 +1,168 @@
+"""The one small API notebooks use to record results and figures into their run folder.
+
+A notebook's ``parameters`` cell holds ``output_dir = ""``; the runner (``python -m taskloss.runner``) injects a
+folder, and an interactive session falls back to ``runs/interactive/<notebook>``::
+
+    run = taskloss.runner.start("01_optimization_as_sampling", output_dir, device=device, seed=seed)
+    run.record("sampling/ess_ratio", 0.83, headline=True)
+    run.compare("mgs_vs_mle/accuracy", acc_mgs, acc_mle, name="MGS", baseline="MLE", metric="accuracy")
+    run.savefig(fig, "isotropy.png")
+    run.table()
+    run.say("The ESS ratio was {sampling/ess_ratio:.2f}.")   # Markdown rendered from the recorded values
+
+``results.json`` is rewritten atomically on every ``record`` so a notebook that fails half-way keeps what it
+had measured. The runner reads the ``headline`` keys into ``SUMMARY.md``. Comparisons between methods go
+through :meth:`Run.compare` (a paired test on the same seeds, :func:`taskloss.runner.compare.paired_comparison`),
+and closing text that quotes numbers goes through :meth:`Run.say`, so the prose cannot drift from the outputs.
+"""
+from __future__ import annotations
+
+import json
+import math
+import string
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Sequence
+
+import torch
+
+from taskloss.runner.compare import Comparison, comparison_table, paired_comparison
+from taskloss.utils import RUNS_DIR, atomic_write_text, resolve_device, seed_everything
+
+__all__ = ["Run", "start", "RESULTS_FILE"]
+
+RESULTS_FILE = "results.json"
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, torch.Tensor):
+        value = value.detach().cpu().tolist() if value.numel() != 1 else value.item()
+    if hasattr(value, "tolist") and not isinstance(value, (str, bytes)):
+        value = value.tolist()
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
+
+
+@dataclass
+class Run:
+    """Results and figures of one notebook execution (see :func:`start`)."""
+
+    name: str
+    dir: Path
+    device: torch.device
+    seed: int
+    results: dict[str, Any] = field(default_factory=dict)
+    headline: list[str] = field(default_factory=list)
+    comparisons: dict[str, Comparison] = field(default_factory=dict)
+
+    def record(self, key: str, value: Any, *, headline: bool = False) -> Any:
+        """Store ``value`` under ``key`` (e.g. ``"mgs/edit_distance"``) and rewrite ``results.json``."""
+        if not isinstance(key, str) or not key:
+            raise ValueError("result key must be a non-empty string")
+        self.results[key] = _jsonable(value)
+        if headline and key not in self.headline:
+            self.headline.append(key)
+        self._flush()
+        return value
+
+    def compare(self, key: str, a: Sequence[float], b: Sequence[float], *, headline: bool = False,
+                **kwargs) -> Comparison:
+        """Paired comparison of per-seed values ``a`` and ``b`` (:func:`~taskloss.runner.compare.paired_comparison`,
+        keyword arguments passed on), recorded under ``key`` (effect, interval, p-value, verdict) and kept for
+        :meth:`comparison_table`. Returns the :class:`~taskloss.runner.compare.Comparison`."""
+        c = paired_comparison(a, b, **kwargs)
+        self.comparisons[key] = c
+        self.record(key, {**c.as_dict(), "a": list(map(float, a)), "b": list(map(float, b))}, headline=headline)
+        return c
+
+    def comparison_table(self, keys: Sequence[str] | None = None) -> str:
+        """Print (and return) the Markdown table of the comparisons made so far (or of ``keys``)."""
+        keys = list(self.comparisons) if keys is None else list(keys)
+        text = comparison_table([self.comparisons[k] for k in keys])
+        print(text)
+        return text
+
+    def say(self, template: str, **values: Any) -> str:
+        """Render Markdown whose numbers come from the recorded results: ``{key:fmt}`` is replaced by
+        ``results[key]`` (keys may contain ``/``), ``{key.verdict}`` reads a field of a recorded comparison,
+        and ``values`` add names of their own. Displayed as Markdown in Jupyter (printed elsewhere); returned."""
+        out = []
+        for literal, field_name, spec, conv in string.Formatter().parse(template):
+            out.append(literal)
+            if field_name is None:
+                continue
+            value = self._lookup(field_name, values)
+            if conv:
+                value = {"r": repr, "s": str, "a": ascii}[conv](value)
+            out.append(format(value, spec or ""))
+        text = "".join(out)
+        try:
+            from IPython import get_ipython
+            from IPython.display import Markdown, display
+
+            if get_ipython() is not None:
+                display(Markdown(text))
+                return text
+        except ImportError:  # pragma: no cover - IPython ships with the notebook stack
+            pass
+        print(text)
+        return text
+
+    def _lookup(self, field_name: str, values: dict[str, Any]) -> Any:
+        if field_name in values:
+            return values[field_name]
+        if field_name in self.results:
+            return self.results[field_name]
+        key, _, attr = field_name.rpartition(".")
+        if key in self.results and isinstance(self.results[key], dict) and attr in self.results[key]:
+            return self.results[key][attr]
+        raise KeyError(f"say(): no recorded result {field_name!r}; recorded: {sorted(self.results)}")
+
+    def savefig(self, fig, filename: str, **kwargs) -> Path:
+        """Save a matplotlib figure into the run folder (PNG by default) and return its path."""
+        path = self.dir / filename
+        if path.suffix == "":
+            path = path.with_suffix(".png")
+        kwargs.setdefault("dpi", 110)
+        kwargs.setdefault("bbox_inches", "tight")
+        fig.savefig(path, **kwargs)
+        return path
+
+    def table(self, keys: list[str] | None = None) -> str:
+        """Print (and return) a Markdown table of the recorded results."""
+        keys = list(self.results) if keys is None else keys
+        lines = ["| result | value |", "|---|---|"]
+        for k in keys:
+            v = self.results[k]
+            if isinstance(v, float):
+                v = f"{v:.6g}"
+            elif isinstance(v, list) and len(v) > 8:
+                v = f"[{len(v)} values]"
+            lines.append(f"| {k}{' ★' if k in self.headline else ''} | {v} |")
+        text = "\n".join(lines)
+        print(text)
+        return text
+
+    def _flush(self) -> None:
+        payload = {"notebook": self.name, "device": str(self.device), "seed": self.seed,
+                   "headline": self.headline, "results": self.results}
+        atomic_write_text(self.dir / RESULTS_FILE, json.dumps(payload, indent=1, sort_keys=False))
+
+
+def start(name: str, output_dir: str = "", *, device: str = "auto", seed: int = 0) -> Run:
+    """Begin a notebook run: resolve the device, seed everything, create the output folder.
+
+    ``output_dir == ""`` means ``runs/interactive/<name>`` (what a reader running the notebook by hand gets).
+    """
+    out = Path(output_dir) if output_dir else RUNS_DIR / "interactive" / name
+    out.mkdir(parents=True, exist_ok=True)
+    dev = resolve_device(device)
+    seed_everything(seed)
+    run = Run(name=name, dir=out, device=dev, seed=seed)
+    run._flush()
+    return run

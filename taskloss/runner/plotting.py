@@ -1,0 +1,85 @@
+"""Figure helpers shared by the notebooks: seed bands, bars with intervals, and labelled axes.
+
+Every figure in the notebooks should be readable at its committed size: labelled axes with units, a legend,
+an error band or interval wherever several seeds exist, and the direction that is better stated on the axis.
+These helpers keep that boilerplate out of the notebook cells.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+__all__ = ["mean_interval", "seed_band", "bars_with_interval", "label_axes"]
+
+
+def mean_interval(values, confidence: float = 0.95, axis: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(mean, low, high) of ``values`` along ``axis`` (the seeds): Student-t interval of the mean; with one seed
+    the interval collapses to the mean."""
+    from scipy import stats
+
+    v = np.asarray(values, dtype=np.float64)
+    if v.size == 0:
+        raise ValueError("mean_interval needs at least one value")
+    if not np.isfinite(v).all():
+        raise ValueError("mean_interval: values contain NaN or inf")
+    n = v.shape[axis]
+    mean = v.mean(axis)
+    if n < 2:
+        return mean, mean.copy(), mean.copy()
+    half = stats.t.ppf(0.5 + confidence / 2, n - 1) * v.std(axis, ddof=1) / math.sqrt(n)
+    return mean, mean - half, mean + half
+
+
+def seed_band(ax, x: Sequence[float], ys, label: str | None = None, color=None, confidence: float = 0.95,
+              alpha: float = 0.2, **plot_kw):
+    """Plot the mean over seeds of ``ys`` ``[seeds, len(x)]`` against ``x`` with a shaded ``confidence`` band.
+    Returns the line."""
+    ys = np.asarray(ys, dtype=np.float64)
+    if ys.ndim == 1:
+        ys = ys[None]
+    if ys.shape[1] != len(x):
+        raise ValueError(f"ys must have shape [seeds, {len(x)}], got {ys.shape}")
+    mean, lo, hi = mean_interval(ys, confidence)
+    n = ys.shape[0]
+    lab = None if label is None else (f"{label} (mean of {n}, {100 * confidence:.0f} % CI)" if n > 1 else label)
+    (line,) = ax.plot(x, mean, label=lab, color=color, **plot_kw)
+    if n > 1:
+        ax.fill_between(x, lo, hi, color=line.get_color(), alpha=alpha, linewidth=0)
+    return line
+
+
+def bars_with_interval(ax, labels: Sequence[str], values: Sequence[Sequence[float]], confidence: float = 0.95,
+                       colors=None, zero_based: bool = True):
+    """Bars of the per-method means of ``values`` (one sequence of per-seed values per label) with their
+    intervals as error bars; the y-axis starts at 0 unless ``zero_based=False`` (then the range is stated by
+    the axis, never silently cut). Returns the bar container."""
+    if len(labels) != len(values) or not labels:
+        raise ValueError("bars_with_interval needs one sequence of values per label")
+    stats = [mean_interval(np.asarray(v, dtype=np.float64)) for v in values]
+    means = np.array([float(m) for m, _, _ in stats])
+    err = np.array([[float(m - lo) for m, lo, _ in stats], [float(hi - m) for m, _, hi in stats]])
+    bars = ax.bar(range(len(labels)), means, yerr=err, capsize=4, color=colors)
+    ax.set_xticks(range(len(labels)), labels)
+    if zero_based and (means >= 0).all():
+        ax.set_ylim(bottom=0)
+    return bars
+
+
+def label_axes(ax, xlabel: str, ylabel: str, title: str | None = None, *, lower_is_better: bool | None = None,
+               legend: bool = True, logx: bool = False, logy: bool = False) -> None:
+    """Label both axes (units in the label), add '(lower is better)' / '(higher is better)' to the y label
+    when given, set log scales, and draw a legend when there are labelled artists."""
+    if lower_is_better is not None:
+        ylabel = f"{ylabel} ({'lower' if lower_is_better else 'higher'} is better)"
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    if title:
+        ax.set_title(title)
+    if logx:
+        ax.set_xscale("log")
+    if logy:
+        ax.set_yscale("log")
+    if legend and ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize="small")

@@ -1,0 +1,34 @@
+"""Searching for a lower task loss where the gradient does not reach it: MLE-guided parameter search (MGS),
+policy gradient (REINFORCE) and zeroth-order estimators.
+
+Notebooks: 02_importance_sampling_and_mgs, 03_metric_optimization_classification, 04_sequence_task_losses,
+05_policy_gradient_vs_zeroth_order.
+
+Modules:
+
+- :mod:`~taskloss.search.mgs`                   — the ``MGS`` optimizer step
+- :mod:`~taskloss.search.mgs_density`           — MGS proposal density, importance weights, ESS, per-candidate seeds
+- :mod:`~taskloss.search.mgs_scoring`           — scoring MGS candidates: one vmap, a vmapped forward, or a loop
+- :mod:`~taskloss.search.policy_gradient`       — REINFORCE: sampling outputs, scored by a task loss
+- :mod:`~taskloss.search.zeroth_order`          — sampling parameters: Gaussian smoothing, SPSA, MeZO
+"""
+from taskloss.search.mgs import ASSIGNMENTS, MGS, SIGMA_MODES, MGSStats
+from taskloss.search.mgs_density import DENSITIES, effective_sample_size, mgs_weights, mixture_log_density
+from taskloss.search.mgs_scoring import default_forward
+from taskloss.search.policy_gradient import (
+    MovingAverageBaseline,
+    PGResult,
+    classification_reinforce,
+    expected_reward,
+    leave_one_out_baseline,
+    reinforce_loss,
+    sequence_reinforce,
+)
+from taskloss.search.zeroth_order import MeZO, functional_loss, gaussian_smoothing_grad, spsa_grad
+
+__all__ = [
+    "MGS", "MGSStats", "SIGMA_MODES", "ASSIGNMENTS", "mixture_log_density", "mgs_weights",
+    "effective_sample_size", "DENSITIES", "default_forward", "reinforce_loss", "leave_one_out_baseline",
+    "MovingAverageBaseline", "expected_reward", "PGResult", "classification_reinforce", "sequence_reinforce",
+    "functional_loss", "gaussian_smoothing_grad", "spsa_grad", "MeZO",
+]

@@ -1,0 +1,155 @@
+"""The functional core of MLE-guided parameter search (MGS): the proposal density, the importance weights, the
+effective sample size, and the per-candidate seeds every rank agrees on.
+
+Derived in notebook 02_importance_sampling_and_mgs. Source: *MLE-guided parameter search for task loss
+minimization in neural sequence modeling* (Welleck & Cho, AAAI 2021). The proposal is
+q = λ·N(0, σ_t²I) + (1−λ)·N(−g, σ_t²I) per parameter tensor t (``density="mixture"``: the true density;
+``"unit_sigma"``: the reference code's formula, σ taken as 1 and constants dropped); the weights are
+w_k ∝ exp(−[l(θ+Δθ_k) − l(θ)]/α) / q(Δθ_k), normalized in log space. Everything is float64 through ``logsumexp``.
+The optimizer step built on them is :class:`taskloss.search.mgs.MGS`.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from taskloss.utils import check_positive, check_probability
+
+__all__ = ["mixture_log_density", "mgs_weights", "effective_sample_size", "DENSITIES"]
+
+DENSITIES = ("mixture", "unit_sigma")
+_LOG_2PI = math.log(2 * math.pi)
+
+
+# ------------------------------------------------------------------------------------------ functional core
+def _check_choice(name: str, value, choices) -> str:
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+    return value
+
+
+def _log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: float, density: str) -> Tensor:
+    """log q from squared distances to the two means. ``d0``/``d1``: float64 ``[..., T]`` = ‖Δθ_t‖², ‖Δθ_t+g_t‖²
+    per tensor t; ``sigma``, ``numel``: float64 ``[T]``. Tensors with σ_t = 0 are not perturbed and skipped."""
+    if density == "unit_sigma":
+        l0, l1 = -0.5 * d0.sum(-1), -0.5 * d1.sum(-1)
+    else:
+        live = sigma > 0
+        s2 = torch.where(live, sigma, torch.ones_like(sigma)) ** 2
+        const = -(numel * (torch.log(torch.where(live, sigma, torch.ones_like(sigma))) + 0.5 * _LOG_2PI))
+        l0 = torch.where(live, -0.5 * d0 / s2 + const, torch.zeros_like(d0)).sum(-1)
+        l1 = torch.where(live, -0.5 * d1 / s2 + const, torch.zeros_like(d1)).sum(-1)
+    log_mix = torch.tensor([math.log(mix) if mix > 0 else -math.inf,
+                            math.log1p(-mix) if mix < 1 else -math.inf], dtype=torch.float64, device=l0.device)
+    return torch.logsumexp(torch.stack([l0 + log_mix[0], l1 + log_mix[1]], -1), -1)
+
+
+def _as_list(x) -> list[Tensor]:
+    if isinstance(x, Tensor):
+        return [x]
+    if isinstance(x, dict):
+        return list(x.values())
+    return list(x)
+
+
+def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = "mixture") -> Tensor:
+    """Log density of the MGS proposal q = λ·N(0, σ_t²I) + (1−λ)·N(−g, σ_t²I) at Δθ, summed over tensors.
+
+    ``delta``: a tensor, a sequence or a dict of tensors (one per parameter tensor t), each shaped like the
+    matching ``grad`` tensor (one candidate → float64 scalar) or with an extra leading candidate dimension
+    ``[K, *shape]`` (→ float64 ``[K]``). ``grad``: the surrogate gradient g (same structure, without K).
+    ``sigma``: one float for all tensors or one per tensor (σ_t = 0 marks an unperturbed tensor, skipped).
+    ``mix`` = λ, the weight of the zero-centred component. ``density="mixture"``: the true density with σ_t
+    (normalizing constants included); ``"unit_sigma"``: the reference code's formula (σ taken as 1, constants
+    dropped) — see the module docstring. Computed in float64 through ``logsumexp`` (no underflow).
+    Derived in notebook 02_importance_sampling_and_mgs.
+    """
+    _check_choice("density", density, DENSITIES)
+    mix = check_probability("mix", mix)
+    deltas, grads = _as_list(delta), _as_list(grad)
+    if len(deltas) != len(grads) or not deltas:
+        raise ValueError(f"delta and grad must hold the same non-zero number of tensors, got "
+                         f"{len(deltas)} and {len(grads)}")
+    sig = [float(sigma)] * len(grads) if isinstance(sigma, (int, float)) else [float(s) for s in sigma]
+    if len(sig) != len(grads):
+        raise ValueError(f"sigma must be a float or hold one value per tensor ({len(grads)}), got {len(sig)}")
+    if any(not math.isfinite(s) or s < 0 for s in sig):
+        raise ValueError(f"sigma must be finite and >= 0, got {sig}")
+    batched = deltas[0].ndim == grads[0].ndim + 1
+    d0, d1 = [], []
+    for t, (d, g) in enumerate(zip(deltas, grads)):
+        if tuple(d.shape[int(batched):]) != tuple(g.shape) or (d.ndim != g.ndim + int(batched)):
+            raise ValueError(f"delta[{t}] has shape {tuple(d.shape)}, expected "
+                             f"{('[K] + ' if batched else '') + str(tuple(g.shape))}")
+        dd = d.detach().double().reshape(d.shape[0], -1) if batched else d.detach().double().reshape(1, -1)
+        gg = g.detach().double().reshape(1, -1).to(dd.device)
+        if not bool(torch.isfinite(dd).all()) or not bool(torch.isfinite(gg).all()):
+            raise ValueError(f"delta[{t}] or grad[{t}] contains NaN or inf")
+        d0.append(dd.square().sum(1))
+        d1.append((dd + gg).square().sum(1))
+    dev = d0[0].device
+    out = _log_q_from_sq(torch.stack(d0, -1), torch.stack(d1, -1), torch.tensor(sig, dtype=torch.float64,
+                         device=dev), torch.tensor([float(g.numel()) for g in grads], dtype=torch.float64,
+                         device=dev), mix, density)
+    return out if batched else out[0]
+
+
+def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = False) -> Tensor:
+    """Self-normalized importance weights of the MGS candidates, float64 ``[K]``.
+
+    w_k ∝ exp(−[l_k − l(θ)]/α) / q(Δθ_k), normalized in log space (``logsumexp``): no overflow or NaN for tiny α
+    or huge losses. ``task_losses``: ``[K]`` l(θ+Δθ_k) (``+inf`` allowed: weight 0); ``base_loss``: l(θ) (it
+    cancels after normalization but must be finite); ``log_q``: ``[K]`` log q(Δθ_k); ``alpha`` > 0 the
+    temperature. ``log=True`` returns the normalized log-weights. Derived in notebook 02.
+    """
+    alpha = check_positive("alpha", alpha)
+    L = torch.as_tensor(task_losses, dtype=torch.float64)
+    lq = torch.as_tensor(log_q, dtype=torch.float64, device=L.device)
+    b = torch.as_tensor(base_loss, dtype=torch.float64, device=L.device)
+    if L.ndim != 1 or L.numel() == 0:
+        raise ValueError(f"task_losses must be a non-empty 1-D tensor [K], got shape {tuple(L.shape)}")
+    if lq.shape != L.shape:
+        raise ValueError(f"log_q must have shape {tuple(L.shape)}, got {tuple(lq.shape)}")
+    if b.numel() != 1 or not bool(torch.isfinite(b).all()):
+        raise ValueError(f"base_loss must be a finite scalar, got {b}")
+    if bool(torch.isnan(L).any()) or bool((L == -math.inf).any()):
+        raise ValueError(f"task_losses contain NaN or -inf: {L.tolist()}")
+    if bool(torch.isinf(L).all()):
+        raise ValueError("every candidate has an infinite task loss; no weight can be formed")
+    if not bool(torch.isfinite(lq).all()):
+        raise ValueError(f"log_q must be finite, got {lq.tolist()}")
+    # −(l_k − l_0)/α, shifted by the best candidate so the largest term is exactly 0 (the shift cancels).
+    shift = L[torch.isfinite(L)].min()
+    logits = -((L - shift) / alpha) - lq
+    out = torch.log_softmax(logits, 0)
+    return out if log else out.exp()
+
+
+def effective_sample_size(weights: Tensor) -> float:
+    """Kish's effective sample size 1 / Σ w_k² of normalized weights (K for uniform, 1 for a single winner)."""
+    w = torch.as_tensor(weights, dtype=torch.float64)
+    if w.ndim != 1 or w.numel() == 0 or not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        raise ValueError("weights must be a non-empty 1-D tensor of finite non-negative values")
+    if not math.isclose(float(w.sum()), 1.0, rel_tol=1e-6):
+        raise ValueError(f"weights must sum to 1, got {float(w.sum())}")
+    return float(1.0 / w.square().sum())
+
+
+# ------------------------------------------------------------------------------------------ candidate seeds
+def _splitmix64(x: int) -> int:
+    x = (x + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return x ^ (x >> 31)
+
+
+def _seed_for(base: int, step: int, k: int) -> int:
+    """Per-candidate seed shared by every rank: a SplitMix64 hash of (base seed, step, candidate) < 2⁶³."""
+    return _splitmix64(_splitmix64(_splitmix64(base) ^ step) ^ k) >> 1
+
+
+def _uniform_from_seed(seed: int) -> float:
+    """A U[0, 1) draw determined by ``seed`` (the candidate's mixture component), identical on every rank."""
+    return (_splitmix64(seed ^ 0x5DEECE66D) >> 11) / 2.0 ** 53

@@ -1,0 +1,110 @@
+"""Scoring MGS candidates: the task loss of every perturbed parameter set θ + Δθ_k.
+
+Used by :class:`taskloss.search.mgs.MGS` (derived in notebook 02_importance_sampling_and_mgs; applied in
+03_metric_optimization_classification and 04). Three modes, chosen by ``MGS(parallel=..., vmap_task_loss=...)``:
+``"vmap"`` — forward and task loss of a chunk of candidates in one ``torch.func.vmap`` over stacked parameter
+dicts; ``"vmap_forward"`` — vmap the forward, score each candidate's outputs in a Python loop (for
+non-vmappable metrics); ``"loop"`` — copy θ + Δθ_k into the module itself, score, restore θ. With
+``vmap_task_loss="auto"`` a failing mode falls back to the next one with a warning.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.func import functional_call, vmap
+from torch.utils._pytree import tree_map
+
+__all__ = ["default_forward"]
+
+
+def default_forward(model: Callable, batch):
+    """``(inputs, targets, ...)`` → ``model(inputs)``; a tensor batch → ``model(batch)``. Pass ``forward_fn`` to
+    :class:`MGS` for anything else (e.g. decoding a continuation from a prefix)."""
+    if isinstance(batch, (tuple, list)) and batch:
+        return model(batch[0])
+    if isinstance(batch, Tensor):
+        return model(batch)
+    raise TypeError(f"default_forward needs a tuple (inputs, ...) or a tensor batch, got {type(batch).__name__};"
+                    " pass forward_fn=(model, batch) -> outputs")
+
+
+def _scalar_loss(value, what: str) -> Tensor:
+    t = torch.as_tensor(value)
+    if t.numel() != 1:
+        raise ValueError(f"task_loss_fn must return a scalar per candidate, got shape {tuple(t.shape)} ({what})")
+    return t.detach().reshape(()).to(torch.float64)
+
+
+class _FunctionalModel:
+    """The model with candidate parameters inside ``vmap``: calling it runs ``functional_call(model, params, …)``;
+    other attributes (``vocab_size``, ``max_len``, …) are the module's."""
+
+    def __init__(self, model: nn.Module, params: dict[str, Tensor]):
+        self._model, self._params = model, params
+
+    def __call__(self, *args, **kwargs):
+        return functional_call(self._model, self._params, args, kwargs)
+
+    def __getattr__(self, name):
+        return getattr(self._model, name)
+
+
+class _CandidateScoring:
+    """Candidate evaluation for :class:`taskloss.search.mgs.MGS` (a mixin). The host provides ``model``, ``params``,
+    ``forward_fn``, ``task_loss_fn``, ``mode``, ``_auto``, ``_mode_confirmed`` and ``_unflat``."""
+
+    def _call(self, params: dict[str, Tensor]) -> "_FunctionalModel":
+        return _FunctionalModel(self.model, params)
+
+    @contextlib.contextmanager
+    def _loaded(self, flat: Tensor, theta: Tensor):
+        """The module itself with θ+Δθ = ``flat`` copied into its parameters; θ restored on exit (even on error)."""
+        with torch.no_grad():
+            for p, v in zip(self.params, self._unflat(flat).values()):
+                p.copy_(v)
+        try:
+            yield self.model
+        finally:
+            with torch.no_grad():
+                for p, v in zip(self.params, self._unflat(theta).values()):
+                    p.copy_(v)
+
+    def _score_one(self, model_k, batch) -> Tensor:
+        return _scalar_loss(self.task_loss_fn(self.forward_fn(model_k, batch), batch), "loop")
+
+    def _score(self, deltas: Tensor, theta: Tensor, batch) -> list[Tensor]:
+        """Task losses of the candidates θ + Δθ_j for the rows of ``deltas [c, P]``."""
+        c = deltas.shape[0]
+        if self.mode != "loop":
+            stacked = self._unflat(theta.unsqueeze(0) + deltas)
+            try:
+                if self.mode == "vmap":
+                    out = vmap(lambda p: self.task_loss_fn(self.forward_fn(self._call(p), batch), batch),
+                               randomness="different")(stacked)
+                    if not isinstance(out, Tensor) or out.shape != (c,):
+                        raise ValueError(f"task_loss_fn must return a scalar tensor per candidate, got "
+                                         f"{tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__}")
+                    self._mode_confirmed = True
+                    return list(out.detach().to(torch.float64).unbind(0))
+                outs = vmap(lambda p: self.forward_fn(self._call(p), batch), randomness="different")(stacked)
+                res = [_scalar_loss(self.task_loss_fn(tree_map(lambda o, j=j: o[j], outs), batch), "vmap_forward")
+                       for j in range(c)]
+                self._mode_confirmed = True
+                return res
+            except Exception as e:  # noqa: BLE001 — a genuine error re-raises in the fallback below
+                if not self._auto or self._mode_confirmed:
+                    raise
+                new = "vmap_forward" if self.mode == "vmap" else "loop"
+                warnings.warn(f"MGS: candidate evaluation mode '{self.mode}' failed ({type(e).__name__}: "
+                              f"{str(e)[:160]}); falling back to '{new}'", RuntimeWarning, stacklevel=3)
+                self.mode = new
+                return self._score(deltas, theta, batch)
+        out = []
+        for d in deltas:
+            with self._loaded(theta + d, theta) as model_k:
+                out.append(self._score_one(model_k, batch))
+        return out

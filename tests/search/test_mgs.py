@@ -1,0 +1,422 @@
+"""MGS (taskloss.search.mgs): weights and mixture density against float64/scipy direct computations, evaluation modes
+(vmap vs loop, low-memory vs stored noise), numerical robustness, the reference's density formula, bad input."""
+from __future__ import annotations
+
+import copy
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from scipy.special import logsumexp
+from scipy.stats import norm
+from torch import nn
+
+from taskloss.search import MGS, effective_sample_size, mgs_weights, mixture_log_density
+
+
+# ------------------------------------------------------------------------------------------------ helpers
+def direct_log_q(deltas, grads, sigmas, mix, unit_sigma=False):
+    """float64 scipy/numpy log q(Δθ) for one candidate (lists of numpy arrays)."""
+    if unit_sigma:  # the reference code's formula
+        ee = sum(float((d * d).sum()) for d in deltas)
+        dg = sum(float(((d + g) ** 2).sum()) for d, g in zip(deltas, grads))
+        return float(np.log(mix * np.exp(-0.5 * ee) + (1 - mix) * np.exp(-0.5 * dg)))
+    l0 = sum(norm.logpdf(d, loc=0.0, scale=s).sum() for d, s in zip(deltas, sigmas) if s > 0)
+    l1 = sum(norm.logpdf(d, loc=-g, scale=s).sum() for d, g, s in zip(deltas, grads, sigmas) if s > 0)
+    terms = ([l0 + np.log(mix)] if mix > 0 else []) + ([l1 + np.log1p(-mix)] if mix < 1 else [])
+    return float(logsumexp(terms))
+
+
+def direct_weights(losses, base, log_q, alpha):
+    lw = -(np.asarray(losses, np.float64) - base) / alpha - np.asarray(log_q, np.float64)
+    lw -= lw.max()
+    w = np.exp(lw)
+    return w / w.sum()
+
+
+def tiny_problem(dtype=torch.float64, seed=0, n=32):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 3, generator=g, dtype=dtype)
+    y = torch.randint(0, 2, (n,), generator=g)
+    torch.manual_seed(seed)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2)).to(dtype)
+    return model, (X, y)
+
+
+def ce_surrogate(model, batch):
+    return F.cross_entropy(model(batch[0]), batch[1])
+
+
+def ce_task(out, batch):  # a smooth task loss: makes every candidate's weight differ
+    return 3.0 * F.cross_entropy(out, batch[1])
+
+
+def err_task(out, batch):
+    return (out.argmax(-1) != batch[1]).to(out.dtype).mean()
+
+
+def make(model, **kw):
+    kw.setdefault("seed", 3)
+    lr = kw.pop("lr", 1.0)
+    opt = torch.optim.SGD(model.parameters(), lr=lr)
+    return MGS(model, opt, kw.pop("surrogate", ce_surrogate), kw.pop("task", ce_task), **kw)
+
+
+def flat(model):
+    return torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+
+
+# ------------------------------------------------------------------------------------- functional core
+@pytest.mark.parametrize("mix", [0.0, 0.3, 0.5, 1.0])
+def test_mixture_log_density_matches_scipy(mix):
+    rng = np.random.default_rng(0)
+    shapes = [(3, 4), (4,), (2, 2, 2)]
+    grads = [rng.normal(size=s) for s in shapes]
+    sigmas = [0.3, 1.7, 0.05]
+    K = 5
+    deltas = [rng.normal(size=(K, *s)) * 0.5 - (rng.random() < 0.5) * g for s, g in zip(shapes, grads)]
+    got = mixture_log_density([torch.tensor(d) for d in deltas], [torch.tensor(g) for g in grads], sigmas, mix)
+    want = [direct_log_q([d[k] for d in deltas], grads, sigmas, mix) for k in range(K)]
+    torch.testing.assert_close(got, torch.tensor(want, dtype=torch.float64), rtol=1e-10, atol=1e-9)
+    one = mixture_log_density([torch.tensor(d[0]) for d in deltas], [torch.tensor(g) for g in grads], sigmas, mix)
+    assert one.shape == () and math.isclose(float(one), want[0], rel_tol=1e-10)
+
+
+def test_mixture_log_density_skips_unperturbed_tensors():
+    g = [torch.tensor([1.0, -2.0], dtype=torch.float64), torch.zeros(3, dtype=torch.float64)]
+    d = [torch.tensor([0.1, 0.4], dtype=torch.float64), torch.zeros(3, dtype=torch.float64)]
+    full = mixture_log_density(d, g, [0.5, 0.0], 0.5)
+    assert math.isclose(float(full), direct_log_q([d[0].numpy()], [g[0].numpy()], [0.5], 0.5), rel_tol=1e-12)
+
+
+def test_unit_sigma_reproduces_reference_formula():
+    rng = np.random.default_rng(1)
+    g = [rng.normal(size=(4, 3)) * 0.3, rng.normal(size=5) * 0.3]
+    d = [rng.normal(size=(4, 3)) * 0.2 - g[0], rng.normal(size=5) * 0.2 - g[1]]
+    # the reference: q = 0.5 exp(-½ε·ε) + 0.5 exp(-½ε·ε + ε·n - ½n·n) with n = -∇ (its "g")
+    n = [-x for x in g]
+    ee = sum((x * x).sum() for x in d)
+    en = sum((x * y).sum() for x, y in zip(d, n))
+    nn_ = sum((y * y).sum() for y in n)
+    ref = math.log(0.5 * math.exp(-0.5 * ee) + 0.5 * math.exp(-0.5 * ee + en - 0.5 * nn_))
+    got = mixture_log_density([torch.tensor(x) for x in d], [torch.tensor(x) for x in g], 123.0, 0.5,
+                              density="unit_sigma")
+    assert math.isclose(float(got), ref, rel_tol=1e-12)
+    # where the reference's exp() underflows to log(0) = -inf, the logsumexp form stays finite
+    big = [torch.full((1000,), 3.0)]
+    assert math.isfinite(float(mixture_log_density(big, [torch.zeros(1000)], 1.0, 0.5, density="unit_sigma")))
+
+
+def test_mgs_weights_match_direct():
+    rng = np.random.default_rng(2)
+    L, lq = rng.random(6), rng.normal(size=6) * 3
+    got = mgs_weights(torch.tensor(L), 0.4, torch.tensor(lq), 0.2)
+    torch.testing.assert_close(got, torch.tensor(direct_weights(L, 0.4, lq, 0.2)), rtol=1e-12, atol=1e-15)
+    log = mgs_weights(torch.tensor(L), 0.4, torch.tensor(lq), 0.2, log=True)
+    torch.testing.assert_close(log.exp(), got)
+
+
+def test_mgs_weights_extreme_values_no_nan():
+    L = torch.tensor([1e4, 1e4 + 1.0, 3e4, float("inf")])
+    w = mgs_weights(L, 2e4, torch.tensor([-800.0, 900.0, 0.0, 0.0]), 1e-6)
+    assert bool(torch.isfinite(w).all()) and math.isclose(float(w.sum()), 1.0)
+    assert int(w.argmax()) == 0 and float(w[3]) == 0.0
+    # summed losses ≫ 745 (exp overflow in float64) with an ordinary α
+    w = mgs_weights(torch.tensor([5e3, 5e3 + 0.5]), 0.0, torch.zeros(2), 1.0)
+    torch.testing.assert_close(w, torch.tensor([1.0, math.exp(-0.5)], dtype=torch.float64) / (1 + math.exp(-0.5)))
+
+
+def test_effective_sample_size():
+    assert effective_sample_size(torch.full((8,), 1 / 8)) == pytest.approx(8.0)
+    assert effective_sample_size(torch.tensor([1.0, 0, 0])) == pytest.approx(1.0)
+
+
+# -------------------------------------------------------------------------------------------- the step
+@pytest.mark.parametrize("sigma_mode,include_mle,density", [("absolute", False, "mixture"),
+                                                            ("relative", True, "mixture"),
+                                                            ("relative", False, "unit_sigma")])
+def test_step_equals_float64_direct_computation(sigma_mode, include_mle, density):
+    model, batch = tiny_problem()
+    ref = copy.deepcopy(model)
+    sigma = 0.05 if sigma_mode == "absolute" else 0.5
+    mgs = make(model, K=6, alpha=0.05, sigma=sigma, sigma_mode=sigma_mode, include_mle=include_mle,
+               density=density, max_grad_norm=None, max_update_norm=None)
+    theta0 = flat(model)
+    st = mgs.step(batch, return_deltas=True)
+    # direct: surrogate gradient, candidate losses by loading θ + Δθ_k into a copy, density with scipy
+    ref.zero_grad()
+    ce_surrogate(ref, batch).backward()
+    grads = [p.grad.double().numpy() for p in ref.parameters()]
+    sig = st.sigmas
+    if sigma_mode == "relative":
+        np.testing.assert_allclose(sig, [sigma * np.abs(g).mean() for g in grads], rtol=1e-12)
+    losses, log_q = [], []
+    for k, dk in enumerate(st.deltas):
+        cand = copy.deepcopy(ref)
+        with torch.no_grad():
+            for (name, p) in cand.named_parameters():
+                p.add_(dk[name])
+        with torch.no_grad():
+            losses.append(float(ce_task(cand(batch[0]), batch)))
+        log_q.append(direct_log_q([dk[n].numpy() for n, _ in ref.named_parameters()], grads, sig, 0.5,
+                                  unit_sigma=density == "unit_sigma"))
+    with torch.no_grad():
+        base = float(ce_task(ref(batch[0]), batch))
+    if include_mle:  # candidate 0 is exactly the MLE step -∇l̃
+        for (name, _), g in zip(ref.named_parameters(), grads):
+            np.testing.assert_allclose(st.deltas[0][name].numpy(), -g, rtol=1e-12)
+        assert bool(st.from_mle[0])
+    np.testing.assert_allclose(st.task_losses.numpy(), losses, rtol=1e-10)
+    np.testing.assert_allclose(st.log_q.numpy(), log_q, rtol=1e-9, atol=1e-8)
+    w = direct_weights(losses, base, log_q, 0.05)
+    np.testing.assert_allclose(st.weights.numpy(), w, rtol=1e-7, atol=1e-12)
+    assert st.ess == pytest.approx(1 / (w ** 2).sum(), rel=1e-7)
+    assert st.mle_weight == pytest.approx(w[st.from_mle.numpy()].sum(), abs=1e-12)
+    assert st.base_loss == pytest.approx(base, rel=1e-12)
+    # SGD(lr=1), no clipping: θ ← θ + Σ_k w_k Δθ_k
+    upd = sum(wk * torch.cat([dk[n].reshape(-1) for n, _ in ref.named_parameters()]) for wk, dk in
+              zip(w, st.deltas))
+    torch.testing.assert_close(flat(model) - theta0, upd, rtol=1e-7, atol=1e-10)
+
+
+@pytest.mark.parametrize("task", [ce_task, err_task])
+def test_parallel_equals_sequential(task):
+    results = []
+    for parallel in (True, False):
+        model, batch = tiny_problem(torch.float32)
+        mgs = make(model, task=task, K=8, chunk_size=3, parallel=parallel, alpha=0.1, sigma=0.5)
+        stats = [mgs.step(batch) for _ in range(3)]
+        assert mgs.mode == ("vmap" if parallel else "loop")
+        results.append((flat(model), torch.stack([s.weights for s in stats])))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-4, atol=1e-6)
+
+
+def test_low_memory_equals_stored_noise():
+    out = []
+    for low in (False, True):
+        model, batch = tiny_problem(torch.float32)
+        mgs = make(model, K=5, include_mle=True, low_memory=low, chunk_size=2)
+        stats = [mgs.step(batch) for _ in range(3)]
+        out.append((flat(model), torch.stack([s.log_q for s in stats])))
+    # Regenerated noise equals stored noise (a wrong draw would move log q by O(1) nats and the parameters by
+    # O(σ)). The comparison has a tolerance, not bit-identity: log q is a float64 sum over every parameter
+    # whose reduction order may depend on the kernel and the thread count (a 1.4e-14 difference was seen on
+    # an Intel CPU), and a 1e-14 change in a weight may move a float32 parameter by one ulp.
+    torch.testing.assert_close(out[0][1], out[1][1], rtol=1e-12, atol=0)
+    torch.testing.assert_close(out[0][0], out[1][0], rtol=1e-6, atol=1e-7)
+
+
+def test_non_vmappable_task_loss_falls_back():
+    def python_task(out, batch):  # .item() and Python arithmetic: not vmappable
+        return float((out.argmax(-1) != batch[1]).sum().item()) / len(batch[1])
+
+    res = {}
+    for mode, kw in {"auto": {}, "forward": {"vmap_task_loss": False}, "loop": {"parallel": False}}.items():
+        model, batch = tiny_problem(torch.float32)
+        mgs = make(model, task=python_task, K=4, **kw)
+        if mode == "auto":
+            with pytest.warns(RuntimeWarning, match="falling back to 'vmap_forward'"):
+                mgs.step(batch)
+            assert mgs.mode == "vmap_forward"
+            mgs.step(batch)
+        else:
+            mgs.step(batch)
+            mgs.step(batch)
+        res[mode] = flat(model)
+    torch.testing.assert_close(res["auto"], res["loop"])
+    torch.testing.assert_close(res["forward"], res["loop"])
+    model, batch = tiny_problem(torch.float32)
+    with pytest.raises(RuntimeError):  # vmap_task_loss=True: no silent fallback
+        make(model, task=python_task, vmap_task_loss=True).step(batch)
+
+
+def test_stratified_and_random_assignment():
+    model, batch = tiny_problem(torch.float32)
+    st = make(model, K=4, assignment="stratified").step(batch)
+    assert st.from_mle.tolist() == [True, False, True, False]  # the reference alternates MLE, zero, ...
+    model, batch = tiny_problem(torch.float32)
+    assert make(model, K=3, mix=0.0, assignment="stratified").step(batch).from_mle.all()
+    model, batch = tiny_problem(torch.float32)
+    assert not make(model, K=3, mix=1.0).step(batch).from_mle.any()
+    model, batch = tiny_problem(torch.float32)
+    mgs = make(model, K=64, mix=0.3)
+    frac = torch.cat([mgs.step(batch).from_mle for _ in range(4)]).double().mean()
+    assert 0.6 < float(frac) < 0.8  # P(MLE component) = 1 - λ = 0.7 over 256 draws
+
+
+def test_seed_reproducible_and_noise_changes_each_step():
+    a, batch = tiny_problem(torch.float32)
+    b, _ = tiny_problem(torch.float32)
+    sa, sb = make(a, seed=11), make(b, seed=11)
+    s1, s2 = sa.step(batch), sb.step(batch)
+    assert s1.seeds == s2.seeds and sa.step(batch).seeds != s1.seeds
+    torch.testing.assert_close(s1.weights, s2.weights)
+
+
+def test_no_nan_with_tiny_alpha_and_huge_losses():
+    model, batch = tiny_problem(torch.float32)
+    big = lambda out, b: 1e4 + 1e4 * F.cross_entropy(out, b[1])  # noqa: E731
+    st = make(model, task=big, alpha=1e-6, K=6).step(batch)
+    assert bool(torch.isfinite(st.weights).all()) and st.weights.sum().item() == pytest.approx(1.0)
+    assert int(st.weights.argmax()) == int(st.task_losses.argmin())
+    assert bool(torch.isfinite(flat(model)).all())
+
+
+def test_update_clipping_and_optimizer_are_used():
+    model, batch = tiny_problem(torch.float32)
+    theta0 = flat(model)
+    mgs = make(model, sigma=5.0, sigma_mode="absolute", max_update_norm=0.01, lr=1.0)
+    st = mgs.step(batch)
+    assert st.update_norm > 0.01
+    assert float((flat(model) - theta0).norm()) == pytest.approx(0.01, rel=1e-3)
+    model, batch = tiny_problem(torch.float32)
+    theta0 = flat(model)
+    mgs = make(model, lr=0.0)  # the optimizer applies the step: lr = 0 leaves θ unchanged
+    mgs.step(batch)
+    torch.testing.assert_close(flat(model), theta0)
+
+
+def test_mgs_reduces_a_non_differentiable_task_loss():
+    torch.manual_seed(0)
+    g = torch.Generator().manual_seed(0)
+    X = torch.randn(200, 5, generator=g)
+    y = (X @ torch.randn(5, generator=g) > 0).long()
+    model = nn.Linear(5, 2)
+    mgs = MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), ce_surrogate, err_task, K=8, alpha=0.01,
+              seed=0)
+    first = mgs.step((X, y)).base_loss
+    for _ in range(30):
+        last = mgs.step((X, y)).base_loss
+    assert last < first - 0.1, (first, last)
+
+
+# ------------------------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("kw,err", [({"alpha": 0.0}, ValueError), ({"alpha": -1.0}, ValueError),
+                                    ({"sigma": 0.0}, ValueError), ({"sigma": -0.1}, ValueError),
+                                    ({"mix": 1.5}, ValueError), ({"mix": -0.1}, ValueError),
+                                    ({"K": 0}, ValueError), ({"K": 2.5}, TypeError),
+                                    ({"sigma_mode": "uniform"}, ValueError), ({"density": "x"}, ValueError),
+                                    ({"assignment": "x"}, ValueError), ({"chunk_size": 0}, ValueError),
+                                    ({"max_grad_norm": 0.0}, ValueError), ({"vmap_task_loss": "yes"}, ValueError),
+                                    ({"alpha": float("nan")}, ValueError), ({"seed": -1}, ValueError)])
+def test_bad_hyperparameters_raise(kw, err):
+    model, _ = tiny_problem(torch.float32)
+    with pytest.raises(err):
+        make(model, **kw)
+
+
+def test_bad_objects_raise():
+    model, batch = tiny_problem(torch.float32)
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    with pytest.raises(TypeError):
+        MGS(lambda x: x, opt, ce_surrogate, ce_task)
+    with pytest.raises(TypeError):
+        MGS(model, None, ce_surrogate, ce_task)
+    with pytest.raises(TypeError):
+        MGS(model, opt, "ce", ce_task)
+    frozen = nn.Linear(2, 2).requires_grad_(False)
+    with pytest.raises(ValueError, match="requires_grad"):
+        MGS(frozen, opt, ce_surrogate, ce_task)
+
+
+def test_nan_losses_raise_clear_errors():
+    model, batch = tiny_problem(torch.float32)
+    nan_task = lambda out, b: out.sum() * float("nan")  # noqa: E731
+    with pytest.raises(ValueError, match="not finite"):
+        make(model, task=nan_task).step(batch)
+    calls = []
+
+    def nan_candidates(out, b):  # finite at θ (first call), NaN at the candidates
+        calls.append(1)
+        return ce_task(out, b) * (1.0 if len(calls) == 1 else float("nan"))
+
+    with pytest.raises(ValueError, match="NaN"):
+        make(model, task=nan_candidates, parallel=False).step(batch)
+    with pytest.raises(ValueError, match="surrogate"):
+        make(model, surrogate=lambda m, b: m(b[0]).sum() * float("nan")).step(batch)
+    with pytest.raises(ValueError, match="scalar"):
+        make(model, surrogate=lambda m, b: m(b[0])).step(batch)
+    with pytest.raises(ValueError, match="scalar"):
+        make(model, task=lambda out, b: out, parallel=False).step(batch)
+
+
+def test_functional_core_bad_input():
+    with pytest.raises(ValueError):
+        mgs_weights(torch.tensor([0.1, float("nan")]), 0.0, torch.zeros(2), 1.0)
+    with pytest.raises(ValueError):
+        mgs_weights(torch.tensor([0.1, 0.2]), 0.0, torch.zeros(3), 1.0)
+    with pytest.raises(ValueError):
+        mgs_weights(torch.tensor([]), 0.0, torch.zeros(0), 1.0)
+    with pytest.raises(ValueError):
+        mgs_weights(torch.tensor([0.1]), 0.0, torch.zeros(1), 0.0)
+    with pytest.raises(ValueError):
+        mgs_weights(torch.tensor([0.1]), float("inf"), torch.zeros(1), 1.0)
+    with pytest.raises(ValueError):
+        mgs_weights(torch.tensor([float("inf")] * 2), 0.0, torch.zeros(2), 1.0)
+    with pytest.raises(ValueError):
+        mixture_log_density([torch.zeros(3)], [torch.zeros(4)], 1.0)
+    with pytest.raises(ValueError):
+        mixture_log_density([torch.zeros(3)], [torch.zeros(3), torch.zeros(1)], 1.0)
+    with pytest.raises(ValueError):
+        mixture_log_density([torch.zeros(3)], [torch.zeros(3)], [1.0, 2.0])
+    with pytest.raises(ValueError):
+        mixture_log_density([torch.zeros(3)], [torch.zeros(3)], -1.0)
+    with pytest.raises(ValueError):
+        mixture_log_density([torch.full((3,), float("nan"))], [torch.zeros(3)], 1.0)
+    with pytest.raises(ValueError):
+        mixture_log_density([torch.zeros(3)], [torch.zeros(3)], 1.0, density="exact")
+    with pytest.raises(ValueError):
+        effective_sample_size(torch.tensor([0.5, 0.6]))
+
+
+def test_loop_mode_hands_the_module_and_restores_parameters():
+    model, batch = tiny_problem(torch.float32)
+    theta0 = flat(model)
+    seen = []
+
+    def forward(model_k, b):  # Python control flow on values + the module's own attributes: loop mode only
+        seen.append(isinstance(model_k, nn.Module) and model_k is model and not model_k.training)
+        out = model_k(b[0])
+        return out if float(out.abs().max()) < 1e6 else out.clamp(-1e6, 1e6)
+
+    mgs = make(model, forward_fn=forward, parallel=False, K=3, lr=0.0)
+    mgs.step(batch)
+    assert seen == [True] * 4 and model.training           # base + 3 candidates; train mode restored
+    torch.testing.assert_close(flat(model), theta0, rtol=0, atol=0)  # lr = 0: candidates were swapped back
+
+    calls = []
+
+    def failing(out, b):
+        calls.append(1)
+        if len(calls) == 3:
+            raise RuntimeError("decoder crashed")
+        return ce_task(out, b)
+
+    model, batch = tiny_problem(torch.float32)
+    with pytest.raises(RuntimeError, match="decoder crashed"):
+        make(model, task=failing, parallel=False).step(batch)
+    torch.testing.assert_close(flat(model), theta0, rtol=0, atol=0)  # θ restored after the error
+
+
+def test_vmap_proxy_exposes_module_attributes():
+    model, batch = tiny_problem(torch.float32)
+    model.n_out = 2
+    mgs = make(model, forward_fn=lambda m, b: m(b[0])[:, : m.n_out], vmap_task_loss=True)
+    mgs.step(batch)
+    assert mgs.mode == "vmap"
+
+
+def test_state_dict_resumes_identically():
+    a, batch = tiny_problem(torch.float32)
+    ma = make(a, seed=5)
+    for _ in range(2):
+        ma.step(batch)
+    b = copy.deepcopy(a)
+    mb = make(b, seed=999)
+    mb.load_state_dict(ma.state_dict())
+    sa, sb = ma.step(batch), mb.step(batch)
+    assert sa.seeds == sb.seeds
+    torch.testing.assert_close(flat(a), flat(b), rtol=0, atol=0)
