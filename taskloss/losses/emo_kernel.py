@@ -1,0 +1,296 @@
+r"""The computational core of the EMO loss: unit-norm cost embeddings, the fused chunked kernel and its plain-autograd
+twin. Derived in notebook 09_emo_loss; the public API is :mod:`taskloss.losses.emo`.
+
+Per token ``n`` with logits ``x_n [V]``, ``p_n = softmax(x_n)``, unit-norm cost embeddings ``ê [V, d]`` and a target
+mean embedding ``u_n [d]`` (``ê_t`` for a one-hot target)::
+
+    emo_n = 1 - <q_n, u_n>,   q_n = Σ_i p_ni ê_i                      (one [N, V] @ [V, d] product)
+    mle_n = logsumexp(x_n) - x_{n, t_n}
+    ∂/∂x_ni  (g_e emo_n + g_m mle_n) = p_ni (a_n - g_e <u_n, ê_i>) - g_m [i = t_n],   a_n = g_e (1 - emo_n) + g_m
+
+The backward's ``[chunk, V]`` weight ``a_n - g_e <u_n, ê_i>`` is one ``addmm`` (the per-token scalars folded into
+the product), so each direction costs one ``N·V·d`` matrix product: ``4·N·V·d`` FLOPs in all — the floor the
+benchmark (``benchmarks/bench_emo.py``) measures against.
+
+Two implementations, one formula:
+
+* :class:`_FusedEMO` — chunked over tokens with two reused ``[chunk, V]`` buffers; the forward keeps only per-token
+  scalars and ``q [N, d]``, the backward recomputes the softmax chunk by chunk inside the gradient buffer, so nothing
+  of size ``N × V`` exists beyond the logits and their gradient. Arithmetic in float32 (float64 for float64 logits)
+  whatever the autocast state; the gradient comes back in the logits' dtype. Double backward
+  (``create_graph=True``, Hessian-vector products) recomputes the chunk-free formula under autograd.
+* :func:`emo_mle_autograd` — the same values with plain differentiable torch ops (keeps ``p [N, V]`` for autograd).
+  :func:`use_autograd_path` selects it inside ``torch.func`` transforms (``grad``, ``vmap``, ``jvp``, ``hessian``)
+  and under forward-mode AD, where a custom ``autograd.Function`` would need hand-written rules.
+"""
+from __future__ import annotations
+
+import contextlib
+
+import torch
+
+from taskloss.utils import check_floating, check_ndim
+
+__all__ = ["normalize_cost_embeddings", "emo_cost_matrix"]
+
+_CHUNK_ELEMENTS = 2**19  # default chunk: ~512K logits (2 MiB in float32) per buffer, cache-sized
+_UNIT_TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
+
+
+# --------------------------------------------------------------------------------------------------- helpers
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float64 for float64 inputs, float32 for every other floating dtype (bf16/fp16 included)."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def no_autocast(device: torch.device):
+    """A context with autocast off on ``device`` (a null context where the backend has no autocast)."""
+    try:
+        return torch.autocast(device_type=device.type, enabled=False)
+    except RuntimeError:  # a backend without autocast support
+        return contextlib.nullcontext()
+
+
+def _functorch():
+    return getattr(torch._C, "_functorch", None)
+
+
+def use_autograd_path(*tensors: torch.Tensor) -> bool:
+    """True inside ``torch.func`` transforms or forward-mode AD: the plain-autograd formula must be used there."""
+    f = _functorch()
+    if f is not None:
+        active = getattr(f, "_are_functorch_transforms_active", None) or getattr(
+            torch._C, "_are_functorch_transforms_active", None)
+        if active is not None and active():
+            return True
+        if any(f.is_functorch_wrapped_tensor(t) for t in tensors):
+            return True
+    from torch.autograd import forward_ad
+    return any(forward_ad.unpack_dual(t).tangent is not None for t in tensors)
+
+
+def unwrapped(t: torch.Tensor) -> torch.Tensor:
+    """The plain data under ``torch.func`` wrappers (a batched tensor keeps its batch dimension): value checks
+    (NaN, target range) then still run inside ``vmap``/``grad``."""
+    f = _functorch()
+    if f is None:
+        return t
+    while f.is_functorch_wrapped_tensor(t):
+        t = f.get_unwrapped(t)
+    return t
+
+
+def all_true(mask: torch.Tensor) -> bool:
+    """``bool(mask.all())`` that also works on a tensor wrapped by ``torch.func`` transforms."""
+    return bool(unwrapped(mask).all())
+
+
+# ------------------------------------------------------------------------------------------ cost embeddings
+def unit_rows(cost_embeddings: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Detached ``ê = e / ||e||`` in ``dtype``, robust to rows of any finite scale; zero rows stay zero.
+
+    A table whose rows already have unit norm (within 1e-5 in float32, 1e-12 in float64) or are zero, in ``dtype``,
+    is returned as it is (no copy). Otherwise each row is first divided by its largest magnitude, so that squaring
+    neither underflows (rows of 1e-30, subnormals) nor overflows (rows of 1e30), then by the norm of the scaled
+    row (which lies in ``[1, √d]``). The work runs in the wider of the table's dtype and ``dtype``: a float64 table
+    of tiny rows is normalized before it is cast to float32.
+    """
+    check_floating("cost_embeddings", cost_embeddings)
+    check_ndim("cost_embeddings", cost_embeddings, 2)
+    if cost_embeddings.shape[0] == 0 or cost_embeddings.shape[1] == 0:
+        raise ValueError(f"cost_embeddings must be non-empty [V, d], got {tuple(cost_embeddings.shape)}")
+    e = cost_embeddings.detach()
+    if e.dtype == dtype and dtype in _UNIT_TOL:
+        norm = torch.linalg.vector_norm(e, dim=1)
+        unit = (norm - 1.0).abs() <= _UNIT_TOL[dtype]
+        if all_true(unit):
+            return e
+        if all_true(unit | (norm == 0)) and all_true((torch.linalg.vector_norm(e, ord=float("inf"), dim=1) == 0)
+                                                     | unit):
+            return e  # unit rows and true zero rows (not rows whose squares underflowed)
+    work = torch.promote_types(e.dtype, dtype)
+    x = e.to(work)
+    scale = torch.linalg.vector_norm(x, ord=float("inf"), dim=1)  # max |e_ij| per row
+    if not all_true(torch.isfinite(scale)):
+        raise ValueError("cost_embeddings contain NaN or inf")
+    nonzero = scale > 0
+    y = x / torch.where(nonzero, scale, torch.ones_like(scale))[:, None]  # entries in [-1, 1], max 1 per row
+    norm = torch.linalg.vector_norm(y, dim=1)
+    y = y * torch.where(nonzero, 1.0 / norm.clamp_min(1.0), torch.zeros_like(norm))[:, None]
+    return y.to(dtype)
+
+
+def normalize_cost_embeddings(cost_embeddings: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Detached unit-norm rows ``ê = e / ||e||`` of ``cost_embeddings [V, d]``; zero rows stay zero.
+
+    Args:
+        cost_embeddings: ``[V, d]`` floating tensor, finite; rows of any scale (tiny or huge) are normalized
+            exactly (each row is rescaled by its largest entry first, so nothing underflows to a zero row).
+        dtype: the result's dtype (default float32, float64 for float64 input).
+    Returns:
+        ``[V, d]`` detached; the input itself when it already has unit (or zero) rows in ``dtype``.
+    Raises:
+        TypeError: not a floating tensor. ValueError: wrong ndim, empty, NaN or inf.
+
+    Derived in notebook 09_emo_loss.
+    """
+    if not isinstance(cost_embeddings, torch.Tensor):
+        raise TypeError(f"cost_embeddings must be a torch.Tensor, got {type(cost_embeddings).__name__}")
+    check_floating("cost_embeddings", cost_embeddings)
+    return unit_rows(cost_embeddings, dtype or compute_dtype(cost_embeddings.dtype))
+
+
+def emo_cost_matrix(cost_embeddings: torch.Tensor) -> torch.Tensor:
+    """Dense transport cost ``c [V, V]``, ``c_ij = 1 - <ê_i, ê_j>`` (O(V²): for checks and small vocabularies).
+
+    Derived in notebook 09_emo_loss.
+    """
+    e = normalize_cost_embeddings(cost_embeddings)
+    return 1.0 - e @ e.T
+
+
+def default_chunk(n: int, v: int) -> int:
+    """Rows per chunk: about ``_CHUNK_ELEMENTS`` logits (the buffers stay in cache), at least 8 rows (the matrix
+    products keep their speed), at most ``n``."""
+    return max(1, min(n, max(_CHUNK_ELEMENTS // max(v, 1), 8)))
+
+
+# ------------------------------------------------------------------------------------------- plain autograd
+def emo_mle_autograd(x, u, e_hat, targets, valid, need_mle):
+    """Per-token ``(emo, mle)`` with differentiable torch ops (``p [N, V]`` kept by autograd): the formula of
+    :class:`_FusedEMO` for higher-order and ``torch.func`` use. ``emo``/``mle`` are 0 where ``valid`` is False."""
+    cdt = e_hat.dtype
+    with no_autocast(x.device):
+        logp = torch.log_softmax(x.to(cdt), dim=-1)
+        q = logp.exp() @ e_hat
+        emo = 1.0 - (q * u.to(cdt)).sum(-1)
+        zero = torch.zeros((), dtype=cdt, device=x.device)
+        emo = torch.where(valid, emo, zero)
+        if need_mle:
+            mle = torch.where(valid, -logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1), zero)
+        else:
+            mle = torch.zeros_like(emo)
+    return emo, mle
+
+
+# ------------------------------------------------------------------------------------------- the fused kernel
+class _FusedEMO(torch.autograd.Function):
+    r"""Per-token ``emo_n = 1 - <Σ_i p_ni ê_i, u_n>`` and ``mle_n = logsumexp(x_n) - x_{n,t_n}``, chunked.
+
+    Inputs: ``logits [N, V]``, ``u [N, d]``, ``e_hat [V, d]`` unit rows in the compute dtype, ``targets [N]`` (valid
+    ids; ignored rows already replaced), ``valid [N]`` bool, ``chunk`` rows, ``need_mle``. Outputs ``emo [N]``,
+    ``mle [N]`` (0 where invalid; ``mle`` all 0 and non-differentiable when ``need_mle`` is False).
+    """
+
+    @staticmethod
+    def forward(logits, u, e_hat, targets, valid, chunk, need_mle):
+        cdt = e_hat.dtype
+        n, v = logits.shape
+        dev = logits.device
+        lse = torch.empty(n, dtype=cdt, device=dev)
+        q = torch.empty(n, e_hat.shape[1], dtype=cdt, device=dev)
+        buf = torch.empty(min(chunk, n), v, dtype=cdt, device=dev)  # reused by every chunk
+        with torch.no_grad(), no_autocast(dev):
+            for s in range(0, n, chunk):
+                x = logits[s:s + chunk]
+                k = x.shape[0]
+                m = x.amax(-1).to(cdt)
+                p = torch.sub(x, m[:, None], out=buf[:k]).exp_()  # unnormalized softmax
+                z = p.sum(-1)
+                torch.mm(p, e_hat, out=q[s:s + k]).div_(z[:, None])  # q = Σ_i p_i ê_i
+                torch.add(m, z.log(), out=lse[s:s + k])
+            del buf
+            emo = torch.linalg.vecdot(q, u.to(cdt)).neg_().add_(1.0).masked_fill_(~valid, 0.0)
+            if need_mle:
+                x_t = logits.gather(1, targets[:, None]).squeeze(1).to(cdt)
+                mle = (lse - x_t).masked_fill_(~valid, 0.0)
+            else:
+                mle = torch.zeros(n, dtype=cdt, device=dev)
+        return emo, mle, lse, q
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        logits, u, e_hat, targets, valid, chunk, need_mle = inputs
+        emo, mle, lse, q = output
+        ctx.save_for_backward(logits, u, e_hat, targets, valid, emo, lse, q)
+        ctx.chunk, ctx.need_mle = chunk, need_mle
+        ctx.mark_non_differentiable(lse, q)
+        if not need_mle:
+            ctx.mark_non_differentiable(mle)
+        ctx.set_materialize_grads(False)
+
+    @staticmethod
+    def backward(ctx, g_emo, g_mle, _g_lse=None, _g_q=None):
+        logits, u, e_hat, targets, valid, emo, lse, q = ctx.saved_tensors
+        if not ctx.need_mle:
+            g_mle = None
+        if g_emo is None and g_mle is None:
+            return None, None, None, None, None, None, None
+        if torch.is_grad_enabled():  # create_graph=True: a differentiable backward (Hessian-vector products)
+            return _FusedEMO._backward_differentiable(ctx, logits, u, e_hat, targets, valid, g_emo, g_mle)
+        cdt = e_hat.dtype
+        n, v = logits.shape
+        dev = logits.device
+        zeros = torch.zeros(n, dtype=cdt, device=dev)
+        g_e = zeros if g_emo is None else g_emo.to(cdt).masked_fill(~valid, 0.0)
+        g_m = zeros if g_mle is None else g_mle.to(cdt).masked_fill(~valid, 0.0)
+        grad_logits = grad_u = None
+        with no_autocast(dev):
+            if ctx.needs_input_grad[0]:
+                a = g_e * (1.0 - emo) + g_m  # per-token scalars of the weight a_n - g_e <u_n, ê_i>
+                u_scaled = u.to(cdt) * (-g_e)[:, None]
+                grad_logits = torch.empty_like(logits)
+                in_place = logits.dtype == cdt  # the softmax is rebuilt inside the gradient buffer
+                k0 = min(ctx.chunk, n)
+                w = torch.empty(k0, v, dtype=cdt, device=dev)
+                pbuf = None if in_place else torch.empty(k0, v, dtype=cdt, device=dev)
+                rows = torch.arange(k0, device=dev)
+                for s in range(0, n, ctx.chunk):
+                    sl = slice(s, s + ctx.chunk)
+                    k = logits[sl].shape[0]
+                    p = grad_logits[sl] if in_place else pbuf[:k]
+                    torch.sub(logits[sl], lse[sl, None], out=p).exp_()  # softmax, recomputed
+                    wk = torch.addmm(a[sl, None].expand(k, v), u_scaled[sl], e_hat.T, out=w[:k])
+                    p.mul_(wk)
+                    if ctx.need_mle:
+                        p[rows[:k], targets[sl]] -= g_m[sl]
+                    if not in_place:
+                        grad_logits[sl] = p
+            if ctx.needs_input_grad[1]:
+                grad_u = (-g_e[:, None] * q).to(u.dtype)
+        return grad_logits, grad_u, None, None, None, None, None
+
+    @staticmethod
+    def _backward_differentiable(ctx, logits, u, e_hat, targets, valid, g_emo, g_mle):
+        wanted = [t for t, need in zip((logits, u), ctx.needs_input_grad[:2]) if need]
+        with torch.enable_grad():
+            emo, mle = emo_mle_autograd(logits, u, e_hat, targets, valid, ctx.need_mle)
+            outs, grads = [], []
+            for out, g in ((emo, g_emo), (mle, g_mle)):
+                if g is not None:
+                    outs.append(out)
+                    grads.append(g.to(out.dtype))
+            res = iter(torch.autograd.grad(outs, wanted, grads, create_graph=True, allow_unused=True))
+        gl = next(res) if ctx.needs_input_grad[0] else None
+        gu = next(res) if ctx.needs_input_grad[1] else None
+        if gl is not None:
+            gl = gl.to(logits.dtype)
+        return gl, gu, None, None, None, None, None
+
+
+def emo_mle(logits, u, e_hat, targets, valid, chunk, need_mle):
+    """Per-token ``(emo, mle, lse)``: the fused kernel, or its autograd twin inside ``torch.func``/forward-mode AD.
+
+    ``lse [N]`` (log-sum-exp of every row, padding included; plain data, not differentiable) is for checks: it is
+    finite exactly when a row has no NaN, no +inf and is not entirely -inf."""
+    if use_autograd_path(logits, u):
+        emo, mle = emo_mle_autograd(logits, u, e_hat, targets, valid, need_mle)
+        with torch.no_grad():
+            data = unwrapped(logits).to(e_hat.dtype)
+            if data.ndim == 2:
+                lse = torch.logsumexp(data, dim=-1)
+            else:  # under vmap (batch dimension at an unknown place): NaN or +inf anywhere
+                lse = torch.where(torch.isnan(data).any() | torch.isposinf(data).any(), float("nan"), 0.0)
+        return emo, mle, lse
+    emo, mle, lse, _ = _FusedEMO.apply(logits, u, e_hat, targets, valid, chunk, need_mle)
+    return emo, mle, lse
