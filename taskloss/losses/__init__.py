@@ -13,7 +13,6 @@ Modules:
 - :mod:`~taskloss.losses.text_quality`       — frontier score (MAUVE recipe) and MMD² of text embeddings
 """
 from taskloss.losses.emo import (
-    COMBINES,
     REDUCTIONS,
     VARIANTS,
     EMOLoss,
@@ -22,7 +21,7 @@ from taskloss.losses.emo import (
     emo_loss,
     emo_soft_upper_bound,
 )
-from taskloss.losses.emo_kernel import emo_cost_matrix, normalize_cost_embeddings
+from taskloss.losses.emo_kernel import COMBINES, emo_cost_matrix, normalize_cost_embeddings
 from taskloss.losses.metrics import (
     accuracy,
     bleu,

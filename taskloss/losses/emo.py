@@ -61,21 +61,25 @@ import torch
 from torch import nn
 
 from taskloss.losses.emo_kernel import (
+    COMBINES,
     all_true,
+    combine_weights,
     compute_dtype,
     default_chunk,
     emo_mle,
+    fused_loss,
     no_autocast,
     normalize_cost_embeddings,
+    patch_term,
     unit_rows,
     unwrapped,
+    use_autograd_path,
 )
 from taskloss.utils import check_floating, check_int, check_ndim, check_positive
 
-__all__ = ["COMBINES", "VARIANTS", "REDUCTIONS", "emo_and_mle_per_token", "combine_emo_mle", "emo_loss",
+__all__ = ["VARIANTS", "REDUCTIONS", "emo_and_mle_per_token", "combine_emo_mle", "emo_loss",
            "emo_soft_upper_bound", "EMOLoss"]
 
-COMBINES = ("emo", "mle", "emo_mle_ratio", "mle_scaled_by_emo")
 VARIANTS = ("plain", "patch")
 REDUCTIONS = ("mean", "sum", "none")
 _UNDEFINED = "logits contain NaN or +inf (or a row that is entirely -inf): the loss is undefined"
@@ -163,6 +167,21 @@ def _check_targets(targets, v: int, ignore_index: int) -> None:
                          f"found {t[bad][:5].tolist()}")
 
 
+def _prepare(logits, targets, cost_embeddings, ignore_index, chunk_size):
+    """Validate; return flat logits ``x [N, V]``, targets ``t [N]`` (ignored ones set to 0), ``u = ê_t [N, d]``,
+    the unit cost rows ``ê``, the ``valid`` mask and the chunk size."""
+    check_int("ignore_index", ignore_index)
+    x = _flatten(logits, "targets", targets if isinstance(targets, torch.Tensor) else None)
+    n, v = x.shape
+    _check_targets(targets, v, ignore_index)
+    e_hat = _prepared_cost(cost_embeddings, v, x.device, logits.dtype)
+    t = targets.reshape(-1).to(device=x.device, dtype=torch.long)
+    valid = t != ignore_index
+    t = t.masked_fill(~valid, 0)
+    u = e_hat.index_select(0, t)  # ê_t gathered by index: never a dense one-hot
+    return x, t, u, e_hat, valid, _check_chunk(chunk_size, n, v)
+
+
 # ---------------------------------------------------------------------------------------------- public API
 def emo_and_mle_per_token(logits: torch.Tensor, targets: torch.Tensor, cost_embeddings: torch.Tensor, *,
                           ignore_index: int = -100, chunk_size: int | None = None, need_mle: bool = True,
@@ -186,21 +205,13 @@ def emo_and_mle_per_token(logits: torch.Tensor, targets: torch.Tensor, cost_embe
 
     Works inside ``torch.func`` transforms and supports double backward. Derived in notebook 09_emo_loss.
     """
-    check_int("ignore_index", ignore_index)
     _check_choice("variant", variant, VARIANTS)
-    x = _flatten(logits, "targets", targets if isinstance(targets, torch.Tensor) else None)
-    n, v = x.shape
-    _check_targets(targets, v, ignore_index)
-    e_hat = _prepared_cost(cost_embeddings, v, x.device, logits.dtype)
-    t = targets.reshape(-1).to(device=x.device, dtype=torch.long)
-    valid = t != ignore_index
-    t = t.masked_fill(~valid, 0)
-    u = e_hat.index_select(0, t)  # ê_t gathered by index: never a dense one-hot
+    x, t, u, e_hat, valid, chunk = _prepare(logits, targets, cost_embeddings, ignore_index, chunk_size)
     patch = variant == "patch"
-    emo, mle, lse = emo_mle(x, u, e_hat, t, valid, _check_chunk(chunk_size, n, v), bool(need_mle) or patch)
+    emo, mle, lse = emo_mle(x, u, e_hat, t, valid, chunk, bool(need_mle) or patch)
     _check_finite_result(lse, emo, mle)
-    if patch:  # + sg(p_t <ê_t, ê_t>) — the reference's q − sg(q ⊙ onehot)
-        emo = emo + (torch.exp(-mle) * (u * u).sum(-1)).masked_fill(~valid, 0.0).detach()
+    if patch:
+        emo = emo + patch_term(mle, u, valid).detach()
         if not need_mle:
             mle = torch.zeros_like(mle)
     shape = targets.shape
@@ -247,12 +258,8 @@ def combine_emo_mle(emo: torch.Tensor, mle: torch.Tensor, combine: str = "emo", 
         return emo
     if combine == "mle":
         return mle
-    if combine == "emo_mle_ratio":
-        ratio = (mle / (emo + eps)).detach()
-        if ratio_max is not None:
-            ratio = ratio.clamp_max(ratio_max)
-        return 0.5 * (ratio * emo + mle)
-    return (emo / (mle + eps)).detach() * mle + emo  # "mle_scaled_by_emo"
+    w_e, w_m = combine_weights(emo.detach(), mle.detach(), combine, ratio_max, eps)
+    return w_e * emo + w_m * mle
 
 
 def _reduce(loss: torch.Tensor, valid: torch.Tensor, reduction: str) -> torch.Tensor:
@@ -294,6 +301,15 @@ def emo_loss(logits: torch.Tensor, targets: torch.Tensor, cost_embeddings: torch
     """
     combine = _renamed_mix(combine, mix)
     _check_options(reduction, combine, variant, ratio_max, eps, ignore_index, chunk_size)
+    if (reduction != "none" and torch.is_grad_enabled() and isinstance(logits, torch.Tensor)
+            and logits.requires_grad and not use_autograd_path(logits)):
+        x, t, u, e_hat, valid, chunk = _prepare(logits, targets, cost_embeddings, ignore_index, chunk_size)
+        scale = 1.0 / valid.sum().clamp_min(1).to(e_hat.dtype) if reduction == "mean" else torch.ones(
+            (), dtype=e_hat.dtype, device=x.device)
+        loss, lse, emo, mle = fused_loss(x, u, e_hat, t, valid, chunk, combine, variant == "patch", ratio_max, eps,
+                                         scale)
+        _check_finite_result(lse, emo, mle)
+        return loss
     emo, mle, valid = emo_and_mle_per_token(logits, targets, cost_embeddings, ignore_index=ignore_index,
                                             chunk_size=chunk_size, need_mle=combine != "emo", variant=variant)
     per_token = combine_emo_mle(emo, mle, combine, ratio_max=ratio_max, eps=eps)

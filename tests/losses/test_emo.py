@@ -147,7 +147,10 @@ def test_gradcheck_per_token_emo_and_mle():
 def test_gradcheck_emo_loss(reduction):
     x, t, e = _inputs(n=6, v=7, d=4, seed=1)
     x.requires_grad_()
-    assert torch.autograd.gradcheck(lambda x: emo_loss(x, t, e, reduction=reduction, chunk_size=2), (x,))
+    # nondet_tol: gradcheck runs backward several times; the first hands over the gradient the fused loss built in
+    # its forward pass, later ones recompute it through plain autograd (equal up to float64 rounding)
+    assert torch.autograd.gradcheck(lambda x: emo_loss(x, t, e, reduction=reduction, chunk_size=2), (x,),
+                                    nondet_tol=1e-12)
 
 
 def test_gradcheck_soft_bound_logits_and_targets():
