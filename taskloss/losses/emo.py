@@ -206,9 +206,11 @@ def emo_and_mle_per_token(logits: torch.Tensor, targets: torch.Tensor, cost_embe
     Works inside ``torch.func`` transforms and supports double backward. Derived in notebook 09_emo_loss.
     """
     _check_choice("variant", variant, VARIANTS)
+    if not isinstance(need_mle, bool):
+        raise TypeError(f"need_mle must be a bool, got {type(need_mle).__name__}")
     x, t, u, e_hat, valid, chunk = _prepare(logits, targets, cost_embeddings, ignore_index, chunk_size)
     patch = variant == "patch"
-    emo, mle, lse = emo_mle(x, u, e_hat, t, valid, chunk, bool(need_mle) or patch)
+    emo, mle, lse = emo_mle(x, u, e_hat, t, valid, chunk, need_mle or patch)
     _check_finite_result(lse, emo, mle)
     if patch:
         emo = emo + patch_term(mle, u, valid).detach()

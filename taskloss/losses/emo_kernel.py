@@ -130,13 +130,16 @@ def normalize_cost_embeddings(cost_embeddings: torch.Tensor, dtype: torch.dtype 
     Returns:
         ``[V, d]`` detached; the input itself when it already has unit (or zero) rows in ``dtype``.
     Raises:
-        TypeError: not a floating tensor. ValueError: wrong ndim, empty, NaN or inf.
+        TypeError: not a floating tensor, or ``dtype`` not a floating dtype. ValueError: wrong ndim, empty, NaN or
+        inf.
 
     Derived in notebook 09_emo_loss.
     """
     if not isinstance(cost_embeddings, torch.Tensor):
         raise TypeError(f"cost_embeddings must be a torch.Tensor, got {type(cost_embeddings).__name__}")
     check_floating("cost_embeddings", cost_embeddings)
+    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
     return unit_rows(cost_embeddings, dtype or compute_dtype(cost_embeddings.dtype))
 
 

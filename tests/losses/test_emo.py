@@ -11,8 +11,8 @@ from scipy.optimize import linprog
 
 from taskloss.losses import (
     COMBINES,
+    VARIANTS,
     EMOLoss,
-    combine_emo_mle,
     emo_and_mle_per_token,
     emo_cost_matrix,
     emo_loss,
@@ -174,19 +174,30 @@ def test_emo_gradient_closed_form():
 
 
 # ------------------------------------------------------------------------------------------ chunking
+@pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("mix", COMBINES)
-def test_chunked_equals_unchunked(mix):
+def test_chunked_equals_unchunked_in_both_kernels(mix, variant):
+    """The fused loss (gradient built in the forward pass) and the per-token kernel (reduction="none", then the
+    mean), each at several chunk sizes, give one value and one gradient."""
     x, t, e = _inputs(n=23, v=17, d=5, seed=4, dtype=torch.float32)
     grads, values = [], []
     for chunk in (1, 5, 23, None):
-        xi = x.clone().requires_grad_()
-        loss = emo_loss(xi, t, e.float(), combine=mix, chunk_size=chunk)
-        loss.backward()
-        values.append(loss.detach())
-        grads.append(xi.grad)
-    for v_, g_ in zip(values[1:], grads[1:]):
+        for per_token in (False, True):
+            xi = x.clone().requires_grad_()
+            if per_token:
+                per = emo_loss(xi, t, e.float(), combine=mix, variant=variant, chunk_size=chunk, reduction="none")
+                loss = per.sum() / (t != -100).sum()
+            else:
+                loss = emo_loss(xi, t, e.float(), combine=mix, variant=variant, chunk_size=chunk)
+            loss.backward()
+            values.append(loss.detach())
+            grads.append(xi.grad)
+    for v_, g_ in zip(values[1:], grads[1:]):  # float32, summation orders differ between chunkings
         torch.testing.assert_close(v_, values[0], rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(g_, grads[0], rtol=1e-5, atol=1e-8)
+    with torch.no_grad():  # without autograd the per-token kernel runs: same value
+        torch.testing.assert_close(emo_loss(x, t, e.float(), combine=mix, variant=variant), values[0],
+                                   rtol=1e-6, atol=1e-7)
 
 
 def test_module_equals_function_and_holds_frozen_buffer():
@@ -235,19 +246,23 @@ def test_all_padding_is_zero_with_zero_grad(mix):
     assert loss.item() == 0.0 and torch.equal(x.grad, torch.zeros_like(x))
 
 
-def test_bf16_autocast_gradients_match_float32():
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_autocast_gradients_match_float32(dtype):
     g = torch.Generator().manual_seed(6)
     lin = torch.nn.Linear(16, 40)
     h = torch.randn(32, 16, generator=g)
     t = torch.randint(0, 40, (32,), generator=g)
     e = torch.randn(40, 8, generator=g)
-    with torch.autocast("cpu", dtype=torch.bfloat16):
+    with torch.autocast("cpu", dtype=dtype):
         logits = lin(h)
-        assert logits.dtype == torch.bfloat16
+        assert logits.dtype == dtype
         loss = emo_loss(logits, t, e, combine="emo_mle_ratio", chunk_size=7)
-    assert loss.dtype == torch.float32
-    (g_ours,) = torch.autograd.grad(loss, logits)
-    assert g_ours.dtype == torch.bfloat16
+        per = emo_loss(logits, t, e, combine="emo_mle_ratio", chunk_size=7, reduction="none")
+    assert loss.dtype == torch.float32 and per.dtype == torch.float32
+    (g_ours,) = torch.autograd.grad(loss, logits, retain_graph=True)
+    (g_per,) = torch.autograd.grad(per.mean(), logits)
+    assert g_ours.dtype == dtype and g_per.dtype == dtype
+    torch.testing.assert_close(g_per.float(), g_ours.float(), rtol=2e-2, atol=1e-4)
     ref_logits = logits.detach().float().requires_grad_()
     ref = direct_loss(ref_logits, t, e, combine="emo_mle_ratio")
     ref.backward()
@@ -305,78 +320,7 @@ def test_soft_bound_strictly_loose_for_spread_targets():
     torch.testing.assert_close(bound, torch.tensor(0.75, dtype=F64))
 
 
-# ------------------------------------------------------------------------------------------ bad input
-def test_bad_inputs_raise():
-    x, t, e = _inputs()
-    with pytest.raises(ValueError, match="vocabulary mismatch"):
-        emo_loss(x, t, e[:-1])
-    with pytest.raises(ValueError, match="does not match"):
-        emo_loss(x, t[:-1], e)
-    with pytest.raises(ValueError, match="ndim"):
-        emo_loss(x[0], t[0], e)
-    with pytest.raises(TypeError, match="integer"):
-        emo_loss(x, t.double(), e)
-    with pytest.raises(TypeError, match="integer"):
-        emo_loss(x, t > 0, e)
-    with pytest.raises(TypeError, match="floating"):
-        emo_loss(x.long(), t, e)
-    bad = x.clone()
-    bad[0, 0] = float("nan")
-    with pytest.raises(ValueError, match="NaN"):
-        emo_loss(bad, t, e)
-    bad[0, 0] = float("inf")
-    with pytest.raises(ValueError, match="NaN"):
-        emo_loss(bad, t, e, combine="mle")
-    e_bad = e.clone()
-    e_bad[0, 0] = float("nan")
-    with pytest.raises(ValueError, match="cost_embeddings"):
-        emo_loss(x, t, e_bad)
-    t_bad = t.clone()
-    t_bad[0] = x.shape[1]
-    with pytest.raises(ValueError, match="lie in"):
-        emo_loss(x, t_bad, e)
-    t_bad[0] = -1
-    with pytest.raises(ValueError, match="lie in"):
-        emo_loss(x, t_bad, e)
-    with pytest.raises(ValueError, match="empty"):
-        emo_loss(x[:0], t[:0], e)
-    with pytest.raises(ValueError, match="reduction"):
-        emo_loss(x, t, e, reduction="avg")
-    with pytest.raises(ValueError, match="combine"):
-        emo_loss(x, t, e, combine="both")
-    with pytest.raises(ValueError, match="chunk_size"):
-        emo_loss(x, t, e, chunk_size=0)
-    with pytest.raises(ValueError, match="ratio_max"):
-        emo_loss(x, t, e, combine="emo_mle_ratio", ratio_max=-1.0)
-    with pytest.raises(TypeError):
-        emo_loss(x, t.tolist(), e)
-    with pytest.raises(ValueError, match="cost_embeddings"):
-        normalize_cost_embeddings(torch.zeros(0, 3))
-    with pytest.raises(ValueError, match="combine"):
-        combine_emo_mle(torch.ones(2), torch.ones(2), "kl")
-
-
-def test_bad_soft_targets_and_module_args_raise():
-    x, _, e = _inputs()
-    tau = x.softmax(-1)
-    with pytest.raises(ValueError, match="sum to 1"):
-        emo_soft_upper_bound(x, tau * 2, e)
-    with pytest.raises(ValueError, match="non-negative"):
-        emo_soft_upper_bound(x, tau - 0.5, e)
-    with pytest.raises(ValueError, match="shape"):
-        emo_soft_upper_bound(x, tau[:-1], e)
-    with pytest.raises(ValueError, match="vocabulary"):
-        emo_soft_upper_bound(x, tau, e[:-2])
-    with pytest.raises(ValueError, match="combine"):
-        EMOLoss(e, combine="x")
-    with pytest.raises(ValueError, match="reduction"):
-        EMOLoss(e, reduction="x")
-    with pytest.raises(ValueError, match="chunk_size"):
-        EMOLoss(e, chunk_size=0)
-    with pytest.raises(ValueError, match="ndim"):
-        EMOLoss(torch.ones(3))
-
-
+# ------------------------------------------------------------------------------------------ masking (bad input: test_emo_bad_input.py)
 def test_nan_in_padding_row_still_raises_and_minus_inf_is_allowed():
     x, t, e = _inputs()
     bad = x.clone()
