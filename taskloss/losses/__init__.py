@@ -9,7 +9,8 @@ Modules:
 
 - :mod:`~taskloss.losses.metrics`            — task losses and metrics
 - :mod:`~taskloss.losses.emo`                — earth mover distance loss for language models (public API)
-- :mod:`~taskloss.losses.emo_kernel`         — its fused chunked kernel, autograd twin and cost embeddings
+- :mod:`~taskloss.losses.emo_kernel`         — its fused chunked kernels and their autograd twin
+- :mod:`~taskloss.losses.emo_cost`           — its cost tables (unit-norm token embeddings, dense cost matrix)
 - :mod:`~taskloss.losses.text_quality`       — frontier score (MAUVE recipe) and MMD² of text embeddings
 """
 from taskloss.losses.emo import (
@@ -21,7 +22,8 @@ from taskloss.losses.emo import (
     emo_loss,
     emo_soft_upper_bound,
 )
-from taskloss.losses.emo_kernel import COMBINES, emo_cost_matrix, normalize_cost_embeddings
+from taskloss.losses.emo_cost import emo_cost_matrix, normalize_cost_embeddings
+from taskloss.losses.emo_kernel import COMBINES
 from taskloss.losses.metrics import (
     accuracy,
     bleu,

@@ -19,7 +19,7 @@ embeddings::
 
 Zero-norm embedding rows: ``ê`` is defined as ``0`` there, so such a token costs ``c = 1`` to every token,
 itself included (the cost is then not a metric on that row; it never produces NaN). Rows of any other scale
-(1e-30 or 1e30) are normalized exactly (:func:`~taskloss.losses.emo_kernel.normalize_cost_embeddings`).
+(1e-30 or 1e30) are normalized exactly (:func:`~taskloss.losses.emo_cost.normalize_cost_embeddings`).
 
 **Two variants of the reference code** (``variant=``)::
 
@@ -49,9 +49,10 @@ reduced)::
 "adaptive" in the reference names means the cost embeddings are the *current* output layer (pass
 ``model.lm_head.weight`` at every call: it is detached here); "fixed" means a frozen copy (:class:`EMOLoss`).
 
-Where the work happens: :mod:`taskloss.losses.emo_kernel` (the chunked fused kernel, two ``N·V·d`` matrix products
-per forward+backward, memory of the logits' gradient only; its autograd twin for Hessian-vector products and
-``torch.func``).
+Where the work happens: :mod:`taskloss.losses.emo_kernel` — the reduced loss builds its gradient in the forward
+pass (one ``N·V·d`` matrix product for forward + backward), the per-token kernel uses two; both chunked, with the
+memory of the logits' gradient only; their autograd twin serves Hessian-vector products and ``torch.func``.
+:mod:`taskloss.losses.emo_cost` normalizes the cost table.
 """
 from __future__ import annotations
 
@@ -69,12 +70,11 @@ from taskloss.losses.emo_kernel import (
     emo_mle,
     fused_loss,
     no_autocast,
-    normalize_cost_embeddings,
     patch_term,
-    unit_rows,
     unwrapped,
     use_autograd_path,
 )
+from taskloss.losses.emo_cost import normalize_cost_embeddings, unit_rows
 from taskloss.utils import check_floating, check_int, check_ndim, check_positive
 
 __all__ = ["VARIANTS", "REDUCTIONS", "emo_and_mle_per_token", "combine_emo_mle", "emo_loss",

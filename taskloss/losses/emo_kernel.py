@@ -1,27 +1,31 @@
-r"""The computational core of the EMO loss: unit-norm cost embeddings, the fused chunked kernel and its plain-autograd
-twin. Derived in notebook 09_emo_loss; the public API is :mod:`taskloss.losses.emo`.
+r"""The computational core of the EMO loss: the fused chunked kernels and their plain-autograd twin.
+Derived in notebook 09_emo_loss; the public API is :mod:`taskloss.losses.emo`, the cost tables
+:mod:`taskloss.losses.emo_cost`.
 
 Per token ``n`` with logits ``x_n [V]``, ``p_n = softmax(x_n)``, unit-norm cost embeddings ``ê [V, d]`` and a target
-mean embedding ``u_n [d]`` (``ê_t`` for a one-hot target)::
+mean embedding ``u_n [d]`` (``ê_t`` for a one-hot target), ``s_ni = <u_n, ê_i> = 1 - c_ni``::
 
-    emo_n = 1 - <q_n, u_n>,   q_n = Σ_i p_ni ê_i                      (one [N, V] @ [V, d] product)
+    emo_n = 1 - Σ_i p_ni s_ni = 1 - <q_n, u_n>,   q_n = Σ_i p_ni ê_i
     mle_n = logsumexp(x_n) - x_{n, t_n}
-    ∂/∂x_ni  (g_e emo_n + g_m mle_n) = p_ni (a_n - g_e <u_n, ê_i>) - g_m [i = t_n],   a_n = g_e (1 - emo_n) + g_m
+    ∂/∂x_ni (g_e emo_n + g_m mle_n) = p_ni (a_n - g_e s_ni) - g_m [i = t_n],   a_n = g_e (1 - emo_n) + g_m
 
-The backward's ``[chunk, V]`` weight ``a_n - g_e <u_n, ê_i>`` is one ``addmm`` (the per-token scalars folded into
-the product), so each direction costs one ``N·V·d`` matrix product: ``4·N·V·d`` FLOPs in all — the floor the
-benchmark (``benchmarks/bench_emo.py``) measures against.
+Three implementations of this one formula:
 
-Two implementations, one formula:
+* :class:`_FusedEMOLoss` — the reduced loss (``reduction="mean"``/``"sum"``) when the logits need a gradient. A
+  combination's weights ``g_e, g_m`` depend on the token's own values only (:func:`combine_weights`), so one
+  ``[chunk, d] @ [d, V]`` product per chunk gives ``s``, from which come EMO *and* the complete gradient: ``2·N·V·d``
+  FLOPs for forward + backward. The gradient buffer is filled in the forward pass (the softmax is built inside it)
+  and handed over by the backward; a second backward, or one with ``create_graph=True``, recomputes through autograd.
+* :class:`_FusedEMO` — per-token ``(emo, mle)`` for any downstream use (``reduction="none"``, the soft bound, no
+  gradient needed): the forward keeps per-token scalars and ``q [N, d]``; the backward recomputes the softmax chunk
+  by chunk inside the gradient buffer and folds the per-token scalars into one ``addmm``: ``4·N·V·d`` FLOPs.
+  Double backward recomputes through autograd.
+* :func:`emo_mle_autograd` — plain differentiable torch ops (keeps ``p [N, V]``), used inside ``torch.func``
+  transforms (``grad``, ``vmap``, ``jvp``, ``hessian``) and under forward-mode AD (:func:`use_autograd_path`).
 
-* :class:`_FusedEMO` — chunked over tokens with reused ``[chunk, V]`` buffers; the forward keeps only per-token
-  scalars and ``q [N, d]``, the backward recomputes the softmax chunk by chunk inside the gradient buffer, so nothing
-  of size ``N × V`` exists beyond the logits and their gradient. Arithmetic in float32 (float64 for float64 logits)
-  whatever the autocast state; the gradient comes back in the logits' dtype. Double backward
-  (``create_graph=True``, Hessian-vector products) recomputes the chunk-free formula under autograd.
-* :func:`emo_mle_autograd` — the same values with plain differentiable torch ops (keeps ``p [N, V]`` for autograd).
-  :func:`use_autograd_path` selects it inside ``torch.func`` transforms (``grad``, ``vmap``, ``jvp``, ``hessian``)
-  and under forward-mode AD, where a custom ``autograd.Function`` would need hand-written rules.
+Both kernels walk the tokens in chunks with reused ``[chunk, V]`` buffers, so nothing of size ``N × V`` exists
+beyond the logits and their gradient; arithmetic runs in float32 (float64 for float64 logits) whatever the
+autocast state, and the gradient comes back in the logits' dtype.
 """
 from __future__ import annotations
 
@@ -29,12 +33,10 @@ import contextlib
 
 import torch
 
-from taskloss.utils import check_floating, check_ndim
 
-__all__ = ["COMBINES", "normalize_cost_embeddings", "emo_cost_matrix"]
+__all__ = ["COMBINES"]
 
 _CHUNK_ELEMENTS = 2**21  # default chunk: ~2M logits (8 MiB in float32) per reused buffer
-_UNIT_TOL = {torch.float32: 1e-5, torch.float64: 1e-12}
 
 
 # --------------------------------------------------------------------------------------------------- helpers
@@ -83,73 +85,6 @@ def unwrapped(t: torch.Tensor) -> torch.Tensor:
 def all_true(mask: torch.Tensor) -> bool:
     """``bool(mask.all())`` that also works on a tensor wrapped by ``torch.func`` transforms."""
     return bool(unwrapped(mask).all())
-
-
-# ------------------------------------------------------------------------------------------ cost embeddings
-def unit_rows(cost_embeddings: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Detached ``ê = e / ||e||`` in ``dtype``, robust to rows of any finite scale; zero rows stay zero.
-
-    A table whose rows already have unit norm (within 1e-5 in float32, 1e-12 in float64) or are zero, in ``dtype``,
-    is returned as it is (no copy). Otherwise each row is first divided by its largest magnitude, so that squaring
-    neither underflows (rows of 1e-30, subnormals) nor overflows (rows of 1e30), then by the norm of the scaled
-    row (which lies in ``[1, √d]``). The work runs in the wider of the table's dtype and ``dtype``: a float64 table
-    of tiny rows is normalized before it is cast to float32.
-    """
-    check_floating("cost_embeddings", cost_embeddings)
-    check_ndim("cost_embeddings", cost_embeddings, 2)
-    if cost_embeddings.shape[0] == 0 or cost_embeddings.shape[1] == 0:
-        raise ValueError(f"cost_embeddings must be non-empty [V, d], got {tuple(cost_embeddings.shape)}")
-    e = cost_embeddings.detach()
-    if e.dtype == dtype and dtype in _UNIT_TOL:
-        norm = torch.linalg.vector_norm(e, dim=1)
-        unit = (norm - 1.0).abs() <= _UNIT_TOL[dtype]
-        if all_true(unit):
-            return e
-        if all_true(unit | (norm == 0)) and all_true((torch.linalg.vector_norm(e, ord=float("inf"), dim=1) == 0)
-                                                     | unit):
-            return e  # unit rows and true zero rows (not rows whose squares underflowed)
-    work = torch.promote_types(e.dtype, dtype)
-    x = e.to(work)
-    scale = torch.linalg.vector_norm(x, ord=float("inf"), dim=1)  # max |e_ij| per row
-    if not all_true(torch.isfinite(scale)):
-        raise ValueError("cost_embeddings contain NaN or inf")
-    nonzero = scale > 0
-    y = x / torch.where(nonzero, scale, torch.ones_like(scale))[:, None]  # entries in [-1, 1], max 1 per row
-    norm = torch.linalg.vector_norm(y, dim=1)
-    y = y * torch.where(nonzero, 1.0 / norm.clamp_min(1.0), torch.zeros_like(norm))[:, None]
-    return y.to(dtype)
-
-
-def normalize_cost_embeddings(cost_embeddings: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Detached unit-norm rows ``ê = e / ||e||`` of ``cost_embeddings [V, d]``; zero rows stay zero.
-
-    Args:
-        cost_embeddings: ``[V, d]`` floating tensor, finite; rows of any scale (tiny or huge) are normalized
-            exactly (each row is rescaled by its largest entry first, so nothing underflows to a zero row).
-        dtype: the result's dtype (default float32, float64 for float64 input).
-    Returns:
-        ``[V, d]`` detached; the input itself when it already has unit (or zero) rows in ``dtype``.
-    Raises:
-        TypeError: not a floating tensor, or ``dtype`` not a floating dtype. ValueError: wrong ndim, empty, NaN or
-        inf.
-
-    Derived in notebook 09_emo_loss.
-    """
-    if not isinstance(cost_embeddings, torch.Tensor):
-        raise TypeError(f"cost_embeddings must be a torch.Tensor, got {type(cost_embeddings).__name__}")
-    check_floating("cost_embeddings", cost_embeddings)
-    if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
-        raise TypeError(f"dtype must be a floating torch.dtype or None, got {dtype!r}")
-    return unit_rows(cost_embeddings, dtype or compute_dtype(cost_embeddings.dtype))
-
-
-def emo_cost_matrix(cost_embeddings: torch.Tensor) -> torch.Tensor:
-    """Dense transport cost ``c [V, V]``, ``c_ij = 1 - <ê_i, ê_j>`` (O(V²): for checks and small vocabularies).
-
-    Derived in notebook 09_emo_loss.
-    """
-    e = normalize_cost_embeddings(cost_embeddings)
-    return 1.0 - e @ e.T
 
 
 def default_chunk(n: int, v: int) -> int:
