@@ -143,9 +143,9 @@ def _prepared_cost(cost_embeddings, v: int, device, logits_dtype) -> torch.Tenso
     return unit_rows(cost_embeddings.to(device), compute_dtype(logits_dtype))
 
 
-def _check_chunk(chunk_size, n: int, v: int) -> int:
+def _check_chunk(chunk_size, n: int, v: int, device: torch.device) -> int:
     if chunk_size is None:
-        return default_chunk(n, v)
+        return default_chunk(n, v, device)
     return min(check_int("chunk_size", chunk_size, minimum=1), max(n, 1))
 
 
@@ -179,7 +179,7 @@ def _prepare(logits, targets, cost_embeddings, ignore_index, chunk_size):
     valid = t != ignore_index
     t = t.masked_fill(~valid, 0)
     u = e_hat.index_select(0, t)  # ê_t gathered by index: never a dense one-hot
-    return x, t, u, e_hat, valid, _check_chunk(chunk_size, n, v)
+    return x, t, u, e_hat, valid, _check_chunk(chunk_size, n, v, x.device)
 
 
 # ---------------------------------------------------------------------------------------------- public API
@@ -193,7 +193,7 @@ def emo_and_mle_per_token(logits: torch.Tensor, targets: torch.Tensor, cost_embe
         targets: integer ids with the leading shape of ``logits``, in ``[0, V)`` or equal to ``ignore_index``.
         cost_embeddings: ``[V, d]`` token embeddings defining the cost (detached, rows normalized here).
         ignore_index: target value marking positions that contribute 0 (default -100).
-        chunk_size: tokens per chunk of the fused kernel (default: about 512K logits per chunk).
+        chunk_size: tokens per chunk of the fused kernel (default: about 2M logits per CPU thread).
         need_mle: compute ``mle`` (else zeros; ``variant="patch"`` computes it anyway).
         variant: ``"plain"`` or ``"patch"`` (the reference code's ``q - sg(q ⊙ onehot)``; module docstring).
     Returns:
@@ -292,7 +292,8 @@ def emo_loss(logits: torch.Tensor, targets: torch.Tensor, cost_embeddings: torch
             ``q - sg(q ⊙ onehot)``; module docstring).
         ratio_max: cap of the detached ratio of ``"emo_mle_ratio"`` (> 0), None = no cap.
         eps: > 0, added to the denominators of the detached ratios.
-        chunk_size: tokens per chunk (default: about 512K logits per chunk).
+        chunk_size: tokens per chunk (default: about 2M logits per CPU thread; larger is faster on busy
+            multi-threaded CPUs and costs one ``[chunk, V]`` float32 buffer).
         mix: deprecated former name of ``combine``.
     Returns:
         The loss in float32 (float64 for float64 logits).
@@ -308,9 +309,9 @@ def emo_loss(logits: torch.Tensor, targets: torch.Tensor, cost_embeddings: torch
         x, t, u, e_hat, valid, chunk = _prepare(logits, targets, cost_embeddings, ignore_index, chunk_size)
         scale = 1.0 / valid.sum().clamp_min(1).to(e_hat.dtype) if reduction == "mean" else torch.ones(
             (), dtype=e_hat.dtype, device=x.device)
-        loss, lse, emo, mle = fused_loss(x, u, e_hat, t, valid, chunk, combine, variant == "patch", ratio_max, eps,
-                                         scale)
-        _check_finite_result(lse, emo, mle)
+        loss, check, emo, mle = fused_loss(x, u, e_hat, t, valid, chunk, combine, variant == "patch", ratio_max,
+                                           eps, scale)
+        _check_finite_result(check, emo, mle)
         return loss
     emo, mle, valid = emo_and_mle_per_token(logits, targets, cost_embeddings, ignore_index=ignore_index,
                                             chunk_size=chunk_size, need_mle=combine != "emo", variant=variant)
@@ -360,7 +361,7 @@ def emo_soft_upper_bound(logits: torch.Tensor, target_probs: torch.Tensor, cost_
         u = tau.to(e_hat.dtype) @ e_hat  # [N, d] target mean embedding Σ_j τ_j ê_j, in float32
     t = torch.zeros(n, dtype=torch.long, device=x.device)
     valid = torch.ones(n, dtype=torch.bool, device=x.device)
-    bound, _, lse = emo_mle(x, u, e_hat, t, valid, _check_chunk(chunk_size, n, v), False)
+    bound, _, lse = emo_mle(x, u, e_hat, t, valid, _check_chunk(chunk_size, n, v, x.device), False)
     _check_finite_result(lse, bound)
     return _reduce(bound.reshape(logits.shape[:-1]), valid, reduction)
 
