@@ -47,10 +47,15 @@ def tokens_html(tokens: Sequence[str], scores, title: str | None = None) -> str:
     return f'<div style="line-height: 1.9; font-family: monospace">{head}{"".join(spans)}</div>'
 
 
-def plot_tokens(ax, tokens: Sequence[str], scores, fontsize: float = 10.0, chars_per_line: int = 60) -> None:
+def plot_tokens(ax, tokens: Sequence[str], scores, fontsize: float = 10.0, chars_per_line: int | None = None) -> None:
     """Draw the tokens as shaded boxes on ``ax`` (axes off), left to right in a monospace font, wrapping after
-    ``chars_per_line`` characters; the axes' height is split evenly between the lines."""
+    ``chars_per_line`` characters (``None``: as many as fit the axes' width, a monospace character being taken
+    as 0.6 em wide); the axes' height is split evenly between the lines."""
     colors = _check(tokens, scores)
+    char_w = 0.6 * fontsize / 72                                   # inches per character
+    if chars_per_line is None:
+        width_in = ax.get_position().width * ax.figure.get_figwidth()
+        chars_per_line = max(1, int(width_in / char_w))
     if not isinstance(chars_per_line, int) or chars_per_line < 1:
         raise ValueError(f"chars_per_line must be a positive int, got {chars_per_line!r}")
     ax.set_axis_off()
