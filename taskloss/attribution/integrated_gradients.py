@@ -22,8 +22,8 @@ trapezoid weights, where this differs). Differences in how it is computed: all i
 through ``forward_fn`` as one batch, or in chunks of at most ``internal_batch_size`` rows that are whole steps
 (or, when one step's rows exceed it, slices of one step); the quadrature weights are folded into the backward
 pass (``grad_outputs = w_k``); the target is read with one gather instead of Captum's ``unbind`` into scalars;
-F(x) and F(x′) are taken from the path itself when the rule has nodes at α = 0 and 1 (trapezoid), otherwise one
-extra forward pass of the inputs and baselines without a graph.
+F(x) and F(x′) are taken from the path itself when the rule has nodes at α = 0 and 1 (trapezoid), otherwise from
+one extra forward pass of the inputs and baselines together (chunked alike), without a graph.
 
 The pure core is :func:`integrate_gradients` (any scalar function of points); :class:`IntegratedGradients`
 formats and validates inputs, baselines and targets around it, and
@@ -251,9 +251,13 @@ def _attribute_pairs(scalar_fn: ScalarFn, inputs: Tensor, bases: Tensor, n_steps
     if alphas[0] == 0 and alphas[-1] == 1:
         f_end, f_start = values[-1], values[0]
     else:
+        points = torch.cat([inputs, starts])     # the B inputs and the K·B baselines, without a graph
+        index = torch.cat([torch.arange(B), torch.arange(K * B)]).to(inputs.device)
+        cap = len(points) if internal_batch_size is None else internal_batch_size
         with torch.no_grad():
-            f_end = scalar_fn(inputs, torch.arange(B, device=inputs.device)).reshape(B).repeat(K)
-            f_start = scalar_fn(starts, torch.arange(K * B, device=inputs.device)).reshape(K * B)
+            f_both = torch.cat([scalar_fn(points[i:i + cap], index[i:i + cap]).reshape(-1)
+                                for i in range(0, len(points), cap)])
+        f_end, f_start = f_both[:B].repeat(K), f_both[B:]
         if not bool(torch.isfinite(f_end).all() & torch.isfinite(f_start).all()):
             raise ValueError("forward_fn returned NaN or inf at the inputs or the baselines")
     diff = (f_end - f_start).view(K, B).mean(0).to(attr.dtype)

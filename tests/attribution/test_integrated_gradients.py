@@ -75,11 +75,11 @@ def test_chunks_bound_the_rows_per_forward_pass():
         return model(z)
 
     IntegratedGradients(fwd).attribute(x, target=0, n_steps=10, internal_batch_size=14)
-    path = rows[:-2]                      # the last two calls are F(x) and F(x′) for the completeness error
-    assert max(path) <= 14 and sum(path) == 60
+    path, ends = rows[:-1], rows[-1]      # the last call: F(x) and F(x′) together, for the completeness error
+    assert max(path) <= 14 and sum(path) == 60 and ends == 12
     rows.clear()
     IntegratedGradients(fwd).attribute(x, target=0, n_steps=10, internal_batch_size=4)   # one step > 4 rows
-    assert max(rows[:-2]) <= 4 and sum(rows[:-2]) == 60
+    assert max(rows) <= 4 and sum(rows) == 60 + 12
 
 
 def test_targets_per_example_tuple_and_function_match_captum():
