@@ -208,7 +208,7 @@ def _check_inputs(inputs) -> Tensor:
         raise TypeError(f"inputs must be a floating-point tensor, got dtype {inputs.dtype}")
     if inputs.ndim == 0 or inputs.shape[0] == 0 or inputs.numel() == 0:
         raise ValueError(f"inputs must have a non-empty leading batch dimension, got shape {tuple(inputs.shape)}")
-    return check_finite("inputs", inputs)
+    return check_finite("inputs", inputs).detach()
 
 
 def _format_baselines(baselines, like: Tensor) -> Tensor:
@@ -231,7 +231,7 @@ def _format_baselines(baselines, like: Tensor) -> Tensor:
     else:
         raise ValueError(f"baselines shape {shape} does not match inputs shape {tuple(like.shape)}: expected "
                          f"[{B} or 1, *{tuple(feat)}], or a set of K baselines [K, {B} or 1, *{tuple(feat)}]")
-    return b.to(device=like.device, dtype=like.dtype).expand(b.shape[0], B, *feat)
+    return b.detach().to(device=like.device, dtype=like.dtype).expand(b.shape[0], B, *feat)
 
 
 def _check_batch_size(internal_batch_size) -> int | None:

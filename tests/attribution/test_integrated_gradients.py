@@ -137,6 +137,15 @@ def test_expected_gradients_is_the_mean_over_the_baseline_set():
     torch.testing.assert_close(got2.attributions, torch.stack(runs2).mean(0), **TOL)
 
 
+def test_inputs_that_require_grad_are_not_part_of_the_graph():
+    model, x = _mlp(), torch.randn(2, 12, dtype=torch.float64, requires_grad=True)
+    base = torch.zeros(2, 12, dtype=torch.float64, requires_grad=True)
+    got = IntegratedGradients(model).attribute(x, baselines=base, target=0, n_steps=6)
+    assert not got.attributions.requires_grad and x.grad is None
+    ref = IntegratedGradients(model).attribute(x.detach(), target=0, n_steps=6)
+    torch.testing.assert_close(got.attributions, ref.attributions, rtol=1e-12, atol=1e-14)
+
+
 def test_float32_model_follows_its_inputs():
     torch.manual_seed(0)
     model = SmallCNN(width=4).eval()
