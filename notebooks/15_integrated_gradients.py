@@ -584,9 +584,10 @@ run.say(
 
 # %% [markdown]
 # > **Errata and remarks on the sources.**
-# > 1. *Sign.* The essay expands around the input and measures the change *from* $x$ *to* the baseline,
-# >    $F(\bar x) - F(x)$; the paper, Captum and this package attribute $F(x) - F(x')$. The two differ only in
-# >    sign, but maps drawn with one convention and read with the other swap red and blue.
+# > 1. *Orientation.* The essay expands around the input and reads the shares as the cost of moving *from* $x$
+# >    *to* the baseline $\bar x$ (its path runs from $x$ to $\bar x$); the paper, Captum and this package run
+# >    the path from $x'$ to $x$ and split $F(x) - F(x')$. The two orientations give the same shares with
+# >    opposite signs: a map drawn with one and read with the other swaps red and blue.
 # > 2. *Why the straight line.* The essay takes the straight path as the simplest choice. Completeness holds for
 # >    *every* path; what singles out the straight line is symmetry: it is the only path method that gives
 # >    equal attributions to features on which $F$ is symmetric when input and baseline agree on them

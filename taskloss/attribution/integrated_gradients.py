@@ -20,7 +20,8 @@ Reference implementation: Captum's ``IntegratedGradients`` (``captum/attr/_core/
 captum 0.9.0): same argument names and ``method`` names, the same nodes (see the quadrature module for the
 trapezoid weights, where this differs). Differences in how it is computed: all inputs × steps (× baselines) go
 through ``forward_fn`` as one batch, or in chunks of at most ``internal_batch_size`` rows that are whole steps
-(or, when one step's rows exceed it, slices of one step); the quadrature weights are folded into the backward
+(or, when one step's rows exceed it, slices of one step — Captum never splits a step, so its chunks hold at least
+B rows); the quadrature weights are folded into the backward
 pass (``grad_outputs = w_k``); the target is read with one gather instead of Captum's ``unbind`` into scalars;
 F(x) and F(x′) are taken from the path itself when the rule has nodes at α = 0 and 1 (trapezoid), otherwise from
 one extra forward pass of the inputs and baselines together (chunked alike), without a graph.
