@@ -124,7 +124,7 @@ def execute_notebook(nb, *, cwd: str | Path, env: dict[str, str], timeout: float
         ``{"status": "ok" | "failed" | "cancelled", "error": reason, "traceback": text}`` (the last two only
         when the run did not succeed). Notebook errors never raise.
     """
-    from jupyter_client.manager import KernelManager
+    from jupyter_client.manager import AsyncKernelManager
     from nbclient import NotebookClient
 
     total = sum(c.cell_type == "code" for c in nb.cells)
@@ -140,7 +140,7 @@ def execute_notebook(nb, *, cwd: str | Path, env: dict[str, str], timeout: float
         if on_cell is not None:
             on_cell(state["done"], total)
 
-    km = KernelManager(kernel_name="python3")
+    km = AsyncKernelManager(kernel_name="python3")  # nbclient polls an async client (a blocking one hangs)
     client = NotebookClient(nb, km=km, timeout=timeout, kernel_name="python3", log=_QUIET,
                             on_cell_start=on_cell_start, on_cell_complete=on_cell_complete,
                             shutdown_kernel="immediate", resources={"metadata": {"path": str(cwd)}})

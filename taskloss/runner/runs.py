@@ -257,13 +257,14 @@ def run_many(specs: list[RunSpec], *, jobs: int = 1, force: bool = False, timeou
             print(f"skip (finished): {s.out_dir}")
     threads = max(1, (os.cpu_count() or 1) // jobs)
     disable = None if progress else True  # None: tqdm shows bars on a terminal only
-    overall = tqdm(total=len(todo), desc="runs", unit="run", position=0, disable=True if not todo else disable)
+    overall = tqdm(total=len(todo), desc="runs", unit="run", position=0,
+                   disable=True if not todo else disable)
     metas: dict[Path, dict] = {}
     interrupted = False
     try:
         if executor == "inline":
             interrupted = _run_inline(todo, jobs, threads, force, timeout, disable, overall, metas)
-        else:
+        elif todo:
             interrupted = _run_submitit(todo, jobs, threads, force, timeout, executor, cluster_params or {},
                                         log_folder or todo[0].out_dir.parent / ".submitit", overall, metas)
     finally:
@@ -327,8 +328,6 @@ def _run_submitit(todo, jobs, threads, force, timeout, executor, cluster_params,
         import submitit
     except ImportError as exc:  # pragma: no cover - submitit is a test dependency
         raise ParameterError("--executor local/slurm needs submitit: pip install 'taskloss[cluster]'") from exc
-    if not todo:
-        return False
     ex = submitit.AutoExecutor(folder=str(log_folder), cluster="local" if executor == "local" else "slurm")
     ex.update_parameters(**{"timeout_min": 24 * 60, "slurm_array_parallelism": jobs, **cluster_params})
     n = len(todo)
