@@ -53,7 +53,8 @@ def headline_difference(committed: Any, fresh: Any, *, rtol: float = HEADLINE_RT
     dicts), else a sentence naming the first difference."""
     where = f" at {path}" if path else ""
     if isinstance(committed, bool) or isinstance(fresh, bool) or isinstance(committed, str):
-        return None if committed == fresh else f"{fresh!r} != committed {committed!r}{where}"
+        same = type(committed) is type(fresh) and committed == fresh
+        return None if same else f"{fresh!r} != committed {committed!r}{where}"
     if isinstance(committed, (int, float)) and isinstance(fresh, (int, float)):
         if math.isnan(committed) and math.isnan(fresh):
             return None
