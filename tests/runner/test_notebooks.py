@@ -17,7 +17,7 @@ import nbformat
 import pytest
 
 from taskloss.runner import runs
-from taskloss.runner.params import notebook_parameters
+from taskloss.runner.params import check_constraints, notebook_parameters
 from taskloss.utils import REPO_ROOT
 
 SOURCES = runs.list_notebooks()
@@ -117,6 +117,7 @@ def test_parameters_cell(py: Path):
     params = notebook_parameters(py)
     assert params["device"].default == "auto" and params["device"].type_name == "str"
     assert params["output_dir"].default == "" and params["seed"].type_name == "int"
+    check_constraints(params, {p.name: p.default for p in params.values()})  # defaults meet declared bounds
     untyped = [p.name for p in params.values() if p.type_name == "any"]
     assert not untyped, f"parameters without a type: {untyped}"
     assert f'start("{py.stem}"' in py.read_text(), "the notebook must record through taskloss.runner.notebook.start"
