@@ -1,7 +1,7 @@
 """Committed headline numbers, checked against a fresh run.
 
 ``make notebooks`` stores each notebook's headline results (``run.record(key, value, headline=True)``) in the
-committed ``.ipynb`` metadata under ``taskloss.headline``. ``make test`` executes every notebook with
+committed ``.ipynb`` metadata under ``metadata["taskloss"]["headline"]``. ``make test`` executes every notebook with
 ``TASKLOSS_CHECK_HEADLINES=1``; then each headline ``record`` compares the fresh value with the committed one and
 raises :class:`HeadlineMismatch` (the cell fails, so nbval fails) when they differ by more than the tolerance.
 So a committed output cannot drift from what the code produces, and cannot be edited by hand unnoticed.

@@ -360,7 +360,7 @@ def refresh(paths: list[Path], *, timeout: float = 1800, out: Path = RUNS_DIR / 
 
     Each notebook runs with its default parameters (nothing injected), its results going to ``out/<notebook>/``
     (a default run with ``meta.json``, summarized in ``out/SUMMARY.md``). The headline results are stored in the
-    ``.ipynb`` metadata (``taskloss.headline``), which ``make test`` compares with a fresh run. A failing
+    ``.ipynb`` metadata (``metadata["taskloss"]["headline"]``), which ``make test`` compares with a fresh run. A failing
     notebook is reported and its ``.ipynb`` left as it was. Returns the number of failures.
     """
     import jupytext

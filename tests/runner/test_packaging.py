@@ -3,8 +3,8 @@ the license is stated once in LICENSE and matches pyproject and CITATION.cff."""
 from __future__ import annotations
 
 import re
-import tomllib
 
+import tomllib
 import yaml
 
 from taskloss.utils import REPO_ROOT

@@ -13,8 +13,14 @@ import pytest
 
 from taskloss.runner import runs, store
 from taskloss.runner.cli import main
-from taskloss.runner.params import Parameter, ParameterError, coerce, expand_grid, notebook_parameters, \
-    validate_overrides
+from taskloss.runner.params import (
+    Parameter,
+    ParameterError,
+    coerce,
+    expand_grid,
+    notebook_parameters,
+    validate_overrides,
+)
 
 NOISE = ("KeyboardInterrupt caught in kernel", "TCP", "Traceback", "WARNING")
 
