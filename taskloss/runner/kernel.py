@@ -17,7 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["INLINE_BACKEND", "KERNEL_LOG", "Cancellation", "kernel_env", "execute_notebook", "failure_reason"]
+__all__ = ["INLINE_BACKEND", "KERNEL_LOG", "Cancellation", "kernel_env", "execute_notebook", "failure_reason",
+           "progress_text_fallbacks"]
 
 # Kernels would inherit MPLBACKEND=Agg from a test shell, which drops every inline figure.
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
@@ -161,3 +162,32 @@ def execute_notebook(nb, *, cwd: str | Path, env: dict[str, str], timeout: float
         log.close()
         if cancel is not None:
             cancel.unregister(km)
+
+
+def progress_text_fallbacks(nb) -> int:
+    """Rewrite the ``text/plain`` of each tqdm widget output to the bar's final state, read from the widget
+    state nbclient saved in the notebook metadata; returns the number of outputs rewritten.
+
+    A notebook viewer without widgets (a repository browser) shows ``text/plain``, which tqdm set when the bar
+    was created: ``0%| | 0/11``. The final state reads ``α sweep: 100%|██████████| 11/11 [00:01<00:00, …]``.
+    """
+    import html
+
+    state = nb.metadata.get("widgets", {}).get("application/vnd.jupyter.widget-state+json", {}).get("state", {})
+    changed = 0
+    for cell in nb.cells:
+        for out in cell.get("outputs", []):
+            view = out.get("data", {}).get("application/vnd.jupyter.widget-view+json")
+            box = state.get(view.get("model_id", "")) if view else None
+            if not box or box.get("model_name") != "HBoxModel":
+                continue
+            parts = [state.get(str(c).replace("IPY_MODEL_", ""), {}) for c in box["state"].get("children", [])]
+            if [p.get("model_name") for p in parts] != ["HTMLModel", "FloatProgressModel", "HTMLModel"]:
+                continue
+            left, bar, right = (p.get("state", {}) for p in parts)
+            frac = (bar.get("value") or 0) / bar["max"] if bar.get("max") else 0.0
+            filled = max(0, min(10, int(frac * 10)))
+            text = f"{left.get('value', '')}|{'█' * filled}{' ' * (10 - filled)}|{right.get('value', '')}"
+            out["data"]["text/plain"] = html.unescape(text).replace("\u2007", " ")
+            changed += 1
+    return changed

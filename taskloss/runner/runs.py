@@ -24,7 +24,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from taskloss.runner.kernel import KERNEL_LOG, Cancellation, execute_notebook, kernel_env
+from taskloss.runner.kernel import KERNEL_LOG, Cancellation, execute_notebook, kernel_env, progress_text_fallbacks
 from taskloss.runner.notebook import RESULTS_FILE
 from taskloss.runner.params import (
     ParameterError,
@@ -395,6 +395,7 @@ def refresh(paths: list[Path], *, timeout: float = 1800, out: Path = RUNS_DIR / 
             continue
         recorded = json.loads((folder / RESULTS_FILE).read_text())
         nb.metadata["taskloss"] = {"headline": {k: recorded["results"][k] for k in recorded.get("headline", [])}}
+        progress_text_fallbacks(nb)
         for cell in nb.cells:  # volatile timing metadata would make every refresh a diff
             cell.metadata.pop("execution", None)
             if not cell.metadata.get("tags", True):

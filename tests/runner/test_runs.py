@@ -169,3 +169,21 @@ def test_find_notebook_and_list(tmp_path):
     assert runs.find_notebook("01_alpha", tmp_path).name == "01_alpha.py"
     with pytest.raises(ParameterError, match="no unique notebook"):
         runs.find_notebook("03", tmp_path)
+
+
+def test_progress_widgets_get_their_final_text():
+    import nbformat
+
+    from taskloss.runner.kernel import progress_text_fallbacks
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("bar")])
+    nb.cells[0].outputs = [nbformat.v4.new_output("display_data", data={
+        "text/plain": "sweep:   0%|          | 0/4 [00:00<?, ?it/s]",
+        "application/vnd.jupyter.widget-view+json": {"model_id": "box", "version_major": 2, "version_minor": 0}})]
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {
+        "box": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_l", "IPY_MODEL_p", "IPY_MODEL_r"]}},
+        "l": {"model_name": "HTMLModel", "state": {"value": "sweep:\u2007100%"}},
+        "p": {"model_name": "FloatProgressModel", "state": {"value": 4.0, "max": 4.0}},
+        "r": {"model_name": "HTMLModel", "state": {"value": "\u20074/4\u2007[00:01&lt;00:00]"}}}}}
+    assert progress_text_fallbacks(nb) == 1
+    assert nb.cells[0].outputs[0]["data"]["text/plain"] == "sweep: 100%|██████████| 4/4 [00:01<00:00]"
