@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                           cluster_params=cluster)
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         pass
+    except ParameterError as exc:  # the executor refused the sweep before running anything
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     text = write_summary(sweep, title="Summary" if args.cmd == "all" else f"Summary of {sweep.name}")
     print(text)
     print(f"summary: {sweep / SUMMARY_FILE}")

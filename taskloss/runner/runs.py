@@ -328,8 +328,11 @@ def _run_submitit(todo, jobs, threads, force, timeout, executor, cluster_params,
         import submitit
     except ImportError as exc:  # pragma: no cover - submitit is a test dependency
         raise ParameterError("--executor local/slurm needs submitit: pip install 'taskloss[cluster]'") from exc
-    ex = submitit.AutoExecutor(folder=str(log_folder), cluster="local" if executor == "local" else "slurm")
-    ex.update_parameters(**{"timeout_min": 24 * 60, "slurm_array_parallelism": jobs, **cluster_params})
+    try:
+        ex = submitit.AutoExecutor(folder=str(log_folder), cluster="local" if executor == "local" else "slurm")
+        ex.update_parameters(**{"timeout_min": 24 * 60, "slurm_array_parallelism": jobs, **cluster_params})
+    except (RuntimeError, ValueError, TypeError, NameError) as exc:  # no sbatch here, an unknown --cluster-param
+        raise ParameterError(f"--executor {executor}: {exc}") from exc
     n = len(todo)
     submitted = ex.map_array(execute_job, todo, [timeout] * n, [None if executor == "slurm" else threads] * n,
                              [force] * n)

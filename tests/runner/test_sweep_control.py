@@ -89,3 +89,11 @@ def test_submitit_local_executor_keeps_the_folder_layout_and_resume_rules(bare, 
     assert main(args) == 0
     assert len(_executions(log)) == 2  # the second submission found both runs finished
     assert "2 of 2 runs succeeded" in (out / "00_bare" / "SUMMARY.md").read_text()
+
+
+def test_a_cluster_option_the_executor_rejects_is_a_clear_error(bare, tmp_path, capsys):
+    pytest.importorskip("submitit")
+    assert main(["run", str(bare), "--executor", "local", "--cluster-param", "no_such_option=1",
+                 "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "--executor local" in err and "no_such_option" in err and "Traceback" not in err
