@@ -20,13 +20,13 @@ import sys
 from pathlib import Path
 
 from taskloss.runner.params import ParameterError, notebook_parameters, parse_cli_value
+from taskloss.runner.refresh import refresh
 from taskloss.runner.runs import (
     EXECUTORS,
     check_no_clobber,
     find_notebook,
     list_notebooks,
     plan_runs,
-    refresh,
     run_many,
 )
 from taskloss.runner.store import SUMMARY_FILE, check_writable, write_summary
@@ -58,7 +58,8 @@ def _cluster_params(items: list[str]) -> dict:
 
 
 def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m taskloss.runner", description=__doc__.split("\n\n")[0],
+    ap = argparse.ArgumentParser(prog="python -m taskloss.runner",
+                                 description="Run, rerun and sweep the notebooks (also installed as taskloss-runs).",
                                  epilog="Run 'python -m taskloss.runner COMMAND --help' for a command's options.")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
