@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -88,7 +89,7 @@ def test_sweep_writes_results_reports_failures_and_prints_no_kernel_noise(tiny, 
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "taskloss.runner", "run", str(tiny), "-p", "seed", "2", "-p", "values", "[3, 4]",
            "--grid", "fail=false,true", "--jobs", "2", "--out", str(out)]
-    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, umask=0o022)
     assert r.returncode == 1, r.stderr
     for noise in NOISE:
         assert noise not in r.stdout + r.stderr, noise
@@ -108,6 +109,8 @@ def test_sweep_writes_results_reports_failures_and_prints_no_kernel_noise(tiny, 
     assert bad["status"] == "failed"
     assert bad["error"].startswith("In [") and bad["error"].endswith("AssertionError: asked to fail")
     assert "import time" in bad["error"]  # the failing cell's first line
+    for path in (ok_dir / "meta.json", ok_dir / "results.json", ok_dir / "00_tiny.ipynb", out / "00_tiny" / "SUMMARY.md"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path  # readable like the figures
     summary = (out / "00_tiny" / "SUMMARY.md").read_text()
     assert "1 of 2 runs succeeded" in summary and "**failed**: In [" in summary and "asked to fail" in summary
     assert "score = 9" in summary
