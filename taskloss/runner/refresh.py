@@ -3,6 +3,7 @@ with fresh outputs, the headline results in its metadata and progress bars reada
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -63,6 +64,9 @@ def refresh(paths: list[Path], *, timeout: float = 1800, out: Path = RUNS_DIR / 
             if not cell.metadata.get("tags", True):
                 cell.metadata.pop("tags")
         jupytext.write(nb, py.with_suffix(".ipynb"))
+        # The .py stays the newer file of the pair: Jupytext (JupyterLab, `make lab`) refuses to open a .py whose
+        # paired .ipynb is more recent, even when only their header metadata differ.
+        os.utime(py)
         print(f"  wrote {py.with_suffix('.ipynb').name} in {seconds:.1f} s", flush=True)
     if out.exists():
         write_summary(out, title="Default runs (make notebooks)")
