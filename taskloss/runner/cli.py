@@ -16,6 +16,7 @@ Exit status: 0 when every run succeeded, 1 when one failed, 2 for bad parameters
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from pathlib import Path
 
@@ -148,6 +149,10 @@ def main(argv: list[str] | None = None) -> int:
     if result is None or result.interrupted:
         print("interrupted: queued runs cancelled, running kernels stopped; rerun the command to resume",
               file=sys.stderr)
+        if argv is None:  # the command line: end now even if a worker thread is stuck on a dying kernel
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
         return 130
     failed = [m for m in result.metas if m.get("status") != "ok"]
     if failed:

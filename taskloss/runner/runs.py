@@ -12,13 +12,16 @@ are checked against the notebook's ``parameters`` cell before any kernel starts.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -299,25 +302,49 @@ def _run_inline(todo, jobs, threads, force, timeout, disable, overall, metas) ->
 
     pool = ThreadPoolExecutor(max_workers=jobs)
     futures = {pool.submit(work, s): s for s in todo}
+    pending, deadline = set(futures), None
+    with _interrupt_flag(cancel.cancel) as interrupted:
+        while pending and (deadline is None or time.monotonic() < deadline):
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for fut in done:
+                if fut.cancelled():
+                    continue
+                s = futures[fut]
+                try:
+                    meta = fut.result()
+                except Exception as exc:  # a runner fault (not a notebook error): reported, the sweep goes on
+                    meta = {"notebook": s.name, "status": "failed", "error": f"runner: {type(exc).__name__}: {exc}"}
+                metas[s.out_dir] = _finish(s, meta, len(metas) + 1, len(todo), overall.write)
+                overall.update()
+            if interrupted.is_set() and deadline is None:
+                overall.write("interrupted: cancelling queued runs and stopping kernels …")
+                for fut in pending:
+                    fut.cancel()  # queued runs never start; running ones end as their kernels die
+                deadline = time.monotonic() + 60
+    pool.shutdown(wait=deadline is None, cancel_futures=True)
+    return interrupted.is_set()
+
+
+@contextlib.contextmanager
+def _interrupt_flag(on_interrupt: Callable[[], None]):
+    """While the block runs, Ctrl-C (SIGINT) sets the yielded event and calls ``on_interrupt`` instead of raising
+    ``KeyboardInterrupt`` wherever the main thread happens to be: raised inside a lock's acquire/release, it can
+    leave the lock held and hang the worker threads. A second Ctrl-C raises as usual."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):
+        if flag.is_set():
+            raise KeyboardInterrupt
+        flag.set()
+        on_interrupt()
+    previous = signal.signal(signal.SIGINT, handler)
     try:
-        for fut in as_completed(futures):
-            s = futures[fut]
-            try:
-                meta = fut.result()
-            except Exception as exc:  # a runner fault (not a notebook error): reported, the sweep goes on
-                meta = {"notebook": s.name, "status": "failed", "error": f"runner: {type(exc).__name__}: {exc}"}
-            metas[s.out_dir] = _finish(s, meta, len(metas) + 1, len(todo), overall.write)
-            overall.update()
-        pool.shutdown()
-        return False
-    except KeyboardInterrupt:
-        overall.write("interrupted: cancelling queued runs and stopping kernels …")
-        cancel.cancel()
-        pool.shutdown(wait=True, cancel_futures=True)  # running kernels are dead: the workers end at once
-        for fut, s in futures.items():
-            if not fut.cancelled() and s.out_dir not in metas and fut.exception() is None:
-                metas[s.out_dir] = _finish(s, fut.result(), len(metas) + 1, len(todo), overall.write)
-        return True
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def _run_submitit(todo, jobs, threads, force, timeout, executor, cluster_params, log_folder, overall,
@@ -335,8 +362,8 @@ def _run_submitit(todo, jobs, threads, force, timeout, executor, cluster_params,
     submitted = ex.map_array(execute_job, todo, [timeout] * n, [None if executor == "slurm" else threads] * n,
                              [force] * n)
     pending = dict(zip(submitted, todo))
-    try:
-        while pending:
+    with _interrupt_flag(lambda: None) as interrupted:
+        while pending and not interrupted.is_set():
             for job in [j for j in pending if j.done()]:
                 s = pending.pop(job)
                 try:
@@ -347,9 +374,8 @@ def _run_submitit(todo, jobs, threads, force, timeout, executor, cluster_params,
                 metas[s.out_dir] = _finish(s, meta, len(metas) + 1, n, overall.write)
                 overall.update()
             time.sleep(0.5)
-        return False
-    except KeyboardInterrupt:
+    if interrupted.is_set():
         overall.write("interrupted: cancelling submitted jobs …")
         for job in pending:
             job.cancel(check=False)
-        return True
+    return interrupted.is_set()
