@@ -30,18 +30,18 @@
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-n_seeds: int = 3
-batch_size: int = 128
-clf_steps: int = 100
-ae_steps: int = 150
-hf_steps_clf: int = 15
-hf_steps_ae: int = 20
-hf_cg_iters: int = 10
-curv_batch: int = 32
-curv_every: int = 5
-eval_every: int = 10
-n_regression: int = 200
-grid_size: int = 15
+n_seeds: int = 3                      # [> 0]
+batch_size: int = 128                 # [> 0]
+clf_steps: int = 100                  # [> 0]
+ae_steps: int = 150                   # [> 0]
+hf_steps_clf: int = 15                # [> 0]
+hf_steps_ae: int = 20                 # [> 0]
+hf_cg_iters: int = 10                 # [> 0]
+curv_batch: int = 32                  # [> 0]
+curv_every: int = 5                   # [> 0]
+eval_every: int = 10                  # [> 0]
+n_regression: int = 200               # [> 0]
+grid_size: int = 15                   # [> 0]
 
 # %%
 import math
