@@ -386,11 +386,13 @@ def empirical_fisher_diagonal(model_or_fn, params, inputs: Tensor, targets: Tens
 def ggn_operator(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "categorical") -> Callable:
     """A matvec ``v ↦ G v`` (flat ``[P]`` or dict) at fixed params: one forward now, then jvp → H → vjp per call.
 
-    The vector must be finite and match the parameters' names, shapes and dtypes (``ValueError`` / ``TypeError``);
-    a model function whose outputs change between calls (train-mode dropout) raises ``ValueError``.
+    The parameters are copied: the operator stays the GGN at the point where it was built even if they move. The
+    vector must be finite and match the parameters' names, shapes and dtypes (``ValueError`` / ``TypeError``); a
+    model function whose outputs change between calls (train-mode dropout) raises ``ValueError``.
     """
     fn, params = _prepare(model_or_fn, params, inputs)
     _check_likelihood(likelihood)
+    params = {k: p.clone() for k, p in params.items()}  # the GGN at this point, even if the parameters move later
     n = inputs.shape[0]
 
     def f(p):

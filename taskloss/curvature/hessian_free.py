@@ -225,9 +225,9 @@ class HessianFree(torch.optim.Optimizer):
     def _call(closure, finite: bool = True):
         with torch.enable_grad():
             out = closure()
-        loss, inputs = out if isinstance(out, tuple) else (out, None)
         if isinstance(out, tuple) and len(out) != 2:
             raise ValueError("closure must return the loss or a pair (loss, ggn_inputs)")
+        loss, inputs = out if isinstance(out, tuple) else (out, None)
         loss = torch.as_tensor(loss).detach()
         if loss.numel() != 1:
             raise ValueError(f"closure must return a scalar loss, got shape {tuple(loss.shape)}")
@@ -264,13 +264,14 @@ class HessianFree(torch.optim.Optimizer):
                                      tol=group["cg_tol"], x0=x0, truncated=True)
         state["direction"] = d
         lr = group["lr"]
+        if self.adapt_damping:  # the quadratic model q(−lr·d) at the current parameters (before they move)
+            predicted = float(-lr * torch.dot(g, d) + 0.5 * lr**2 * torch.dot(d, op(d)))
         with torch.no_grad():
             offsets = torch.cumsum(torch.tensor([0] + [p.numel() for p in ps]), 0).tolist()
             for p, a, b in zip(ps, offsets[:-1], offsets[1:]):
                 p.sub_(lr * d[a:b].view_as(p))
         info.update(loss=loss, damping=group["damping"])
         if self.adapt_damping:
-            predicted = float(-lr * torch.dot(g, d) + 0.5 * lr**2 * torch.dot(d, op(d)))
             new_loss = self._call(closure, finite=False)[0]  # NaN: the step is undone below
             rho = (new_loss - loss) / predicted if predicted < 0 else -1.0
             if rho > 0.75:
