@@ -275,9 +275,17 @@ def _prepare(model_or_fn, params, inputs: Tensor):
     return fn, {k: p.detach() for k, p in params.items()}
 
 
+def _call_model(fn, params, inputs):
+    try:
+        return fn(params, inputs)
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        raise ValueError(f"model raised on inputs of shape {tuple(inputs.shape)} and dtype {inputs.dtype} "
+                         f"(do they match the model and its parameters?): {e}") from e
+
+
 def _forward(fn, params, inputs, likelihood) -> Tensor:
     with torch.no_grad():
-        out = fn(params, inputs)
+        out = _call_model(fn, params, inputs)
     _check_outputs(out, likelihood)
     if out.shape[0] != inputs.shape[0]:
         raise ValueError(f"model returned {out.shape[0]} outputs for {inputs.shape[0]} inputs")
@@ -396,11 +404,12 @@ def ggn_operator(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "
     n = inputs.shape[0]
 
     def f(p):
-        return fn(p, inputs)
+        return _call_model(fn, p, inputs)
 
     out, vjp_fn = vjp(f, params)
-    _check_outputs(out.detach(), likelihood)
-    out = out.detach()
+    out = _check_outputs(out.detach(), likelihood)
+    if out.shape[0] != n:
+        raise ValueError(f"model returned {out.shape[0]} outputs for {n} inputs")
 
     def matvec(v):
         as_dict = isinstance(v, Mapping)
