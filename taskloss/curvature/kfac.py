@@ -162,8 +162,11 @@ class KFAC:
         self.model, self.fisher_type, self.likelihood = model, fisher_type, likelihood
         self.damping_mode, self.generator = damping_mode, generator
         self.modules, self.skipped = self._find_layers(model, skip_unsupported)
-        self._train_w = {k: m.weight.requires_grad for k, m in self.modules.items()}
-        self._train_b = {k: m.bias is not None and m.bias.requires_grad for k, m in self.modules.items()}
+        # the trained parameters of every layer (None where frozen or absent)
+        self._w = {k: m.weight if m.weight.requires_grad else None for k, m in self.modules.items()}
+        self._b = {k: m.bias if m.bias is not None and m.bias.requires_grad else None for k, m in self.modules.items()}
+        self._d = {k: math.prod(m.weight.shape[1:]) for k, m in self.modules.items()}
+        self._checked: tuple | None = None
         if optimizer is not None:
             owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
             missing = [k for k, m in self.modules.items() for p in m.parameters(recurse=False)
@@ -335,8 +338,8 @@ class KFAC:
                 g = g.movedim(2, -1)                                                   # [K, N, H, W, C_out]
             g = g.reshape(-1, g.shape[-1])
             G_new = second_moment(g, n_terms)
-            if self._train_w[k]:
-                a = layer_rows(mod, self._inputs[k][0], self._train_b[k])
+            if self._w[k] is not None:
+                a = layer_rows(mod, self._inputs[k][0], self._b[k] is not None)
                 A_new = second_moment(a, a.shape[0])
             else:  # bias-only block: a = 1
                 A_new = G_new.new_ones(1, 1)
@@ -347,25 +350,22 @@ class KFAC:
                 self.A[k], self.G[k] = A_new, G_new
 
     # ------------------------------------------------------------------------------------ preconditioning
-    def _grad_matrix(self, k: str, mod: nn.Module) -> Tensor | None:
+    def _grad_matrix(self, k: str) -> Tensor | None:
         """``[∇W, ∇b]`` as ``[out, D(+1)]`` (``[out, 1]`` for a bias-only block); ``None`` when there is no grad."""
-        gb = None
-        if self._train_b[k]:
-            gb = mod.bias.grad
-        if not self._train_w[k]:
+        w, b = self._w[k], self._b[k]
+        gb = b.grad if b is not None else None
+        if w is None:
             return None if gb is None else gb.unsqueeze(1)
-        if mod.weight.grad is None:
+        if w.grad is None:
             return None
-        g = mod.weight.grad.reshape(mod.weight.shape[0], -1)
-        if self._train_b[k]:
-            b = gb if gb is not None else torch.zeros_like(mod.bias)
-            g = torch.cat([g, b.unsqueeze(1)], dim=1)
+        g = w.grad.reshape(w.shape[0], -1)
+        if b is not None:
+            g = torch.cat([g, (gb if gb is not None else torch.zeros_like(b)).unsqueeze(1)], dim=1)
         return g                                                                       # [out, D(+1)]
 
     def _refresh_inverses(self) -> None:
         """Eigendecompose / rescale (``"eigen"``) or invert the damped factors (``"pi"``) of every layer."""
-        bad = [k for k in self.modules if not (bool(torch.isfinite(self.A[k]).all())
-                                               and bool(torch.isfinite(self.G[k]).all()))]
+        bad = _nonfinite({k: (self.A[k], self.G[k]) for k in self.modules})
         if bad:
             raise ValueError(f"the K-FAC factors of layers {bad} contain NaN or inf (non-finite activations or "
                              "output gradients were recorded by update())")
@@ -387,30 +387,21 @@ class KFAC:
             self._inv[k] = (qa, qg, la, lg, eigen_denominator(la, lg, self._damping))
         self._inv_damping = self._damping
 
-    def _learning_rates(self) -> dict[int, float]:
-        lrs = {}
-        for group in self.optimizer.param_groups:
-            lr = check_positive("optimizer learning rate (for kl_clip)", group["lr"])
-            for p in group["params"]:
-                lrs[id(p)] = lr
-        return lrs
-
     def _kl_scale(self, new: dict[str, Tensor], ms: dict[str, Tensor]) -> float:
         """``ν = min(1, sqrt(kl_clip / Σ lr² vᵀg))`` with each parameter's current learning rate."""
-        lrs = self._learning_rates()
-        lr_w = {k: lrs[id(self.modules[k].weight)] for k in new if self._train_w[k]}
-        lr_b = {k: lrs[id(self.modules[k].bias)] for k in new if self._train_b[k]}
-        distinct = set(lr_w.values()) | set(lr_b.values())
-        if len(distinct) == 1:  # one learning rate: lr² Σ vᵀg
-            total = float(torch.stack([(new[k] * ms[k]).sum() for k in new]).sum()) * distinct.pop()**2
+        groups = self.optimizer.param_groups
+        lrs = [check_positive("optimizer learning rate (for kl_clip)", g["lr"]) for g in groups]
+        if len(set(lrs)) == 1:  # one learning rate: lr² Σ vᵀg
+            total = float(torch.stack([(new[k] * ms[k]).sum() for k in new]).sum()) * lrs[0]**2
         else:
+            lr_of = {id(p): lr for g, lr in zip(groups, lrs) for p in g["params"]}
             terms = []
             for k in new:
-                prod = new[k] * ms[k]
-                if k in lr_w and k in lr_b:
-                    terms += [prod[:, :-1].sum() * lr_w[k]**2, prod[:, -1].sum() * lr_b[k]**2]
+                prod, w, b = new[k] * ms[k], self._w[k], self._b[k]
+                if w is not None and b is not None:
+                    terms += [prod[:, :-1].sum() * lr_of[id(w)]**2, prod[:, -1].sum() * lr_of[id(b)]**2]
                 else:
-                    terms.append(prod.sum() * lr_w.get(k, lr_b.get(k))**2)
+                    terms.append(prod.sum() * lr_of[id(w if w is not None else b)]**2)
             total = float(torch.stack(terms).sum())
         if not math.isfinite(total):
             self._raise_nonfinite(ms)
@@ -419,7 +410,10 @@ class KFAC:
     @staticmethod
     def _raise_nonfinite(ms: dict[str, Tensor]) -> None:
         bad = [k for k, m in ms.items() if not bool(torch.isfinite(m).all())]
-        raise ValueError(f"the gradients of K-FAC layers {bad or list(ms)} contain NaN or inf")
+        if bad:
+            raise ValueError(f"the gradients of K-FAC layers {bad} contain NaN or inf")
+        raise ValueError("the preconditioned gradient is not finite although the gradients are: are the K-FAC "
+                         "factors / inverses finite and the damping large enough?")
 
     @torch.no_grad()
     def step(self) -> float:
@@ -429,21 +423,25 @@ class KFAC:
         """
         if not self.A:
             raise RuntimeError("call update(outputs, targets) at least once before step()")
-        self._check_hyperparameters()
+        hyper = (self._damping, self.decay, self.factor_update_interval, self.inverse_update_interval,
+                 self.eigenbasis_update_interval, self.kl_clip)
+        if hyper != self._checked:  # attributes may have been changed since the last check
+            self._check_hyperparameters()
+            self._checked = hyper
         if self._n_steps % self.inverse_update_interval == 0 or not self._inv:
             self._refresh_inverses()
         elif self._damping != self._inv_damping:
             self._apply_damping_change()
         self._n_steps += 1
         ms: dict[str, Tensor] = {}
-        for k, mod in self.modules.items():
-            m = self._grad_matrix(k, mod)
+        for k in self.modules:
+            m = self._grad_matrix(k)
             if m is None:
                 continue
             if m.shape != (self.G[k].shape[0], self.A[k].shape[0]):
                 raise ValueError(f"layer {k!r}: gradient shape {tuple(m.shape)} does not match the factors")
             ms[k] = m
-        if self.kl_clip is None and ms and not bool(torch.stack([torch.isfinite(m).all() for m in ms.values()]).all()):
+        if self.kl_clip is None and _nonfinite({k: (m,) for k, m in ms.items()}):
             self._raise_nonfinite(ms)
         new = {k: precondition(self._inv[k], m) for k, m in ms.items()}
         nu = self._kl_scale(new, ms) if self.kl_clip is not None and new else 1.0
@@ -452,16 +450,25 @@ class KFAC:
         return nu
 
     def _write_grad(self, k: str, p: Tensor, nu: float) -> None:
-        mod = self.modules[k]
-        if nu != 1.0:
-            p.mul_(nu)
-        if self._train_w[k]:
-            w = mod.weight.shape
-            mod.weight.grad.copy_(p[:, : w[1:].numel()].reshape(w))
-        if self._train_b[k]:
-            if mod.bias.grad is None:
-                mod.bias.grad = torch.zeros_like(mod.bias)
-            mod.bias.grad.copy_(p[:, -1])
+        """``.grad ← ν·p`` for the weight (first ``D`` columns) and the bias (last column); one pass each."""
+        w, b = self._w[k], self._b[k]
+        if w is not None:
+            g = w.grad
+            dst = g.view(g.shape[0], -1) if g.is_contiguous() else None
+            src = p[:, : self._d[k]]
+            if dst is None:
+                g.copy_((src * nu if nu != 1.0 else src).reshape(g.shape))
+            elif nu != 1.0:
+                torch.mul(src, nu, out=dst)
+            else:
+                dst.copy_(src)
+        if b is not None:
+            if b.grad is None:
+                b.grad = torch.zeros_like(b)
+            if nu != 1.0:
+                torch.mul(p[:, -1], nu, out=b.grad)
+            else:
+                b.grad.copy_(p[:, -1])
 
     # ---------------------------------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict:
@@ -514,12 +521,24 @@ class KFAC:
         for k in self.modules:
             out, d = self.G[k].shape[0], self.A[k].shape[0]
             block = torch.kron(self.G[k], self.A[k])                                   # row-major vec([W, b])
-            if self._train_w[k] and self._train_b[k]:
+            if self._w[k] is not None and self._b[k] is not None:
                 idx = torch.arange(out * d).view(out, d)
                 order = torch.cat([idx[:, : d - 1].reshape(-1), idx[:, -1]])
                 block = block[order][:, order]
             blocks.append(block)
         return torch.block_diag(*blocks)
+
+
+def _nonfinite(groups: dict[str, tuple[Tensor, ...]]) -> list[str]:
+    """Keys whose tensors hold NaN/inf. One reduction per tensor and one sync: a finite sum proves every entry
+    finite; only a non-finite sum (NaN/inf, or an overflow of finite entries) is checked entry by entry."""
+    keys = [k for k, ts in groups.items() for _ in ts]
+    tensors = [t for ts in groups.values() for t in ts]
+    if not tensors:
+        return []
+    sums = torch.stack([t.sum() for t in tensors]).tolist()
+    return sorted({k for k, t, s in zip(keys, tensors, sums) if not math.isfinite(s)
+                   and not bool(torch.isfinite(t).all())}, key=list(groups).index)
 
 
 class _Hook:

@@ -98,8 +98,9 @@ def pi_inverse(A: Tensor, G: Tensor, damping: float, name: str = "") -> tuple[Te
 
     def damped_inverse(delta: float):
         def inv(m: Tensor) -> Tensor:  # the damping is added in m's dtype: a float64 retry does not lose it
-            eye = torch.eye(m.shape[0], dtype=m.dtype, device=m.device)
-            chol, info = torch.linalg.cholesky_ex(m + delta * eye)
+            damped = m.clone()
+            damped.diagonal().add_(delta)  # = m + δ·I entry for entry (off the diagonal m_ij + 0 = m_ij)
+            chol, info = torch.linalg.cholesky_ex(damped)
             if int(info) != 0:
                 raise torch.linalg.LinAlgError(f"the leading minor of order {int(info)} is not positive definite")
             return torch.cholesky_inverse(chol)

@@ -170,7 +170,7 @@ def test_hessian_free_damping_update_uses_the_model_at_the_current_point():
         return loss
 
     params0 = {k: p.detach().clone() for k, p in lin.named_parameters()}
-    loss0 = float(closure())
+    loss0 = float(closure().detach())
     g = torch.cat([p.grad.reshape(-1) for p in lin.parameters()])
     G = C.ggn_matrix(lin, params0, X, "gaussian")
     opt.step(closure, X)
