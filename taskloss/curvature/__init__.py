@@ -8,7 +8,7 @@ Notebooks: 06_natural_gradient, 07_fisher_approximations, 08_natural_gradient_ex
 
 Modules:
 
-- :mod:`~taskloss.curvature.fisher`              — likelihoods, Fisher/GGN dense, diagonal and matrix-free, scale conversion
+- :mod:`~taskloss.curvature.fisher`              — likelihoods, Fisher/GGN dense, diagonal, matrix-free; scales
 - :mod:`~taskloss.curvature.hessian_free`        — conjugate gradients, the Hessian-free direction and optimizer
 - :mod:`~taskloss.curvature.diagonal`            — diagonal-Fisher preconditioning
 - :mod:`~taskloss.curvature.kfac`                — K-FAC for Linear and Conv2d layers (hooks, averages, checkpoints)

@@ -86,7 +86,8 @@ def conjugate_gradient(matvec: Callable, b, damping: float = 0.0, max_iter: int 
         ``x`` (same kind as ``b``), or ``(x, info)`` with ``info = {"iterations", "residual_norm",
         "relative_residual", "converged", "stop", "curvature"}``; ``stop`` is ``"converged"``, ``"max_iter"``,
         ``"nonpositive_curvature"`` or ``"inaccurate"`` (the recursive residual met ``tol`` but the true one did not:
-        a singular or, for this dtype, too ill-conditioned operator) (``curvature``: ``pᵀ(A + λI)p`` of the direction where CG stopped, else ``None``).
+        a singular or, for this dtype, too ill-conditioned operator); ``curvature`` is ``pᵀ(A + λI)p`` of the direction
+        where CG stopped, else ``None``.
 
     Raises:
         ValueError: bad arguments; ``matvec`` returning a wrong shape or NaN/inf; and, unless ``truncated``,
@@ -146,8 +147,8 @@ def conjugate_gradient(matvec: Callable, b, damping: float = 0.0, max_iter: int 
     info = {"iterations": it, "residual_norm": res, "relative_residual": rel, "converged": converged,
             "stop": stop, "curvature": curvature}
     if not truncated and not converged and not return_info:
-        warnings.warn(f"conjugate_gradient did not converge ({stop}): relative residual {rel:.3e} > tol={tol:.1e} after "
-                      f"{it} iterations (raise max_iter, add damping, or pass return_info=True to handle it)",
+        warnings.warn(f"conjugate_gradient did not converge ({stop}): relative residual {rel:.3e} > tol={tol:.1e} "
+                      f"after {it} iterations (raise max_iter, add damping, or pass return_info=True to handle it)",
                       RuntimeWarning, stacklevel=2)
     out = unflatten(x, like) if like is not None else x
     return (out, info) if (return_info or truncated) else out

@@ -56,6 +56,7 @@ from taskloss.curvature.kfac_math import (
     eigen_inverse,
     eigenvalues_in_basis,
     layer_rows,
+    nonfinite_keys,
     pi_inverse,
     precondition,
     second_moment,
@@ -66,19 +67,6 @@ __all__ = ["KFAC"]
 
 SUPPORTED = (nn.Linear, nn.Conv2d)
 _HYPER = ("decay", "factor_update_interval", "inverse_update_interval", "eigenbasis_update_interval", "kl_clip")
-
-
-def _record(owner_ref, name, mod, inputs, output):
-    owner = owner_ref()
-    if owner is not None and torch.is_grad_enabled() and output.requires_grad:
-        owner._inputs[name].append(inputs[0].detach())
-        owner._outputs[name].append(output)
-
-
-def _clear_record(owner_ref, mod, args):
-    owner = owner_ref()
-    if owner is not None:
-        owner._clear()
 
 
 def _remove_handles(handles: list) -> None:
@@ -183,7 +171,7 @@ class KFAC:
         ref = weakref.ref(self)
         self._handles = [m.register_forward_hook(_Hook(ref, n)) for n, m in self.modules.items()]
         # each forward of the whole model starts a fresh record (an evaluation pass simply replaces it)
-        self._handles.append(model.register_forward_pre_hook(_Clear(ref)))
+        self._handles.append(model.register_forward_pre_hook(_Hook(ref)))
         self._finalizer = weakref.finalize(self, _remove_handles, self._handles)  # no hook outlives its owner
 
     @staticmethod
@@ -365,7 +353,7 @@ class KFAC:
 
     def _refresh_inverses(self) -> None:
         """Eigendecompose / rescale (``"eigen"``) or invert the damped factors (``"pi"``) of every layer."""
-        bad = _nonfinite({k: (self.A[k], self.G[k]) for k in self.modules})
+        bad = nonfinite_keys({k: (self.A[k], self.G[k]) for k in self.modules})
         if bad:
             raise ValueError(f"the K-FAC factors of layers {bad} contain NaN or inf (non-finite activations or "
                              "output gradients were recorded by update())")
@@ -441,7 +429,7 @@ class KFAC:
             if m.shape != (self.G[k].shape[0], self.A[k].shape[0]):
                 raise ValueError(f"layer {k!r}: gradient shape {tuple(m.shape)} does not match the factors")
             ms[k] = m
-        if self.kl_clip is None and _nonfinite({k: (m,) for k, m in ms.items()}):
+        if self.kl_clip is None and nonfinite_keys({k: (m,) for k, m in ms.items()}):
             self._raise_nonfinite(ms)
         new = {k: precondition(self._inv[k], m) for k, m in ms.items()}
         nu = self._kl_scale(new, ms) if self.kl_clip is not None and new else 1.0
@@ -529,33 +517,19 @@ class KFAC:
         return torch.block_diag(*blocks)
 
 
-def _nonfinite(groups: dict[str, tuple[Tensor, ...]]) -> list[str]:
-    """Keys whose tensors hold NaN/inf. One reduction per tensor and one sync: a finite sum proves every entry
-    finite; only a non-finite sum (NaN/inf, or an overflow of finite entries) is checked entry by entry."""
-    keys = [k for k, ts in groups.items() for _ in ts]
-    tensors = [t for ts in groups.values() for t in ts]
-    if not tensors:
-        return []
-    sums = torch.stack([t.sum() for t in tensors]).tolist()
-    return sorted({k for k, t, s in zip(keys, tensors, sums) if not math.isfinite(s)
-                   and not bool(torch.isfinite(t).all())}, key=list(groups).index)
-
-
 class _Hook:
-    """Forward hook recording a layer's input and output for its owner (held weakly: no reference cycle)."""
+    """Forward hook of a K-FAC layer (``name``) recording input and output for its owner, or, with ``name=None``, the
+    model's pre-hook starting a fresh record. The owner is held weakly: no reference cycle keeps it alive."""
 
-    def __init__(self, owner_ref, name):
+    def __init__(self, owner_ref, name=None):
         self.owner_ref, self.name = owner_ref, name
 
-    def __call__(self, mod, inputs, output):
-        _record(self.owner_ref, self.name, mod, inputs, output)
-
-
-class _Clear:
-    """Forward pre-hook on the whole model: a new forward pass starts a fresh record."""
-
-    def __init__(self, owner_ref):
-        self.owner_ref = owner_ref
-
-    def __call__(self, mod, args):
-        _clear_record(self.owner_ref, mod, args)
+    def __call__(self, mod, inputs, output=None):
+        owner = self.owner_ref()
+        if owner is None:
+            return
+        if self.name is None:
+            owner._clear()
+        elif torch.is_grad_enabled() and output.requires_grad:
+            owner._inputs[self.name].append(inputs[0].detach())
+            owner._outputs[self.name].append(output)

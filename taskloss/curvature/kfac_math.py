@@ -19,7 +19,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["layer_rows", "second_moment", "eigen_inverse", "eigen_denominator", "eigenvalues_in_basis",
-           "pi_inverse", "precondition"]
+           "pi_inverse", "precondition", "nonfinite_keys"]
 
 
 def layer_rows(mod: nn.Module, a: Tensor, bias: bool) -> Tensor:
@@ -118,3 +118,15 @@ def precondition(inv: tuple[Tensor, ...], m: Tensor) -> Tensor:
         return qg @ (qg.T @ m @ qa).mul_(inv_den) @ qa.T
     inv_a, inv_g = inv
     return inv_g @ m @ inv_a
+
+
+def nonfinite_keys(groups: dict[str, tuple[Tensor, ...]]) -> list[str]:
+    """Keys whose tensors hold NaN/inf. One reduction per tensor and one sync: a finite sum proves every entry
+    finite; only a non-finite sum (NaN/inf, or an overflow of finite entries) is checked entry by entry."""
+    keys = [k for k, ts in groups.items() for _ in ts]
+    tensors = [t for ts in groups.values() for t in ts]
+    if not tensors:
+        return []
+    sums = torch.stack([t.sum() for t in tensors]).tolist()
+    bad = {k for k, t, s in zip(keys, tensors, sums) if not math.isfinite(s) and not bool(torch.isfinite(t).all())}
+    return [k for k in groups if k in bad]

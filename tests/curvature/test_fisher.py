@@ -198,7 +198,8 @@ def test_curvature_scale_converts_to_curvlinops_ggn_and_ef(setup, loss, reductio
     fn = _loss_module(loss, reduction)
     ggn = curvlinops.GGNLinearOperator(m, fn, params, data, check_deterministic=False) @ eye
     ef = curvlinops.EFLinearOperator(m, fn, params, data, check_deterministic=False) @ eye
-    torch.testing.assert_close(ggn, C.curvature_scale("ggn", loss, reduction, N, K) * C.ggn_matrix(m, None, X, likelihood))
+    torch.testing.assert_close(ggn, C.curvature_scale("ggn", loss, reduction, N, K)
+                               * C.ggn_matrix(m, None, X, likelihood))
     torch.testing.assert_close(ef, C.curvature_scale("empirical", loss, reduction, N, K)
                                * C.empirical_fisher(m, None, X, t, likelihood))
 
