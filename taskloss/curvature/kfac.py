@@ -297,8 +297,8 @@ class KFAC:
             seen = self._outputs[name][0].shape[0]
             if seen != n:
                 raise ValueError(f"layer {name!r} saw batch size {seen}, but outputs have batch size {n}")
-        self._n_updates += 1
-        if (self._n_updates - 1) % self.factor_update_interval != 0:
+        if self._n_updates % self.factor_update_interval != 0:
+            self._n_updates += 1
             return
         flat = outputs.detach().reshape(-1, outputs.shape[-1])
         _check_outputs(flat, self.likelihood)  # value checks only when the factors are computed
@@ -315,12 +315,14 @@ class KFAC:
             grads = torch.autograd.grad(outputs, s_list, cot, retain_graph=True, allow_unused=True,
                                         is_grads_batched=True)
         self._fold_factors(names, grads, flat.shape[0])
+        self._n_updates += 1  # counted once the factors are folded in (a call that raised changes nothing)
 
     @torch.no_grad()
     def _fold_factors(self, names: list[str], grads, n_terms: int) -> None:
+        unused = [k for k, g in zip(names, grads) if g is None]
+        if unused:
+            raise ValueError(f"outputs do not depend on layers {unused}")
         for k, g in zip(names, grads):
-            if g is None:
-                raise ValueError(f"outputs do not depend on layer {k!r}")
             mod = self.modules[k]
             if isinstance(mod, nn.Conv2d):
                 g = g.movedim(2, -1)                                                   # [K, N, H, W, C_out]

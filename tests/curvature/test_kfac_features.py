@@ -390,3 +390,21 @@ def test_eigen_inverse_solves_the_damped_kronecker_system():
     x = precondition(eigen_inverse(A, G, 0.1), m)
     # (A ⊗ G + λI) vec(X) in the row-major convention of the module: G X A + λX = M
     torch.testing.assert_close(G @ x @ A + 0.1 * x, m)
+
+
+def test_a_layer_the_outputs_do_not_use_raises_and_changes_nothing():
+    class Aux(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.used, self.unused = nn.Linear(4, 3), nn.Linear(4, 2)
+
+        def forward(self, x):
+            self.unused(x)
+            return self.used(x)
+
+    net = Aux().double()
+    X, y = _batch()
+    k = KFAC(net, fisher_type="empirical")
+    with pytest.raises(ValueError, match=r"do not depend on layers \['unused'\]"):
+        k.update(net(X), y)
+    assert not k.A and k.state_dict()["n_updates"] == 0
