@@ -344,8 +344,9 @@ mask = torch.zeros_like(F1)
 mask[:n0, :n0] = 1
 mask[n0:, n0:] = 1
 torch.testing.assert_close(k1.to_dense(), F1 * mask)
-kb = KFAC(tiny, fisher_type="exact", decay=0.0)
-kb.update(tiny(Xt))
+k1.remove()  # a KFAC owns forward hooks on the model: remove them when done (or use it as a context manager)
+with KFAC(tiny, fisher_type="exact", decay=0.0) as kb:
+    kb.update(tiny(Xt))
 kfac_gap = ((kb.to_dense() - F_pkg * mask).norm() / (F_pkg * mask).norm()).item()
 print(f"one example: K-FAC == exact block-diagonal Fisher; {len(Xt)} examples: relative gap {kfac_gap:.2f}")
 run.record("kfac/batch_block_gap", kfac_gap)
@@ -404,7 +405,7 @@ def train(task, method, run_seed):
         opt = torch.optim.SGD(net.parameters(), lr=hp["lr"], momentum=0.9)
     if method == "K-FAC":
         kfac = KFAC(net, damping=hp["damping"], fisher_type="mc", likelihood=lik, factor_update_interval=hp["tcov"],
-                    inverse_update_interval=10, damping_mode="pi", kl_clip=1e-2, lr=hp["lr"], generator=gen)
+                    inverse_update_interval=10, damping_mode="pi", kl_clip=1e-2, optimizer=opt, generator=gen)
     if method.startswith("diag"):
         pre = C.FisherDiagonalPreconditioner(net, "mc" if method == "diag Fisher" else "empirical", likelihood=lik,
                                              damping=hp["damping"], decay=0.9, generator=gen)
