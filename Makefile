@@ -45,7 +45,7 @@ $(STAMP): pyproject.toml
 	    $(PY) -m pip install -q $(TORCH_INSTALL) || exit 1; \
 	  fi; \
 	  $(PY) -m pip install -q -e ".[dev]"; \
-	  $(PY) -m pip install -q --no-deps "curvlinops-for-pytorch>=2"; \
+	  $(PY) -m pip install -q --no-deps "curvlinops-for-pytorch>=3.0.1,<3.1"; \
 	  touch $(STAMP); \
 	fi
 
