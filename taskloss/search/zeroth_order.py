@@ -59,20 +59,41 @@ def _draw(theta: dict[str, torch.Tensor], n: int, kind: str, generator) -> dict[
     return out
 
 
+def _scalar_values(vals, n: int, where: str) -> torch.Tensor:
+    """``vals`` from ``n`` evaluations of f → ``[n]``; ``ValueError`` unless f returned one number per point."""
+    vals = torch.as_tensor(vals)
+    if vals.ndim == 0 or vals.shape[0] != n or vals[0].numel() != 1:
+        per = tuple(vals.shape[1:]) if vals.ndim and vals.shape[0] == n else tuple(vals.shape)
+        raise ValueError(f"f must return a scalar (one loss per parameter set), got shape {per} at {where}")
+    if vals.is_complex() or vals.dtype == torch.bool:
+        raise TypeError(f"f must return a real number, got dtype {vals.dtype} at {where}")
+    vals = vals.reshape(n)
+    if not bool(torch.isfinite(vals).all()):
+        raise ValueError(f"f returned NaN or inf at {where}")
+    return vals
+
+
 def _evaluate(f: Callable, stacked: dict[str, torch.Tensor], single: bool, vectorize: bool,
               chunk_size: int | None) -> torch.Tensor:
     """f on each of the stacked parameter sets → ``[n]`` (one vmap call, or a loop when not vectorizable)."""
     call = (lambda p: f(p[""])) if single else f
+    n = next(iter(stacked.values())).shape[0]
     with torch.no_grad():
         if vectorize:
             vals = vmap(call, chunk_size=chunk_size, randomness="different")(stacked)
+            if not isinstance(vals, torch.Tensor):
+                raise ValueError(f"f must return a scalar tensor, got {type(vals).__name__} under vmap "
+                                 "(pass vectorize=False for a function that returns Python numbers)")
         else:
-            n = next(iter(stacked.values())).shape[0]
-            vals = torch.stack([torch.as_tensor(call({k: v[i] for k, v in stacked.items()})) for i in range(n)])
-    vals = vals.reshape(-1)
-    if not bool(torch.isfinite(vals).all()):
-        raise ValueError("f returned NaN or inf at a perturbed point")
-    return vals
+            outs = []
+            for i in range(n):
+                v = torch.as_tensor(call({k: x[i] for k, x in stacked.items()}))
+                if v.numel() != 1:
+                    raise ValueError(f"f must return a scalar (one loss per parameter set), got shape "
+                                     f"{tuple(v.shape)} at a perturbed point")
+                outs.append(v.reshape(()))
+            vals = torch.stack(outs)
+    return _scalar_values(vals, n, "a perturbed point")
 
 
 def _value(f, theta: dict[str, torch.Tensor], single: bool) -> torch.Tensor:
@@ -80,9 +101,7 @@ def _value(f, theta: dict[str, torch.Tensor], single: bool) -> torch.Tensor:
         v = torch.as_tensor(f(theta[""]) if single else f(theta))
     if v.numel() != 1:
         raise ValueError(f"f must return a scalar, got shape {tuple(v.shape)}")
-    if not bool(torch.isfinite(v).all()):
-        raise ValueError("f(theta) is NaN or inf")
-    return v.reshape(())
+    return _scalar_values(v.reshape(1), 1, "theta")[0]
 
 
 def _combine(weights: torch.Tensor, dirs: dict[str, torch.Tensor], scale: float, single: bool):
@@ -197,6 +216,28 @@ class MeZO(torch.optim.Optimizer):
         self._seeds = torch.Generator().manual_seed(seed)
         self.last_projected_grads: list[float] = []
 
+    def state_dict(self) -> dict:
+        """``torch.optim`` state plus the seed generator's state and ``num_perturbations``: loading it into a
+        fresh MeZO over the same parameters continues the same perturbation sequence bit for bit."""
+        out = super().state_dict()
+        out["mezo"] = {"seed_generator": self._seeds.get_state().clone(),
+                       "num_perturbations": self.num_perturbations}
+        return out
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Inverse of :meth:`state_dict`; ``ValueError`` for a state without MeZO's generator state."""
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("mezo"), dict):
+            raise ValueError("not a MeZO state_dict: the 'mezo' entry (seed generator state) is missing")
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("mezo")
+        gen_state = extra.get("seed_generator")
+        if not isinstance(gen_state, torch.Tensor) or gen_state.dtype != torch.uint8:
+            raise ValueError("MeZO state_dict: 'seed_generator' must be a uint8 tensor from Generator.get_state()")
+        n = check_int("num_perturbations", extra.get("num_perturbations"), minimum=1)
+        super().load_state_dict(state_dict)
+        self._seeds.set_state(gen_state.clone())
+        self.num_perturbations = n
+
     def _add_z(self, seed: int, coef: Callable[[dict], float]) -> None:
         """``p += coef(group) · z`` for every parameter, ``z ~ N(0, I)`` regenerated from ``seed`` in a fixed
         parameter order (one generator per device), one parameter-sized temporary at a time."""
@@ -210,23 +251,44 @@ class MeZO(torch.optim.Optimizer):
                 z = torch.randn(p.shape, generator=gen, device=p.device, dtype=p.dtype)
                 p.add_(z, alpha=c)
 
+    @staticmethod
+    def _loss(closure) -> torch.Tensor:
+        out = closure()
+        v = torch.as_tensor(out).detach()
+        if v.numel() != 1:
+            raise ValueError(f"MeZO closure must return a scalar loss, got shape {tuple(v.shape)}")
+        if v.is_complex() or v.dtype == torch.bool:
+            raise TypeError(f"MeZO closure must return a real loss, got dtype {v.dtype}")
+        return v.reshape(())
+
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor | float]) -> torch.Tensor:
+        """One MeZO update (see the class docstring); returns ``L+`` of the first perturbation. The parameters
+        are restored before any error propagates (a failing closure, a non-scalar or NaN loss)."""
         if closure is None or not callable(closure):
             raise ValueError("MeZO.step needs a closure that returns the loss")
         eps_groups = {group["eps"] for group in self.param_groups}
         if len(eps_groups) != 1:
             raise ValueError("MeZO needs one eps shared by all parameter groups")
-        eps = eps_groups.pop()
+        eps = check_positive("eps", eps_groups.pop())
+        for group in self.param_groups:
+            check_positive("lr", group["lr"])
+            check_nonnegative("weight_decay", group["weight_decay"])
         seeds, grads, first = [], [], None
         for _ in range(self.num_perturbations):
             s = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-            self._add_z(s, lambda gr: gr["eps"])
-            lp = torch.as_tensor(closure()).detach()
-            self._add_z(s, lambda gr: -2 * gr["eps"])
-            lm = torch.as_tensor(closure()).detach()
-            self._add_z(s, lambda gr: gr["eps"])          # restore θ
-            if not (bool(torch.isfinite(lp).all()) and bool(torch.isfinite(lm).all())):
+            self._add_z(s, lambda gr: gr["eps"])              # θ + εz
+            try:
+                lp = self._loss(closure)
+            except BaseException:
+                self._add_z(s, lambda gr: -gr["eps"])         # back to θ before the error propagates
+                raise
+            self._add_z(s, lambda gr: -2 * gr["eps"])         # θ - εz
+            try:
+                lm = self._loss(closure)
+            finally:
+                self._add_z(s, lambda gr: gr["eps"])          # θ
+            if not (bool(torch.isfinite(lp)) and bool(torch.isfinite(lm))):
                 raise ValueError("closure returned NaN or inf; parameters restored, no update made")
             seeds.append(s)
             grads.append((float(lp) - float(lm)) / (2 * eps))

@@ -214,7 +214,8 @@ def test_non_vmappable_task_loss_falls_back():
         return float((out.argmax(-1) != batch[1]).sum().item()) / len(batch[1])
 
     res = {}
-    for mode, kw in {"auto": {}, "forward": {"vmap_task_loss": False}, "loop": {"parallel": False}}.items():
+    for mode, kw in {"auto": {"parallel": True}, "forward": {"parallel": True, "vmap_task_loss": False},
+                     "loop": {"parallel": False}}.items():
         model, batch = tiny_problem(torch.float32)
         mgs = make(model, task=python_task, K=4, **kw)
         if mode == "auto":
@@ -230,7 +231,7 @@ def test_non_vmappable_task_loss_falls_back():
     torch.testing.assert_close(res["forward"], res["loop"])
     model, batch = tiny_problem(torch.float32)
     with pytest.raises(RuntimeError):  # vmap_task_loss=True: no silent fallback
-        make(model, task=python_task, vmap_task_loss=True).step(batch)
+        make(model, task=python_task, parallel=True, vmap_task_loss=True).step(batch)
 
 
 def test_stratified_and_random_assignment():
@@ -325,8 +326,10 @@ def test_bad_objects_raise():
 def test_nan_losses_raise_clear_errors():
     model, batch = tiny_problem(torch.float32)
     nan_task = lambda out, b: out.sum() * float("nan")  # noqa: E731
-    with pytest.raises(ValueError, match="not finite"):
+    with pytest.raises(ValueError, match="task loss is NaN"):
         make(model, task=nan_task).step(batch)
+    with pytest.raises(ValueError, match=r"not finite: l\(θ\)"):     # the check at θ, on request
+        make(model, task=nan_task, eager_base_loss=True).step(batch)
     calls = []
 
     def nan_candidates(out, b):  # finite at θ (first call), NaN at the candidates
@@ -384,7 +387,7 @@ def test_loop_mode_hands_the_module_and_restores_parameters():
 
     mgs = make(model, forward_fn=forward, parallel=False, K=3, lr=0.0)
     mgs.step(batch)
-    assert seen == [True] * 4 and model.training           # base + 3 candidates; train mode restored
+    assert seen == [True] * 3 and model.training           # 3 candidates (l(θ) is lazy); train mode restored
     torch.testing.assert_close(flat(model), theta0, rtol=0, atol=0)  # lr = 0: candidates were swapped back
 
     calls = []
@@ -404,7 +407,7 @@ def test_loop_mode_hands_the_module_and_restores_parameters():
 def test_vmap_proxy_exposes_module_attributes():
     model, batch = tiny_problem(torch.float32)
     model.n_out = 2
-    mgs = make(model, forward_fn=lambda m, b: m(b[0])[:, : m.n_out], vmap_task_loss=True)
+    mgs = make(model, forward_fn=lambda m, b: m(b[0])[:, : m.n_out], parallel=True, vmap_task_loss=True)
     mgs.step(batch)
     assert mgs.mode == "vmap"
 
