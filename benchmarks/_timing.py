@@ -4,6 +4,9 @@
 * :func:`sync` — ``torch.cuda.synchronize(device)`` on CUDA, nothing elsewhere;
 * :func:`median_time` — median wall-clock seconds of ``fn()`` over ``repeats`` calls after ``warmup`` untimed
   ones, ``time.perf_counter``, CUDA-synchronized before and after each call;
+* :func:`interleaved_median_times` — the same for several functions measured round-robin (one call of each per
+  round), so that a change in the machine's load during the run hits every method alike: ratios between them
+  stay meaningful on a busy machine;
 * :func:`peak_bytes` — peak memory of one call above what is live before it: on CUDA
   ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``; on CPU the allocator trace of
   ``torch.profiler`` (``profile_memory=True``) — the maximum of its running "Total Allocated" counter minus its
@@ -20,7 +23,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["sync", "median_time", "peak_bytes"]
+__all__ = ["sync", "median_time", "interleaved_median_times", "peak_bytes"]
 
 
 def sync(device: torch.device) -> None:
@@ -42,6 +45,24 @@ def median_time(fn: Callable[[], object], device: torch.device, repeats: int, wa
         sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def interleaved_median_times(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int,
+                             warmup: int = 1) -> dict[str, float]:
+    """Median seconds of each ``fns[name]()`` over ``repeats`` rounds; every round calls each function once, in
+    the given order (after ``warmup`` untimed rounds)."""
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(ts) for name, ts in times.items()}
 
 
 def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:

@@ -23,6 +23,7 @@ from taskloss.losses.emo import (
     normalize_cost_embeddings,
 )
 from taskloss.losses.metrics import (
+    EDIT_DISTANCE_BACKENDS,
     accuracy,
     bleu,
     bleu_from_ids,
@@ -49,6 +50,7 @@ from taskloss.losses.text_quality import (
 
 __all__ = [
     "cut_at_eos", "to_lists", "accuracy", "zero_one_loss", "macro_f1", "macro_f1_loss", "edit_distance",
+    "EDIT_DISTANCE_BACKENDS",
     "repetition", "token_repeat_rate", "non_termination", "bleu", "sentence_bleu", "bleu_loss", "bleu_from_ids",
     "MIXES", "REDUCTIONS", "normalize_cost_embeddings", "emo_cost_matrix", "emo_and_mle_per_token",
     "combine_emo_mle", "emo_loss", "emo_soft_upper_bound", "EMOLoss", "frontier_score", "cluster_histograms",
