@@ -126,6 +126,20 @@ def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = 
     return out if batched else out[0]
 
 
+def _real(name: str, x) -> Tensor:
+    """``x`` (a tensor, number or sequence of numbers) as a float64 tensor; ``TypeError`` for anything else."""
+    if isinstance(x, Tensor):
+        if x.dtype == torch.bool or x.is_complex():
+            raise TypeError(f"{name} must hold real numbers, got dtype {x.dtype}")
+        return x.detach().to(torch.float64)
+    if isinstance(x, (str, bytes, bool)):
+        raise TypeError(f"{name} must be real numbers, got {type(x).__name__}")
+    try:
+        return torch.as_tensor(x, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"{name} must be real numbers, got {type(x).__name__}") from e
+
+
 def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = False) -> Tensor:
     """Self-normalized importance weights of the MGS candidates, float64 ``[K]``.
 
@@ -135,9 +149,9 @@ def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = Fals
     temperature. ``log=True`` returns the normalized log-weights. Derived in notebook 02.
     """
     alpha = check_positive("alpha", alpha)
-    L = torch.as_tensor(task_losses, dtype=torch.float64)
-    lq = torch.as_tensor(log_q, dtype=torch.float64, device=L.device)
-    b = torch.as_tensor(base_loss, dtype=torch.float64, device=L.device)
+    L = _real("task_losses", task_losses)
+    lq = _real("log_q", log_q).to(L.device)
+    b = _real("base_loss", base_loss).to(L.device)
     if L.ndim != 1 or L.numel() == 0:
         raise ValueError(f"task_losses must be a non-empty 1-D tensor [K], got shape {tuple(L.shape)}")
     if lq.shape != L.shape:
@@ -159,7 +173,7 @@ def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = Fals
 
 def effective_sample_size(weights: Tensor) -> float:
     """Kish's effective sample size 1 / Σ w_k² of normalized weights (K for uniform, 1 for a single winner)."""
-    w = torch.as_tensor(weights, dtype=torch.float64)
+    w = _real("weights", weights)
     if w.ndim != 1 or w.numel() == 0 or not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
         raise ValueError("weights must be a non-empty 1-D tensor of finite non-negative values")
     if not math.isclose(float(w.sum()), 1.0, rel_tol=1e-6):

@@ -69,7 +69,11 @@ def reinforce_loss(logprobs: torch.Tensor, rewards: torch.Tensor, baseline: torc
             check_floating("baseline", baseline)
             check_finite("baseline", baseline.detach())
             b = baseline.detach().to(adv.device)
-            adv = adv.to(torch.promote_types(adv.dtype, b.dtype)) - b
+            try:
+                adv = adv.to(torch.promote_types(adv.dtype, b.dtype)) - b
+            except RuntimeError as e:
+                raise ValueError(f"baseline of shape {tuple(b.shape)} does not broadcast to rewards "
+                                 f"{tuple(rewards.shape)}") from e
         elif _is_real_number(baseline):
             b = float(baseline)
             if not math.isfinite(b):
@@ -86,6 +90,11 @@ def reinforce_loss(logprobs: torch.Tensor, rewards: torch.Tensor, baseline: torc
     if reduction == "sum":
         return surrogate.sum()
     return surrogate
+
+
+def _check_generator(generator) -> None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
 
 
 def _is_real_number(x) -> bool:
@@ -139,7 +148,16 @@ class MovingAverageBaseline:
         return {"momentum": self.momentum, "value": self.value}
 
     def load_state_dict(self, state: dict) -> None:
-        self.momentum, self.value = state["momentum"], state["value"]
+        """Inverse of :meth:`state_dict`; the momentum is checked as in the constructor, the value is None or finite."""
+        if not isinstance(state, dict) or set(state) != {"momentum", "value"}:
+            raise ValueError("MovingAverageBaseline state must be a dict with the keys 'momentum' and 'value'")
+        m = check_nonnegative("momentum", state["momentum"])
+        if m >= 1:
+            raise ValueError(f"momentum must lie in [0, 1), got {m}")
+        value = state["value"]
+        if value is not None and not (_is_real_number(value) and math.isfinite(float(value))):
+            raise ValueError(f"value must be None or a finite number, got {value!r}")
+        self.momentum, self.value = m, None if value is None else float(value)
 
 
 def _apply_baseline(rewards: torch.Tensor, baseline) -> torch.Tensor | None:
@@ -216,6 +234,7 @@ def classification_reinforce(logits: torch.Tensor, target: torch.Tensor, num_sam
         raise ValueError(f"batch sizes differ: logits {tuple(logits.shape)}, target {tuple(target.shape)}")
     S = check_int("num_samples", num_samples, minimum=1)
     check_nonnegative("mle_weight", mle_weight)
+    _check_generator(generator)
     check_finite("logits", logits.detach())
     C = logits.shape[1]
     lo, hi = int(target.min()), int(target.max())

@@ -40,6 +40,8 @@ def _as_dict(theta) -> tuple[dict[str, torch.Tensor], bool]:
 
 
 def _check_theta(theta: dict[str, torch.Tensor]) -> None:
+    if sum(v.numel() for v in theta.values()) == 0:
+        raise ValueError("theta has no entries (every tensor is empty)")
     for k, v in theta.items():
         if not v.is_floating_point():
             raise TypeError(f"parameter {k!r} must be floating point, got {v.dtype}")
@@ -80,10 +82,13 @@ def _evaluate(f: Callable, stacked: dict[str, torch.Tensor], single: bool, vecto
     n = next(iter(stacked.values())).shape[0]
     with torch.no_grad():
         if vectorize:
-            vals = vmap(call, chunk_size=chunk_size, randomness="different")(stacked)
-            if not isinstance(vals, torch.Tensor):
-                raise ValueError(f"f must return a scalar tensor, got {type(vals).__name__} under vmap "
-                                 "(pass vectorize=False for a function that returns Python numbers)")
+            try:
+                vals = vmap(call, chunk_size=chunk_size, randomness="different")(stacked)
+            except ValueError as e:
+                if "must only return Tensors" not in str(e):
+                    raise
+                raise ValueError("f must return a scalar tensor under vmap (pass vectorize=False for a function "
+                                 "that returns Python numbers)") from e
         else:
             outs = []
             for i in range(n):
@@ -109,7 +114,13 @@ def _combine(weights: torch.Tensor, dirs: dict[str, torch.Tensor], scale: float,
     return g[""] if single else g
 
 
-def _validate(sigma: float, n: int, name: str = "sigma") -> tuple[float, int]:
+def _validate(f, sigma: float, n: int, generator, chunk_size, name: str = "sigma") -> tuple[float, int]:
+    if not callable(f):
+        raise TypeError(f"f must be callable (theta -> scalar loss), got {type(f).__name__}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size, minimum=1)
     return check_positive(name, sigma), check_int("num_samples", n, minimum=1)
 
 
@@ -149,7 +160,7 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, num_samples: int, 
     ``(eps, values)`` when ``return_samples`` (``eps``: stacked ``[n, ...]`` directions, ``values``: ``[n]``
     — or ``[2, n]`` for ``+``/``-`` in the antithetic case).
     """
-    sigma, n = _validate(sigma, num_samples)
+    sigma, n = _validate(f, sigma, num_samples, generator, chunk_size)
     th, single = _as_dict(theta)
     _check_theta(th)
     if baseline not in ("none", "value", "loo", "antithetic"):
@@ -182,7 +193,7 @@ def spsa_grad(f: Callable, theta, eps: float, num_samples: int = 1, *, generator
     ``δ_i`` with i.i.d. ±1 (Rademacher) entries; ``ĝ = (1/n) Σ (f(θ+εδ_i) - f(θ-εδ_i)) / (2ε) · δ_i``
     (``1/δ = δ`` for ±1 entries). Unbiased up to O(ε²) for smooth ``f`` since ``E[δδᵀ] = I``.
     """
-    eps, n = _validate(eps, num_samples, "eps")
+    eps, n = _validate(f, eps, num_samples, generator, chunk_size, "eps")
     th, single = _as_dict(theta)
     _check_theta(th)
     d = _draw(th, n, "rademacher", generator)
@@ -254,6 +265,8 @@ class MeZO(torch.optim.Optimizer):
     @staticmethod
     def _loss(closure) -> torch.Tensor:
         out = closure()
+        if isinstance(out, (str, bytes)) or not isinstance(out, (torch.Tensor, int, float)):
+            raise TypeError(f"MeZO closure must return a scalar loss (tensor or number), got {type(out).__name__}")
         v = torch.as_tensor(out).detach()
         if v.numel() != 1:
             raise ValueError(f"MeZO closure must return a scalar loss, got shape {tuple(v.shape)}")
