@@ -16,7 +16,7 @@ pretrained LM; other 3.11 patch releases give a slightly different corpus), neve
 **Unknown tokens.** LM data built here (:func:`lm_blocks`, :func:`prefix_continuations`,
 :func:`unigram_perplexity`) warn with an :class:`UnknownTokenWarning` naming the rate when more than
 :data:`MAX_UNK_RATE` of a split's tokens map to ``[UNK]`` under the given tokenizer — e.g. WikiText read with
-the default corpus' tokenizer (22 %). Make it an error with ``warnings.simplefilter("error",
+the default corpus' tokenizer (22 % reported). Make it an error with ``warnings.simplefilter("error",
 UnknownTokenWarning)``.
 
 **Tokenizer.** :func:`get_tokenizer` builds (and caches) the compact :class:`~taskloss.datasets.tokenizer.Tokenizer` of a
