@@ -8,6 +8,7 @@ Notebooks: 03_metric_optimization_classification, 04_sequence_task_losses, 05_po
 Modules:
 
 - :mod:`~taskloss.losses.metrics`            — task losses and metrics
+- :mod:`~taskloss.losses.levenshtein`        — the batched edit-distance kernels (rapidfuzz on CPU, torch on GPU)
 - :mod:`~taskloss.losses.emo`                — earth mover distance loss for language models
 - :mod:`~taskloss.losses.text_quality`       — frontier score (MAUVE recipe) and MMD² of text embeddings
 """
