@@ -477,3 +477,26 @@ def test_parallel_auto_chooses_the_loop_on_cpu():
     mgs = make(model)
     assert mgs.parallel is False and mgs.mode == "loop"
     assert make(model, parallel=True).mode == "vmap"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
+def test_mgs_on_cuda_defaults_to_vmap_and_scores_its_candidates():
+    """On a GPU the default is the vmap; its candidate losses equal the loss of θ + Δθ_k evaluated on a CPU copy,
+    and SGD(lr=1) moves θ by Σ_k w_k Δθ_k (float64 throughout: tight tolerances)."""
+    model, (X, y) = tiny_problem(torch.float64)
+    cpu = copy.deepcopy(model)
+    model = model.cuda()
+    mgs = make(model, K=6, alpha=0.1, sigma=0.5, sigma_mode="absolute", max_grad_norm=None, max_update_norm=None)
+    assert mgs.mode == "vmap"
+    theta0 = flat(model).cpu()
+    st = mgs.step((X.cuda(), y.cuda()), return_deltas=True)
+    for k, dk in enumerate(st.deltas):
+        cand = copy.deepcopy(cpu)
+        with torch.no_grad():
+            for name, p in cand.named_parameters():
+                p.add_(dk[name].cpu())
+            assert math.isclose(float(ce_task(cand(X), (X, y))), float(st.task_losses[k]), rel_tol=1e-9)
+    upd = sum(float(w) * torch.cat([d[n].reshape(-1).cpu() for n, _ in cpu.named_parameters()])
+              for w, d in zip(st.weights, st.deltas))
+    torch.testing.assert_close(flat(model).cpu() - theta0, upd, rtol=1e-9, atol=1e-12)
