@@ -64,7 +64,7 @@ class CandidateDraws:
     cache (a float64 copy of the whole noise vector and a separate scaling pass cost about as much again as
     drawing it); on a GPU each tensor is one block."""
 
-    CPU_BLOCK = 1 << 15
+    CPU_BLOCK = 1 << 16
 
     def __init__(self, proposal: StepProposal, seeds: list[int], mle: list[bool], include_mle: bool):
         self.p, self.seeds, self.mle, self.include_mle = proposal, seeds, mle, include_mle
