@@ -21,6 +21,7 @@ Derived in notebook 05_policy_gradient_vs_zeroth_order.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Callable
 
 import torch
@@ -212,7 +213,9 @@ class MeZO(torch.optim.Optimizer):
     ``θ ← θ - lr · (mean_k g_k z_k + weight_decay · θ)`` with each ``z_k ~ N(0, I)`` regenerated from s_k
     parameter by parameter (one parameter-sized temporary at a time). ``closure()`` must return the loss
     (no ``backward``); it runs under ``torch.no_grad()``. ``step`` returns ``L+`` of the first perturbation.
-    ``seed`` makes the sequence of perturbations reproducible.
+    ``seed`` makes the sequence of perturbations reproducible, and :meth:`state_dict` carries the seed generator's
+    state, so a run restored into a fresh MeZO continues bit for bit. A closure that raises, returns a non-scalar
+    or a NaN loss leaves the parameters restored (up to the rounding of θ + εz − εz).
     """
 
     def __init__(self, params, lr: float = 1e-3, eps: float = 1e-3, weight_decay: float = 0.0,
@@ -265,7 +268,7 @@ class MeZO(torch.optim.Optimizer):
     @staticmethod
     def _loss(closure) -> torch.Tensor:
         out = closure()
-        if isinstance(out, (str, bytes)) or not isinstance(out, (torch.Tensor, int, float)):
+        if isinstance(out, bool) or not isinstance(out, (torch.Tensor, numbers.Real)):
             raise TypeError(f"MeZO closure must return a scalar loss (tensor or number), got {type(out).__name__}")
         v = torch.as_tensor(out).detach()
         if v.numel() != 1:
