@@ -48,29 +48,28 @@ def _levenshtein_torch(h: torch.Tensor, lh: torch.Tensor, r: torch.Tensor, lr: t
 _MAX_CODE = 0x10FFFF      # the largest Unicode code point a Python str can hold
 
 
-def _code_points(tokens: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor | None:
+def _code_points(tokens: np.ndarray, lengths: np.ndarray) -> np.ndarray | None:
     """int32 ``[B, T]`` code points ``id + 1`` inside each row and 0 after it, or ``None`` when some id inside a
-    row lies outside ``[0, 0x10FFFE]`` (a code point must be in ``[1, 0x10FFFF]``)."""
-    B, T = tokens.shape
-    if T == 0:
-        return tokens.new_zeros((B, 0), dtype=torch.int32)
-    inside = torch.arange(T, device=tokens.device)[None, :] < lengths[:, None]
-    lo, hi = torch.aminmax(tokens)            # usually decides at once (padding included)
-    if int(lo) < 0 or int(hi) >= _MAX_CODE:
-        lo, hi = torch.aminmax(torch.where(inside, tokens, 0))
-        if int(lo) < 0 or int(hi) >= _MAX_CODE:
+    row lies outside ``[0, 0x10FFFE]`` (a code point must be in ``[1, 0x10FFFF]``). NumPy on the CPU copy."""
+    T = tokens.shape[1]
+    inside = np.arange(T) < lengths[:, None]
+    if tokens.size and (tokens.min() < 0 or tokens.max() >= _MAX_CODE):   # usually decided here (padding included)
+        kept = np.where(inside, tokens, 0)
+        if kept.min() < 0 or kept.max() >= _MAX_CODE:
             return None
-        tokens = torch.where(inside, tokens, 0)
-    return tokens.to(torch.int32).add_(1).masked_fill_(~inside, 0)
+        tokens = kept
+    pts = np.add(tokens, 1, dtype=np.int32, casting="unsafe")            # in range: the cast is exact
+    pts *= inside
+    return pts
 
 
-def _as_strings(points: torch.Tensor) -> list[str]:
+def _as_strings(points: np.ndarray) -> list[str]:
     """Rows of int32 code points ``[B, T]`` (0 past each row's end) as Python strings, through one NumPy view:
     such an array *is* a ``U{T}`` string array, and NumPy drops the trailing zeros."""
     B, T = points.shape
     if T == 0:
         return [""] * B
-    return points.cpu().contiguous().numpy().view(np.dtype(("U", T))).ravel().tolist()
+    return np.ascontiguousarray(points).view(np.dtype(("U", T))).ravel().tolist()
 
 
 def _levenshtein_rapidfuzz(h: torch.Tensor, lh: torch.Tensor, r: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
@@ -81,15 +80,17 @@ def _levenshtein_rapidfuzz(h: torch.Tensor, lh: torch.Tensor, r: torch.Tensor, l
     from rapidfuzz import process
     from rapidfuzz.distance import Levenshtein
 
-    hp, rp = _code_points(h, lh), _code_points(r, lr)
+    hn, ln, rn, rln = (x.detach().cpu().numpy() for x in (h, lh, r, lr))
+    hp, rp = _code_points(hn, ln), _code_points(rn, rln)
     if hp is None or rp is None:
-        _, inv = torch.unique(torch.cat([h.reshape(-1), r.reshape(-1)]), return_inverse=True)
-        if int(inv.max()) >= _MAX_CODE:       # over a million distinct ids: compare lists of ints instead
-            hs = [row[:n] for row, n in zip(h.tolist(), lh.tolist())]
-            rs = [row[:n] for row, n in zip(r.tolist(), lr.tolist())]
+        _, inv = np.unique(np.concatenate([hn.ravel(), rn.ravel()]), return_inverse=True)
+        if inv.size and inv.max() >= _MAX_CODE:       # over a million distinct ids: compare lists of ints instead
+            hs = [row[:n] for row, n in zip(hn.tolist(), ln.tolist())]
+            rs = [row[:n] for row, n in zip(rn.tolist(), rln.tolist())]
             d = process.cpdist(hs, rs, scorer=Levenshtein.distance, dtype=np.int64)
             return torch.from_numpy(np.asarray(d, dtype=np.int64).reshape(-1)).to(h.device)
-        hp = _code_points(inv[:h.numel()].reshape(h.shape), lh)
-        rp = _code_points(inv[h.numel():].reshape(r.shape), lr)
+        inv = inv.reshape(-1)
+        hp = _code_points(inv[:hn.size].reshape(hn.shape), ln)
+        rp = _code_points(inv[hn.size:].reshape(rn.shape), rln)
     d = process.cpdist(_as_strings(hp), _as_strings(rp), scorer=Levenshtein.distance, dtype=np.int64)
     return torch.from_numpy(np.asarray(d, dtype=np.int64).reshape(-1)).to(h.device)

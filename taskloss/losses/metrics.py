@@ -73,11 +73,13 @@ def _list_to_padded(name: str, seqs, device) -> tuple[torch.Tensor, torch.Tensor
 
 def _first(hit: torch.Tensor) -> torch.Tensor:
     """Position of the first True per row of a bool ``[B, T]`` (``T`` where there is none) → LongTensor [B].
-    (``argmax`` returns the first maximum; on uint8 it is several times faster than a min over positions.)"""
+    (``argmax`` returns the first maximum; on the bool mask read as uint8 it is several times faster than a min
+    over positions, and whether the row has a True at all is read off at that position.)"""
     B, T = hit.shape
     if T == 0:
         return torch.zeros(B, dtype=torch.long, device=hit.device)
-    return torch.where(hit.any(1), hit.to(torch.uint8).argmax(1), T)
+    first = hit.view(torch.uint8).argmax(1)
+    return torch.where(hit.gather(1, first[:, None]).squeeze(1), first, T)
 
 
 def cut_at_eos(seqs, eos_id: int | None = None, *, lengths: torch.Tensor | None = None,
@@ -102,7 +104,8 @@ def cut_at_eos(seqs, eos_id: int | None = None, *, lengths: torch.Tensor | None 
             raise ValueError(f"{name} is empty (batch size 0)")
         tokens = seqs.to(dtype=torch.long, device=device if device is not None else seqs.device)
         B, T = tokens.shape
-        if lengths is None:
+        given = lengths is not None
+        if not given:
             if pad_id is not None:      # position of the first pad id (T when there is none)
                 lengths = _first(tokens == pad_id)
             else:
@@ -111,18 +114,20 @@ def cut_at_eos(seqs, eos_id: int | None = None, *, lengths: torch.Tensor | None 
         check_nonempty(name, seqs)
         tokens, own = _list_to_padded(name, seqs, device if device is not None else torch.device("cpu"))
         B, T = tokens.shape
-        lengths = own if lengths is None else lengths
+        given = lengths is not None
+        lengths = lengths if given else own
     else:
         raise TypeError(f"{name} must be a [B, T] integer tensor or a list of token lists, "
                         f"got {type(seqs).__name__}")
-    if not isinstance(lengths, torch.Tensor):
-        lengths = torch.as_tensor(lengths)
-    _check_int_tensor(f"{name} lengths", lengths)
-    lengths = lengths.to(device=tokens.device, dtype=torch.long)
-    if lengths.shape != (B,):
-        raise ValueError(f"{name} lengths must have shape ({B},), got {tuple(lengths.shape)}")
-    if bool(((lengths < 0) | (lengths > T)).any()):
-        raise ValueError(f"{name} lengths must lie in [0, {T}]")
+    if given:                           # lengths from the caller: check them
+        if not isinstance(lengths, torch.Tensor):
+            lengths = torch.as_tensor(lengths)
+        _check_int_tensor(f"{name} lengths", lengths)
+        lengths = lengths.to(device=tokens.device, dtype=torch.long)
+        if lengths.shape != (B,):
+            raise ValueError(f"{name} lengths must have shape ({B},), got {tuple(lengths.shape)}")
+        if bool(((lengths < 0) | (lengths > T)).any()):
+            raise ValueError(f"{name} lengths must lie in [0, {T}]")
     if eos_id is not None:      # cut at the first EOS inside the row
         lengths = torch.minimum(lengths, _first(tokens == eos_id))
     return tokens, lengths
