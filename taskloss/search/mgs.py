@@ -309,6 +309,15 @@ class MGS(_CandidateScoring):
             with torch.no_grad():
                 if self.eager_base_loss:
                     base = self._score_one(self.model, batch)
+                views = [p.view(-1) for p in self.params] if all(p.is_contiguous() for p in self.params) else None
+                if self.mode == "loop" and views is not None:
+                    for k in own:       # draw Δθ_k and write θ + Δθ_k into the module in one cache-blocked pass
+                        d = draws.draw(k, scratch if scratch is not None else torch.empty_like(theta), stats=True,
+                                       load=(theta, views))
+                        local[k] = self._score_one(self.model, batch)
+                        if not self.low_memory:
+                            rows[k] = d
+                    own = []
                 chunk = 1 if self.mode == "loop" else (self.chunk_size or max(len(own), 1))
                 for i in range(0, len(own), chunk):
                     ks = own[i:i + chunk]

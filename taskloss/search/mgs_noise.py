@@ -49,7 +49,7 @@ def build_proposal(g: Tensor, numels: list[int], sigma: float, sigma_mode: str) 
     gg = torch.stack([torch.dot(x, x) for x in parts]).cpu()
     numel = torch.tensor(numels, dtype=torch.float64)
     if sigma_mode == "relative":
-        sig = sigma * torch.stack([x.abs().sum() for x in parts]).cpu() / numel
+        sig = sigma * torch.stack([torch.linalg.vector_norm(x, ord=1) for x in parts]).cpu() / numel
     else:
         sig = torch.full((len(numels),), float(sigma), dtype=torch.float64)
     return StepProposal(g, -g, g64, sig, gg, numel, list(numels))
@@ -74,19 +74,28 @@ class CandidateDraws:
         self.sig = proposal.sigma.tolist()
         block = self.CPU_BLOCK if dev.type == "cpu" else max(proposal.numels)
         self._blocks = []          # (tensor index t, start, stop) over the flat vector
+        self._offsets = []         # where tensor t starts in the flat vector
         start = 0
         for t, nt in enumerate(proposal.numels):
             self._blocks += [(t, a, min(a + block, start + nt)) for a in range(start, start + nt, block)]
+            self._offsets.append(start)
             start += nt
         self._buf = torch.empty(min(block, max(proposal.numels)), dtype=torch.float64, device=dev)
 
-    def draw(self, k: int, out: Tensor, stats: bool = False) -> Tensor:
+    def draw(self, k: int, out: Tensor, stats: bool = False, load: tuple[Tensor, list[Tensor]] | None = None
+             ) -> Tensor:
         """Write Δθ_k into ``out`` (flat ``[P]``, the parameters' dtype/device) and return it; with ``stats``
         also record row k of ``zz``/``zg`` (float64 sums per block, added per tensor in a fixed order: the same
-        arithmetic in every memory mode and on every rank)."""
+        arithmetic in every memory mode and on every rank). ``load = (θ, views)`` also writes θ + Δθ_k into
+        ``views`` (one flat tensor per parameter, e.g. ``p.view(-1)``) block by block while the block is in
+        cache — the same elementwise sum as a separate pass would compute."""
         p = self.p
         if self.include_mle and k == 0:
-            return out.copy_(p.neg_g)
+            out.copy_(p.neg_g)
+            if load is not None:
+                for t, a, b in self._blocks:
+                    self._write(load, t, a, b, out)
+            return out
         gen = torch.Generator(device=out.device).manual_seed(self.seeds[k])
         mle = self.mle[k]
         zz: list[list[Tensor]] = [[] for _ in self.sig]
@@ -101,10 +110,17 @@ class CandidateDraws:
                 torch.add(p.neg_g[a:b], z, alpha=self.sig[t], out=z)
             else:
                 z.mul_(self.sig[t])
+            if load is not None:
+                self._write(load, t, a, b, out)
         if stats:
             self.zz[k] = torch.stack([torch.stack(x).sum() if x else self._buf.new_zeros(()) for x in zz])
             self.zg[k] = torch.stack([torch.stack(x).sum() if x else self._buf.new_zeros(()) for x in zg])
         return out
+
+    def _write(self, load: tuple[Tensor, list[Tensor]], t: int, a: int, b: int, out: Tensor) -> None:
+        theta, views = load
+        o = self._offsets[t]
+        torch.add(theta[a:b], out[a:b], out=views[t][a - o:b - o])
 
     def log_q(self, mix: float, density: str) -> Tensor:
         """log q(Δθ_k) for every candidate, CPU float64 ``[n]``, from the recorded statistics:
