@@ -129,10 +129,10 @@ class MGS(_CandidateScoring):
       P(zero) = λ) or "stratified" (a fixed pattern with ⌈j(1−λ)⌉ MLE-centred among the first j candidates —
       for λ = ½ the reference's alternation MLE, zero, MLE, …; the mixture density is still the right weight: it is the
       balance heuristic of deterministic-mixture importance sampling); ``density`` "mixture" or "unit_sigma".
-      parallel: "auto" (default: the vmap modes for parameters on a GPU, the loop on a CPU — measured on a CPU,
-        K sequential forwards are as fast as one batched forward, while the vmap stacks K parameter copies and
-        K activation sets: about 1.3× the time and 5× the memory, see ``benchmarks/bench_mgs.py``), True (vmap)
-        or False (loop).
+      parallel: "auto" (default: the vmap modes for parameters on a GPU, the loop on a CPU — on a CPU, K
+        forwards one after another use the cores as well as one batched forward, while the vmap stacks K
+        parameter copies and K activation sets: 1.0–1.3× the time and 3–5× the peak memory of the loop for the
+        digits MLPs of ``benchmarks/bench_mgs.py``), True (vmap) or False (loop).
       vmap_task_loss (vmap modes only): True (forward and task loss in one vmap), False (vmap the forward, score
         each candidate's outputs in a Python loop — for decoding + edit distance and other non-vmappable
         metrics), "auto" (try vmap, fall back to the forward-only vmap, then to the loop, with a warning).
@@ -370,21 +370,6 @@ class MGS(_CandidateScoring):
         self.optimizer.step()
         return update_norm
 
-    def _lazy_base(self, theta: Tensor, batch) -> Callable[[], float]:
-        """l(θ) at this step's parameters ``theta``, evaluated when called (on the module, as in loop mode)."""
-        def evaluate() -> float:
-            was_training = self.model.training
-            try:
-                if self.eval_mode:
-                    self.model.eval()
-                with torch.no_grad():
-                    now = self._flat([p.detach() for p in self.params])
-                    with self._loaded(theta, now) as model:
-                        return float(self._score_one(model, batch))
-            finally:
-                self.model.train(was_training)
-        return evaluate
-
     # -- the step ------------------------------------------------------------------------------------------
     def step(self, batch, *, return_deltas: bool = False) -> MGSStats:
         """One MGS update of the model's parameters on ``batch``; returns the step's :class:`MGSStats`
@@ -413,4 +398,4 @@ class MGS(_CandidateScoring):
                         ess=effective_sample_size(w), from_mle=from_mle, mle_weight=float(w[from_mle].sum()),
                         surrogate_loss=surrogate, grad_norm=grad_norm, update_norm=update_norm,
                         sigmas=proposal.sigma.tolist(), seeds=seeds, evaluation=self.mode, deltas=kept,
-                        base=float(base) if base is not None else self._lazy_base(theta, batch))
+                        base=float(base) if base is not None else lambda: self._loss_at(theta, batch))

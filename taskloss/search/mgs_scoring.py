@@ -59,7 +59,7 @@ class _FunctionalModel:
 
 class _CandidateScoring:
     """Candidate evaluation for :class:`taskloss.search.mgs.MGS` (a mixin). The host provides ``model``, ``params``,
-    ``forward_fn``, ``task_loss_fn``, ``mode``, ``_auto``, ``_mode_confirmed`` and ``_unflat``."""
+    ``forward_fn``, ``task_loss_fn``, ``mode``, ``eval_mode``, ``_auto``, ``_mode_confirmed`` and ``_unflat``."""
 
     def _call(self, params: dict[str, Tensor]) -> "_FunctionalModel":
         return _FunctionalModel(self.model, params)
@@ -83,6 +83,20 @@ class _CandidateScoring:
             yield self.model
         finally:
             self._load(theta)
+
+    def _loss_at(self, flat: Tensor, batch) -> float:
+        """The task loss at the parameters ``flat`` (e.g. l(θ) of an earlier step), on the module as in loop mode
+        and in the mode the candidates are scored in; the module's current parameters are restored after."""
+        was_training = self.model.training
+        try:
+            if self.eval_mode:
+                self.model.eval()
+            with torch.no_grad():
+                now = torch.cat([p.detach().reshape(-1) for p in self.params])
+                with self._loaded(flat, now) as model:
+                    return float(self._score_one(model, batch))
+        finally:
+            self.model.train(was_training)
 
     def _score_one(self, model_k, batch) -> Tensor:
         return _scalar_loss(self.task_loss_fn(self.forward_fn(model_k, batch), batch), "loop")
