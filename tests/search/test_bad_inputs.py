@@ -292,3 +292,14 @@ def test_extreme_valid_inputs_stay_finite():
     assert bool(torch.isfinite(loss))
     lq = S.mixture_log_density(torch.full((5, 1000), 50.0), torch.zeros(1000), 1e-3)
     assert bool(torch.isfinite(lq).all())
+
+
+def test_value_checks_step_aside_inside_torch_func():
+    """Functions that notebooks vmap over stacked parameters (the zeroth-order estimators do) keep working: the NaN
+    checks need ``.item()``, which a transform cannot provide, so they run only outside transforms."""
+    logits, table = torch.randn(3, 5, 4), torch.nn.functional.one_hot(torch.tensor([0, 1, 3, 2, 1]), 4)
+    out = torch.func.vmap(lambda z: S.expected_reward(z, table))(logits)
+    torch.testing.assert_close(out, torch.stack([S.expected_reward(z, table) for z in logits]))
+    r = torch.randn(2, 4, 3)
+    torch.testing.assert_close(torch.func.vmap(S.leave_one_out_baseline)(r),
+                               torch.stack([S.leave_one_out_baseline(x) for x in r]))
