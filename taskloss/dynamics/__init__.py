@@ -9,8 +9,10 @@ regularization vs a larger learning rate, flooding as a gradient penalty).
 Modules:
 
 - :mod:`~taskloss.dynamics.clipping`     — hard and soft clipping, global or per tensor; the ``ClippedSGD`` optimizer
-- :mod:`~taskloss.dynamics.smoothness`   — gradients and Hessian-vector products of a pure loss, the trajectory
-  smoothness probe, the top Hessian eigenvalue by power iteration, the (L0, L1) fit
+- :mod:`~taskloss.dynamics.hessian`      — gradients and Hessian-vector products of a pure loss, the top Hessian
+  eigenvalue by power iteration, second-order-safe kernels
+- :mod:`~taskloss.dynamics.smoothness`   — the trajectory smoothness probe (functional and for a training loop), the
+  (L0, L1) fit
 - :mod:`~taskloss.dynamics.implicit`     — gradient-norm penalties (double backward, per example), the modified
   loss and its gradient, RK4 flows with an error check, flooding
 """
@@ -25,17 +27,19 @@ from taskloss.dynamics.implicit import (
     modified_loss,
     per_example_gradient_penalty,
 )
-from taskloss.dynamics.smoothness import (
+from taskloss.dynamics.hessian import (
     EigenResult,
+    hessian_vector_product,
+    loss_gradient,
+    native_kernels,
+    top_hessian_eigenvalue,
+)
+from taskloss.dynamics.smoothness import (
     SmoothnessFit,
     SmoothnessSample,
     TrajectorySmoothness,
     fit_l0_l1,
-    hessian_vector_product,
     local_smoothness,
-    loss_gradient,
-    native_kernels,
-    top_hessian_eigenvalue,
 )
 
 __all__ = [

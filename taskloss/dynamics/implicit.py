@@ -27,7 +27,7 @@ Pieces:
   on ``(h²/2)‖∇L‖²``.
 
 Fused kernels (cuDNN/oneDNN RNNs, flash attention) have no double backward: the ``torch.func`` functions here
-run inside :func:`taskloss.dynamics.smoothness.native_kernels`; for :func:`gradient_norm_penalty` build the loss
+run inside :func:`taskloss.dynamics.hessian.native_kernels`; for :func:`gradient_norm_penalty` build the loss
 (the forward pass) inside ``with native_kernels():`` yourself when the model has such layers.
 """
 from __future__ import annotations
@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
 from taskloss.curvature.fisher import flatten, unflatten
-from taskloss.dynamics.smoothness import (
+from taskloss.dynamics.hessian import (
     _autograd_gradient,
     _check_params,
     _checked_loss,
@@ -181,9 +181,9 @@ def modified_loss(loss_fn: Callable, params, h: float) -> Tensor:
 
 
 def modified_gradient(loss_fn: Callable, params, h: float):
-    """``∇L̃_h(θ) = ∇L(θ) + (h/2)·∇²L(θ)·∇L(θ)``: one gradient and one Hessian-vector product
-    (double backward, as in :func:`~taskloss.dynamics.smoothness.hessian_vector_product`), the vector field of the flow that gradient
-    descent with step ``h`` follows to second order. Not traceable by ``torch.func`` (use :func:`modified_loss`).
+    """``∇L̃_h(θ) = ∇L(θ) + (h/2)·∇²L(θ)·∇L(θ)``: one forward, one gradient with its graph and one Hessian-vector
+    product by double backward — the vector field of the flow that gradient descent with step ``h`` follows to
+    second order. Not traceable by ``torch.func`` (use :func:`modified_loss` inside transforms).
 
     Args:
         loss_fn: ``params → 0-d tensor``.
