@@ -15,10 +15,11 @@ Pieces:
 - :func:`gradient_norm_penalty` — ``‖∇_θ L‖²`` from a scalar loss of any model by double backward
   (``create_graph=True``), to add to the loss in an ordinary training loop;
 - :func:`per_example_gradient_penalty` — ``(1/N)Σ_n ‖∇_θ ℓ_n‖²`` with ``torch.func.vmap`` over examples (the
-  mean of per-example norms, ``= ‖∇L‖² + Σ_j Var_n(∂_j ℓ_n)``, the quantity behind SGD's implicit
-  regularizer in Smith, Dherin, Barrett & De, ICLR 2021);
-- :func:`modified_loss`, :func:`modified_gradient` — ``L̃_h`` and ``∇L̃_h`` of a pure loss function
-  (``torch.func``; the gradient by one Hessian-vector product, never the Hessian);
+  mean of per-example squared norms, ``= ‖∇L‖² + Σ_j Var_n(∂_j ℓ_n)``; with mini-batches of one example, the
+  implicit regularizer of SGD in Smith, Dherin, Barrett & De, *On the Origin of Implicit Regularization in
+  Stochastic Gradient Descent*, ICLR 2021);
+- :func:`modified_loss`, :func:`modified_gradient` — ``L̃_h`` (``torch.func``, composable with its transforms) and
+  ``∇L̃_h`` (one gradient and one Hessian-vector product by double backward, never the Hessian);
 - :func:`integrate_flow`, :func:`gradient_flow` — classical fourth-order Runge-Kutta with a step-doubling
   error check (the number of steps doubles until ``‖y_{2n} − y_n‖/15``, the estimated error of ``y_{2n}``, is
   below the tolerance);
