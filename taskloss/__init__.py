@@ -13,6 +13,8 @@ what it holds, each ``__init__`` naming its notebooks (``notebooks/NN_topic.py``
 - :mod:`taskloss.datasets`   — digits, the no-download corpus and WikiText reader, the tokenizer, MiniLM (02–09)
 - :mod:`taskloss.attribution` — integrated gradients (Riemann and Gauss–Legendre rules, baselines, token embeddings),
   the randomization sanity check (15)
+- :mod:`taskloss.dynamics`   — gradient clipping and (L0, L1)-smoothness probes, gradient-norm penalties, the modified
+  loss of a finite step and its flows (11, 12)
 - :mod:`taskloss.runner`     — the results API of notebooks, parameters, the rerun/sweep runner (every notebook)
 - :mod:`taskloss.utils`      — device resolution, seeding, input validation (everywhere)
 
