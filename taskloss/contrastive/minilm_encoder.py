@@ -95,7 +95,8 @@ class MiniLMTop(nn.Module):
             raise TypeError("batch must be a mapping with 'hidden' [n, T, 384] and 'mask' [n, T]")
         hidden, mask = batch["hidden"], batch["mask"]
         if hidden.ndim != 3 or mask.shape != hidden.shape[:2]:
-            raise ValueError(f"hidden must be [n, T, d] and mask [n, T]; got {tuple(hidden.shape)}, {tuple(mask.shape)}")
+            raise ValueError(f"hidden must be [n, T, d] and mask [n, T]; got {tuple(hidden.shape)}, "
+                             f"{tuple(mask.shape)}")
         width = int(mask.sum(0).nonzero().max()) + 1 if bool(mask.any()) else 1
         dtype = next(self.parameters()).dtype
         hidden, mask = hidden[:, :width].to(dtype), mask[:, :width]

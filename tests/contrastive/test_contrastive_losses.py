@@ -99,4 +99,5 @@ def test_half_precision_embeddings_are_scored_in_float32_also_under_autocast():
 def test_distributed_loss_without_process_group_is_info_nce():
     q, p, h = _pairs(M=3)
     for kw in (dict(), dict(symmetric=True), dict(reduction="sum", hard_negatives=h)):
-        torch.testing.assert_close(distributed_info_nce(q, p, temperature=0.1, **kw), info_nce(q, p, temperature=0.1, **kw))
+        torch.testing.assert_close(distributed_info_nce(q, p, temperature=0.1, **kw),
+                                   info_nce(q, p, temperature=0.1, **kw))
