@@ -246,6 +246,17 @@ def _check_replay(emb: Tensor, ref: Tensor, k: int, tol: float | None) -> None:
 
 
 # ------------------------------------------------------------------------------------------------ one step
+@contextlib.contextmanager
+def _naming_input(j: int, n: int):
+    """Prefix errors raised for one input with its index, when there are several."""
+    try:
+        yield
+    except (TypeError, ValueError, RuntimeError) as err:
+        if n == 1:
+            raise
+        raise type(err)(f"input {j}, {err}") from err
+
+
 @dataclass
 class AccumulationResult:
     """What :func:`accumulated_backward` computed: the loss (detached), the embeddings of pass 1 and their
@@ -305,7 +316,10 @@ def accumulated_backward(encoders: Callable | Sequence[Callable], inputs: Sequen
     """
     encs, sizes = _encoders_and_sizes(encoders, inputs, micro_batch_size)
     chunks = [split_micro_batches(x, m) for x, m in zip(inputs, sizes)]
-    embedded = [embed_micro_batches(enc, ch) for enc, ch in zip(encs, chunks)]
+    embedded = []
+    for j, (enc, ch) in enumerate(zip(encs, chunks)):
+        with _naming_input(j, len(inputs)):
+            embedded.append(embed_micro_batches(enc, ch))
     embeddings = [torch.cat(e) for e, _ in embedded]
     loss, grads = embedding_gradients(loss_fn, embeddings, scaler)
     used = [j for j, g in enumerate(grads) if g is not None]
@@ -313,8 +327,9 @@ def accumulated_backward(encoders: Callable | Sequence[Callable], inputs: Sequen
     for j in used:
         emb, states = embedded[j]
         g_chunks = grads[j].split([e.shape[0] for e in emb])
-        replay_backward(encs[j], chunks[j], g_chunks, states, emb if check_replay else None, replay_tol,
-                        sync=last_use[id(encs[j])] == j)
+        with _naming_input(j, len(inputs)):
+            replay_backward(encs[j], chunks[j], g_chunks, states, emb if check_replay else None, replay_tol,
+                            sync=last_use[id(encs[j])] == j)
     return AccumulationResult(loss, embeddings, grads)
 
 

@@ -237,3 +237,27 @@ def test_split_and_batch_size_of_supported_batch_types():
         batch_size({"a": torch.zeros(3), "b": torch.zeros(4)})
     with pytest.raises(TypeError, match="a batch must be"):
         batch_size(3.0)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_cuda_dropout_replay_and_fp16_autocast_with_grad_scaler():
+    dev = torch.device("cuda")
+    enc = _encoder(dtype=torch.float32).to(dev)                                       # dropout 0.3, on the GPU
+    q, p, _ = (x.float().to(dev) for x in _data())
+    loss_fn = functools.partial(info_nce, temperature=0.5)
+    assert RNGState.capture(q).cuda and RNGState.capture(enc).cuda                   # CUDA generator recorded
+    torch.manual_seed(7)                                                              # seeds the CUDA generator too
+    _chunked_full_graph([enc, enc], [q, p], loss_fn, [4, 4])
+    ref = _grads(enc)
+    torch.manual_seed(7)
+    accumulated_backward(enc, (q, p), loss_fn, 4)
+    # float32 kernels on the GPU may reduce in another order: close, not identical
+    _assert_grads_close(_grads(enc), ref, rtol=1e-4, atol=1e-6)
+    scaler = torch.amp.GradScaler("cuda", init_scale=1024.0)
+    torch.manual_seed(7)
+    with torch.autocast("cuda", dtype=torch.float16):
+        res = accumulated_backward(enc, (q, p), loss_fn, 4, scaler=scaler)
+    assert res.embeddings[0].dtype == torch.float16 and res.embedding_grads[0].dtype == torch.float32
+    for a, b in zip(_grads(enc), ref):                                                # same masks, fp16 forward
+        assert (a / 1024.0 - b).norm() <= 0.02 * b.norm() + 1e-6

@@ -81,7 +81,7 @@ def test_accumulation_bad_micro_batch_and_inputs():
 
 def test_nan_embeddings_and_bad_encoder_outputs():
     nan_enc = lambda x: torch.full((x.shape[0], 2), float("nan"))            # noqa: E731
-    with pytest.raises(ValueError, match="micro-batch 0: the embeddings contain NaN"):
+    with pytest.raises(ValueError, match="input 0, micro-batch 0: the embeddings contain NaN"):
         accumulated_backward(nan_enc, (q, p), loss_fn, 2)
     with pytest.raises(ValueError, match="the embeddings contain NaN"):
         naive_accumulated_backward(nan_enc, (q, p), loss_fn, 2)
@@ -107,7 +107,7 @@ def test_encoder_that_changes_shape_in_the_second_pass():
             out = self.lin(x)
             return out if torch.is_grad_enabled() is False else out[:, :3]     # narrower when replayed with a graph
 
-    with pytest.raises(RuntimeError, match=r"micro-batch 0: the encoder returned shape \(2, 3\) in the second pass "
+    with pytest.raises(RuntimeError, match=r"input 0, micro-batch 0: the encoder returned shape \(2, 3\) in the second pass "
                                            r"but \(2, 4\) in the first"):
         accumulated_backward(Shifty(), (q, p), loss_fn, 2)
 
