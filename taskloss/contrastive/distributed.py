@@ -11,9 +11,12 @@ gradients of the gathered matrix over ranks (one ``all_reduce``) and keeps its o
 then averages the parameter gradients over the W ranks, which cancels the factor W: the synchronized gradient
 is exactly ``∇_θ L`` — the same as one process with the whole batch (tested with 2 gloo processes).
 
-The same scale is what sentence-transformers' ``all_gather_with_grad`` + local rows needs, while GradCache's
-``DistributedContrastiveLoss`` computes the *whole* B×B loss on every rank (gradient to the own slice only),
-which gives the same gradient at W times the score-matrix cost. Combined with
+``torch.distributed.nn.all_gather`` has the same backward (a reduce-scatter) for equal shards, and
+sentence-transformers' ``gather_across_devices`` uses it with each rank's mean over its own rows — the same
+scale when shards are equal; :func:`gather_with_grad` also takes unequal shards (the loss is then weighted by
+``W/B`` rather than ``1/B_r``). GradCache's ``DistributedContrastiveLoss`` instead computes the *whole* B×B loss
+on every rank with the gradient to the own slice only: after DDP's averaging that is ``∇_θ L / W`` (a learning
+rate W times smaller), at W times the score-matrix cost. Combined with
 :func:`taskloss.contrastive.accumulation.accumulated_backward`, each rank embeds its shard in micro-batches and
 the cache is built from the gathered loss.
 """
