@@ -8,6 +8,8 @@ what it holds, each ``__init__`` naming its notebooks (``notebooks/NN_topic.py``
 - :mod:`taskloss.curvature`  — Fisher/GGN, CG and Hessian-free, diagonal Fisher, K-FAC, natural gradient,
   the Gaussian exponential family (06–08)
 - :mod:`taskloss.losses`     — task losses and metrics, the EMO loss, distribution-level text quality (03–05, 09)
+- :mod:`taskloss.contrastive` — InfoNCE with in-batch negatives, exact two-pass gradient accumulation, the
+  all-gather across ranks, MiniLM fine-tuning for retrieval (10)
 - :mod:`taskloss.models`     — Transformer LM (Post-LN, Pre-LN, RealFormer), LSTM/RNN LM, MLP, small CNN (02–09)
 - :mod:`taskloss.lm`         — decoding, the causal-LM adapter, completion tasks, the pretrained small LM (04, 05, 09)
 - :mod:`taskloss.datasets`   — digits, the no-download corpus and WikiText reader, the tokenizer, MiniLM (02–09)
