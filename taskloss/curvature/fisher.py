@@ -6,7 +6,7 @@ empirical Fisher, diagonal). Built on these functions: conjugate gradients and H
 K-FAC in :mod:`taskloss.curvature.kfac`.
 
 Scale convention (the whole module, and :mod:`taskloss.curvature.kfac`)
--------------------------------------------------------------
+-----------------------------------------------------------------------
 * A model maps inputs ``[N, ...]`` to outputs ``f`` of shape ``[N, C]``: logits for ``likelihood="categorical"``,
   means for ``likelihood="gaussian"`` (the NLL of ``N(f, I)``, i.e. ``½‖y − f‖²`` per example, constants dropped).
 * The training loss is the batch **mean** of per-example negative log-likelihoods (:func:`nll_loss`).
@@ -17,6 +17,7 @@ Scale convention (the whole module, and :mod:`taskloss.curvature.kfac`)
   uses the observed label: ``(1/N) Σ_n ∇ℓ_n ∇ℓ_nᵀ``.
 
 Other libraries take the curvature of *whatever loss you hand them*:
+
 * curvlinops (``GGNLinearOperator``, ``EFLinearOperator``, ``KFACLinearOperator``) with
   ``CrossEntropyLoss(reduction="mean")`` equals ours; ``reduction="sum"`` is ``N ×`` ours.
   ``MSELoss(reduction="sum")`` is ``Σ (y − f)² = 2 Σ ½(y − f)²`` → ``2N ×`` ours; ``MSELoss(reduction="mean")``

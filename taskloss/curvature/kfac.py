@@ -13,6 +13,7 @@ averaged over steps. Conv2d: ``a`` are the unfolded input patches and ``g`` the 
 :mod:`taskloss.curvature.fisher` — so ``G`` uses per-example gradients ``g_n`` (not the ``1/N``-scaled ones of the mean).
 
 Fisher types for ``G`` (explicit, ``fisher_type``):
+
 * ``"mc"``: ``g`` back-propagated from labels sampled from the model's predictive distribution ``p(y | f)``
   (``n_samples`` draws; K-FAC proper, unbiased for the true Fisher);
 * ``"empirical"``: ``g`` from the observed targets (the empirical Fisher — biased, see notebook 07);
