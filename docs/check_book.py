@@ -62,7 +62,8 @@ PAGE_PROBE = r"""
     math_elements: mathNodes.length,
     math_unrendered: mathNodes.filter(e => !e.querySelector('mjx-container')).length,
     mjx_containers: document.querySelectorAll('mjx-container').length,
-    mjx_errors: [...document.querySelectorAll('mjx-merror')].map(e => e.getAttribute('data-mjx-error') || e.textContent),
+    mjx_errors: [...document.querySelectorAll('mjx-merror')]
+        .map(e => e.getAttribute('data-mjx-error') || e.textContent),
     raw_tex: raw,
     images: [...document.images].map(i => ({src: i.currentSrc || i.src, width: i.naturalWidth})),
     links: [...document.querySelectorAll('a[href]')].map(a => ({href: a.href, text: a.textContent.trim().slice(0, 80),

@@ -14,14 +14,14 @@ from __future__ import annotations
 
 import re
 
+from book_sources import NOTEBOOK_DIR, all_collided_modules, documented_names, documented_target, module_label, resolve
 from docutils import nodes
 from sphinx import addnodes
 from sphinx.application import Sphinx
 from sphinx.transforms import SphinxTransform
+from sphinx.transforms.post_transforms import SphinxPostTransform
 from sphinx.util import logging
-
-from book_sources import (NOTEBOOK_DIR, all_collided_modules, documented_names, documented_target, module_label,
-                          resolve)
+from sphinx.util.nodes import make_refnode
 
 logger = logging.getLogger(__name__)
 
@@ -98,9 +98,9 @@ class TasklossLiterals(SphinxTransform):
     default_priority = 400
 
     def apply(self, **kwargs) -> None:
+        skip = (nodes.reference, addnodes.pending_xref, addnodes.desc_signature, nodes.title)   # no links in titles
         for node in list(self.document.findall(nodes.literal)):
-            if isinstance(node.parent, (nodes.reference, addnodes.pending_xref, addnodes.desc_signature)) or \
-                    isinstance(node, nodes.literal_block) or "xref" in node.get("classes", []):
+            if isinstance(node.parent, skip) or "xref" in node.get("classes", []):
                 continue
             text = node.astext()
             dotted = text[:-2] if text.endswith("()") else text
@@ -125,8 +125,26 @@ class TasklossLiterals(SphinxTransform):
         for ref in list(self.document.findall(addnodes.pending_xref)):
             if ref.get("refdomain") == "py" and ref.get("reftype") == "mod" and \
                     ref.get("reftarget") in all_collided_modules():
-                ref["refdomain"], ref["reftype"] = "std", "ref"
-                ref["reftarget"], ref["refexplicit"] = module_label(ref["reftarget"]), True
+                ref["refdomain"], ref["reftype"] = "taskloss", "module-section"
+
+
+class ModuleSections(SphinxPostTransform):
+    """Resolves the references made above to the section label of the module (keeping their code look)."""
+    default_priority = 5            # before Sphinx's ReferencesResolver
+
+    def run(self, **kwargs) -> None:
+        labels = self.env.domains["std"].labels
+        for ref in list(self.document.findall(addnodes.pending_xref)):
+            if ref.get("refdomain") != "taskloss":
+                continue
+            label = module_label(ref["reftarget"]).lower()
+            if label not in labels:
+                logger.warning(f"no section for module {ref['reftarget']}", location=ref)
+                ref.replace_self(ref.children)
+                continue
+            docname, labelid, _ = labels[label]
+            ref.replace_self(make_refnode(self.app.builder, self.env.docname, docname, labelid, ref.children,
+                                          ref["reftarget"]))
 
 
 # -- references against defining modules → public entries ----------------------------------------------------------
@@ -188,6 +206,7 @@ def process_signature(app: Sphinx, what: str, name: str, obj, options, signature
 def setup(app: Sphinx) -> dict:
     app.connect("autodoc-process-docstring", process_docstring)
     app.add_transform(TasklossLiterals)
+    app.add_post_transform(ModuleSections)
     app.connect("missing-reference", missing_reference)
     app.connect("autodoc-process-signature", process_signature)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

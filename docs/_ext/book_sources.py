@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import hashlib
 import importlib
 import inspect
 import os
@@ -241,7 +242,8 @@ def _data_entry(module: str, name: str) -> list[str]:
         lines.append(f"   :value: {text}")
     else:
         kind = type(obj)
-        lines.append(f"   :type: {kind.__qualname__ if kind.__module__ == 'builtins' else kind.__module__ + '.' + kind.__qualname__}")
+        qualified = kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+        lines.append(f"   :type: {qualified}")
     doc = ModuleAnalyzer.for_module(module).find_attr_docs().get(("", name))
     if doc:
         lines += [""] + [f"   {d}" if d else "" for d in doc]
@@ -263,11 +265,9 @@ def summary(obj) -> str:
     autosummary's own cut can fall inside a literal such as ``min gᵀδ s.t. ...``."""
     doc = inspect.getdoc(obj) or ""
     para = " ".join(doc.split("\n\n")[0].split())
-    pos = 0
     for m in re.finditer(r"``.*?``|:[\w:]+:`[^`]*`|`[^`]*`|\.(?=\s|$)", para):
         if m.group(0) == ".":
             return para[:m.end()]
-        pos = m.end()
     return para
 
 
@@ -293,7 +293,7 @@ def api_page_text(page: ApiPage) -> str:
     title = page.name
     out = [title, "=" * len(title), "", f".. automodule:: {page.name}", "   :no-members:", ""]
     if page.is_package:
-        from book_links import link_notebooks_in_line, notebook_stems   # (book_links imports this module)
+        from book_links import link_notebooks_in_line, notebook_stems  # (book_links imports this module)
         stems = notebook_stems()
         mod = importlib.import_module(page.name)
         out += [".. currentmodule:: " + page.name, "", ".. rubric:: Public names", "",
@@ -480,10 +480,14 @@ def write_notebooks() -> list[str]:
 
 
 def generate(app: Sphinx, config: Config) -> None:
+    # the book's own extensions shape every page: when their code changes, Sphinx rebuilds everything
+    config.book_extensions_hash = hashlib.sha256(b"".join(p.read_bytes() for p in
+                                                          sorted(Path(__file__).parent.glob("*.py")))).hexdigest()
     write_api()
     write_notebooks()
 
 
 def setup(app: Sphinx) -> dict:
+    app.add_config_value("book_extensions_hash", "", "env")
     app.connect("config-inited", generate, priority=600)
     return {"version": "1", "parallel_read_safe": True, "parallel_write_safe": True}

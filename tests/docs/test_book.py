@@ -38,7 +38,7 @@ def test_readme_table_columns_and_order(tmp_path):
         # x
         | notebook | question | source | expected results (CI defaults) | runtime |
         |---|---|---|---|---:|
-        | [`09_emo_loss`](notebooks/09_emo_loss.ipynb) | Why \\| EMO? | [Ren 2024](https://arxiv.org/abs/2310.04691) | `a` 1 | 9 s |
+        | [`09_emo_loss`](notebooks/09_emo_loss.ipynb) | Why \\| EMO? | [Ren](https://arxiv.org/abs/1) | `a` 1 | 9 s |
         | [`02_importance_sampling_and_mgs`](notebooks/02_importance_sampling_and_mgs.ipynb) | MGS? | | | |
 
         | notebook | other table |
@@ -189,8 +189,9 @@ def test_notebook_pages_follow_the_readme_with_its_row_and_their_uses(site):
         glance = re.search(r'taskloss-glance.*?</div>', page, re.S)
         assert glance and "Question." in glance.group(0), stem
         words = re.sub(r"[`*$\\]|\[|\]\([^)]*\)", "", row["question"]).split()[:4]
-        shown = html.unescape(re.sub(r"<[^>]+>", "", glance.group(0))).translate(str.maketrans("’‘“”", "''\"\""))
-        assert " ".join(words) in shown, (stem, words)                       # (Sphinx's smart quotes undone)
+        shown = html.unescape(re.sub(r"<[^>]+>", "", glance.group(0)))
+        shown = shown.translate(str.maketrans("’‘“”", "''\"\""))                  # Sphinx's smart quotes undone
+        assert " ".join(words) in shown, (stem, words)
         uses = re.search(r'taskloss-uses.*?</ul>', page, re.S)
         assert uses and re.search(r'href="\.\./api/taskloss\.\w+\.html#taskloss\.', uses.group(0)), stem
 
