@@ -70,11 +70,11 @@ book: $(STAMP)
 	  $(PY) -m sphinx -b html -W --keep-going -j $(JOBS) -q docs $(BOOK_OUT)
 	@echo "The book: open $(BOOK_OUT)/index.html"
 
-# Opens a notebook page and an API page in headless Chromium (Debian's package; installed here when missing and
+# Opens every notebook page and an API page in headless Chromium (Debian's package; installed here when missing and
 # running as root) and checks math, figures, links and that nothing was fetched from outside the site.
 book-check: book
 	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
 	  else echo "make book-check needs Chromium: apt-get install chromium" >&2; exit 2; fi; }
-	$(PY) docs/check_book.py --site $(BOOK_OUT)
+	$(PY) docs/check_book.py --site $(BOOK_OUT) --all-notebooks

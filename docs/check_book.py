@@ -16,6 +16,7 @@ A screenshot of each page is written into ``<site>/../check/`` (an artifact of t
 nothing but the Python standard library and Debian's ``chromium`` package is needed.
 
     python docs/check_book.py [--site docs/_build/html] [--page notebooks/06_natural_gradient.html ...]
+                              [--all-notebooks]
 """
 from __future__ import annotations
 
@@ -290,10 +291,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--site", type=Path, default=DOCS / "_build" / "html")
     parser.add_argument("--page", action="append", help="page relative to the site (repeatable); default: "
                         + ", ".join(DEFAULT_PAGES))
+    parser.add_argument("--all-notebooks", action="store_true", help="also check every notebook page")
     parser.add_argument("--out", type=Path, help="folder for screenshots and report.json (default: <site>/../check)")
     parser.add_argument("--browser", help="Chromium binary (default: found on PATH)")
     args = parser.parse_args(argv)
     pages = args.page or list(DEFAULT_PAGES)
+    if args.all_notebooks:
+        pages += sorted(f"notebooks/{p.name}" for p in (args.site / "notebooks").glob("[0-9][0-9]_*.html")
+                        if f"notebooks/{p.name}" not in pages)
     out = args.out or args.site.parent / "check"
     try:
         results = check(args.site, pages, out, args.browser)

@@ -12,6 +12,7 @@ the package's ``__all__`` lists; they are git-ignored. Environment variables:
 """
 from __future__ import annotations
 
+import builtins
 import os
 import sys
 from pathlib import Path
@@ -38,6 +39,8 @@ exclude_patterns = ["_build", "_ext", ".gitignore", "**.ipynb_checkpoints"]
 # The site must read offline: no intersphinx (it downloads inventories); references to other libraries render as
 # code (see nitpick_ignore_regex), references to taskloss must resolve.
 nitpicky = True
+_BUILTIN_EXCEPTIONS = "|".join(name for name, value in vars(builtins).items()
+                               if isinstance(value, type) and issubclass(value, BaseException))
 _EXTERNAL = ("(" + "|".join(sorted(sys.stdlib_module_names - {"this"})) + "|"
              r"torch|numpy|np|scipy|sklearn|transformers|matplotlib|plt|tqdm|yaml|papermill|nbformat|jupytext|"
              r"rapidfuzz|sacrebleu|"
@@ -49,14 +52,17 @@ nitpick_ignore_regex = [
                r"Path|Any|Callable|Iterable|Iterator|Sequence|Mapping|MutableMapping|Literal|Optional|Union|"
                r"NamedTuple|TypeVar|Self|PathLike|ArrayLike|PreTrainedModel|PreTrainedTokenizerBase)"),
     (r"py:.*", r"(None|True|False|int|float|complex|str|bytes|bool|dict|list|tuple|set|frozenset|object|type|"
-               r"callable|iterable|optional|sequence|array|array_like|array-like|scalar|Exception|ValueError|"
-               r"TypeError|RuntimeError|KeyError|IndexError|FileNotFoundError|NotImplementedError|OSError|"
-               r"StopIteration|slice|range|property|classmethod|staticmethod|ellipsis|NoneType)"),
+               r"callable|iterable|optional|sequence|array|array_like|array-like|scalar|slice|range|property|"
+               r"classmethod|staticmethod|ellipsis|NoneType)"),
+    # Python's exceptions, alone or as "TypeError / ValueError" in a napoleon Raises entry
+    (r"py:.*", rf"({_BUILTIN_EXCEPTIONS})(\s*(/|,|or|and)\s*({_BUILTIN_EXCEPTIONS}))*"),
 ]
 
 # -- MyST / MyST-NB ------------------------------------------------------------------------------------------------
 myst_enable_extensions = ["dollarmath", "amsmath", "colon_fence", "deflist"]
 myst_heading_anchors = 3
+# "$$...$$" inside a paragraph is display math, as Jupyter shows it
+myst_dmath_double_inline = True
 nb_execution_mode = "force" if os.environ.get("TASKLOSS_BOOK_EXECUTE") == "1" else "off"
 nb_execution_timeout = 1800
 nb_execution_raise_on_error = True
@@ -67,6 +73,8 @@ nb_ipywidgets_js = {}
 nb_mime_priority_overrides = [("html", "application/vnd.jupyter.widget-view+json", None),
                               ("html", "application/vnd.jupyter.widget-state+json", None)]
 nb_merge_streams = True
+# Markdown outputs (run.say) carry $math$: parse them with MyST, not plain CommonMark
+nb_render_markdown_format = "myst"
 
 # -- autodoc ------------------------------------------------------------------------------------------------------
 autodoc_member_order = "bysource"

@@ -106,12 +106,14 @@ class TasklossLiterals(SphinxTransform):
             dotted = text[:-2] if text.endswith("()") else text
             if not _DOTTED.fullmatch(dotted):
                 continue
-            names = documented_names()
-            # a real module path is the module, even where its package rebinds the name to a function
-            if names.get(dotted) == "mod":
-                target = (dotted, "mod")
-            else:
-                target = documented_target(dotted)
+            if dotted in all_collided_modules():
+                # a module path written out names the module, even where its package rebinds the name to a function
+                ref = addnodes.pending_xref("", refdomain="taskloss", reftype="module-section", reftarget=dotted,
+                                            refexplicit=True, refdoc=self.env.docname)
+                ref += nodes.literal(text, text, classes=["xref", "py", "py-mod"])
+                node.replace_self(ref)
+                continue
+            target = documented_target(dotted)
             if target is None:
                 if resolve(dotted) is None:
                     logger.warning(f"{text!r} names no object of the taskloss package", location=node,
@@ -185,10 +187,12 @@ def missing_reference(app: Sphinx, env, node, contnode):
             continue
         found = documented_target(dotted)
         if found is not None:
-            return env.domains["py"].resolve_xref(env, node["refdoc"], app.builder, found[1], found[0], node,
-                                                  contnode)
+            ref = env.domains["py"].resolve_xref(env, node["refdoc"], app.builder, found[1], found[0], node,
+                                                 contnode)
+            if ref is not None:
+                return ref
         if resolve(dotted) is not None:
-            return contnode          # a real object without an entry (a private helper): code, no link
+            return contnode          # a real object without an entry (a private helper, an undocumented method)
     found = _unique_class(target) if node["reftype"] in ("class", "obj") else None
     if found is not None:
         return env.domains["py"].resolve_xref(env, node["refdoc"], app.builder, found[1], found[0], node, contnode)

@@ -173,7 +173,8 @@ def documented() -> dict[int, tuple[str, str]]:
 
 @lru_cache(maxsize=1)
 def documented_names() -> dict[str, str]:
-    """documented dotted name → role, data included; plus every documented module → 'mod'."""
+    """documented dotted name → role, data included; plus every documented module → 'mod' (a module whose name is
+    also a public name of its package keeps the public name's role: see collided_modules)."""
     out: dict[str, str] = {}
     for page in api_pages():
         out[page.name] = "mod"
@@ -184,6 +185,13 @@ def documented_names() -> dict[str, str]:
                 for n in names:
                     out[f"{where}.{n}"] = _role(getattr(mod, n))
     return out
+
+
+@lru_cache(maxsize=1)
+def defining_paths() -> dict[str, str]:
+    """``module.name`` of each public name → its documented path (``taskloss.search.mgs.SIGMA_MODES`` →
+    ``taskloss.search.SIGMA_MODES``): how data, which cannot be told apart by identity, are followed."""
+    return {f"{m.name}.{n}": f"{page.name}.{n}" for page in api_pages() for m in page.modules for n in m.public}
 
 
 def _role(obj) -> str:
@@ -216,6 +224,9 @@ def documented_target(dotted: str) -> tuple[str, str] | None:
     names = documented_names()
     if dotted in names:
         return dotted, names[dotted]
+    if dotted in defining_paths():
+        public = defining_paths()[dotted]
+        return public, names[public]
     obj = resolve(dotted)
     if obj is None:
         return None
@@ -385,8 +396,9 @@ def notebook_uses(nb) -> list[tuple[str, str]]:
     for cell in nb.cells:
         if cell.cell_type == "code":
             candidates |= _dotted_uses(cell.source)
-        elif cell.cell_type == "markdown":
-            candidates |= {r.rstrip(".") for r in re.findall(r"\btaskloss(?:\.\w+)+", cell.source)}
+        elif cell.cell_type == "markdown":       # (a module path written out in prose is the module)
+            candidates |= {r.rstrip(".") for r in re.findall(r"\btaskloss(?:\.\w+)+", cell.source)
+                           if r.rstrip(".") not in all_collided_modules()}
     uses = set()
     for dotted in candidates:
         parts = dotted.split(".")

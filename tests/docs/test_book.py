@@ -98,13 +98,15 @@ def test_references_follow_reexports_to_the_public_entry():
     assert book_sources.documented_target("taskloss.search.MGS.step") == ("taskloss.search.MGS.step", "meth")
     assert book_sources.documented_target("taskloss.losses.emo_kernel._FusedEMOLoss") is None   # private: no entry
     assert book_sources.documented_target("taskloss.search.NoSuchThing") is None
+    assert book_sources.documented_target("taskloss.search.mgs.SIGMA_MODES") == ("taskloss.search.SIGMA_MODES", "data")
     assert "taskloss.curvature.natural_gradient" in book_sources.all_collided_modules()   # module and function
 
 
 def test_notebook_uses_reads_imports_calls_and_prose():
     nb = nbformat.v4.new_notebook(cells=[
         nbformat.v4.new_markdown_cell("# T\n\nThe step is `taskloss.losses.emo_loss`; modules such as "
-                                      "`taskloss.curvature.fisher` are linked in place."),
+                                      "`taskloss.curvature.fisher` and `taskloss.curvature.natural_gradient` "
+                                      "(also a function's name) are linked in place."),
         nbformat.v4.new_code_cell("%matplotlib inline\nimport taskloss.runner\nfrom taskloss import curvature\n"
                                   "from taskloss.search import MGS as Search\n"
                                   "run = taskloss.runner.start('x')\nF = curvature.ggn_matrix(m, x, y)"),
