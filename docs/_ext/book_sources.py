@@ -67,12 +67,12 @@ def _split_row(line: str) -> list[str]:
 
 
 def readme_table(readme: Path = REPO / "README.md") -> tuple[list[str], dict[str, dict[str, str]]]:
-    """Header and rows of README.md's notebook table (the first table whose first header cell is 'notebook'),
-    rows keyed by notebook stem, in the table's order."""
+    """Header (as written) and rows of README.md's notebook table (the first table whose first header cell is
+    'notebook'), rows keyed by notebook stem in the table's order, each a dict lower-cased column → cell."""
     lines = readme.read_text(encoding="utf-8").splitlines()
     for i, line in enumerate(lines):
         if line.startswith("|") and _split_row(line)[0].lower() == "notebook":
-            header = [h.lower() for h in _split_row(line)]
+            header = _split_row(line)
             rows: dict[str, dict[str, str]] = {}
             for row in lines[i + 2:]:
                 if not row.startswith("|"):
@@ -80,7 +80,7 @@ def readme_table(readme: Path = REPO / "README.md") -> tuple[list[str], dict[str
                 cells = _split_row(row)
                 stem = NOTEBOOK_STEM.search(cells[0])
                 if stem:
-                    rows[stem.group(1)] = dict(zip(header[1:], cells[1:]))
+                    rows[stem.group(1)] = dict(zip((h.lower() for h in header[1:]), cells[1:]))
             return header, rows
     raise RuntimeError(f"{readme} has no notebook table (a Markdown table whose first column is 'notebook')")
 
@@ -428,7 +428,7 @@ def _uses_box(uses: list[tuple[str, str]]) -> str:
 def _readme_box(header: list[str], row: dict[str, str]) -> str:
     lines = [":::{admonition} At a glance (from the README)", ":class: tip taskloss-glance", ""]
     for column in header[1:]:
-        value = row.get(column, "").strip()
+        value = row.get(column.lower(), "").strip()
         if value:
             lines += [f"**{_label(column)}.** {_site_markdown(value)}", ""]
     return "\n".join(lines).rstrip() + "\n:::"
