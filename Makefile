@@ -100,7 +100,7 @@ book: $(STAMP)
 	@[ -n "$$TASKLOSS_MATHJAX" ] || [ -f $(MATHJAX_COPY) ] || command -v npm >/dev/null 2>&1 || { \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
 	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null; \
-	  else echo "make book needs npm once (MathJax): apt-get install npm, or TASKLOSS_MATHJAX=<MathJax 3 es5 folder>" >&2; \
+	  else echo "make book needs npm once (MathJax): apt-get install npm, or set TASKLOSS_MATHJAX" >&2; \
 	    exit 2; fi; }
 	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MPLBACKEND=Agg TASKLOSS_BOOK_EXECUTE=$(EXECUTE) \
 	  $(PY) -m sphinx -b html -W --keep-going -j $(JOBS) -q docs $(BOOK_OUT)
