@@ -11,11 +11,14 @@ what it holds, each ``__init__`` naming its notebooks (``notebooks/NN_topic.py``
 - :mod:`taskloss.models`     — Transformer LM (Post-LN, Pre-LN, RealFormer), LSTM/RNN LM, MLP, small CNN (02–09)
 - :mod:`taskloss.lm`         — decoding, the causal-LM adapter, completion tasks, the pretrained small LM (04, 05, 09)
 - :mod:`taskloss.datasets`   — digits, the no-download corpus and WikiText reader, the tokenizer, MiniLM (02–09)
+- :mod:`taskloss.gradflow`   — gradient flow through time and depth: exact Jacobian-vs-lag probes of recurrent
+  networks, attention entropy and gradient norms by layer, an LM-training harness (13, 14)
 - :mod:`taskloss.runner`     — the results API of notebooks, parameters, the rerun/sweep runner (every notebook)
 - :mod:`taskloss.utils`      — device resolution, seeding, input validation (everywhere)
 
 Dependencies point one way (a test checks that the import graph has no cycle):
-``utils ← datasets, models ← losses ← lm ← sampling, search, curvature`` and ``runner`` on ``utils`` alone.
+``utils ← datasets, models ← losses ← lm ← sampling, search, curvature, gradflow`` and ``runner`` on ``utils``
+alone.
 """
 from taskloss.utils import resolve_device, seed_everything
 

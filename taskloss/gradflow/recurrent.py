@@ -8,9 +8,10 @@ so whether gradients vanish or explode over ``k`` steps is a property of this pr
 for a tanh/ReLU RNN (``A_u = diag(1 − h_u²) W_hh`` for tanh) and for a GRU, and ``s = (h, c)`` for an LSTM, whose
 cell path ``c_t = f_t ⊙ c_{t−1} + i_t ⊙ g_t`` has the one-step block ``∂c_t/∂c_{t−1} = diag(f_t)`` exactly (the
 gates read ``h_{t−1}``, not ``c_{t−1}``). The popular argument for why the LSTM eases vanishing gradients keeps
-only that block over ``k`` steps, ``∂c_t/∂c_{t−k} ≈ diag(∏_{u=t−k+1}^{t} f_u)``, and drops every path that
+only that block over ``k`` steps, ``dc_t/dc_{t−k} ≈ diag(∏_{u=t−k+1}^{t} f_u)``, and drops every path that
 leaves the cell through ``h_u = o_u ⊙ tanh(c_u)`` and comes back through the gates; :func:`gate_product_error`
-measures what that costs. For a GRU (``h_t = (1 − z_t) ⊙ n_t + z_t ⊙ h_{t−1}``) the analogue is ``∏ z_u``.
+measures what that costs (against the total derivative that backpropagation delivers to ``c_{t−k}``,
+:attr:`LagJacobians.cc_total`, or the state block :attr:`LagJacobians.cc` that holds ``h_{t−k}`` fixed). For a GRU (``h_t = (1 − z_t) ⊙ n_t + z_t ⊙ h_{t−1}``) the analogue is ``∏ z_u``.
 
 Two exact computations, equal up to rounding (both tested against autograd through the module's own forward):
 
@@ -45,23 +46,25 @@ _KINDS = {nn.LSTM: "lstm", nn.GRU: "gru"}
 # ------------------------------------------------------------------------------------------------ cells
 def _cell_step(kind: str, w: dict[str, torch.Tensor], s: torch.Tensor, x: torch.Tensor):
     """One step of one layer on an unbatched state ``s`` (``[H]``, or ``[2H]`` = (h, c) for LSTM) and input
-    ``x`` ``[in]`` → (new state, gate ``[H]`` whose product approximates the carry: f for LSTM, z for GRU,
-    ones for plain RNNs)."""
+    ``x`` ``[in]`` → (new state, aux ``[2, H]``): aux[0] is the gate whose product approximates the carry (f for
+    LSTM, z for GRU, ones for plain RNNs), aux[1] the diagonal of ``∂h/∂c = o ⊙ tanh′(c)`` (LSTM; else 0)."""
     gi = w["weight_ih"] @ x + w["bias_ih"]
     if kind == "lstm":
         h, c = s.chunk(2)
         i, f, g, o = (gi + w["weight_hh"] @ h + w["bias_hh"]).chunk(4)
         f = torch.sigmoid(f)
         c = f * c + torch.sigmoid(i) * torch.tanh(g)
-        return torch.cat([torch.sigmoid(o) * torch.tanh(c), c]), f
+        o, tc = torch.sigmoid(o), torch.tanh(c)
+        return torch.cat([o * tc, c]), torch.stack([f, o * (1 - tc * tc)])
     gh = w["weight_hh"] @ s + w["bias_hh"]
     if kind == "gru":
         (ir, iz, in_), (hr, hz, hn) = gi.chunk(3), gh.chunk(3)
         r, z = torch.sigmoid(ir + hr), torch.sigmoid(iz + hz)
         n = torch.tanh(in_ + r * hn)
-        return (1 - z) * n + z * s, z
+        return (1 - z) * n + z * s, torch.stack([z, torch.zeros_like(z)])
     pre = gi + gh
-    return (torch.tanh(pre) if kind == "rnn_tanh" else torch.relu(pre)), torch.ones_like(s)
+    return (torch.tanh(pre) if kind == "rnn_tanh" else torch.relu(pre)), torch.stack([torch.ones_like(s),
+                                                                                      torch.zeros_like(s)])
 
 
 def _resolve(module: nn.Module, inputs: torch.Tensor):
@@ -111,7 +114,13 @@ class LagJacobians:
     ``state`` ``[K, B, S, S]`` holds ``∂s_t/∂s_{t−k}`` for ``k = lags[0..K−1] = 1..K`` (``S = H``, or ``2H`` with
     ``s = (h, c)`` for LSTM); ``gate_product`` ``[K, B, H]`` is ``∏_{u=t−k+1}^{t}`` of the forget gates (LSTM), the
     update gates z (GRU), or ones (RNN). ``t`` is the 0-based time index of the input last read; lag ``t + 1``
-    is the initial state."""
+    is the initial state. ``dh_dc`` ``[K, B, H]`` is the diagonal of ``∂h_{t−k}/∂c_{t−k} = o ⊙ tanh′(c)`` at the
+    source time (LSTM; 0 for the initial state, which is given, and for other cells).
+
+    Two LSTM Jacobians of ``c_t`` with respect to ``c_{t−k}`` exist: :attr:`cc` treats ``(h, c)`` as independent
+    state (``h_{t−k}`` held fixed); :attr:`cc_total` is the derivative backpropagation delivers to the node
+    ``c_{t−k}``, which also moves ``h_{t−k} = o_{t−k} ⊙ tanh(c_{t−k})``. ``hh`` is both (nothing computes
+    ``c`` from ``h`` within a step)."""
 
     kind: str
     hidden_size: int
@@ -119,6 +128,7 @@ class LagJacobians:
     lags: torch.Tensor
     state: torch.Tensor
     gate_product: torch.Tensor
+    dh_dc: torch.Tensor
 
     @property
     def hh(self) -> torch.Tensor:
@@ -134,10 +144,17 @@ class LagJacobians:
         H = self.hidden_size
         return self.state[..., H:, H:]
 
+    @property
+    def cc_total(self) -> torch.Tensor:
+        """``dc_t/dc_{t−k}`` ``[K, B, H, H]`` through every path, ``h_{t−k} = o_{t−k} ⊙ tanh(c_{t−k})`` included:
+        ``∂c_t/∂c_{t−k} + ∂c_t/∂h_{t−k} · diag(o_{t−k} ⊙ tanh′(c_{t−k}))`` (LSTM only)."""
+        H = self.hidden_size
+        return self.cc + self.state[..., H:, :H] * self.dh_dc.unsqueeze(-2)
+
 
 # ------------------------------------------------------------------------------------------------ main
 def lag_jacobians(module: nn.Module, inputs: torch.Tensor, *, t: int = -1, max_lag: int | None = None,
-                  layer: int = -1, state=None, method: str = "reverse") -> LagJacobians:
+                  layer: int = -1, state=None, method: str = "product") -> LagJacobians:
     """Exact ``∂s_t/∂s_{t−k}`` for ``k = 1..max_lag`` of one layer of a recurrent module, per sequence.
 
     Args:
@@ -149,7 +166,8 @@ def lag_jacobians(module: nn.Module, inputs: torch.Tensor, *, t: int = -1, max_l
         max_lag: largest lag ``K`` (default ``t + 1``: back to the initial state); at most ``t + 1``.
         layer: which layer's state (negative counts from the top); lower layers only supply its inputs.
         state: initial state as the module takes it (``h0 [L, B, H]``, or ``(h0, c0)``); zeros by default.
-        method: ``"reverse"`` or ``"product"`` (module docstring); equal up to rounding.
+        method: ``"product"`` (default; the faster on CPU for short sequences) or ``"reverse"`` (module
+            docstring); equal up to rounding.
 
     Returns:
         :class:`LagJacobians` in the dtype of the inputs (float64 inputs give float64 Jacobians).
@@ -185,7 +203,7 @@ def lag_jacobians(module: nn.Module, inputs: torch.Tensor, *, t: int = -1, max_l
         w = _layer_weights(rnn, below, xs)
         xs = vmap(lambda s, x, w=w: _rollout(kind, w, s, x)[0])(s0[below], xs)[:, 1:, :H]
     w = _layer_weights(rnn, lay, xs)
-    states, gates = vmap(lambda s, x: _rollout(kind, w, s, x))(s0[lay], xs[:, : tt + 1])  # [B,tt+2,S], [B,tt+1,H]
+    states, aux = vmap(lambda s, x: _rollout(kind, w, s, x))(s0[lay], xs[:, : tt + 1])  # [B,tt+2,S], [B,tt+1,2,H]
     first = tt + 1 - K                                                                 # state index of lag K
     if method == "reverse":
         jac = vmap(lambda s, x: _reverse(kind, w, s, x))(states[:, first], xs[:, first: tt + 1])  # [B, K, S, S]
@@ -199,9 +217,13 @@ def lag_jacobians(module: nn.Module, inputs: torch.Tensor, *, t: int = -1, max_l
             acc = a if acc is None else acc @ a
             prods.append(acc)
         jac = torch.stack(prods, 1)
-    gprod = gates[:, first: tt + 1].flip(1).cumprod(1)                                  # [B, K, H]
-    return LagJacobians(kind, H, tt, torch.arange(1, K + 1, device=xs.device), jac.transpose(0, 1).contiguous(),
-                        gprod.transpose(0, 1).contiguous())
+    gprod = aux[:, first: tt + 1, 0].flip(1).cumprod(1)                                 # [B, K, H]
+    lags = torch.arange(1, K + 1, device=xs.device)
+    src = tt - lags                                                                     # time of s_{t−k}
+    dh_dc = torch.zeros(B, K, H, dtype=xs.dtype, device=xs.device)                      # 0 at the initial state
+    dh_dc[:, src >= 0] = aux[:, src[src >= 0], 1]
+    return LagJacobians(kind, H, tt, lags, jac.transpose(0, 1).contiguous(), gprod.transpose(0, 1).contiguous(),
+                        dh_dc.transpose(0, 1).contiguous())
 
 
 def _initial_states(kind, state, L, B, H, xs) -> torch.Tensor:
@@ -220,7 +242,7 @@ def _initial_states(kind, state, L, B, H, xs) -> torch.Tensor:
 
 
 def _rollout(kind, w, s, xs):
-    """States ``[T+1, S]`` (initial state first) and gates ``[T, H]`` of one sequence ``xs`` ``[T, in]``."""
+    """States ``[T+1, S]`` (initial state first) and the steps' aux ``[T, 2, H]`` of one sequence ``xs`` ``[T, in]``."""
     states, gates = [s], []
     for x in xs:
         s, g = _cell_step(kind, w, s, x)
@@ -264,21 +286,26 @@ def jacobian_norms(jac: torch.Tensor, ord: str | int = "fro") -> torch.Tensor:
     return torch.linalg.matrix_norm(jac, ord=ord)
 
 
-def gate_product_error(jac: LagJacobians) -> torch.Tensor:
+def gate_product_error(jac: LagJacobians, total: bool = True) -> torch.Tensor:
     """Relative error of the gate-product approximation → ``[K, B]``:
 
         err_k = ‖J_k − diag(∏ gate)‖_F / max(‖J_k‖_F, ‖diag(∏ gate)‖_F)   ∈ [0, 2],
 
-    ``J_k`` being ``∂c_t/∂c_{t−k}`` for an LSTM (``∏ f``) and ``∂h_t/∂h_{t−k}`` for a GRU (``∏ z``). The
-    symmetric denominator keeps the error finite when either side vanishes (0 when both are 0); it is exactly
-    0 at ``k = 1`` for an LSTM, and near 1 when one side is much larger than the other (see
+    with ``J_k = dc_t/dc_{t−k}`` for an LSTM (``∏ f``; :attr:`LagJacobians.cc_total`, or with ``total=False`` the
+    state block :attr:`LagJacobians.cc` that holds ``h_{t−k}`` fixed, for which ``err_1 = 0`` exactly) and
+    ``J_k = ∂h_t/∂h_{t−k}`` for a GRU (``∏ z``). The symmetric denominator keeps the error finite when either side
+    vanishes (0 when both are 0); it is near 1 when one side is much larger than the other (see
     :func:`jacobian_norms` for which).
+
+    Args:
+        jac: the Jacobians of an LSTM or GRU (:func:`lag_jacobians`).
+        total: LSTM only: compare with the total derivative (what backpropagation delivers) or the state block.
     """
     if not isinstance(jac, LagJacobians):
         raise TypeError(f"jac must be a LagJacobians, got {type(jac).__name__}")
     if jac.kind not in ("lstm", "gru"):
         raise ValueError(f"the gate-product approximation exists for LSTM and GRU, not {jac.kind!r}")
-    J = jac.cc if jac.kind == "lstm" else jac.hh
+    J = (jac.cc_total if total else jac.cc) if jac.kind == "lstm" else jac.hh
     D = torch.diag_embed(jac.gate_product)
     den = torch.maximum(jacobian_norms(J), jacobian_norms(D)).clamp_min(torch.finfo(J.dtype).tiny)
     return jacobian_norms(J - D) / den

@@ -79,6 +79,7 @@ CASES = {
     ],
     "LagJacobians": [
         (lambda: lag_jac("rnn").cc, ValueError, "only for LSTMs"),
+        (lambda: lag_jac("rnn").cc_total, ValueError, "only for LSTMs"),
     ],
     "init_recurrent_": [
         (lambda: gf.init_recurrent_(nn.Linear(2, 2)), TypeError, "RNNLM"),

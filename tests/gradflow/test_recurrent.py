@@ -117,9 +117,10 @@ def test_lstm_cell_block_is_the_forget_gate_at_lag_one_and_the_product_is_f():
     torch.testing.assert_close(jac.cc[0], torch.diag_embed(f[:, 7]), rtol=0, atol=1e-15)
     for k in range(1, 9):
         torch.testing.assert_close(jac.gate_product[k - 1], f[:, 8 - k:].prod(1))
-    err = gate_product_error(jac)
+    err = gate_product_error(jac, total=False)
     assert err.shape == (8, 3) and float(err[0].abs().max()) < 1e-14
     assert float(err[1:].min()) > 0                             # the h-paths make it inexact from k = 2 on
+    assert float(gate_product_error(jac)[:-1].min()) > 0        # the total derivative differs already at k = 1
     # the error by its definition
     J, Dg = jac.cc[3], torch.diag_embed(jac.gate_product[3])
     num = torch.linalg.matrix_norm(J - Dg)
@@ -203,3 +204,28 @@ def test_device_follows_inputs_and_vocab_check():
     assert jac.state.device == model.tok_emb.weight.device
     with pytest.raises(ValueError, match="vocab_size"):
         lag_jacobians(model, torch.full((1, 4), V))
+
+
+def test_lstm_total_cell_derivative_matches_a_perturbed_cell_loop():
+    """``dc_t/dc_{t−k}`` as backpropagation sees it: add δ to c_{t−k} right after it is computed (so that
+    h_{t−k} = o ⊙ tanh(c_{t−k} + δ) moves too) in a hand-written float64 LSTM loop, and differentiate."""
+    module = make_rnn("lstm", layers=1)
+    x = torch.randn(2, 7, 5, dtype=D, generator=torch.Generator().manual_seed(9))
+    jac = lag_jacobians(module, x)
+    Wi, Wh, b = module.weight_ih_l0, module.weight_hh_l0, module.bias_ih_l0 + module.bias_hh_l0
+
+    def c_last(delta, k, row):
+        h = c = torch.zeros(6, dtype=D)
+        for t in range(7):
+            i, f, g, o = (Wi @ x[row, t] + Wh @ h + b).chunk(4)
+            c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+            if t == 6 - k:
+                c = c + delta
+            h = torch.sigmoid(o) * torch.tanh(c)
+        return c
+
+    for k in (1, 3, 6):
+        for row in range(2):
+            ref = torch.autograd.functional.jacobian(lambda d: c_last(d, k, row), torch.zeros(6, dtype=D))
+            torch.testing.assert_close(jac.cc_total[k - 1, row], ref)
+    torch.testing.assert_close(jac.cc_total[6], jac.cc[6])      # lag t+1: the initial (h, c) are both given
