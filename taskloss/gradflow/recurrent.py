@@ -8,17 +8,18 @@ so whether gradients vanish or explode over ``k`` steps is a property of this pr
 for a tanh/ReLU RNN (``A_u = diag(1 − h_u²) W_hh`` for tanh) and for a GRU, and ``s = (h, c)`` for an LSTM, whose
 cell path ``c_t = f_t ⊙ c_{t−1} + i_t ⊙ g_t`` has the one-step block ``∂c_t/∂c_{t−1} = diag(f_t)`` exactly (the
 gates read ``h_{t−1}``, not ``c_{t−1}``). The popular argument for why the LSTM eases vanishing gradients keeps
-only that block over ``k`` steps, ``dc_t/dc_{t−k} ≈ diag(∏_{u=t−k+1}^{t} f_u)``, and drops every path that
-leaves the cell through ``h_u = o_u ⊙ tanh(c_u)`` and comes back through the gates; :func:`gate_product_error`
-measures what that costs (against the total derivative that backpropagation delivers to ``c_{t−k}``,
-:attr:`LagJacobians.cc_total`, or the state block :attr:`LagJacobians.cc` that holds ``h_{t−k}`` fixed). For a GRU (``h_t = (1 − z_t) ⊙ n_t + z_t ⊙ h_{t−1}``) the analogue is ``∏ z_u``.
+only that block over ``k`` steps, ``dc_t/dc_{t−k} ≈ diag(∏_{u=t−k+1}^{t} f_u)``, and drops every path that leaves
+the cell through ``h_u = o_u ⊙ tanh(c_u)`` and comes back through the gates; :func:`gate_product_error` measures
+what that costs, against the total derivative that backpropagation delivers to ``c_{t−k}``
+(:attr:`LagJacobians.cc_total`) or the state block that holds ``h_{t−k}`` fixed (:attr:`LagJacobians.cc`). For a
+GRU (``h_t = (1 − z_t) ⊙ n_t + z_t ⊙ h_{t−1}``) the analogue is ``∏ z_u``.
 
 Two exact computations, equal up to rounding (both tested against autograd through the module's own forward):
 
+- ``method="product"`` (default): the one-step Jacobians ``A_u`` of all time steps at once (``vmap`` over batch
+  and time of ``jacrev`` of the cell), then the running product over lags (``K`` batched matrix products);
 - ``method="reverse"``: one rollout in which a zero perturbation is added to every state, and one reverse-mode
-  Jacobian of ``s_t`` with respect to all perturbations at once (``torch.func.jacrev``): every lag in one pass;
-- ``method="product"``: the one-step Jacobians ``A_u`` of all time steps in parallel (``vmap`` over time of
-  ``jacrev`` of the cell), then the running product over lags.
+  Jacobian of ``s_t`` with respect to all perturbations at once (``torch.func.jacrev``): every lag in one pass.
 
 The cell equations follow PyTorch's ``nn.RNN``/``nn.LSTM``/``nn.GRU`` (gate order i, f, g, o and r, z, n; two
 bias vectors). Dropout between layers is not applied (the Jacobians are those of the deterministic recurrence).
@@ -196,7 +197,6 @@ def lag_jacobians(module: nn.Module, inputs: torch.Tensor, *, t: int = -1, max_l
     if not 0 <= lay < L:
         raise ValueError(f"layer={layer} is outside the module's {L} layers")
     H = rnn.hidden_size
-    S = 2 * H if kind == "lstm" else H
     s0 = _initial_states(kind, state, L, B, H, xs)
     # lower layers: their outputs are the fixed inputs of layer `lay`
     for below in range(lay):
