@@ -99,3 +99,14 @@ def test_layer_gradient_norms_match_backward(kind):
         torch.testing.assert_close(g.stream[i], xs[i].grad.norm(), **tol)
     total = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).norm().item()
     assert math.isclose(g.total, total, rel_tol=1e-6)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    model = make_lm("realformer").double()
+    x = tokens(2, 9)
+    torch.testing.assert_close(attention_entropy(model.cuda(), x.cuda()).cpu(), attention_entropy(model.cpu(), x))
+    g_gpu = layer_gradient_norms(model.cuda(), tokens(3, 9).cuda())
+    g_cpu = layer_gradient_norms(model.cpu(), tokens(3, 9))
+    torch.testing.assert_close(g_gpu.block, g_cpu.block)

@@ -230,3 +230,15 @@ def test_lstm_total_cell_derivative_matches_a_perturbed_cell_loop():
             ref = torch.autograd.functional.jacobian(lambda d: c_last(d, k, row), torch.zeros(6, dtype=D))
             torch.testing.assert_close(jac.cc_total[k - 1, row], ref)
     torch.testing.assert_close(jac.cc_total[6], jac.cc[6])      # lag t+1: the initial (h, c) are both given
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_matches_cpu():
+    model = make_lm("lstm").double()
+    idx = tokens(2, 8)
+    cpu = lag_jacobians(model, idx)
+    gpu = lag_jacobians(model.cuda(), idx.cuda())
+    assert gpu.state.is_cuda
+    torch.testing.assert_close(gpu.state.cpu(), cpu.state)
+    torch.testing.assert_close(gpu.cc_total.cpu(), cpu.cc_total)
