@@ -431,6 +431,8 @@ for ax in axes:
 label_axes(axes[0], "recurrent gain", "‖∇θ loss‖ at initialization", "gradient norm vs initialization scale",
            logx=True, logy=True)
 label_axes(axes[1], "training step", "‖∇θ loss‖ before clipping", "during the brief training", logy=True)
+axes[0].set_xticks(gains, [f"{gn:g}" for gn in gains])
+axes[0].minorticks_off()
 fig.tight_layout()
 run.savefig(fig, "gradient_norms.png")
 plt.show()
@@ -451,8 +453,8 @@ claims = [
      f"λ = {rt(f'regime/rnn/gain_{lo_g:g}'):.3f}"),
     (f"tanh RNN: gain {hi_g:g} explodes (λ > 0.05)", rt(f"regime/rnn/gain_{hi_g:g}") > 0.05,
      f"λ = {rt(f'regime/rnn/gain_{hi_g:g}'):.3f}"),
-    ("LSTM: a larger forget bias slows the decay of dc/dc at every gain (by > 0.2 per step)",
-     all(lstm_mean[(gn, hi_fb)]["c"] > lstm_mean[(gn, lo_fb)]["c"] + 0.2 for gn in gains),
+    ("LSTM: a larger forget bias slows the decay of dc/dc at every gain (by > 0.1 per step)",
+     all(lstm_mean[(gn, hi_fb)]["c"] > lstm_mean[(gn, lo_fb)]["c"] + 0.1 for gn in gains),
      ", ".join(f"{lstm_mean[(gn, lo_fb)]['c']:.2f}→{lstm_mean[(gn, hi_fb)]['c']:.2f}" for gn in gains)),
     ("∏f predicts a cell rate ≤ 0 everywhere (it cannot explode)", all(v["prod_f"] <= 0 for v in lstm_mean.values()),
      "by construction"),
@@ -528,7 +530,8 @@ if hi_g >= 2:
     assert rt(f"regime/rnn/gain_{hi_g:g}") > 0.05                                # exploding
     assert rt(f"clip/rnn/grad_norm_at_init/gain_{hi_g:g}") > 10 * rt(f"clip/rnn/grad_norm_at_init/gain_{lo_g:g}")
 if hi_fb - lo_fb >= 4:
-    assert all(lstm_mean[(gn, hi_fb)]["c"] > lstm_mean[(gn, lo_fb)]["c"] + 0.2 for gn in gains)
+    # smallest gap over seeds 0–19 was 0.21 (at gain 4); 0.1 leaves room for other probe sequences
+    assert all(lstm_mean[(gn, hi_fb)]["c"] > lstm_mean[(gn, lo_fb)]["c"] + 0.1 for gn in gains)
 if hi_fb >= 4 and abs(math.log(mid_g)) < 0.1:
     assert cell_rate[hi_fb]["c"] > 0.02 > cell_rate[hi_fb]["prod_f"]             # ∏f misses a growing cell path
 assert all(v["prod_f"] <= 0 for v in lstm_mean.values())
