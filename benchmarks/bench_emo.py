@@ -1,36 +1,42 @@
-"""Benchmark: chunked EMO (taskloss.losses.emo) vs a direct dense formulation vs cross-entropy, forward + backward.
+"""Benchmark: the EMO loss of taskloss.losses.emo beside the EMO authors' code, cross-entropy and the FLOP floor.
 
-Same logits ``[N, V]`` for every method; each measurement is the median of several repeats of
-``loss(logits, targets).backward()``.
+Forward + backward of a loss on the same logits ``[N, V]`` (float32), cost embeddings ``[V, d]``. One process,
+interleaved repeats (every method once per round, the order rotated each round), per thread count; each cell is
+the median over rounds with the range ``[min–max]``. A ratio to a peer is the median of the per-round ratios (both
+measured in the same round), so load that drifts between rounds on a shared machine cancels.
 
-* time: ``time.perf_counter`` (CUDA-synchronized on GPU).
-* peak memory above what exists before the call (logits, targets, cost embeddings):
-  on CUDA ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``;
-  on CPU the allocator trace of ``torch.profiler`` (``profile_memory=True``): the maximum of its running
-  "Total Allocated" counter during the call minus its value when the window opened — an exact count of the
-  bytes torch's CPU allocator handed out (not RSS).
+Peers (what a user would pick instead):
 
-Methods:
-* ``emo``        — :func:`taskloss.losses.emo.emo_loss` (chunked custom autograd function, O(V·d) per token).
-* ``direct``     — the reference-code formulation: dense one-hot ``[N, V]`` @ ``ê`` for the target embedding,
-  ``softmax(logits) @ ê``, plain autograd (O(V·d) per token, but dense one-hot and softmax kept for backward).
-* ``dense_cost`` — ``Σ_i p_i c_it`` through the dense ``[V, V]`` cost matrix (O(V²) per token); only run where
-  ``N·V²`` is affordable on the device.
-* ``cross_entropy`` — ``torch.nn.functional.cross_entropy``, the baseline the targets refer to.
+* ``emoloss`` — the authors' PyPI package ``emoloss`` 0.0.3 (``from emo import EMOLoss``), the plain formula;
+  ``mode=1`` = our ``combine="emo_mle_ratio", ratio_max=3``; ``mode=2`` = ``combine="mle_scaled_by_emo"``. It takes
+  unshifted ``[B, T+1, V]`` logits and shifts them itself; ours gets the same ``N`` tokens already shifted.
+* ``official patch`` — the formula of ``emo_patch.py`` ``emo1_adaptive`` (github.com/DRSY/EMO, commit 14da9d5):
+  ``q − sg(q ⊙ onehot)``, ``½(sg(MLE/EMO)·EMO + MLE)``, restated here (the file is a transformers monkey patch, not
+  an importable loss); ours: ``combine="emo_mle_ratio", variant="patch"``.
+* ``cross_entropy`` — ``torch.nn.functional.cross_entropy`` (the cost of MLE alone).
 
-Targets (from the issue): EMO peak memory ≤ 1.1× cross-entropy, time ≤ 1.3× cross-entropy.
+Ours is :class:`taskloss.losses.EMOLoss` (unit-norm cost table held as a buffer, as a training loop uses it; the
+peers normalize their table on every call, as the official code does). ``ours, per-token kernel`` is
+``reduction="none"`` then a mean: the per-token kernel (one ``N·V·d`` product in each direction) instead of the
+fused loss (one in all). ``compiled autograd formula`` (``--compile``) is ``torch.compile`` of the plain-autograd
+formula, measured as an option.
 
-    python benchmarks/bench_emo.py [--device auto|cpu|cuda] [--quick] [--dtype float32|bfloat16]
+Floor fraction: ``4·N·V·d`` FLOPs (EMO's two ``N·V·d`` products, forward and backward) at this machine's matrix
+rate, measured in the same rounds on the two product shapes, over the method's time. The fused loss needs only
+``2·N·V·d`` (its backward is built in the forward pass), so its fraction can exceed 1: the ``4·N·V·d`` floor is
+the floor of the per-token formulation, not of EMO.
+
+Peak memory above the inputs: ``benchmarks/_timing.peak_bytes`` (CPU: torch.profiler allocator trace; CUDA:
+``max_memory_allocated``).
+
+    python benchmarks/bench_emo.py [--device auto|cpu|cuda] [--quick] [--threads 1,2] [--tokens 512]
+                                   [--sizes 30522:384,50257:768] [--repeats 5] [--compile]
 """
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
-import os
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -38,162 +44,180 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from taskloss.losses import emo_loss, normalize_cost_embeddings  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _timing import peak_bytes, sync  # noqa: E402
+
+from taskloss.losses import EMOLoss  # noqa: E402
 from taskloss.utils import resolve_device  # noqa: E402
 
-TIME_TARGET, MEM_TARGET = 1.3, 1.1
+RATIO_TARGET, FLOOR_TARGET = 0.5, 0.6
 
 
-def direct_emo(logits, targets, emb_hat):
-    """Reference-code style: dense one-hot target matrix times the normalized embeddings."""
-    one_hot = F.one_hot(targets, logits.shape[-1]).to(emb_hat.dtype)
-    p = torch.softmax(logits.float(), dim=-1)
-    return (1.0 - ((p @ emb_hat) * (one_hot @ emb_hat)).sum(-1)).mean()
+def official_patch_emo1(logits, labels, cost, ignore_index=-100):
+    """The formula of emo_patch.py ``emo1_adaptive`` (labels already aligned with logits ``[N, V]``)."""
+    mask = (labels != ignore_index).to(logits.dtype)
+    mle = F.cross_entropy(logits, labels, reduction="none", ignore_index=ignore_index)
+    lab = labels.masked_fill(labels == ignore_index, 0)
+    one_hot = F.one_hot(lab, logits.shape[-1]).to(logits.dtype)
+    target = (one_hot + 1e-15) / torch.linalg.vector_norm(one_hot + 1e-15, ord=1, dim=-1, keepdim=True)
+    e_hat = cost / torch.linalg.vector_norm(cost, ord=2, dim=1, keepdim=True)
+    q = torch.log_softmax(logits, dim=-1).exp()
+    q = q - (q * one_hot).detach()
+    emo = (1 - ((target @ e_hat) * (q @ e_hat)).sum(-1)) * mask
+    loss = ((mle / (emo + 1e-10)).detach() * emo + mle) * 0.5
+    return (loss * mask).sum() / (1e-15 + mask.sum())
 
 
-def dense_cost_emo(logits, targets, cost):
-    """O(V²): expected cost Σ_i p_i c_it with the dense cost matrix (one-hot transport)."""
-    one_hot = F.one_hot(targets, logits.shape[-1]).to(cost.dtype)
-    p = torch.softmax(logits.float(), dim=-1)
-    return ((p @ cost) * one_hot).sum(-1).mean()
+def _emoloss():
+    try:
+        from emo import EMOLoss as official
+    except ImportError:
+        return None
+    return official
 
 
-def _sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+def methods_for(x, xf, t, tf, emb, crit, compile_fn):
+    """name → (loss thunk, the logits tensor it differentiates, peer name or None, FLOPs it needs)."""
+    official = _emoloss()
+    m = {
+        "ours emo_mle_ratio r_max=3": (lambda: crit["ratio3"](x, t), x, "emoloss mode=1"),
+        "ours mle_scaled_by_emo": (lambda: crit["scaled"](x, t), x, "emoloss mode=2"),
+        "ours emo_mle_ratio, patch": (lambda: crit["patch"](x, t), x, "official patch"),
+        "ours, per-token kernel": (lambda: crit["none"](x, t).mean(), x, "emoloss mode=1"),
+        "official patch": (lambda: official_patch_emo1(x, t, emb), x, None),
+        "cross_entropy": (lambda: F.cross_entropy(x, t), x, None),
+    }
+    if official is not None:
+        m["emoloss mode=1"] = (lambda: official(xf, tf, emb, mode=1), xf, None)
+        m["emoloss mode=2"] = (lambda: official(xf, tf, emb, mode=2), xf, None)
+    if compile_fn is not None:
+        m["compiled autograd formula"] = (lambda: compile_fn(x, t), x, "emoloss mode=1")
+    return m
 
 
-def _time(fn, x, device, repeats):
-    times = []
-    for _ in range(repeats):
-        x.grad = None
-        _sync(device)
-        t0 = time.perf_counter()
-        fn().backward()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    x.grad = None
-    return statistics.median(times)
+def _step(fn, leaf):
+    leaf.grad = None
+    fn().backward()
+    leaf.grad = None
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """The CPU profiler's C++ side logs start/stop lines on fd 2; keep the report readable."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
-
-
-def _peak_bytes(fn, x, device):
-    x.grad = None
-    if device.type == "cuda":
-        _sync(device)
-        torch.cuda.reset_peak_memory_stats(device)
-        base = torch.cuda.memory_allocated(device)
-        fn().backward()
-        _sync(device)
-        peak = torch.cuda.max_memory_allocated(device) - base
-    else:
-        from torch.profiler import ProfilerActivity, profile
-        with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
-            fn().backward()
-        with tempfile.TemporaryDirectory() as tmp:
-            path = os.path.join(tmp, "trace.json")
-            prof.export_chrome_trace(path)
-            with open(path) as f:
-                events = json.load(f)["traceEvents"]
-        mem = [e["args"] for e in events if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
-        # the counter is process-wide: subtract what was allocated when the window opened
-        base = mem[0]["Total Allocated"] - mem[0]["Bytes"] if mem else 0
-        peak = max((m["Total Allocated"] for m in mem), default=base) - base
-    x.grad = None
-    return peak
-
-
-def bench(n, vocab_sizes, d, device, dtype, repeats, dense_budget):
-    rows = []
+def bench_size(n, v, d, device, threads, repeats, compile_opt):
     gen = torch.Generator().manual_seed(0)
-    for v in vocab_sizes:
-        x = (torch.randn(n, v, generator=gen) * 2).to(device=device, dtype=dtype).requires_grad_()
-        t = torch.randint(0, v, (n,), generator=gen).to(device)
-        emb = torch.randn(v, d, generator=gen).to(device)
-        emb_hat = normalize_cost_embeddings(emb)
-        methods = {
-            "emo": lambda: emo_loss(x, t, emb_hat),
-            "direct": lambda: direct_emo(x, t, emb_hat),
-            "cross_entropy": lambda: F.cross_entropy(x, t),
-        }
-        cost = None
-        if n * v * v <= dense_budget:
-            cost = 1.0 - emb_hat @ emb_hat.T
-            methods["dense_cost"] = lambda: dense_cost_emo(x, t, cost)
-        row = {"V": v}
-        for name, fn in methods.items():
-            _time(fn, x, device, 1)  # warm-up
-            row[f"{name}_s"] = _time(fn, x, device, repeats)
-            row[f"{name}_bytes"] = _peak_bytes(fn, x, device)
-        rows.append(row)
-        del x, t, emb, emb_hat, cost
-        if device.type == "cuda":
-            torch.cuda.empty_cache()
+    xf = (torch.randn(1, n + 1, v, generator=gen) * 2).to(device).requires_grad_()
+    x = xf.detach()[0, :-1].clone().requires_grad_()
+    t = torch.randint(0, v, (n,), generator=gen).to(device)
+    tf = torch.cat([torch.zeros(1, dtype=torch.long, device=device), t])[None]
+    emb = torch.randn(v, d, generator=gen).to(device)
+    crit = {"ratio3": EMOLoss(emb, combine="emo_mle_ratio", ratio_max=3.0).to(device),
+            "scaled": EMOLoss(emb, combine="mle_scaled_by_emo").to(device),
+            "patch": EMOLoss(emb, combine="emo_mle_ratio", variant="patch").to(device),
+            "none": EMOLoss(emb, combine="emo_mle_ratio", ratio_max=3.0, reduction="none").to(device)}
+    compile_fn = None
+    if compile_opt:
+        from taskloss.losses.emo_kernel import reduced_loss_autograd
+        e_hat = crit["ratio3"].cost_embeddings
+        valid = torch.ones(n, dtype=torch.bool, device=device)
+        scale = torch.tensor(1.0 / n, device=device)
+        compiled = torch.compile(reduced_loss_autograd, dynamic=False)
+        compile_fn = lambda x_, t_: compiled(x_, e_hat[t_], e_hat, t_, valid, "emo_mle_ratio", False,  # noqa: E731
+                                             3.0, 1e-10, scale)
+    meths = methods_for(x, xf, t, tf, emb, crit, compile_fn)
+    a, b = torch.randn(n, v, generator=gen).to(device), crit["ratio3"].cost_embeddings
+    c = torch.randn(n, d, generator=gen).to(device)
+
+    def floor():  # the two N·V·d products: [N, V] @ [V, d] and [N, d] @ [d, V]
+        torch.mm(a, b)
+        torch.mm(c, b.T)
+
+    rows = []
+    for th in threads:
+        torch.set_num_threads(th)
+        names = list(meths) + ["floor"]
+        for name in names:  # warm-up (torch.compile traces here)
+            floor() if name == "floor" else _step(meths[name][0], meths[name][1])
+        times = {k: [] for k in names}
+        for r in range(repeats):
+            order = names[r % len(names):] + names[:r % len(names)]
+            for name in order:
+                sync(device)
+                t0 = time.perf_counter()
+                floor() if name == "floor" else _step(meths[name][0], meths[name][1])
+                sync(device)
+                times[name].append(time.perf_counter() - t0)
+        rate = 4 * n * v * d / statistics.median(times["floor"])
+        for name, (fn, leaf, peer) in meths.items():
+            ts = times[name]
+            row = {"V": v, "d": d, "threads": th, "method": name, "peer": peer, "med": statistics.median(ts),
+                   "min": min(ts), "max": max(ts), "floor": statistics.median(
+                       [f / s for f, s in zip(times["floor"], ts)]), "gflops": rate / 1e9}
+            if peer is not None and peer in times:
+                ratios = [s / p for s, p in zip(ts, times[peer])]
+                row.update(ratio=statistics.median(ratios), rmin=min(ratios), rmax=max(ratios))
+            rows.append(row)
+    torch.set_num_threads(threads[0])
+    mem = {name: peak_bytes(lambda fn=fn, leaf=leaf: _step(fn, leaf), device) for name, (fn, leaf, _) in
+           meths.items()}
+    for row in rows:
+        row["bytes"] = mem[row["method"]]
+        row["ce_bytes"] = mem["cross_entropy"]
+        row["peer_bytes"] = mem.get(row["peer"]) if row["peer"] else None
     return rows
 
 
-def _ratio(a, b):
-    return a / b if b else float("nan")
-
-
-def format_markdown(rows, n, d, device, dtype, repeats):
-    mem_how = "torch.cuda.max_memory_allocated" if device.type == "cuda" else \
-        "torch.profiler allocator trace (peak of 'Total Allocated')"
+def format_markdown(rows, n, device, repeats):
     lines = [
         "## emo", "",
-        f"EMO loss forward+backward, N={n} tokens, d={d}, {dtype} logits, device {device}, median of {repeats}. "
-        f"Peak memory above the inputs, measured with {mem_how}. Ratios are relative to "
-        "`torch.nn.functional.cross_entropy` on the same logits.", "",
-        "| V | CE time | EMO time | EMO/CE time (target ≤ 1.3) | direct/CE time | dense-cost/CE time | "
-        "CE peak | EMO peak | EMO/CE peak (target ≤ 1.1) | direct/CE peak | dense-cost/CE peak |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        f"EMO loss forward+backward, N={n} tokens, float32 logits, device {device}; {repeats} interleaved rounds per "
+        "thread count, median [min–max]. Ratio = median of per-round ratios to the named peer (target ≤ "
+        f"{RATIO_TARGET}); floor = 4·N·V·d FLOPs at the measured matrix rate over the time (target ≥ {FLOOR_TARGET}; "
+        "the fused loss needs 2·N·V·d, so it can exceed 1). Peak memory above the inputs.", "",
+        "| V | d | threads | method | peer | time ms | ratio to peer | floor fraction | matmul GFLOP/s | "
+        "peak MiB | peak / peer | peak / CE |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        tr = _ratio(r["emo_s"], r["cross_entropy_s"])
-        mr = _ratio(r["emo_bytes"], r["cross_entropy_bytes"])
-        dc_t = f"{_ratio(r['dense_cost_s'], r['cross_entropy_s']):.2f}" if "dense_cost_s" in r else "—"
-        dc_m = f"{_ratio(r['dense_cost_bytes'], r['cross_entropy_bytes']):.2f}" if "dense_cost_s" in r else "—"
+        ratio = "—"
+        if "ratio" in r:
+            ok = "✓" if r["ratio"] <= RATIO_TARGET else "✗"
+            ratio = f"{r['ratio']:.2f} [{r['rmin']:.2f}–{r['rmax']:.2f}] {ok}"
+        is_ours = r["method"].startswith("ours")
+        floor = f"{r['floor']:.2f}" + ((" ✓" if r["floor"] >= FLOOR_TARGET else " ✗") if is_ours else "")
+        peer_mem = f"{r['bytes'] / r['peer_bytes']:.2f}" if r.get("peer_bytes") else "—"
         lines.append(
-            f"| {r['V']} | {r['cross_entropy_s'] * 1e3:.1f} ms | {r['emo_s'] * 1e3:.1f} ms | "
-            f"{tr:.2f} {'✓' if tr <= TIME_TARGET else '✗'} | {_ratio(r['direct_s'], r['cross_entropy_s']):.2f} | "
-            f"{dc_t} | {r['cross_entropy_bytes'] / 2**20:.1f} MiB | {r['emo_bytes'] / 2**20:.1f} MiB | "
-            f"{mr:.2f} {'✓' if mr <= MEM_TARGET else '✗'} | "
-            f"{_ratio(r['direct_bytes'], r['cross_entropy_bytes']):.2f} | {dc_m} |")
+            f"| {r['V']} | {r['d']} | {r['threads']} | {r['method']} | {r['peer'] or '—'} | "
+            f"{r['med'] * 1e3:.0f} [{r['min'] * 1e3:.0f}–{r['max'] * 1e3:.0f}] | {ratio} | {floor} | "
+            f"{r['gflops']:.0f} | {r['bytes'] / 2**20:.1f} | {peer_mem} | {r['bytes'] / r['ce_bytes']:.2f} |")
+    if _emoloss() is None:
+        lines += ["", "_`emoloss` is not installed: its rows are missing (`pip install emoloss==0.0.3`)._"]
     return "\n".join(lines)
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="auto")
-    ap.add_argument("--quick", action="store_true", help="small sizes, 2 repeats (a smoke run)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    ap.add_argument("--quick", action="store_true", help="small sizes, 2 rounds, 1 thread (a smoke run)")
     ap.add_argument("--tokens", type=int, default=None)
-    ap.add_argument("--dim", type=int, default=384)
+    ap.add_argument("--sizes", default=None, help="V:d pairs, e.g. 30522:384,50257:768")
+    ap.add_argument("--threads", default=None, help="CPU thread counts, e.g. 1,2")
     ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--compile", action="store_true", help="also time torch.compile of the autograd formula")
     args = ap.parse_args(argv)
     device = resolve_device(args.device)
-    dtype = getattr(torch, args.dtype)
     if args.quick:
-        n, vocab_sizes, repeats = args.tokens or 256, [1000, 8000], args.repeats or 2
+        n, sizes, threads, repeats = args.tokens or 128, args.sizes or "2000:64,8000:128", args.threads or "1", \
+            args.repeats or 2
     else:
-        n, vocab_sizes, repeats = args.tokens or 2048, [1000, 8000, 30522], args.repeats or 5
-    dense_budget = 2e12 if device.type == "cuda" else 2.1e9
-    rows = bench(n, vocab_sizes, args.dim, device, dtype, repeats, dense_budget)
-    text = format_markdown(rows, n, args.dim, device, args.dtype, repeats)
-    print(text)
+        n, sizes, threads, repeats = args.tokens or 512, args.sizes or "30522:384,50257:768", args.threads or "1,2", \
+            args.repeats or 5
+    if device.type == "cuda":
+        threads = str(torch.get_num_threads())
+        n = args.tokens or 4096
+    pairs = [tuple(int(z) for z in s.split(":")) for s in sizes.split(",")]
+    ths = [int(z) for z in threads.split(",")]
+    rows = []
+    for v, d in pairs:
+        rows += bench_size(n, v, d, device, ths, repeats, args.compile)
+    print(format_markdown(rows, n, device, repeats))
     return rows
 
 

@@ -36,16 +36,16 @@
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-eps: float = 0.5                      # radius of the ball ‖Δθ‖ ≤ ε
-alpha_demo: float = 0.3               # temperature of the first pictures
-alphas: list[float] = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0]
-grid_size: int = 801                  # points per axis of the quadrature grid on the ball
-n_samples: int = 4000                 # Monte Carlo draws per estimate of Δθ*
-n_samples_exact: int = 50000          # draws for the comparisons with closed forms
-sample_sizes: list[int] = [4, 8, 16, 32, 64, 128, 256]   # n for the SNIS bias / ESS study
-n_replicates: int = 4000              # independent SNIS runs per n
-n_is: int = 1000                      # draws per run in the proposal-mismatch study
-n_is_replicates: int = 400            # runs per proposal in the proposal-mismatch study
+eps: float = 0.5                      # [> 0] radius of the ball ‖Δθ‖ ≤ ε
+alpha_demo: float = 0.3               # [> 0] temperature of the first pictures
+alphas: list[float] = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0]  # [> 0]
+grid_size: int = 801                  # [> 0] points per axis of the quadrature grid on the ball
+n_samples: int = 4000                 # [> 0] Monte Carlo draws per estimate of Δθ*
+n_samples_exact: int = 50000          # [> 0] draws for the comparisons with closed forms
+sample_sizes: list[int] = [4, 8, 16, 32, 64, 128, 256]   # [> 0] n for the SNIS bias / ESS study
+n_replicates: int = 4000              # [> 0] independent SNIS runs per n
+n_is: int = 1000                      # [> 0] draws per run in the proposal-mismatch study
+n_is_replicates: int = 400            # [> 0] runs per proposal in the proposal-mismatch study
 
 # %%
 import math

@@ -28,15 +28,15 @@
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-dim: int = 10               # dimension of the quadratic test problem
-alpha: float = 0.05         # temperature of the update distribution
-sigma: float = 0.25         # proposal noise scale (absolute)
-n_seeds: int = 20           # repetitions of every Monte Carlo estimate
-max_log2_K: int = 10        # the error-vs-K curve doubles K from 2 up to 2^max_log2_K
-sweep_K: int = 32           # candidates per estimate in the α / σ / λ sweeps
-ess_draws: int = 20000      # draws for the closed-form ESS checks
-toy_steps: int = 60         # optimization steps on the 2-D problem
-toy_seeds: int = 5
+dim: int = 10               # [> 0] dimension of the quadratic test problem
+alpha: float = 0.05         # [> 0] temperature of the update distribution
+sigma: float = 0.25         # [> 0] proposal noise scale (absolute)
+n_seeds: int = 20           # [> 0] repetitions of every Monte Carlo estimate
+max_log2_K: int = 10        # [>= 1] the error-vs-K curve doubles K from 2 up to 2^max_log2_K
+sweep_K: int = 32           # [> 0] candidates per estimate in the α / σ / λ sweeps
+ess_draws: int = 20000      # [> 0] draws for the closed-form ESS checks
+toy_steps: int = 60         # [> 0] optimization steps on the 2-D problem
+toy_seeds: int = 5                    # [> 0]
 
 # %%
 import math

@@ -1,0 +1,327 @@
+"""Integrated gradients: the attribution of F(x) − F(x′) to the input features as the integral of the gradient
+along the straight path from a baseline x′ to the input x.
+
+Derived in notebook 15_integrated_gradients. Source: Sundararajan, Taly & Yan, *Axiomatic Attribution for Deep
+Networks* (ICML 2017). With γ(α) = x′ + α(x − x′),
+
+    IG_i(x; x′) = (x_i − x′_i) ∫₀¹ ∂F/∂x_i(γ(α)) dα  ≈  (x_i − x′_i) Σ_k w_k ∂F/∂x_i(γ(α_k)),
+
+and by the fundamental theorem of calculus along γ the exact integral is *complete*: Σ_i IG_i = F(x) − F(x′).
+The quadrature rule (α_k, w_k) comes from :func:`taskloss.attribution.quadrature.quadrature_rule`; what the rule
+misses is returned as the completeness error Σ_i IG_i − (F(x) − F(x′)) (Captum's "convergence delta", same sign).
+
+A set of K baselines x′_1 … x′_K (a tensor with one more leading dimension than the inputs) gives the average
+of the K integrated gradients — expected gradients (Erion, Janizek, Sturmfels, Lundberg & Lee, *Improving
+performance of deep learning models with axiomatic attribution priors and expected gradients*, Nature Machine
+Intelligence 2021) with the quadrature rule in place of a sampled α — whose completeness reads
+Σ_i EG_i = F(x) − mean_k F(x′_k).
+
+Reference implementation: Captum's ``IntegratedGradients`` (``captum/attr/_core/integrated_gradients.py``,
+captum 0.9.0): same argument names and ``method`` names, the same nodes (see the quadrature module for the
+trapezoid weights, where this differs). Differences in how it is computed: all inputs × steps (× baselines) go
+through ``forward_fn`` as one batch, or in chunks of at most ``internal_batch_size`` rows that are whole steps
+(or, when one step's rows exceed it, slices of one step — Captum never splits a step, so its chunks hold at least
+B rows); the quadrature weights are folded into the backward
+pass (``grad_outputs = w_k``); the target is read with one gather instead of Captum's ``unbind`` into scalars;
+F(x) and F(x′) are taken from the path itself when the rule has nodes at α = 0 and 1 (trapezoid), otherwise from
+one extra forward pass of the inputs and baselines together (chunked alike), without a graph.
+
+The pure core is :func:`integrate_gradients` (any scalar function of points); :class:`IntegratedGradients`
+formats and validates inputs, baselines and targets around it, and
+:class:`taskloss.attribution.embedding.EmbeddingIntegratedGradients` applies the same core in a token model's
+embedding space.
+"""
+from __future__ import annotations
+
+import numbers
+from typing import Any, Callable, NamedTuple
+
+import torch
+from torch import Tensor
+
+from taskloss.attribution.quadrature import quadrature_rule
+from taskloss.utils import check_finite, check_int
+
+__all__ = ["Attribution", "IntegratedGradients", "integrate_gradients", "select_target"]
+
+ScalarFn = Callable[[Tensor, Tensor], Tensor]
+
+
+class Attribution(NamedTuple):
+    """What :meth:`IntegratedGradients.attribute` returns (unpacks as ``attributions, error, diff = ...``).
+
+    Attributes:
+        attributions: tensor shaped like the inputs (``[B, T]`` per token for embedding attributions).
+        completeness_error: ``[B]``, Σ attributions − (F(x) − F(x′)) per example (F(x′) averaged over a set).
+        output_difference: ``[B]``, F(x) − F(x′) per example (the quantity the attributions split).
+    """
+
+    attributions: Tensor
+    completeness_error: Tensor
+    output_difference: Tensor
+
+
+# ------------------------------------------------------------------------------------------------ the core
+def _chunks(n_steps: int, n_pairs: int, cap: int):
+    """Yield (step slice, pair slice): whole steps for all pairs when a step fits in ``cap`` rows, else slices
+    of the pairs of one step. Every (step, pair) appears exactly once."""
+    if n_pairs <= cap:
+        per = cap // n_pairs
+        for s in range(0, n_steps, per):
+            yield slice(s, min(s + per, n_steps)), slice(0, n_pairs)
+    else:
+        for s in range(n_steps):
+            for p in range(0, n_pairs, cap):
+                yield slice(s, s + 1), slice(p, min(p + cap, n_pairs))
+
+
+def integrate_gradients(scalar_fn: ScalarFn, starts: Tensor, ends: Tensor, alphas: Tensor, weights: Tensor,
+                        internal_batch_size: int | None = None) -> tuple[Tensor, Tensor]:
+    """Σ_k w_k ∇f(γ_p(α_k)) for every pair p of a start and an end point, γ_p(α) = start_p + α(end_p − start_p).
+
+    Args:
+        scalar_fn: ``f(points [n, *feat], pair_index [n]) → [n]``, one scalar per point (row-wise: a row's value
+            may depend only on that row and its pair index); evaluated with autograd enabled.
+        starts: ``[P, *feat]`` path starts (baselines).
+        ends: ``[P, *feat]`` path ends (inputs); same shape, dtype and device as ``starts``.
+        alphas: ``[m]`` quadrature nodes in [0, 1].
+        weights: ``[m]`` quadrature weights.
+        internal_batch_size: at most this many points per forward/backward pass (``None``: all ``m·P`` at once).
+
+    Returns:
+        ``(gradient_integral [P, *feat], path_values [m, P])``: the weighted sum of gradients, and f at every node
+        (detached), from which F(x) and F(x′) can be read when the nodes include 0 and 1.
+    """
+    m, n_pairs, feat = alphas.shape[0], starts.shape[0], starts.shape[1:]
+    cap = m * n_pairs if internal_batch_size is None else internal_batch_size
+    diff = ends - starts
+    total = torch.zeros_like(starts)
+    values = starts.new_empty(m, n_pairs)
+    pair_ids = torch.arange(n_pairs, device=starts.device)
+    view = (-1, 1) + (1,) * len(feat)
+    for st, pr in _chunks(m, n_pairs, cap):
+        a, w = alphas[st].view(view), weights[st]
+        points = torch.addcmul(starts[pr].unsqueeze(0), a, diff[pr].unsqueeze(0))   # [s, p, *feat]
+        s, p = points.shape[:2]
+        points = points.reshape(s * p, *feat).requires_grad_(True)
+        with torch.enable_grad():
+            out = scalar_fn(points, pair_ids[pr].repeat(s))
+            if not isinstance(out, Tensor) or out.shape != (s * p,):
+                raise ValueError(f"the scalar function must return one value per point, shape [{s * p}], "
+                                 f"got {tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__}")
+            if not out.requires_grad:
+                raise ValueError("forward_fn's output does not depend on its inputs through autograd (computed "
+                                 "under torch.no_grad(), detached, or not a function of the inputs)")
+            (grad,) = torch.autograd.grad(out, points, grad_outputs=w.to(out.dtype).repeat_interleave(p),
+                                          allow_unused=True)
+        values[st, pr] = out.detach().view(s, p).to(values.dtype)
+        if grad is not None:                 # None: the output is a constant of the inputs (zero gradient)
+            total[pr] += grad.view(s, p, *feat).sum(0)
+    if not bool(torch.isfinite(values).all()):
+        raise ValueError("forward_fn returned NaN or inf at a point on the path from baseline to input")
+    return total, values
+
+
+def select_target(output: Tensor, target: Any, example_index: Tensor) -> Tensor:
+    """One scalar per row of ``output [n, ...]``: the entry picked by ``target`` (see
+    :meth:`IntegratedGradients.attribute`), for rows belonging to examples ``example_index [n]``."""
+    if not isinstance(output, Tensor) or output.ndim == 0:
+        raise ValueError(f"forward_fn must return a tensor with a leading batch dimension, got "
+                         f"{tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__}")
+    n = output.shape[0]
+    if callable(target):
+        out = target(output)
+        if not isinstance(out, Tensor) or out.ndim not in (1, 2) or out.shape[0] != n or out.numel() != n:
+            shape = tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__
+            raise ValueError(f"target function must return one scalar per example (shape [{n}]), got {shape}")
+        return out.reshape(n)
+    if target is None:
+        if output[0].numel() != 1:
+            raise ValueError(f"target is None but forward_fn returns {tuple(output.shape[1:])} values per example;"
+                             " pass target= (a class index, a tuple of indices, one index per example, or a "
+                             "function of the output returning one scalar per example)")
+        return output.reshape(n)
+    index = target if isinstance(target, tuple) else (target,)
+    if output.ndim < 1 + len(index):
+        raise ValueError(f"target {target!r} indexes {len(index)} output dimension(s) but forward_fn returns "
+                         f"shape {tuple(output.shape)}")
+    for dim, t in enumerate(index, start=1):
+        top = int(t.max()) if isinstance(t, Tensor) else t
+        if top >= output.shape[dim]:
+            raise ValueError(f"target index {top} is out of range for output dimension {dim} of size "
+                             f"{output.shape[dim]}")
+    if isinstance(target, Tensor):
+        picked = output.gather(1, target[example_index].view(n, *([1] * (output.ndim - 1))).expand(
+            n, 1, *output.shape[2:])).squeeze(1)
+    else:
+        picked = output[(slice(None), *index)]
+    if picked.shape != (n,):
+        raise ValueError(f"target {target!r} selects {tuple(picked.shape[1:])} values per example from output "
+                         f"{tuple(output.shape)}; it must select a single scalar")
+    return picked
+
+
+def _check_target(target, n_examples: int, device: torch.device):
+    """Validate ``target`` and return it in the form :func:`select_target` reads."""
+    if target is None or callable(target):
+        return target
+    if isinstance(target, numbers.Integral) and not isinstance(target, bool):
+        if target < 0:
+            raise ValueError(f"target must be a non-negative class index, got {target}")
+        return int(target)
+    if isinstance(target, tuple):
+        for t in target:
+            check_int("target entry", t, minimum=0)
+        return tuple(int(t) for t in target)
+    if isinstance(target, list):
+        target = torch.tensor(target)
+    if isinstance(target, Tensor):
+        if target.is_floating_point() or target.dtype == torch.bool:
+            raise TypeError(f"target tensor must hold integer class indices, got dtype {target.dtype}")
+        if target.numel() == 1:
+            return _check_target(int(target.reshape(())), n_examples, device)
+        if target.ndim != 1 or target.shape[0] != n_examples:
+            raise ValueError(f"target tensor must have one index per example, shape [{n_examples}], "
+                             f"got {tuple(target.shape)}")
+        if int(target.min()) < 0:
+            raise ValueError("target indices must be non-negative")
+        return target.to(device=device, dtype=torch.long)
+    raise TypeError("target must be None, an int, a tuple of ints, a list/1-D tensor of ints (one per example) or"
+                    f" a callable mapping the output to one scalar per example; got {type(target).__name__}")
+
+
+def _expand_args(args: tuple, example_index: Tensor, n_examples: int) -> tuple:
+    """Rows of tensor arguments with a leading batch dimension follow the examples; the rest pass unchanged."""
+    return tuple(a[example_index] if isinstance(a, Tensor) and a.ndim > 0 and a.shape[0] == n_examples else a
+                 for a in args)
+
+
+def _format_args(additional_forward_args) -> tuple:
+    if additional_forward_args is None:
+        return ()
+    return additional_forward_args if isinstance(additional_forward_args, tuple) else (additional_forward_args,)
+
+
+def _check_inputs(inputs) -> Tensor:
+    if not isinstance(inputs, Tensor):
+        raise TypeError(f"inputs must be a torch.Tensor, got {type(inputs).__name__}")
+    if not inputs.is_floating_point():
+        raise TypeError(f"inputs must be a floating-point tensor, got dtype {inputs.dtype}")
+    if inputs.ndim == 0 or inputs.shape[0] == 0 or inputs.numel() == 0:
+        raise ValueError(f"inputs must have a non-empty leading batch dimension, got shape {tuple(inputs.shape)}")
+    return check_finite("inputs", inputs).detach()
+
+
+def _format_baselines(baselines, like: Tensor) -> Tensor:
+    """Baselines as ``[K, B, *feat]`` (K = 1 unless a set was given), on the device and dtype of ``like``."""
+    B, feat = like.shape[0], like.shape[1:]
+    if baselines is None:
+        return torch.zeros_like(like).unsqueeze(0)
+    if isinstance(baselines, numbers.Real) and not isinstance(baselines, bool):
+        return torch.full_like(like, float(baselines)).unsqueeze(0)
+    if not isinstance(baselines, Tensor):
+        raise TypeError(f"baselines must be None, a number or a tensor, got {type(baselines).__name__}")
+    if not baselines.is_floating_point():
+        raise TypeError(f"baselines must be a floating-point tensor, got dtype {baselines.dtype}")
+    check_finite("baselines", baselines)
+    shape = tuple(baselines.shape)
+    if baselines.ndim == like.ndim and shape[1:] == tuple(feat) and shape[0] in (1, B):
+        b = baselines.unsqueeze(0)
+    elif baselines.ndim == like.ndim + 1 and shape[2:] == tuple(feat) and shape[1] in (1, B) and shape[0] >= 1:
+        b = baselines
+    else:
+        raise ValueError(f"baselines shape {shape} does not match inputs shape {tuple(like.shape)}: expected "
+                         f"[{B} or 1, *{tuple(feat)}], or a set of K baselines [K, {B} or 1, *{tuple(feat)}]")
+    return b.detach().to(device=like.device, dtype=like.dtype).expand(b.shape[0], B, *feat)
+
+
+def _check_batch_size(internal_batch_size) -> int | None:
+    return None if internal_batch_size is None else check_int("internal_batch_size", internal_batch_size, minimum=1)
+
+
+def _attribute_pairs(scalar_fn: ScalarFn, inputs: Tensor, bases: Tensor, n_steps: int, method: str,
+                     internal_batch_size: int | None) -> tuple[Tensor, Tensor, Tensor]:
+    """The shared tail of :class:`IntegratedGradients` and the embedding variant: inputs ``[B, *feat]``,
+    baselines ``[K, B, *feat]`` → (attributions ``[B, *feat]``, completeness error ``[B]``, F(x) − F(x′) ``[B]``)."""
+    K, B, feat = bases.shape[0], inputs.shape[0], inputs.shape[1:]
+    alphas, weights = quadrature_rule(method, n_steps, dtype=inputs.dtype, device=inputs.device)
+    starts = bases.reshape(K * B, *feat)
+    ends = inputs.unsqueeze(0).expand(K, B, *feat).reshape(K * B, *feat)
+    grad_sum, values = integrate_gradients(scalar_fn, starts, ends, alphas, weights, internal_batch_size)
+    attr = ((ends - starts) * grad_sum).view(K, B, *feat).mean(0)
+    if alphas[0] == 0 and alphas[-1] == 1:
+        f_end, f_start = values[-1], values[0]
+    else:
+        points = torch.cat([inputs, starts])     # the B inputs and the K·B baselines, without a graph
+        index = torch.cat([torch.arange(B), torch.arange(K * B)]).to(inputs.device)
+        cap = len(points) if internal_batch_size is None else internal_batch_size
+        with torch.no_grad():
+            f_both = torch.cat([scalar_fn(points[i:i + cap], index[i:i + cap]).reshape(-1)
+                                for i in range(0, len(points), cap)])
+        f_end, f_start = f_both[:B].repeat(K), f_both[B:]
+        if not bool(torch.isfinite(f_end).all() & torch.isfinite(f_start).all()):
+            raise ValueError("forward_fn returned NaN or inf at the inputs or the baselines")
+    diff = (f_end - f_start).view(K, B).mean(0).to(attr.dtype)
+    error = attr.reshape(B, -1).sum(1) - diff
+    return attr, error, diff
+
+
+class IntegratedGradients:
+    """Integrated gradients of ``forward_fn`` (Sundararajan, Taly & Yan, ICML 2017) with Captum's API shape.
+
+    ``IntegratedGradients(forward_fn).attribute(inputs, baselines=…, target=…, n_steps=…, method=…)`` returns an
+    :class:`Attribution` (attributions shaped like the inputs, the completeness error and F(x) − F(x′) per
+    example). Derived in notebook 15_integrated_gradients.
+
+    Args:
+        forward_fn: ``forward_fn(inputs [n, *feat], *additional_forward_args) → output [n, ...]`` (a model or any
+            function of it); rows must not interact (no batch statistics: put models in ``eval()`` mode).
+    """
+
+    def __init__(self, forward_fn: Callable[..., Tensor]):
+        if not callable(forward_fn):
+            raise TypeError(f"forward_fn must be callable, got {type(forward_fn).__name__}")
+        self.forward_fn = forward_fn
+
+    def attribute(self, inputs: Tensor, baselines: Tensor | float | None = None, target: Any = None,
+                  n_steps: int = 50, method: str = "gausslegendre", internal_batch_size: int | None = None,
+                  additional_forward_args: Any = None) -> Attribution:
+        """Attribute ``F(x) − F(x′)`` to the features of each input.
+
+        Args:
+            inputs: ``[B, *feat]`` floating tensor, the points x to explain.
+            baselines: x′ — ``None`` (zeros), a number (constant), ``[B or 1, *feat]``, or a set of K baselines
+                ``[K, B or 1, *feat]`` whose integrated gradients are averaged (expected gradients). Moved to the
+                device and dtype of ``inputs``; see :mod:`taskloss.attribution.baselines` for blurred, noisy and
+                sampled baselines.
+            target: which scalar of the output to explain — ``None`` (the output is one scalar per example), an
+                int class index ``output[:, c]``, a tuple of indices ``output[:, i, j]``, a list / 1-D tensor with
+                one class index per example, or a callable ``output [n, ...] → [n]`` applied row-wise (e.g.
+                ``lambda out: out.log_softmax(-1)[:, 3]``).
+            n_steps: number of quadrature nodes m (≥ 1; ≥ 2 for ``riemann_trapezoid``).
+            method: quadrature rule, one of :data:`taskloss.attribution.quadrature.METHODS`.
+            internal_batch_size: at most this many points per forward/backward pass (memory bound);
+                ``None`` evaluates all ``m·K·B`` points at once.
+            additional_forward_args: extra arguments of ``forward_fn`` (one object or a tuple); tensors whose
+                leading dimension is ``B`` are repeated along the path with their example, others passed as is.
+
+        Returns:
+            :class:`Attribution` ``(attributions [B, *feat], completeness_error [B], output_difference [B])``.
+
+        Raises:
+            TypeError / ValueError: non-tensor or non-floating inputs, empty batch, NaN/inf in inputs or
+                baselines, baseline shape mismatch, ``n_steps`` < 1, unknown method, a target that does not
+                select one scalar per example, NaN/inf produced by ``forward_fn``.
+        """
+        inputs = _check_inputs(inputs)
+        bases = _format_baselines(baselines, inputs)
+        bs = _check_batch_size(internal_batch_size)
+        B = inputs.shape[0]
+        tgt = _check_target(target, B, inputs.device)
+        args = _format_args(additional_forward_args)
+
+        def scalar_fn(points: Tensor, pair_index: Tensor) -> Tensor:
+            example = pair_index % B
+            return select_target(self.forward_fn(points, *_expand_args(args, example, B)), tgt, example)
+
+        return Attribution(*_attribute_pairs(scalar_fn, inputs, bases, n_steps, method, bs))
