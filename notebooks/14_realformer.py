@@ -42,18 +42,19 @@ n_layers: int = 3
 n_heads: int = 4
 block_size: int = 32
 batch_size: int = 8
-steps: int = 150                      # AdamW steps per run (no warm-up, no clipping)
-lrs: list[float] = [0.003, 0.01, 0.03]
+steps: int = 100                      # AdamW steps per run (no warm-up, no clipping)
+lrs: list[float] = [0.01, 0.03]      # full.yaml: 0.001 … 0.03
 seeds: int = 2                        # seeds per (layout, learning rate)
 init: str = "xavier"                  # "xavier" (Xiong et al.'s setting) or "gpt2" (the repository's default)
 warmup_arm: int = 0                   # >0: also train Post-LN and RealFormer at the largest rate with this warm-up
-entropy_lr: float = 0.003             # the models trained at this rate are probed for attention entropy
+entropy_lr: float = 0.01              # the models trained at this rate (one of lrs) are probed for attention entropy
 deep_layers: int = 8                  # depth of the untrained models whose gradient norms are measured
 eval_blocks: int = 64                 # held-out blocks for validation perplexity
 
 # %%
 import math
 import time
+import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -63,10 +64,10 @@ from torch.func import jacrev
 from tqdm.auto import tqdm
 
 import taskloss.runner
-from taskloss.datasets import get_tokenizer, lm_blocks, unigram_perplexity
+from taskloss.datasets import UnknownTokenWarning, get_tokenizer, lm_blocks, unigram_perplexity
 from taskloss.gradflow import attention_entropy, layer_gradient_norms, train_lm, xavier_init_
 from taskloss.models import RESIDUAL_MODES, TransformerLM
-from taskloss.runner.plotting import bars_with_interval, label_axes, seed_band
+from taskloss.runner.plotting import label_axes, seed_band
 from taskloss.utils import count_parameters
 
 run = taskloss.runner.start("14_realformer", output_dir, device=device, seed=seed)
@@ -74,6 +75,7 @@ dev, D = run.device, torch.float64
 assert init in ("xavier", "gpt2"), f"init must be 'xavier' or 'gpt2', got {init!r}"
 LAYOUTS = ("post", "pre", "realformer")
 assert set(LAYOUTS) == set(RESIDUAL_MODES)
+assert any(math.isclose(entropy_lr, lr) for lr in lrs), f"entropy_lr {entropy_lr} must be one of lrs {lrs}"
 t_start = time.time()
 print("device:", dev)
 
@@ -191,10 +193,13 @@ print("‖∂ℓ/∂S_l‖ bottom → top   RealFormer:", norms_rf.round(4), "  
 # %%
 tok = get_tokenizer(min_count=min_count)
 V = tok.vocab_size
-train_blocks = lm_blocks("train", block_size, tok)
-valid_blocks = lm_blocks("valid", block_size, tok)[:eval_blocks]
-unigram = unigram_perplexity("valid", tok)
-print(f"vocabulary {V} (min_count {min_count}); unigram perplexity {unigram:.1f}")
+with warnings.catch_warnings():      # the min_count cut makes rare words [UNK] on purpose (rate printed below)
+    warnings.simplefilter("ignore", UnknownTokenWarning)
+    train_blocks = lm_blocks("train", block_size, tok)
+    valid_blocks = lm_blocks("valid", block_size, tok)[:eval_blocks]
+    unigram = unigram_perplexity("valid", tok)
+unk = (train_blocks[:, 1:] == tok.unk_id).double().mean().item()
+print(f"vocabulary {V} (min_count {min_count}, {unk:.1%} of training tokens [UNK]); unigram perplexity {unigram:.1f}")
 probe_batch = train_blocks[torch.randint(len(train_blocks), (16,), generator=torch.Generator().manual_seed(seed))]
 
 
@@ -258,15 +263,13 @@ results = {}                                               # (layout, lr, seed) 
 entropy = {}                                               # (layout, seed) → [layers, heads] normalized entropy
 probe_idx = valid_blocks[:16, :-1].to(dev)
 jobs = [(layout, lr, s) for lr in lrs for s in range(seeds) for layout in LAYOUTS]
-bar = tqdm(total=len(jobs) * steps, desc="sweep")
-for layout, lr, s in jobs:
+for layout, lr, s in tqdm(jobs, desc="sweep (runs)"):
     model = build(layout, seed * 100 + s)
     results[layout, lr, s] = train_lm(model, train_blocks, valid_blocks, steps=steps, lr=lr, batch_size=batch_size,
-                                      warmup_steps=0, seed=seed * 100 + s, progress=bar.update)
+                                      warmup_steps=0, seed=seed * 100 + s)
     if math.isclose(lr, entropy_lr):
         model.eval()
         entropy[layout, s] = attention_entropy(model, probe_idx, normalized=True).numpy()
-bar.close()
 
 # %%
 def failed(r):
@@ -460,14 +463,16 @@ every gradient by $1/\sigma$ (tens), while Post-LN renormalizes the stream to un
 {p_post}, Pre-LN {p_pre}, RealFormer {p_rf} (unigram {unigram:.0f}); failed runs
 Post-LN {sweep/post/fraction_failed:.0%}, Pre-LN {sweep/pre/fraction_failed:.0%}, RealFormer
 {sweep/realformer/fraction_failed:.0%}.
-Post-LN collapses to the unigram model at the larger rates, as Xiong et al. predict, and RealFormer fails where
+Post-LN ends at or above the unigram perplexity without warm-up, as Xiong et al. predict, and RealFormer fails where
 Post-LN fails: on this harness it inherits Post-LN's need for warm-up rather than Pre-LN's robustness, so the
-essay's "as optimization-friendly as Pre-LN" is not what it shows. At the smallest rate a {steps}-step budget is
-too short for the Post-LN layouts to leave the unigram level on every seed — a slow start that the failure rule
-counts as a failure; the full run's longer budget separates the two. With {seeds} seeds the paired comparisons
-decide only large, consistent effects: RealFormer against Post-LN reads **{best_nll/realformer_vs_post.verdict}**
-on the best validation NLL and **{entropy/realformer_vs_post.verdict}** on attention entropy (lower = sparser)
-here; the full run's five seeds decide more.""",
+essay's "as optimization-friendly as Pre-LN" is not what it shows. A {steps}-step budget cannot tell a collapse
+from a slow start — both end at the unigram level — so the CI grid starts at a rate where Pre-LN learns within
+it; the full run (`full.yaml`: 600 steps, rates from 0.001) separates the two. The entropy comparison (section 4) is
+between models of which the Post-LN layouts have not left the unigram level, so it says little about the
+paper's sparser-attention claim at this budget. With {seeds} seeds the paired comparisons decide only large,
+consistent effects: RealFormer against Post-LN reads **{best_nll/realformer_vs_post.verdict}** on the best
+validation NLL and **{entropy/realformer_vs_post.verdict}** on attention entropy (lower = sparser) here; the full
+run's five seeds decide more.""",
         rf_ratio=float(norms_rf[0] / norms_post[0]), deep_layers=deep_layers, steps=steps, lrs=lrs, seeds=seeds,
         unigram=unigram, p_post=np.round(ppl["post"], 1).tolist(), p_pre=np.round(ppl["pre"], 1).tolist(),
         p_rf=np.round(ppl["realformer"], 1).tolist())
