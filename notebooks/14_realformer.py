@@ -249,9 +249,9 @@ plt.show()
 # no warm-up and no clipping, for `steps` steps at every learning rate in `lrs`, on `seeds` seeds. A run
 # **fails** when its loss becomes non-finite, when it ends above its initial validation loss (`train_lm`'s
 # `diverged`), or when it ends no better than the unigram model (validation perplexity at or above the
-# unigram perplexity printed above). On this corpus the third is the failure of a too-large learning rate: the
-# model collapses to token frequencies and stays there — a stall, not a slow start, when the same run trained
-# four times longer stays there too (`params/14_realformer/full.yaml` has the longer budget).
+# unigram perplexity printed above). A too-large learning rate ends there (the model predicts token frequencies
+# and stays there), but so does a run whose budget is too short to leave that level (a slow start); only a longer
+# run tells the two apart (`params/14_realformer/full.yaml` trains six times longer, from a rate of 0.001).
 
 # %%
 counts = {layout: count_parameters(build(layout, 0)) for layout in LAYOUTS}
