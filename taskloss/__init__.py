@@ -17,12 +17,14 @@ what it holds, each ``__init__`` naming its notebooks (``notebooks/NN_topic.py``
   the randomization sanity check (15)
 - :mod:`taskloss.dynamics`   — gradient clipping and (L0, L1)-smoothness probes, gradient-norm penalties, the modified
   loss of a finite step and its flows (11, 12)
+- :mod:`taskloss.gradflow`   — gradient flow through time and depth: exact Jacobian-vs-lag probes of recurrent
+  networks, attention entropy and gradient norms by layer, an LM-training harness (13, 14)
 - :mod:`taskloss.runner`     — the results API of notebooks, parameters, the rerun/sweep runner (every notebook)
 - :mod:`taskloss.utils`      — device resolution, seeding, input validation (everywhere)
 
 Dependencies point one way (a test checks that the import graph has no cycle):
-``utils ← datasets, models ← losses ← lm ← sampling, search, curvature``; ``runner`` and ``attribution`` (which
-works on any model through callables) on ``utils`` alone.
+``utils ← datasets, models ← losses ← lm ← sampling, search, curvature, gradflow``; ``runner`` and
+``attribution`` (which works on any model through callables) on ``utils`` alone.
 """
 from taskloss.utils import resolve_device, seed_everything
 

@@ -81,12 +81,19 @@ class Block(nn.Module):
     def _ff(self, x: torch.Tensor) -> torch.Tensor:
         return self.drop(self.fc2(F.gelu(self.fc1(x))))
 
-    def forward(self, x: torch.Tensor, prev_scores: torch.Tensor | None = None):
-        """``x`` [B, T, d] → (``x`` [B, T, d], scores [B, H, T, T] for RealFormer else None)."""
+    def forward(self, x: torch.Tensor, prev_scores: torch.Tensor | None = None, need_scores: bool = False):
+        """``x`` [B, T, d] → (``x`` [B, T, d], scores [B, H, T, T] or None).
+
+        The scores are this layer's pre-softmax attention scores (unmasked): RealFormer always returns them
+        (``S_l = Q_l K_lᵀ/√d_head + S_{l-1}``, the ``prev_scores`` it was given added); Pre-/Post-LN return
+        ``Q_l K_lᵀ/√d_head`` only when ``need_scores`` (then the explicit attention path is used) and ignore
+        ``prev_scores``."""
         if self.residual == "pre":
-            x = x + self.drop(self.attn(self.ln1(x))[0])
-            return x + self._ff(self.ln2(x)), None
-        a, scores = self.attn(x, prev_scores, explicit_scores=self.residual == "realformer")
+            a, scores = self.attn(self.ln1(x), explicit_scores=need_scores)
+            x = x + self.drop(a)
+            return x + self._ff(self.ln2(x)), scores
+        real = self.residual == "realformer"
+        a, scores = self.attn(x, prev_scores if real else None, explicit_scores=real or need_scores)
         x = self.ln1(x + self.drop(a))
         return self.ln2(x + self._ff(x)), scores
 
@@ -144,22 +151,32 @@ class TransformerLM(nn.Module):
         """Weight ``[V, d]`` of the output layer (the token embedding when tied)."""
         return self.head.weight
 
-    def hidden_states(self, idx: torch.Tensor) -> torch.Tensor:
-        """Final hidden states ``[B, T, d]`` (after the final LayerNorm for Pre-LN) that feed the output layer."""
+    def hidden_states(self, idx: torch.Tensor, return_scores: bool = False):
+        """Final hidden states ``[B, T, d]`` (after the final LayerNorm for Pre-LN) that feed the output layer.
+
+        With ``return_scores`` also every layer's pre-softmax attention scores, a tuple of ``n_layers`` tensors
+        ``[B, H, T, T]`` (unmasked; the attention is ``softmax`` over keys ``j ≤ i``). For RealFormer these are
+        the carried sums ``S_l``; for Pre-/Post-LN each layer's own ``QKᵀ/√d_head``, computed on the explicit
+        attention path (the same maths as the fused kernel, rounded differently)."""
         if self.validate_inputs:
             check_token_ids("idx", idx, self.vocab_size, self.max_len)
         T = idx.shape[1]
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.tok_emb(idx) + self.pos_emb(pos))
-        scores = None
+        carried, all_scores = None, []
         for block in self.blocks:
-            x, scores = block(x, scores)
-        return self.ln_f(x)
+            x, scores = block(x, carried, need_scores=return_scores)
+            carried = scores if self.residual == "realformer" else None
+            all_scores.append(scores)
+        return (self.ln_f(x), tuple(all_scores)) if return_scores else self.ln_f(x)
 
-    def forward(self, idx: torch.Tensor, return_hidden: bool = False):
-        """``idx`` LongTensor ``[B, T]`` (``T ≤ max_len``) → logits ``[B, T, V]`` (or ``(logits, hidden)``)."""
-        h = self.hidden_states(idx)
+    def forward(self, idx: torch.Tensor, return_hidden: bool = False, return_scores: bool = False):
+        """``idx`` LongTensor ``[B, T]`` (``T ≤ max_len``) → logits ``[B, T, V]``; extra outputs in the order
+        (logits, hidden ``[B, T, d]``, scores: a tuple of ``[B, H, T, T]`` per layer, see :meth:`hidden_states`)."""
+        out = self.hidden_states(idx, return_scores=return_scores)
+        h, scores = out if return_scores else (out, None)
         logits = self.head(h)
-        return (logits, h) if return_hidden else logits
+        extra = ((h,) if return_hidden else ()) + ((scores,) if return_scores else ())
+        return (logits, *extra) if extra else logits
 
 

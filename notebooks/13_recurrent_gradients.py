@@ -1,0 +1,560 @@
+# ---
+# jupyter:
+#   jupytext:
+#     formats: ipynb,py:percent
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 13 · Gradients through time: the simple RNN, the LSTM and the $\prod f_t$ argument
+#
+# Training a recurrent network by backpropagation through time sends the gradient of a loss at step $t$ back to
+# the state at step $t-k$ through the Jacobian $\partial h_t/\partial h_{t-k}$. If its norm shrinks
+# geometrically in $k$, distant inputs stop influencing learning (*vanishing*); if it grows, a single step can
+# throw the parameters far away (*exploding*). The common answer to "why does the LSTM help?" looks at the
+# cell recursion $c_t = f_t \odot c_{t-1} + i_t \odot g_t$, keeps only its direct term, and concludes
+# $\partial c_t/\partial c_{t-k} \approx \operatorname{diag}\prod_u f_u$: a product of numbers in $(0, 1)$
+# that the network can hold near 1 by learning its forget gates.
+#
+# **Question.** How do $\partial h_t/\partial h_{t-k}$ and $\partial c_t/\partial c_{t-k}$ actually behave
+# with $k$ — exactly, not through a bound — for untrained and briefly trained language models; where does the
+# $\prod f_t$ approximation hold and where does it fail; and which initialization scales and forget-gate biases
+# put a network in the vanishing or the exploding regime?
+#
+# Sources: the essay on RNN gradients in the listing of the README's source essays (Su, *Scientific Spaces*,
+# 2020 — our copy holds only its lead paragraph, so the argument is taken in its standard form); Hochreiter &
+# Schmidhuber, *Long Short-Term Memory* (Neural Computation 1997); Gers, Schmidhuber & Cummins, *Learning to
+# forget* (Neural Computation 2000); Pascanu, Mikolov & Bengio, *On the difficulty of training recurrent neural
+# networks* (ICML 2013); Jozefowicz, Zaremba & Sutskever, *An empirical exploration of recurrent network
+# architectures* (ICML 2015; forget-gate bias 1). Package code: `taskloss.gradflow.recurrent` (exact Jacobians for
+# any `nn.RNN`/`nn.LSTM`/`nn.GRU` or `taskloss.models.RNNLM`) and `taskloss.gradflow.training` (the LM harness).
+
+# %% tags=["parameters"]
+seed: int = 0
+device: str = "auto"
+output_dir: str = ""
+d_model: int = 32              # embedding width of the recurrent LMs
+hidden: int = 64               # hidden units H (the LSTM state (h, c) has 2H coordinates)
+probe_len: int = 40            # length T of the probed sequences (lags 1..T)
+n_probe: int = 6               # held-out sequences probed (bands are over these)
+train_steps: int = 200         # AdamW steps of the brief LM training (per cell type)
+train_lr: float = 0.01
+batch_size: int = 16
+block_size: int = 32
+clip: float = 1.0              # global gradient-norm clipping while training (its effect is measured below)
+gains: list[float] = [0.5, 1.0, 2.0, 4.0]              # recurrent weight scale: W_hh ~ N(0, gain²/H)
+forget_biases: list[float] = [-2.0, 0.0, 2.0, 4.0]     # LSTM forget-gate bias at initialization
+grid_seeds: int = 2            # initializations per grid cell
+report_lag: int = 10           # lag at which the ∏f error is tabulated
+
+# %%
+import math
+import time
+
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+import taskloss.runner
+from taskloss.datasets import get_tokenizer, lm_blocks, unigram_perplexity
+from taskloss.gradflow import (
+    gate_product_error,
+    init_recurrent_,
+    jacobian_norms,
+    lag_jacobians,
+    train_lm,
+)
+from taskloss.lm import block_nll
+from taskloss.models import RNNLM
+from taskloss.runner.plotting import label_axes, seed_band
+
+run = taskloss.runner.start("13_recurrent_gradients", output_dir, device=device, seed=seed)
+dev, D = run.device, torch.float64
+t_start = time.time()
+print("device:", dev)
+
+# %% [markdown]
+# ## 1 · The simple RNN: a product of $\operatorname{diag}(\sigma')\,W$ factors
+#
+# A tanh RNN updates $h_u = \tanh(a_u)$, $a_u = W x_u + U h_{u-1} + b$. Differentiating one step,
+# $\partial h_u/\partial h_{u-1} = \operatorname{diag}(1 - h_u^2)\,U$, and the chain rule over $k$ steps gives
+#
+# $$\frac{\partial h_t}{\partial h_{t-k}} = \prod_{u=t-k+1}^{t} \operatorname{diag}\bigl(1-h_u^2\bigr)\,U
+#   \qquad\text{(the product ordered from } u=t \text{ on the left)}.$$
+#
+# Since $0 < 1 - h_u^2 \le 1$, its spectral norm is at most $\prod_u \lVert\operatorname{diag}(1-h_u^2)\rVert_2\,
+# \lVert U\rVert_2 \le \lVert U\rVert_2^k$: a largest singular value of $U$ below 1 *guarantees* vanishing,
+# while exploding needs $\lVert U\rVert_2 > 1$ but is not guaranteed by it (saturated units shrink the
+# factors). Check: the product written out by hand against `lag_jacobians` (which differentiates the cell with
+# `torch.func` and multiplies the one-step Jacobians), and the bound, on a float64 `nn.RNN`.
+
+# %%
+g = torch.Generator().manual_seed(seed)
+torch.manual_seed(seed)
+rnn = nn.RNN(5, 8, batch_first=True).double()
+xs = torch.randn(2, 12, 5, generator=g, dtype=D)
+hs, _ = rnn(xs)                                                     # h_0..h_11, [B, T, H]
+U = rnn.weight_hh_l0.detach()
+jac = lag_jacobians(rnn, xs)                                        # lags 1..12 from t = 11
+bound = torch.ones(2, dtype=D)
+for k in range(1, 13):
+    u = 12 - k                                                      # the factor for step u
+    if k == 1:
+        scratch = torch.diag_embed(1 - hs[:, u].detach() ** 2) @ U
+    else:
+        scratch = scratch @ (torch.diag_embed(1 - hs[:, u].detach() ** 2) @ U)
+    bound = bound * (1 - hs[:, u].detach() ** 2).amax(-1) * torch.linalg.matrix_norm(U, 2)
+    torch.testing.assert_close(jac.hh[k - 1], scratch)
+    assert (jacobian_norms(jac.hh[k - 1], 2) <= bound * (1 + 1e-12)).all()
+print("‖U‖₂ =", round(torch.linalg.matrix_norm(U, 2).item(), 3), "; spectral norms at k = 1, 6, 12:",
+      jacobian_norms(jac.hh, 2)[[0, 5, 11]].mean(1).numpy().round(4))
+
+# %% [markdown]
+# ## 2 · The LSTM: four one-step blocks
+#
+# With pre-activations $z = W x_t + U h_{t-1} + b$ split into $(z_i, z_f, z_g, z_o)$, gates
+# $i, f, o = \sigma(z_{i,f,o})$, $g = \tanh z_g$, and
+# $c_t = f_t\odot c_{t-1} + i_t\odot g_t$, $h_t = o_t \odot \tanh c_t$. The state is the pair $(h, c)$, and
+# one step has four Jacobian blocks ($U_\bullet$ are the rows of $U$ for one gate, $\sigma' = \sigma(1-\sigma)$):
+#
+# $$\frac{\partial c_t}{\partial c_{t-1}} = \operatorname{diag}(f_t),\qquad
+# \frac{\partial c_t}{\partial h_{t-1}} = \operatorname{diag}(c_{t-1}\sigma'(z_f))\,U_f
+#   + \operatorname{diag}(g_t\,\sigma'(z_i))\,U_i + \operatorname{diag}(i_t \tanh'(z_g))\,U_g,$$
+# $$\frac{\partial h_t}{\partial c_{t-1}} = \operatorname{diag}(o_t\tanh'(c_t)\,f_t),\qquad
+# \frac{\partial h_t}{\partial h_{t-1}} = \operatorname{diag}(\tanh(c_t)\,\sigma'(z_o))\,U_o
+#   + \operatorname{diag}(o_t\tanh'(c_t))\,\frac{\partial c_t}{\partial h_{t-1}}.$$
+#
+# The first block is exact and diagonal because no gate reads $c_{t-1}$ (no peepholes). Check all four
+# against the package at lag 1.
+
+# %%
+torch.manual_seed(seed)
+lstm = nn.LSTM(5, 8, batch_first=True).double()
+out, _ = lstm(xs)
+with torch.no_grad():
+    W, Uw, b = lstm.weight_ih_l0, lstm.weight_hh_l0, lstm.bias_ih_l0 + lstm.bias_hh_l0
+    h_prev, c_prev, t = out[:, -2], None, 11
+    c_seq = [torch.zeros(2, 8, dtype=D)]                          # recompute c_0..c_11 for the formulas
+    h = torch.zeros(2, 8, dtype=D)
+    for u in range(12):
+        zi, zf, zg, zo = (xs[:, u] @ W.T + h @ Uw.T + b).chunk(4, -1)
+        c_seq.append(torch.sigmoid(zf) * c_seq[-1] + torch.sigmoid(zi) * torch.tanh(zg))
+        h = torch.sigmoid(zo) * torch.tanh(c_seq[-1])
+    torch.testing.assert_close(h, out[:, -1])
+    Ui, Uf, Ug, Uo = Uw.chunk(4)
+    i, f, gg, o = torch.sigmoid(zi), torch.sigmoid(zf), torch.tanh(zg), torch.sigmoid(zo)   # gates at t = 11
+    c_t, c_p = c_seq[12], c_seq[11]
+    dsig = lambda s: s * (1 - s)                                     # noqa: E731
+    dc_dh = (torch.diag_embed(c_p * dsig(f)) @ Uf + torch.diag_embed(gg * dsig(i)) @ Ui
+             + torch.diag_embed(i * (1 - gg ** 2)) @ Ug)
+    dh_dh = torch.diag_embed(torch.tanh(c_t) * dsig(o)) @ Uo + torch.diag_embed(o * (1 - torch.tanh(c_t) ** 2)) @ dc_dh
+jl = lag_jacobians(lstm, xs, max_lag=1)
+torch.testing.assert_close(jl.cc[0], torch.diag_embed(f), rtol=0, atol=1e-15)      # exactly diag(f_t)
+torch.testing.assert_close(jl.state[0, :, 8:, :8], dc_dh)
+torch.testing.assert_close(jl.state[0, :, :8, 8:], torch.diag_embed(o * (1 - torch.tanh(c_t) ** 2) * f))
+torch.testing.assert_close(jl.hh[0], dh_dh)
+gap = (jl.cc[0] - torch.diag_embed(f)).abs().max()
+print(f"one-step blocks match the closed forms; |∂c_t/∂c_(t-1) − diag(f_t)| ≤ {gap:.1e}")
+
+# %% [markdown]
+# ### The $\prod f_t$ argument and the paths it leaves out
+#
+# Over $k$ steps the state Jacobian is the product of the $2H\times 2H$ one-step matrices
+# $A_u = \bigl[\begin{smallmatrix}\partial h/\partial h & \partial h/\partial c\\ \partial c/\partial h &
+# \operatorname{diag}(f_u)\end{smallmatrix}\bigr]$. Its $cc$ block is $\prod_u \operatorname{diag}(f_u)$ **plus
+# every path that leaves the cell** through $h_u = o_u\odot\tanh c_u$, travels through the gates
+# ($i$, $g$, $f$ via $U_i, U_g, U_f$; $o$ via $U_o$ on the way out) and **comes back** into a later cell. The
+# argument keeps only the first term: it bounds the cell path by $\prod f \le 1$ (no explosion) and lets
+# learned forget gates near 1 keep it from vanishing.
+#
+# Two versions of "$\partial c_t/\partial c_{t-k}$" exist and are easy to mix up: the state block `cc`
+# (perturb $c_{t-k}$ with $h_{t-k}$ held fixed — here the $k=1$ value is exactly $\operatorname{diag} f_t$),
+# and the derivative that backpropagation actually delivers to the node $c_{t-k}$, `cc_total`, which also
+# moves $h_{t-k} = o_{t-k}\odot\tanh c_{t-k}$:
+#
+# $$\frac{dc_t}{dc_{t-k}} = \Bigl[\prod A\Bigr]_{cc} + \Bigl[\prod A\Bigr]_{ch}\,
+#   \operatorname{diag}\bigl(o_{t-k}\tanh'(c_{t-k})\bigr).$$
+#
+# The essay's one-step expression $f_t + c_{t-1}\,\partial f_t/\partial c_{t-1} + \dots$ is of the second kind,
+# so already at $k=1$ the approximation drops terms. `gate_product_error` measures
+# $\lVert J - \operatorname{diag}\prod f\rVert_F/\max(\lVert J\rVert_F, \lVert\operatorname{diag}\prod f\rVert_F)$
+# (0 = exact, near 1 = unrelated in size or direction). Check the identity above at every lag.
+
+# %%
+jl = lag_jacobians(lstm, xs)
+H8 = 8
+for k in range(1, 13):
+    src = 11 - k                                              # time of c_{t-k}; -1 is the given initial state
+    if src >= 0:
+        zi, zf, zg, zo = (xs[:, src] @ W.T + (out[:, src - 1] if src > 0 else torch.zeros(2, 8, dtype=D)) @ Uw.T
+                          + b).detach().chunk(4, -1)
+        dhdc = torch.sigmoid(zo) * (1 - torch.tanh(c_seq[src + 1]) ** 2)
+    else:
+        dhdc = torch.zeros(2, 8, dtype=D)
+    total = jl.cc[k - 1] + jl.state[k - 1, :, H8:, :H8] @ torch.diag_embed(dhdc)
+    torch.testing.assert_close(jl.cc_total[k - 1], total)
+err_state, err_total = gate_product_error(jl, total=False), gate_product_error(jl)
+print("∏f error, state block  k=1..4:", err_state[:4].mean(1).numpy().round(3))
+print("∏f error, total (dc/dc) k=1..4:", err_total[:4].mean(1).numpy().round(3))
+assert err_state[0].abs().max() < 1e-12 and (err_total[0] > 0).all()
+
+# %% [markdown]
+# ## 3 · Exact Jacobians of untrained and briefly trained language models
+#
+# Two `RNNLM`s — a tanh RNN and an LSTM with the same embedding and hidden width — are trained on the
+# no-download corpus with AdamW and global-norm clipping (`train_lm`; the gradient norm of every step is kept
+# for section 6). Their Jacobians are then taken on held-out sequences, in float64, from the last position back to
+# the initial state; "untrained" is the same architecture at PyTorch's default initialization (recurrent
+# weights uniform in $\pm 1/\sqrt H$, spectral radius about $0.58$).
+
+# %%
+tok = get_tokenizer()
+V = tok.vocab_size
+train_blocks = lm_blocks("train", block_size, tok)
+valid_blocks = lm_blocks("valid", block_size, tok)[:128]
+probe = lm_blocks("valid", probe_len, tok)[:, :probe_len]
+probe = probe[torch.linspace(0, len(probe) - 1, n_probe).long()].to(dev)     # spread over the split
+unigram = unigram_perplexity("valid", tok)
+
+
+def build(cell, s):
+    torch.manual_seed(s)
+    return RNNLM(V, d_model=d_model, hidden=hidden, cell=cell).to(dev)
+
+
+models, training = {}, {}
+for cell in tqdm(("rnn", "lstm"), desc="train"):
+    models[f"{cell} untrained"] = build(cell, seed)
+    trained = build(cell, seed)
+    training[cell] = train_lm(trained, train_blocks, valid_blocks, steps=train_steps, lr=train_lr,
+                              batch_size=batch_size, clip=clip, seed=seed)
+    models[f"{cell} trained"] = trained
+    run.record(f"train/{cell}_valid_ppl", training[cell].valid_ppl, headline=True)
+print({c: round(r.valid_ppl, 1) for c, r in training.items()}, f"(unigram {unigram:.1f}, uniform {V})")
+
+# %%
+def probe_jacobians(model):
+    """Float64 Jacobians of the top layer at the last position, lags 1..probe_len (a float64 copy of the model)."""
+    m64 = RNNLM(V, d_model=d_model, hidden=hidden, cell=model.cell).to(dev).double()
+    m64.load_state_dict(model.state_dict())
+    return lag_jacobians(m64, probe)
+
+
+jacs = {name: probe_jacobians(m) for name, m in tqdm(models.items(), desc="Jacobians")}
+lags = np.arange(1, probe_len + 1)
+
+
+def log10_norms(J, ord):
+    return jacobian_norms(J, ord).clamp_min(1e-300).log10().T.cpu().numpy()       # [n_probe, K]
+
+
+def rate(J, lo=5):
+    """Growth rate per step of the spectral norm, (log‖J_K‖ − log‖J_lo‖)/(K − lo), averaged over sequences."""
+    n = jacobian_norms(J, 2).clamp_min(1e-300).log()
+    return float(((n[-1] - n[lo - 1]) / (len(n) - lo)).mean())
+
+
+for name, j in jacs.items():
+    run.record(f"rate/{name.replace(' ', '_')}/h", rate(j.hh))
+    if j.kind == "lstm":
+        run.record(f"rate/{name.replace(' ', '_')}/c", rate(j.cc_total))
+print({k: round(v, 3) for k, v in run.results.items() if k.startswith("rate/")})
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+for i, (name, j) in enumerate(jacs.items()):
+    style = dict(color=f"C{i}")
+    seed_band(axes[0], lags, log10_norms(j.hh, 2), label=name, **style)
+    seed_band(axes[1], lags, log10_norms(j.hh, "fro") - 0.5 * math.log10(hidden), label=name, **style)
+    if j.kind == "lstm":
+        seed_band(axes[2], lags, log10_norms(j.cc_total, 2), label=f"{name}: exact dc_t/dc_(t−k)", **style)
+        prod_f = j.gate_product.amax(-1).clamp_min(1e-300).log10().T.cpu().numpy()   # ‖diag ∏f‖₂ = max_j ∏f_j
+        seed_band(axes[2], lags, prod_f, label=f"{name}: ‖diag ∏ f‖₂", ls="--", **style)
+label_axes(axes[0], "lag k (steps)", "log₁₀ ‖∂h_t/∂h_(t−k)‖₂ (spectral)", "hidden state, largest singular value")
+label_axes(axes[1], "lag k (steps)", "log₁₀ ‖∂h_t/∂h_(t−k)‖_F / √H (RMS singular value)", "hidden state, Frobenius")
+label_axes(axes[2], "lag k (steps)", "log₁₀ spectral norm", "LSTM cell: exact vs the ∏f approximation")
+fig.suptitle(f"exact Jacobians on {n_probe} held-out sequences (bands: 95 % interval over sequences)")
+fig.tight_layout()
+run.savefig(fig, "jacobian_vs_lag.png")
+plt.show()
+
+# %% [markdown]
+# ## 4 · Where the $\prod f_t$ approximation holds, and where it fails
+#
+# The error of $\operatorname{diag}\prod f$ against the exact Jacobian, by lag, for the untrained and the
+# trained LSTM — against the total derivative backpropagation uses (solid) and against the state block that
+# holds $h_{t-k}$ fixed (dashed; exact at $k = 1$ by section 2).
+
+# %%
+fig, ax = plt.subplots(figsize=(6.5, 4))
+err = {}
+for i, name in enumerate(("lstm untrained", "lstm trained")):
+    j = jacs[name]
+    err[name] = gate_product_error(j).T.cpu().numpy()                       # [n_probe, K]
+    seed_band(ax, lags, err[name], label=f"{name}: vs dc_t/dc_(t−k)", color=f"C{i + 2}")
+    seed_band(ax, lags, gate_product_error(j, total=False).T.cpu().numpy(), label=f"{name}: vs state block",
+              color=f"C{i + 2}", ls="--")
+    key = name.replace(" ", "_")
+    run.record(f"prodf_error/{key}/k1", float(err[name][:, 0].mean()))
+    run.record(f"prodf_error/{key}/k{report_lag}", float(err[name][:, report_lag - 1].mean()), headline=True)
+    below = np.nonzero(err[name].mean(0) > 0.5)[0]
+    run.record(f"prodf_error/{key}/first_lag_above_half", int(below[0] + 1) if len(below) else probe_len + 1)
+ax.axhline(0.5, color="0.6", lw=0.8)
+label_axes(ax, "lag k (steps)", "‖J − diag ∏f‖_F / max(‖J‖_F, ‖diag ∏f‖_F)",
+           "error of the ∏f approximation (0 = exact)", lower_is_better=True)
+fig.tight_layout()
+run.savefig(fig, "prod_f_error.png")
+plt.show()
+print({k: v for k, v in run.results.items() if k.startswith("prodf_error/")})
+
+# %% [markdown]
+# ## 5 · Vanishing and exploding regimes: initialization scale and forget-gate bias
+#
+# `init_recurrent_` redraws every $H\times H$ block of $U$ from $\mathcal N(0, \text{gain}^2/H)$ (spectral radius
+# $\approx$ gain by the circular law), zeroes the recurrent biases and sets the LSTM forget-gate bias. For each
+# setting the growth rate per step $\lambda = \frac{1}{K-5}\log\frac{\lVert J_K\rVert_2}{\lVert J_5\rVert_2}$ of the
+# exact Jacobian is measured on the held-out sequences ($\lambda < 0$ vanishing, $> 0$ exploding). For the tanh
+# RNN the linearization at $h = 0$ (zero inputs: $J_k = U^k$) predicts $\lambda \approx \log(\text{gain})$;
+# inputs saturate units and pull it down. For the LSTM the $\prod f$ argument predicts the cell rate
+# $\frac1K\log\max_j\prod_u f_{u,j} \le 0$ — never exploding.
+
+# %%
+def grid_rates(cell, gain, fb, s):
+    m = build(cell, s).double()
+    init_recurrent_(m, gain=gain, forget_bias=fb, generator=torch.Generator().manual_seed(s))
+    j = lag_jacobians(m, probe)
+    out = {"h": rate(j.hh)}
+    if cell == "rnn":
+        out["log_norm_U"] = math.log(torch.linalg.matrix_norm(m.rnn.weight_hh_l0, 2).item())
+    else:
+        out["c"] = rate(j.cc_total)
+        out["prod_f"] = float((j.gate_product[-1].amax(-1).clamp_min(1e-300).log() / probe_len).mean())
+        out["err"] = float(gate_product_error(j)[report_lag - 1].mean())
+    return out
+
+
+seeds_grid = [seed * 100 + s for s in range(grid_seeds)]
+rnn_runs = [[grid_rates("rnn", gn, None, s) for s in seeds_grid] for gn in tqdm(gains, desc="RNN")]
+rnn_grid = np.array([[r["h"] for r in row] for row in rnn_runs])                     # [gains, seeds]
+# a derived bound, asserted: ‖J_K‖ ≤ ‖J_5‖·‖U‖₂^(K−5) because every factor diag(1 − h²)·U has norm ≤ ‖U‖₂
+assert all(r["h"] <= r["log_norm_U"] + 1e-9 for row in rnn_runs for r in row)
+lstm_grid = {(gn, fb): [grid_rates("lstm", gn, fb, s) for s in seeds_grid]
+             for gn in tqdm(gains, desc="LSTM") for fb in forget_biases}
+lstm_mean = {k: {q: float(np.mean([r[q] for r in v])) for q in v[0]} for k, v in lstm_grid.items()}
+for gn, r in zip(gains, rnn_grid):
+    run.record(f"regime/rnn/gain_{gn:g}", float(r.mean()))
+for (gn, fb), r in lstm_mean.items():
+    run.record(f"regime/lstm/gain_{gn:g}/fb_{fb:g}", r)
+print("RNN rate by gain:", dict(zip(gains, rnn_grid.mean(1).round(3))))
+
+# %%
+fig, axes = plt.subplots(1, 4, figsize=(19, 4))
+axes[0].plot(gains, rnn_grid.mean(1), "o-", label=f"tanh RNN, exact (mean of {grid_seeds} inits)")
+axes[0].plot(gains, np.log(gains), "k--", lw=1, label="linearization at h = 0: log(gain)")
+axes[0].axhline(0, color="0.6", lw=0.8)
+label_axes(axes[0], "recurrent gain (spectral radius of U)", "growth rate λ per step", "tanh RNN", logx=True)
+axes[0].set_xticks(gains, [f"{gn:g}" for gn in gains], minor=False)
+axes[0].minorticks_off()
+panels = [("c", "LSTM cell: exact rate of dc_t/dc_(t−k)"), ("prod_f", "LSTM cell: rate predicted by ∏f"),
+          ("err", f"∏f error at k = {report_lag}")]
+for ax, (q, title) in zip(axes[1:], panels):
+    grid = np.array([[lstm_mean[(gn, fb)][q] for fb in forget_biases] for gn in gains])
+    lim = dict(vmin=0, vmax=1, cmap="viridis") if q == "err" else dict(vmin=-1, vmax=1, cmap="RdBu_r")
+    im = ax.imshow(grid, origin="lower", aspect="auto", **lim)
+    for (a, bb), v in np.ndenumerate(grid):
+        ax.text(bb, a, f"{v:.2f}", ha="center", va="center", fontsize=8)
+    ax.set_xticks(range(len(forget_biases)), [f"{fb:g}" for fb in forget_biases])
+    ax.set_yticks(range(len(gains)), [f"{gn:g}" for gn in gains])
+    fig.colorbar(im, ax=ax, label="error (0 = exact)" if q == "err" else "λ per step (red: exploding)")
+    label_axes(ax, "forget-gate bias at init", "recurrent gain", title, legend=False)
+fig.tight_layout()
+run.savefig(fig, "regimes.png")
+plt.show()
+
+# %% [markdown]
+# Why does the trained LSTM follow $\prod f$ so much better than the untrained one? The paths the argument drops
+# leave the cell through $\partial h_u/\partial c_u = o_u\odot\tanh'(c_u)$ and re-enter through the gates. The
+# mean forget gate and the mean of that exit factor along the probed sequences, before and after training:
+
+# %%
+for name in ("lstm untrained", "lstm trained"):
+    j = jacs[name]
+    f_mean = float(j.gate_product[0].mean())                       # ∏ over one step = f_t at the last position
+    exit_mean = float(j.dh_dc[:-1].abs().mean())                  # o ⊙ tanh'(c) along the sequence
+    run.record(f"gates/{name.replace(' ', '_')}/forget_mean", f_mean)
+    run.record(f"gates/{name.replace(' ', '_')}/exit_mean", exit_mean)
+    print(f"{name:15s} mean f_t = {f_mean:.3f}   mean |o ⊙ tanh'(c)| = {exit_mean:.3f}")
+
+# %% [markdown]
+# ## 6 · What a clipping threshold sees
+#
+# Exploding Jacobians show up as large parameter gradients, which is what global-norm clipping (the subject of
+# notebook 11) cuts: a step with gradient norm $\lVert g\rVert$ above the threshold $\gamma$ is rescaled by
+# $\gamma/\lVert g\rVert$. Below, the norm of the LM-loss gradient at initialization as a function of the recurrent
+# gain (one batch of training blocks, several initializations), and the norms recorded during the brief
+# training of section 3, where $\gamma$ = `clip`.
+
+# %%
+batch = train_blocks[torch.randint(len(train_blocks), (batch_size,), generator=torch.Generator().manual_seed(seed))]
+grad_at_init = {}
+for cell in ("rnn", "lstm"):
+    rows = []
+    for gn in gains:
+        norms = []
+        for s in seeds_grid:
+            m = init_recurrent_(build(cell, s), gain=gn, generator=torch.Generator().manual_seed(s))
+            loss = block_nll(m, batch.to(dev))
+            norms.append(torch.nn.utils.get_total_norm(torch.autograd.grad(loss, list(m.parameters()))).item())
+        rows.append(norms)
+    grad_at_init[cell] = np.array(rows)                                          # [gains, seeds]
+    for gn, r in zip(gains, rows):
+        run.record(f"clip/{cell}/grad_norm_at_init/gain_{gn:g}", float(np.mean(r)))
+for cell, r in training.items():
+    gnorm = np.array(r.grad_norm)
+    run.record(f"clip/{cell}/fraction_clipped", float((gnorm > clip).mean()), headline=cell == "rnn")
+    run.record(f"clip/{cell}/grad_norm_median", float(np.median(gnorm)))
+    run.record(f"clip/{cell}/grad_norm_max", float(gnorm.max()))
+print({k: round(v, 3) for k, v in run.results.items() if k.startswith("clip/")})
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+for i, (cell, g_) in enumerate(grad_at_init.items()):
+    axes[0].plot(gains, g_.mean(1), "o-", color=f"C{i}", label=f"{cell} (mean of {grid_seeds} inits)")
+    axes[1].plot(np.arange(1, train_steps + 1), training[cell].grad_norm, color=f"C{i}", lw=0.8, label=cell)
+for ax in axes:
+    ax.axhline(clip, color="k", ls="--", lw=0.8, label=f"clipping threshold γ = {clip:g}")
+label_axes(axes[0], "recurrent gain", "‖∇θ loss‖ at initialization", "gradient norm vs initialization scale",
+           logx=True, logy=True)
+label_axes(axes[1], "training step", "‖∇θ loss‖ before clipping", "during the brief training", logy=True)
+axes[0].set_xticks(gains, [f"{gn:g}" for gn in gains])
+axes[0].minorticks_off()
+fig.tight_layout()
+run.savefig(fig, "gradient_norms.png")
+plt.show()
+
+# %% [markdown]
+# ## 7 · Which claims held at this scale
+#
+# Every line below is computed from this run's numbers; the assertions that follow encode the ones that hold
+# with margin at the CI defaults for seeds 0–19 (checked with a seed sweep, see the README).
+
+# %%
+lo_g, hi_g, lo_fb, hi_fb = min(gains), max(gains), min(forget_biases), max(forget_biases)
+mid_g = min(gains, key=lambda gn: abs(math.log(gn)))                                 # the gain closest to 1
+rt = run.results.__getitem__
+cell_rate = {fb: lstm_mean[(mid_g, fb)] for fb in (lo_fb, hi_fb)}
+claims = [
+    (f"tanh RNN: gain {lo_g:g} vanishes (λ < −0.2)", rt(f"regime/rnn/gain_{lo_g:g}") < -0.2,
+     f"λ = {rt(f'regime/rnn/gain_{lo_g:g}'):.3f}"),
+    (f"tanh RNN: gain {hi_g:g} explodes (λ > 0.05)", rt(f"regime/rnn/gain_{hi_g:g}") > 0.05,
+     f"λ = {rt(f'regime/rnn/gain_{hi_g:g}'):.3f}"),
+    ("LSTM: a larger forget bias slows the decay of dc/dc at every gain (by > 0.1 per step)",
+     all(lstm_mean[(gn, hi_fb)]["c"] > lstm_mean[(gn, lo_fb)]["c"] + 0.1 for gn in gains),
+     ", ".join(f"{lstm_mean[(gn, lo_fb)]['c']:.2f}→{lstm_mean[(gn, hi_fb)]['c']:.2f}" for gn in gains)),
+    ("∏f predicts a cell rate ≤ 0 everywhere (it cannot explode)", all(v["prod_f"] <= 0 for v in lstm_mean.values()),
+     "by construction"),
+    (f"…but the exact cell Jacobian grows with forget bias {hi_fb:g} at gain {mid_g:g}", cell_rate[hi_fb]["c"] > 0.02,
+     f"λ_c = {cell_rate[hi_fb]['c']:.3f} vs ∏f {cell_rate[hi_fb]['prod_f']:.3f}"),
+    (f"at init, ∏f is poor beyond a few lags (error at k = {report_lag} > 0.5)",
+     rt(f"prodf_error/lstm_untrained/k{report_lag}") > 0.5, f"{rt(f'prodf_error/lstm_untrained/k{report_lag}'):.3f}"),
+    (f"training makes ∏f more accurate (error at k = {report_lag} falls by > 0.3)",
+     rt(f"prodf_error/lstm_trained/k{report_lag}") < rt(f"prodf_error/lstm_untrained/k{report_lag}") - 0.3,
+     f"{rt(f'prodf_error/lstm_untrained/k{report_lag}'):.3f} → {rt(f'prodf_error/lstm_trained/k{report_lag}'):.3f}"),
+    ("training shrinks the exit factor o ⊙ tanh′(c) through which the dropped paths leave the cell",
+     rt("gates/lstm_trained/exit_mean") < rt("gates/lstm_untrained/exit_mean"),
+     f"{rt('gates/lstm_untrained/exit_mean'):.3f} → {rt('gates/lstm_trained/exit_mean'):.3f}"),
+    ("trained LSTM keeps gradients longer than the trained RNN (λ_c > λ_h)",
+     rt("rate/lstm_trained/c") > rt("rate/rnn_trained/h"),
+     f"{rt('rate/lstm_trained/c'):.3f} vs {rt('rate/rnn_trained/h'):.3f}"),
+]
+
+# %%
+print(f"{'claim':86s} {'held':5s} numbers")
+for c, ok, nums in claims:
+    print(f"{c:86s} {'yes' if ok else 'no':5s} {nums}")
+run.record("claims/held", [c for c, ok, _ in claims if ok])
+run.record("claims/not_held", [c for c, ok, _ in claims if not ok])
+run.record("runtime_s", time.time() - t_start)
+
+# %%
+run.say(r"""**Reading the numbers.** The derivations are exact and asserted: the simple RNN's Jacobian is the product
+of $\operatorname{{diag}}(1-h^2)\,U$ factors and never grows faster than $\lVert U\rVert_2$ per step; the LSTM's
+one-step cell block is exactly $\operatorname{{diag}}(f_t)$, but the derivative backpropagation delivers to
+$c_{{t-1}}$ is not (at initialization its $\prod f$ error is {prodf_error/lstm_untrained/k1:.2f} already at $k=1$).
+
+*Regimes.* At recurrent gain {lo_g:g} the tanh RNN's Jacobian changes by $\lambda$ = {rnn_lo:.2f} per step (natural
+log; vanishing); at gain {hi_g:g} it grows at $\lambda$ = {rnn_hi:.2f} per step, below the linearized
+$\log {hi_g:g}$ = {log_hi:.2f} because inputs saturate units. In the LSTM at gain {mid_g:g}, the forget-gate bias
+moves the cell's rate from {lstm_lo:.2f} (bias {lo_fb:g}) to {lstm_hi:.3f} (bias {hi_fb:g}). The $\prod f$ argument
+predicts rates ≤ 0 everywhere (there: {prodf_hi:.3f}); the exact Jacobian grows once the forget gates are held
+open, because the paths through $h$ that the argument drops add to a diagonal already near 1. At initialization
+the approximation's error reaches {err_untrained:.2f} at $k$ = {report_lag}: it holds for the first lag or two.
+
+*Training.* After {train_steps} steps (validation perplexity: RNN {train/rnn_valid_ppl:.0f}, LSTM
+{train/lstm_valid_ppl:.0f}; unigram {unigram:.0f}) the LSTM's cell gradient changes by $\lambda_c$ =
+{rate/lstm_trained/c:.3f} per step against the RNN's {rate/rnn_trained/h:.3f}, and the $\prod f$ approximation became
+more accurate (error {err_untrained:.2f} → {err_trained:.2f} at $k$ = {report_lag}): the exit factor
+$o\odot\tanh'(c)$ fell from {gates/lstm_untrained/exit_mean:.3f} to {gates/lstm_trained/exit_mean:.3f} while the
+mean forget gate moved from {gates/lstm_untrained/forget_mean:.2f} to {gates/lstm_trained/forget_mean:.2f}. The
+argument describes the trained network better than the untrained one, for a reason it does not state: the paths
+it drops narrowed.
+
+*Clipping.* The RNN's loss gradient at initialization grows from {g_lo:.2f} (gain {lo_g:g}) to {g_hi:.3g} (gain
+{hi_g:g}) — a threshold $\gamma$ = {clip:g} would rescale that step by {rescale:.1e}; the LSTM's stays at
+{l_hi:.2f}. During the
+brief training, from PyTorch's default initialization, $\gamma$ = {clip:g} rescaled {clip/rnn/fraction_clipped:.0%}
+of the RNN's steps and {clip/lstm/fraction_clipped:.0%} of the LSTM's (median norms {clip/rnn/grad_norm_median:.2f}
+and {clip/lstm/grad_norm_median:.2f}). A one-minute CPU run decides the exact derivations, the regimes at
+initialization and the direction of the training effects on one seed; how far the trained numbers move with
+longer training is what `params/13_recurrent_gradients/full.yaml` measures.""",
+        unigram=unigram, train_steps=train_steps, clip=clip, lo_g=lo_g, hi_g=hi_g, lo_fb=lo_fb, hi_fb=hi_fb,
+        mid_g=mid_g, rnn_lo=rt(f"regime/rnn/gain_{lo_g:g}"), rnn_hi=rt(f"regime/rnn/gain_{hi_g:g}"),
+        log_hi=math.log(hi_g), lstm_lo=cell_rate[lo_fb]["c"], lstm_hi=cell_rate[hi_fb]["c"],
+        prodf_hi=cell_rate[hi_fb]["prod_f"], report_lag=report_lag,
+        err_untrained=rt(f"prodf_error/lstm_untrained/k{report_lag}"),
+        err_trained=rt(f"prodf_error/lstm_trained/k{report_lag}"),
+        g_lo=rt(f"clip/rnn/grad_norm_at_init/gain_{lo_g:g}"), g_hi=rt(f"clip/rnn/grad_norm_at_init/gain_{hi_g:g}"),
+        rescale=clip / rt(f"clip/rnn/grad_norm_at_init/gain_{hi_g:g}"),
+        l_hi=rt(f"clip/lstm/grad_norm_at_init/gain_{hi_g:g}"))
+
+# %%
+# Assertions at CI scale (margins checked over seeds 0–19; see the README)
+if lo_g <= 0.5:
+    assert rt(f"regime/rnn/gain_{lo_g:g}") < -0.2                                # vanishing
+if hi_g >= 2:
+    assert rt(f"regime/rnn/gain_{hi_g:g}") > 0.05                                # exploding
+    assert rt(f"clip/rnn/grad_norm_at_init/gain_{hi_g:g}") > 10 * rt(f"clip/rnn/grad_norm_at_init/gain_{lo_g:g}")
+if hi_fb - lo_fb >= 4:
+    # smallest gap over seeds 0–19 was 0.21 (at gain 4); 0.1 leaves room for other probe sequences
+    assert all(lstm_mean[(gn, hi_fb)]["c"] > lstm_mean[(gn, lo_fb)]["c"] + 0.1 for gn in gains)
+if hi_fb >= 4 and abs(math.log(mid_g)) < 0.1:
+    assert cell_rate[hi_fb]["c"] > 0.02 > cell_rate[hi_fb]["prod_f"]             # ∏f misses a growing cell path
+assert all(v["prod_f"] <= 0 for v in lstm_mean.values())
+assert rt(f"prodf_error/lstm_untrained/k{report_lag}") > 0.5
+assert rt(f"prodf_error/lstm_trained/k{report_lag}") < rt(f"prodf_error/lstm_untrained/k{report_lag}") - 0.3
+assert rt("gates/lstm_trained/exit_mean") < rt("gates/lstm_untrained/exit_mean")
+assert rt("rate/lstm_trained/c") > rt("rate/rnn_trained/h")
+for cell, r in training.items():
+    assert not r.diverged and r.valid_ppl < unigram, (cell, r.valid_ppl)        # both LMs learned something
+print(f"all assertions passed; notebook runtime {time.time() - t_start:.0f} s")
+
+# %% [markdown]
+# > **Errata to the source.** (1) The copy of the essay in this repository holds only its opening paragraph, so
+# > the argument examined here is the standard form it presents. (2) "$\partial c_t/\partial c_{t-1} \approx f_t$"
+# > is exact only for the state block that holds $h_{t-1}$ fixed; the derivative backpropagation uses carries the
+# > extra term $\frac{\partial c_t}{\partial h_{t-1}}\operatorname{diag}(o_{t-1}\tanh'(c_{t-1}))$, and over many steps
+# > the dropped paths compound. (3) "$\prod f \le 1$, so the LSTM's cell gradient cannot explode" is false for
+# > the exact Jacobian: with forget gates near 1 the dropped paths push its spectral norm above 1 (section 5).
+# > (4) The argument fits *trained* LSTMs much better than untrained ones — here because the exit factor
+# > $o\odot\tanh'(c)$ shrank during training, not because the dropped terms are small in general.
+#
+# **Try this.**
+# - A longer, wider run (minutes): `python -m taskloss.runner run 13 -f params/13_recurrent_gradients/full.yaml`
+# - The forget-bias-1 recipe of Jozefowicz et al. on the regime grid:
+#   `python -m taskloss.runner run 13 -p forget_biases "[0.0, 1.0, 2.0]" -p gains "[0.5, 1.0]"`
+# - Other seeds: `python -m taskloss.runner run 13 --grid seed=0,1,2,3 --out runs/13-seeds`
