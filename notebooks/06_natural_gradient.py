@@ -290,7 +290,8 @@ essay_vector = torch.func.grad(lambda t: cg.log_prob(x_star, t).mean())(theta0) 
 grad_L = torch.func.grad(cg.loss)(theta0)
 torch.testing.assert_close(cg.grad(theta0), grad_L)
 cos_essay = float(essay_vector @ grad_L / essay_vector.norm() / grad_L.norm())
-print(f"∇L(θ₀) = {grad_L.cpu().numpy()};  E_p*[∇ log p] = {essay_vector.cpu().numpy().round(3)};  cosine {cos_essay:.4f}")
+print(f"∇L(θ₀) = {grad_L.cpu().numpy()};  E_p*[∇ log p] = {essay_vector.cpu().numpy().round(3)};  "
+      f"cosine {cos_essay:.4f}")
 assert cos_essay < -0.999                          # the printed vector points against ∇L
 lam, U = torch.linalg.eigh(F)
 print(f"eigenvalues of F: {lam.cpu().numpy()}, condition number κ = {float(lam[1] / lam[0]):.0f}")
@@ -424,9 +425,10 @@ for key, b, label in (("coupled/log10_steps_natural_tuned_vs_steepest_tuned", lo
                        steps_ngd_classic_starts.double().log10(), f"natural gradient, η = {ngd_lr:g}")):
     run.compare(key, b.tolist(), log_sd.tolist(), name=label, baseline="steepest descent, tuned per start",
                 metric="log10 steps to the KL target", lower_is_better=True)
-print(f"steps of per-start-tuned steepest descent over {n_starts} starts: median "
-      f"{float(steps_sd_starts.double().median()):.0f}, range {int(steps_sd_starts.min())}–{int(steps_sd_starts.max())}")
-run.record("coupled/steps_steepest_tuned_median_over_starts", float(steps_sd_starts.double().median()))
+median_sd = float(steps_sd_starts.double().median())
+print(f"steps of per-start-tuned steepest descent over {n_starts} starts: median {median_sd:.0f}, "
+      f"range {int(steps_sd_starts.min())}–{int(steps_sd_starts.max())}")
+run.record("coupled/steps_steepest_tuned_median_over_starts", median_sd)
 _ = run.record("coupled/steps_steepest_tuned_min_over_starts", int(steps_sd_starts.min()))
 
 # %% [markdown]
@@ -457,14 +459,11 @@ levels = np.geomspace(1e-3, 20, 14)
 loss_grid = cg.loss(pts).cpu().numpy()
 
 
-def plot_trajectories(ax) -> None:
-    """Classic and tuned runs of both methods in θ over the loss contours."""
+def plot_trajectories(ax, runs: list) -> None:
+    """Runs ``(label, trajectory [T, 2], colour, line style)`` in θ over the loss contours."""
     ax.contour(g1, g2, loss_grid, levels=levels, colors="0.7", linewidths=0.7)
-    for label, traj, color, ls in ((f"steepest, classic η = {sd_lr:.4f}", traj_sd, "tab:red", ":"),
-                                   (f"steepest, best η = {lr_best[False]:.4f}", traj_tuned[False], "tab:red", "-"),
-                                   (f"natural, classic η = {ngd_lr:g}", traj_ngd, "tab:blue", ":"),
-                                   (f"natural, best η = {lr_best[True]:g}", traj_tuned[True], "tab:blue", "-")):
-        dense = len(traj) > 2 * n_steps                                   # the tuned steepest run: thin, no markers
+    for label, traj, color, ls in runs:
+        dense = len(traj) > 2000                                          # the tuned steepest run: thin, no markers
         ax.plot(*traj.cpu().numpy().T, ls, marker="" if dense else ".", ms=3, lw=0.3 if dense else 1,
                 alpha=0.6 if dense else 1, color=color, label=label)
     ax.plot(0, 0, "k*", ms=10)
@@ -472,36 +471,39 @@ def plot_trajectories(ax) -> None:
     ax.legend(loc="lower left", fontsize=7)
 
 # %%
-def plot_loss_curves(ax) -> None:
-    """KL against steps from the closed form, classic and tuned steps."""
-    t_long = torch.unique(torch.logspace(0, math.log10(2 * steps_classic[False]), 300).round().long()).to(dev)
-    for label, lr_, nat, color, ls in (("steepest, classic η", sd_lr, False, "tab:red", ":"),
-                                       ("steepest, best η", lr_best[False], False, "tab:red", "-"),
-                                       ("natural, classic η", ngd_lr, True, "tab:blue", ":")):
+def plot_loss_curves(ax, curves: list, t_max: int, target: float) -> None:
+    """Closed-form KL against steps for ``(label, lr, natural, colour, line style)`` up to ``t_max``."""
+    t_long = torch.unique(torch.logspace(0, math.log10(t_max), 300).round().long()).to(dev)
+    for label, lr_, nat, color, ls in curves:
         kl_t = closed_form_kl(t_long, lr_, theta0, nat).clamp_min(1e-300)
         ax.loglog(t_long.cpu(), kl_t.cpu(), ls, color=color, label=label)
     ax.loglog([1], [1e-12], "v", color="tab:blue", ms=8, label="natural, best η: 1 step, KL below the axis")
-    ax.axhline(kl_target, color="grey", lw=0.7)
+    ax.axhline(target, color="grey", lw=0.7)
     ax.set(ylim=(1e-12, 10))
     label_axes(ax, "step t", r"KL$(p^*\,\|\,p_\theta)$ (nats)", "loss against steps (closed form)",
                lower_is_better=True, legend=False)
     ax.legend(fontsize=7)
 
-# %%
-def plot_tuning(ax) -> None:
-    """Steps to the target against the step size, as a fraction of each method's stability bound."""
+
+def plot_tuning(ax, frac: torch.Tensor, steps_grid: dict, best: dict, target: float) -> None:
+    """Steps to ``target`` against the step size as a fraction ``frac`` of each method's stability bound."""
     order = frac.argsort()
     for nat, color, name in ((False, "tab:red", "steepest descent"), (True, "tab:blue", "natural gradient")):
         ax.loglog(frac[order].cpu(), steps_grid[nat][order].cpu(), ".-", ms=2, color=color, label=name)
-        ax.plot(float(frac[best[nat]]), steps_best[nat], "o", color=color, mfc="none", ms=9)
+        ax.plot(float(frac[best[nat]]), int(steps_grid[nat][best[nat]]), "o", color=color, mfc="none", ms=9)
     label_axes(ax, r"step size $\eta$ / stability bound ($2/\lambda_{\max}$; 2 for natural)",
-               f"steps to KL ≤ {kl_target:g}", "tuning each method's fixed step", lower_is_better=True)
+               f"steps to KL ≤ {target:g}", "tuning each method's fixed step", lower_is_better=True)
 
-
+# %%
 fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
-plot_trajectories(axes[0])
-plot_loss_curves(axes[1])
-plot_tuning(axes[2])
+plot_trajectories(axes[0], [(f"steepest, classic η = {sd_lr:.4f}", traj_sd, "tab:red", ":"),
+                            (f"steepest, best η = {lr_best[False]:.4f}", traj_tuned[False], "tab:red", "-"),
+                            (f"natural, classic η = {ngd_lr:g}", traj_ngd, "tab:blue", ":"),
+                            (f"natural, best η = {lr_best[True]:g}", traj_tuned[True], "tab:blue", "-")])
+plot_loss_curves(axes[1], [("steepest, classic η", sd_lr, False, "tab:red", ":"),
+                           ("steepest, best η", lr_best[False], False, "tab:red", "-"),
+                           ("natural, classic η", ngd_lr, True, "tab:blue", ":")], 2 * steps_classic[False], kl_target)
+plot_tuning(axes[2], frac, steps_grid, best, kl_target)
 fig.tight_layout()
 run.savefig(fig, "coupled_gaussian_steps.png")
 plt.show()
@@ -864,7 +866,8 @@ _ = run.record("invariance/path_gap_steepest", gap_sd)
 fig, axes = plt.subplots(1, 2, figsize=(11, 4))
 ax = axes[0]
 for k, v in disc.items():
-    ax.loglog(etas, v, "o-", label=f"{k} (slope {slopes[k]:.2f})")
+    ax.loglog(etas, v, "o-", color="tab:blue" if k.startswith("natural") else "tab:red",
+              label=f"{k} (slope {slopes[k]:.2f})")
 label_axes(ax, r"step size $\eta$", r"$\|\theta_1^{(\theta)} - h^{-1}(\psi_1)\|$ (parameter units)",
            "one step taken in θ vs in ψ")
 ax = axes[1]
