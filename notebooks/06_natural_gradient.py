@@ -897,7 +897,7 @@ plt.show()
 # minus the baseline with 95 % t-intervals; "inconclusive" when the interval covers 0.
 
 # %%
-_ = run.table()
+_ = run.table([k for k in run.results if k not in run.comparisons])     # the comparisons get their own table
 
 # %%
 _ = run.comparison_table()
