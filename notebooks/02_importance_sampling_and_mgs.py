@@ -785,6 +785,7 @@ def vs_short(key):
     return f"{ {'inconclusive': 'not distinguishable'}.get(c.verdict, c.verdict)} ({c.effect:+.3g})"
 
 
+# %%
 run.say(
     "* **Importance sampling recovers Newton's step without a gradient of the task loss**, at the Monte Carlo "
     "rate K^(−1/2): at K = {error/K_max:.0f} the MGS estimate's median error is {error/mgs_Kmax:.3f}.\n"
