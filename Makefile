@@ -6,26 +6,46 @@ PY ?= $(VENV)/bin/python
 STAMP := $(VENV)/.taskloss-installed
 JOBS ?= 2
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.py))
+# PyTorch build for `make env` on a machine without torch: empty = `pip install torch==$(TORCH_VERSION)` (a local
+# wheel where one is configured, else PyPI's default build, which bundles CUDA on Linux); TORCH=cpu (or cu126,
+# cu128, …) installs that build from PyTorch's own wheel index.
+TORCH ?=
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX ?= https://download.pytorch.org/whl
+ifeq ($(strip $(TORCH)),)
+TORCH_INSTALL := "torch==$(TORCH_VERSION)"
+else
+TORCH_INSTALL := "torch==$(TORCH_VERSION)+$(TORCH)" --extra-index-url $(TORCH_INDEX)/$(TORCH)
+endif
+# One BLAS/OpenMP thread per kernel in tests and refreshes: the committed numbers are reproduced exactly.
+SERIAL := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
+# JupyterLab with the repository's settings (.jupyter/): notebooks/NN_topic.py opens as a notebook.
+LAB_ENV := JUPYTER_CONFIG_PATH=$(CURDIR)/.jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}
 
-.PHONY: help env run test test-fast notebooks sync bench pretrained clean
+.PHONY: help env run test test-fast notebooks sync lab lint bench pretrained clean
 
 help:
 	@echo "make run        execute every notebook (default parameters) into runs/default/ + SUMMARY.md"
 	@echo "make test       unit tests + pairing + runner tests + every notebook through nbval"
 	@echo "make notebooks  re-execute notebooks and refresh the committed .ipynb outputs"
 	@echo "make sync       re-pair notebooks/*.py -> .ipynb (keeps outputs)"
+	@echo "make lab        JupyterLab on localhost (token login) with notebooks/*.py opening as notebooks"
+	@echo "make lint       ruff on the package (pyflakes + import order)"
+	@echo "make env TORCH=cpu   create the venv with PyTorch's CPU wheel (TORCH=cu128 … for a CUDA build)"
 	@echo "make bench      run benchmarks/bench_*.py and write benchmarks/RESULTS.md"
 	@echo "make pretrained rebuild the cached pretrained small LM (data/pretrained/)"
 
-# The environment: a venv with torch installed *first* (torch==2.13.0 when none is present) so that the
-# unpinned torch requirement of the rest is already satisfied and pip never pulls a multi-GB CUDA build.
+# The environment: a venv with torch installed *first* (see TORCH above; an installed torch is kept unless TORCH
+# is given) so that the unpinned torch requirement of the rest is already satisfied and pip never swaps builds.
 $(STAMP): pyproject.toml
 	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then \
 	  test -x $(VENV)/bin/python || python3 -m venv $(VENV); \
 	  $(PY) -m pip install -q --upgrade pip; \
-	  $(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q "torch==2.13.0"; \
+	  if [ -n "$(TORCH)" ] || ! $(PY) -c "import torch" 2>/dev/null; then \
+	    $(PY) -m pip install -q $(TORCH_INSTALL) || exit 1; \
+	  fi; \
 	  $(PY) -m pip install -q -e ".[dev]"; \
-	  $(PY) -m pip install -q --no-deps "curvlinops-for-pytorch>=2"; \
+	  $(PY) -m pip install -q --no-deps "curvlinops-for-pytorch>=3.0.1,<3.1"; \
 	  touch $(STAMP); \
 	fi
 
@@ -35,18 +55,27 @@ run: $(STAMP)
 	$(PY) -m taskloss.runner all --out runs/default
 
 # OMP threads = 1 per worker: two xdist workers share the two cores without oversubscription.
+# TASKLOSS_CHECK_HEADLINES: each notebook's fresh headline results must match the committed ones
+# (taskloss/runner/headlines.py) — nbval's --nbval-lax alone compares no outputs.
 test: $(STAMP)
-	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 \
+	$(SERIAL) MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TASKLOSS_CHECK_HEADLINES=1 \
 	  $(PY) -m pytest -n $(JOBS) --dist loadfile tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider
 
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) -m pytest -n $(JOBS) tests -m "not slow"
 
 notebooks: $(STAMP)
-	$(PY) -m taskloss.runner refresh $(NOTEBOOKS)
+	$(SERIAL) $(PY) -m taskloss.runner refresh $(NOTEBOOKS)
 
 sync: $(STAMP)
 	$(PY) -m jupytext --sync $(NOTEBOOKS)
+
+# Token authentication and localhost only, as JupyterLab defaults: nothing here changes either.
+lab: $(STAMP)
+	$(LAB_ENV) $(PY) -m jupyter lab
+
+lint: $(STAMP)
+	$(PY) -m ruff check taskloss
 
 bench: $(STAMP)
 	$(PY) benchmarks/run_all.py

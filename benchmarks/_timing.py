@@ -4,6 +4,9 @@
 * :func:`sync` — ``torch.cuda.synchronize(device)`` on CUDA, nothing elsewhere;
 * :func:`median_time` — median wall-clock seconds of ``fn()`` over ``repeats`` calls after ``warmup`` untimed
   ones, ``time.perf_counter``, CUDA-synchronized before and after each call;
+* :func:`interleaved_median_times` — the same for several functions measured round-robin (one call of each per
+  round), so that a change in the machine's load during the run hits every method alike: ratios between them
+  stay meaningful on a busy machine;
 * :func:`peak_bytes` — peak memory of one call above what is live before it: on CUDA
   ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``; on CPU the allocator trace of
   ``torch.profiler`` (``profile_memory=True``) — the maximum of its running "Total Allocated" counter minus its
@@ -20,7 +23,7 @@ from typing import Callable
 
 import torch
 
-__all__ = ["sync", "median_time", "peak_bytes"]
+__all__ = ["sync", "median_time", "interleaved_median_times", "peak_bytes"]
 
 
 def sync(device: torch.device) -> None:
@@ -42,6 +45,33 @@ def median_time(fn: Callable[[], object], device: torch.device, repeats: int, wa
         sync(device)
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
+
+
+def interleaved_median_times(fns: dict[str, Callable[[], object]], device: torch.device, repeats: int,
+                             warmup: int = 1, statistic: str = "median", clock: str = "wall") -> dict[str, float]:
+    """Median seconds of each ``fns[name]()`` over ``repeats`` rounds; every round calls each function once, in
+    the given order (after ``warmup`` untimed rounds). ``statistic="min"`` returns the fastest round instead.
+    ``clock="cpu"`` times the calling thread's CPU time (``time.thread_time``) instead of the wall clock: with
+    one torch thread on a CPU shared with other jobs, time spent descheduled is not counted, so ratios stay
+    meaningful on a busy machine (cache contention still counts). Report which statistic and clock you used."""
+    if statistic not in ("median", "min"):
+        raise ValueError(f"statistic must be 'median' or 'min', got {statistic!r}")
+    if clock not in ("wall", "cpu") or (clock == "cpu" and device.type != "cpu"):
+        raise ValueError(f"clock must be 'wall', or 'cpu' for a CPU device, got {clock!r} on {device}")
+    now = time.perf_counter if clock == "wall" else time.thread_time
+    for _ in range(warmup):
+        for fn in fns.values():
+            fn()
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    for _ in range(repeats):
+        for name, fn in fns.items():
+            sync(device)
+            t0 = now()
+            fn()
+            sync(device)
+            times[name].append(now() - t0)
+    pick = statistics.median if statistic == "median" else min
+    return {name: pick(ts) for name, ts in times.items()}
 
 
 def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:

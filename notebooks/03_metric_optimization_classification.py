@@ -34,22 +34,22 @@
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-n_seeds: int = 3             # independent runs (initialization and minibatch order) per method
-hidden: int = 32             # MLP width
-batch_size: int = 128
-lr: float = 0.003            # Adam(W) learning rate for MLE and for MGS from scratch
-finetune_lr: float = 0.001   # learning rate of every method started from the MLE solution
-mle_steps: int = 300         # MLE training steps that produce the MLE start
-finetune_steps: int = 100    # steps of each method from the MLE start (MLE itself continues as many)
-scratch_steps: int = 200     # steps of MGS and of MLE from a random initialization
-K: int = 4                   # MGS candidates per step
-mgs_alpha: float = 0.01      # MGS temperature (the reference's 1/β)
-mgs_sigma: float = 1.0       # MGS noise, relative to mean|g| per tensor (the reference's default)
-mgs_mix: float = 0.5         # λ, weight of the zero-centred component
-pg_samples: int = 4          # sampled label vectors per REINFORCE step
-zo_samples: int = 8          # antithetic perturbation pairs per zeroth-order step
-zo_sigma: float = 0.01       # zeroth-order smoothing scale
-eval_every: int = 25
+n_seeds: int = 3             # [> 0] independent runs (initialization and minibatch order) per method
+hidden: int = 32             # [> 0] MLP width
+batch_size: int = 128                 # [> 0]
+lr: float = 0.003            # [> 0] Adam(W) learning rate for MLE and for MGS from scratch
+finetune_lr: float = 0.001   # [> 0] learning rate of every method started from the MLE solution
+mle_steps: int = 300         # [> 0] MLE training steps that produce the MLE start
+finetune_steps: int = 100    # [> 0] steps of each method from the MLE start (MLE itself continues as many)
+scratch_steps: int = 200     # [> 0] steps of MGS and of MLE from a random initialization
+K: int = 4                   # [> 0] MGS candidates per step
+mgs_alpha: float = 0.01      # [> 0] MGS temperature (the reference's 1/β)
+mgs_sigma: float = 1.0       # [> 0] MGS noise, relative to mean|g| per tensor (the reference's default)
+mgs_mix: float = 0.5         # [>= 0, <= 1] λ, weight of the zero-centred component
+pg_samples: int = 4          # [> 0] sampled label vectors per REINFORCE step
+zo_samples: int = 8          # [> 0] antithetic perturbation pairs per zeroth-order step
+zo_sigma: float = 0.01       # [> 0] zeroth-order smoothing scale
+eval_every: int = 25                  # [> 0]
 
 # %%
 import copy

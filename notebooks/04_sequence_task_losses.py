@@ -33,32 +33,32 @@
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-n_seeds: int = 3                # seeds seed, seed+1, …: each one re-runs every method
+n_seeds: int = 3                # [> 0] seeds seed, seed+1, …: each one re-runs every method
 model_path: str = ""            # empty: the committed small LM; else a local Hugging Face causal-LM folder
 corpus_path: str = ""           # empty: the default corpus; else a WikiText raw folder (wiki.train.raw, ...)
-prefix_len: int = 16            # prefix tokens given to the model
-cont_len: int = 16              # reference continuation tokens (+ EOS when the line ends there)
-decode_len: int = 16            # greedy tokens decoded; non-termination means no EOS among them
+prefix_len: int = 16            # [> 0] prefix tokens given to the model
+cont_len: int = 16              # [> 0] reference continuation tokens (+ EOS when the line ends there)
+decode_len: int = 16            # [> 0] greedy tokens decoded; non-termination means no EOS among them
 task_loss: str = "edit_distance+repetition"   # terms of taskloss.lm.completion.TASK_LOSSES joined by '+'
-n_train_prefixes: int = 512     # pool of training prefixes the task-loss minibatches are drawn from
-n_prefixes: int = 128           # held-out prefixes (valid split) every method is evaluated on
-batch_size: int = 16            # prefixes per step
-block_size: int = 64            # MLE loss: blocks of the training token stream (the pretraining objective)
-mle_blocks: int = 8             # blocks per step
-n_train_blocks: int = 0         # 0: every training block; else the first N (large corpora)
-ppl_blocks: int = 64            # held-out perplexity on the first N valid blocks
-steps: int = 16
-eval_every: int = 8
-lr: float = 1e-4                # AdamW for every method
-mgs_K: int = 4                  # MGS candidates per step
-mgs_alpha: float = 0.01         # temperature α of p(Δθ) ∝ exp(−Δl/α)
-mgs_sigma: float = 1.0          # noise scale, relative to mean|g| per tensor
-mgs_mix: float = 0.5            # λ: weight of the zero-centred proposal component
-mgs_max_grad_norm: float = 0.1  # surrogate gradient clipped to this norm (the size of an MLE-centred candidate)
+n_train_prefixes: int = 512     # [> 0] pool of training prefixes the task-loss minibatches are drawn from
+n_prefixes: int = 128           # [> 0] held-out prefixes (valid split) every method is evaluated on
+batch_size: int = 16            # [> 0] prefixes per step
+block_size: int = 64            # [> 0] MLE loss: blocks of the training token stream (the pretraining objective)
+mle_blocks: int = 8             # [> 0] blocks per step
+n_train_blocks: int = 0         # [>= 0] 0: every training block; else the first N (large corpora)
+ppl_blocks: int = 64            # [> 0] held-out perplexity on the first N valid blocks
+steps: int = 16                       # [> 0]
+eval_every: int = 8                   # [> 0]
+lr: float = 1e-4                # [> 0] AdamW for every method
+mgs_K: int = 4                  # [> 0] MGS candidates per step
+mgs_alpha: float = 0.01         # [> 0] temperature α of p(Δθ) ∝ exp(−Δl/α)
+mgs_sigma: float = 1.0          # [> 0] noise scale, relative to mean|g| per tensor
+mgs_mix: float = 0.5            # [>= 0, <= 1] λ: weight of the zero-centred proposal component
+mgs_max_grad_norm: float = 0.1  # [> 0] surrogate gradient clipped to this norm (the size of an MLE-centred candidate)
 mgs_density: str = "unit_sigma" # "unit_sigma" (reference code) or "mixture" (true proposal density)
-pg_samples: int = 2             # sampled continuations per prefix (leave-one-out baseline needs ≥ 2)
-pg_mle_weight: float = 1.0      # policy gradient loss + w · MLE loss
-eval_batch_size: int = 64
+pg_samples: int = 2             # [>= 2] sampled continuations per prefix (leave-one-out baseline needs ≥ 2)
+pg_mle_weight: float = 1.0      # [>= 0] policy gradient loss + w · MLE loss
+eval_batch_size: int = 64             # [> 0]
 
 # %%
 import copy

@@ -37,26 +37,26 @@
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-dim: int = 20                  # dimension of the quadratic test problem
-sigma: float = 0.5             # smoothing scale on the quadratic
+dim: int = 20                  # [> 0] dimension of the quadratic test problem
+sigma: float = 0.5             # [> 0] smoothing scale on the quadratic
 offset: float = 5.0            # constant added to the quadratic: a loss that is not centred at zero
-n_max_log2: int = 14           # convergence check up to 2**n_max_log2 directions
-var_reps: int = 100            # independent estimates per point of the variance curves
-var_seeds: int = 3             # seeds (random quadratics) for the variance curves
-pg_samples: int = 4            # REINFORCE samples per input
-zo_dirs: int = 64              # parameter perturbations per zeroth-order estimate (digits)
-grad_reps: int = 12            # independent estimates for the gradient-quality table (digits)
-train_steps: int = 300         # optimizer steps per training run (digits)
-batch_size: int = 128
-train_seeds: int = 3
-lr_pg: float = 0.03            # Adam step for REINFORCE and for MLE
-lr_zo: float = 0.03            # Adam step for the Gaussian-smoothing estimate
-pg_mle_weight: float = 0.1     # weight of the cross-entropy mixed into REINFORCE ("REINFORCE + MLE")
-zo_sigma: float = 0.1          # parameter-noise scale on the 0-1 loss
-mezo_lr: float = 1.0
-mezo_eps: float = 0.01
-mezo_perturbations: int = 16
-eval_every: int = 25
+n_max_log2: int = 14           # [>= 1] convergence check up to 2**n_max_log2 directions
+var_reps: int = 100            # [> 0] independent estimates per point of the variance curves
+var_seeds: int = 3             # [> 0] seeds (random quadratics) for the variance curves
+pg_samples: int = 4            # [> 0] REINFORCE samples per input
+zo_dirs: int = 64              # [> 0] parameter perturbations per zeroth-order estimate (digits)
+grad_reps: int = 12            # [> 0] independent estimates for the gradient-quality table (digits)
+train_steps: int = 300         # [> 0] optimizer steps per training run (digits)
+batch_size: int = 128                 # [> 0]
+train_seeds: int = 3                  # [> 0]
+lr_pg: float = 0.03            # [> 0] Adam step for REINFORCE and for MLE
+lr_zo: float = 0.03            # [> 0] Adam step for the Gaussian-smoothing estimate
+pg_mle_weight: float = 0.1     # [>= 0] weight of the cross-entropy mixed into REINFORCE ("REINFORCE + MLE")
+zo_sigma: float = 0.1          # [> 0] parameter-noise scale on the 0-1 loss
+mezo_lr: float = 1.0                  # [> 0]
+mezo_eps: float = 0.01                # [> 0]
+mezo_perturbations: int = 16          # [> 0]
+eval_every: int = 25                  # [> 0]
 
 # %%
 import math

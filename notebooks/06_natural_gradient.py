@@ -33,12 +33,12 @@
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-sd_lr: float = 0.022222222222222223   # steepest-descent step, 1/45
-ngd_lr: float = 0.2                   # natural-gradient step
-n_steps: int = 1000                   # iterations of both methods on the coupled Gaussian
-n_mc: int = 100000                    # Monte-Carlo samples for the two forms of the Fisher
-n_classifier: int = 200               # digits examples for the Fisher-equals-GGN check
-hidden: int = 6                       # hidden width of the small softmax classifier
+sd_lr: float = 0.022222222222222223   # [> 0] steepest-descent step, 1/45
+ngd_lr: float = 0.2                   # [> 0] natural-gradient step
+n_steps: int = 1000                   # [> 0] iterations of both methods on the coupled Gaussian
+n_mc: int = 100000                    # [> 0] Monte-Carlo samples for the two forms of the Fisher
+n_classifier: int = 200               # [> 0] digits examples for the Fisher-equals-GGN check
+hidden: int = 6                       # [> 0] hidden width of the small softmax classifier
 
 # %%
 import math

@@ -30,18 +30,18 @@
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-n_seeds: int = 3
-batch_size: int = 128
-clf_steps: int = 100
-ae_steps: int = 150
-hf_steps_clf: int = 15
-hf_steps_ae: int = 20
-hf_cg_iters: int = 10
-curv_batch: int = 32
-curv_every: int = 5
-eval_every: int = 10
-n_regression: int = 200
-grid_size: int = 15
+n_seeds: int = 3                      # [> 0]
+batch_size: int = 128                 # [> 0]
+clf_steps: int = 100                  # [> 0]
+ae_steps: int = 150                   # [> 0]
+hf_steps_clf: int = 15                # [> 0]
+hf_steps_ae: int = 20                 # [> 0]
+hf_cg_iters: int = 10                 # [> 0]
+curv_batch: int = 32                  # [> 0]
+curv_every: int = 5                   # [> 0]
+eval_every: int = 10                  # [> 0]
+n_regression: int = 200               # [> 0]
+grid_size: int = 15                   # [> 0]
 
 # %%
 import math
@@ -344,8 +344,9 @@ mask = torch.zeros_like(F1)
 mask[:n0, :n0] = 1
 mask[n0:, n0:] = 1
 torch.testing.assert_close(k1.to_dense(), F1 * mask)
-kb = KFAC(tiny, fisher_type="exact", decay=0.0)
-kb.update(tiny(Xt))
+k1.remove()  # a KFAC owns forward hooks on the model: remove them when done (or use it as a context manager)
+with KFAC(tiny, fisher_type="exact", decay=0.0) as kb:
+    kb.update(tiny(Xt))
 kfac_gap = ((kb.to_dense() - F_pkg * mask).norm() / (F_pkg * mask).norm()).item()
 print(f"one example: K-FAC == exact block-diagonal Fisher; {len(Xt)} examples: relative gap {kfac_gap:.2f}")
 run.record("kfac/batch_block_gap", kfac_gap)
@@ -404,7 +405,7 @@ def train(task, method, run_seed):
         opt = torch.optim.SGD(net.parameters(), lr=hp["lr"], momentum=0.9)
     if method == "K-FAC":
         kfac = KFAC(net, damping=hp["damping"], fisher_type="mc", likelihood=lik, factor_update_interval=hp["tcov"],
-                    inverse_update_interval=10, damping_mode="pi", kl_clip=1e-2, lr=hp["lr"], generator=gen)
+                    inverse_update_interval=10, damping_mode="pi", kl_clip=1e-2, optimizer=opt, generator=gen)
     if method.startswith("diag"):
         pre = C.FisherDiagonalPreconditioner(net, "mc" if method == "diag Fisher" else "empirical", likelihood=lik,
                                              damping=hp["damping"], decay=0.9, generator=gen)

@@ -30,16 +30,16 @@
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-n_mc: int = 20000                   # Monte-Carlo samples for the Bonnet / Price checks
-n_reps: int = 200                   # independent replications for the confidence-interval coverage
-rep_samples: int = 500              # samples per replication
-n_features: int = 4                 # breast-cancer features used by the logistic regression (+ a bias)
-prior_var: float = 1.0              # prior N(0, prior_var · I) on the weights
-vi_samples: int = 4                 # Monte-Carlo samples per VI iteration (both methods)
-vi_steps: int = 150                 # VI iterations
-ngd_lr: float = 0.1                 # natural-gradient VI step ρ
-adam_lrs: list = [0.03, 0.1, 0.3, 1.0]  # plain-gradient VI (Adam) step sizes tried
-n_seeds: int = 3                    # VI seeds
+n_mc: int = 20000                   # [> 0] Monte-Carlo samples for the Bonnet / Price checks
+n_reps: int = 200                   # [> 0] independent replications for the confidence-interval coverage
+rep_samples: int = 500              # [> 0] samples per replication
+n_features: int = 4                 # [> 0] breast-cancer features used by the logistic regression (+ a bias)
+prior_var: float = 1.0              # [> 0] prior N(0, prior_var · I) on the weights
+vi_samples: int = 4                 # [> 0] Monte-Carlo samples per VI iteration (both methods)
+vi_steps: int = 150                 # [> 0] VI iterations
+ngd_lr: float = 0.1                 # [> 0] natural-gradient VI step ρ
+adam_lrs: list = [0.03, 0.1, 0.3, 1.0]  # [> 0] plain-gradient VI (Adam) step sizes tried
+n_seeds: int = 3                    # [> 0] VI seeds
 
 # %%
 import math

@@ -30,27 +30,27 @@
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-seeds: int = 2                 # seeds of the continued-training experiment
+seeds: int = 2                 # [> 0] seeds of the continued-training experiment
 corpus_path: str = ""          # empty: default corpus; else a WikiText raw folder holding wiki.train.raw etc.
 pretrained_folder: str = ""    # empty: the committed small LM in data/pretrained/small_lm
-lm_d_model: int = 0            # 0: continue training the committed LM; positive: first pretrain an LM this wide
-lm_layers: int = 2             # (used when lm_d_model > 0)
-lm_heads: int = 4              # (used when lm_d_model > 0)
-pretrain_steps: int = 0        # MLE pretraining steps of that LM (used when lm_d_model > 0)
-pretrain_lr: float = 0.001
-block_size: int = 64
-batch_size: int = 8
-finetune_steps: int = 12       # continued-training steps per method and seed
-finetune_lr: float = 0.0003
-eval_blocks: int = 32          # held-out blocks for perplexity
-n_prompts: int = 32            # prompts for sampled continuations (the quality score)
-prefix_len: int = 16
-cont_len: int = 24
-scratch_steps: int = 40        # from-scratch training steps per loss
-scratch_eval_every: int = 10
-scratch_d_model: int = 64
-scratch_lr: float = 0.003
-scratch_seeds: int = 1
+lm_d_model: int = 0            # [>= 0] 0: continue training the committed LM; positive: first pretrain an LM this wide
+lm_layers: int = 2             # [> 0] (used when lm_d_model > 0)
+lm_heads: int = 4              # [> 0] (used when lm_d_model > 0)
+pretrain_steps: int = 0        # [>= 0] MLE pretraining steps of that LM (used when lm_d_model > 0)
+pretrain_lr: float = 0.001            # [> 0]
+block_size: int = 64                  # [> 0]
+batch_size: int = 8                   # [> 0]
+finetune_steps: int = 12       # [> 0] continued-training steps per method and seed
+finetune_lr: float = 0.0003           # [> 0]
+eval_blocks: int = 32          # [> 0] held-out blocks for perplexity
+n_prompts: int = 32            # [> 0] prompts for sampled continuations (the quality score)
+prefix_len: int = 16                  # [> 0]
+cont_len: int = 24                    # [> 0]
+scratch_steps: int = 40        # [> 0] from-scratch training steps per loss
+scratch_eval_every: int = 10          # [> 0]
+scratch_d_model: int = 64             # [> 0]
+scratch_lr: float = 0.003             # [> 0]
+scratch_seeds: int = 1                # [> 0]
 
 # %%
 import copy

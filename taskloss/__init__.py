@@ -8,11 +8,15 @@ what it holds, each ``__init__`` naming its notebooks (``notebooks/NN_topic.py``
 - :mod:`taskloss.curvature`  — Fisher/GGN, CG and Hessian-free, diagonal Fisher, K-FAC, natural gradient,
   the Gaussian exponential family (06–08)
 - :mod:`taskloss.losses`     — task losses and metrics, the EMO loss, distribution-level text quality (03–05, 09)
+- :mod:`taskloss.contrastive` — InfoNCE with in-batch negatives, exact two-pass gradient accumulation, the
+  all-gather across ranks, MiniLM fine-tuning for retrieval (10)
 - :mod:`taskloss.models`     — Transformer LM (Post-LN, Pre-LN, RealFormer), LSTM/RNN LM, MLP, small CNN (02–09)
 - :mod:`taskloss.lm`         — decoding, the causal-LM adapter, completion tasks, the pretrained small LM (04, 05, 09)
 - :mod:`taskloss.datasets`   — digits, the no-download corpus and WikiText reader, the tokenizer, MiniLM (02–09)
 - :mod:`taskloss.attribution` — integrated gradients (Riemann and Gauss–Legendre rules, baselines, token embeddings),
   the randomization sanity check (15)
+- :mod:`taskloss.dynamics`   — gradient clipping and (L0, L1)-smoothness probes, gradient-norm penalties, the modified
+  loss of a finite step and its flows (11, 12)
 - :mod:`taskloss.runner`     — the results API of notebooks, parameters, the rerun/sweep runner (every notebook)
 - :mod:`taskloss.utils`      — device resolution, seeding, input validation (everywhere)
 

@@ -28,12 +28,27 @@ DATA_DIR = REPO_ROOT / "data"
 RUNS_DIR = REPO_ROOT / "runs"
 
 
+def _process_umask() -> int:
+    """The umask, read once at import (there is no getter: set and put back, before any thread exists)."""
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _process_umask()
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file + rename, so readers never see half a file."""
+    """Write ``text`` to ``path`` through a temporary file + rename, so readers never see half a file.
+
+    The file gets the mode an ordinary ``open(path, "w")`` would give (0644 under the usual umask 022), not the
+    0600 of the temporary file.
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
         os.replace(tmp, path)

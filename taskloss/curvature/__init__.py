@@ -2,21 +2,24 @@
 matrix-free), conjugate gradients and Hessian-free, diagonal-Fisher preconditioning, K-FAC, the natural-gradient
 step and trust region, and the Gaussian exponential family.
 
-One scale convention (the curvature of the batch-mean NLL) is stated in :mod:`taskloss.curvature.fisher`.
+One scale convention (the curvature of the batch-mean NLL) is stated in :mod:`taskloss.curvature.fisher`;
+:func:`~taskloss.curvature.fisher.curvature_scale` converts it to libraries that take a loss module (curvlinops).
 Notebooks: 06_natural_gradient, 07_fisher_approximations, 08_natural_gradient_exponential_families.
 
 Modules:
 
-- :mod:`~taskloss.curvature.fisher`              — likelihoods, Fisher/GGN dense, diagonal and matrix-free
+- :mod:`~taskloss.curvature.fisher`              — likelihoods, Fisher/GGN dense, diagonal, matrix-free; scales
 - :mod:`~taskloss.curvature.hessian_free`        — conjugate gradients, the Hessian-free direction and optimizer
 - :mod:`~taskloss.curvature.diagonal`            — diagonal-Fisher preconditioning
-- :mod:`~taskloss.curvature.kfac`                — K-FAC for Linear and Conv2d layers
+- :mod:`~taskloss.curvature.kfac`                — K-FAC for Linear and Conv2d layers (hooks, averages, checkpoints)
+- :mod:`~taskloss.curvature.kfac_math`           — K-FAC's pure maths: rows, factors, damped inverses, preconditioning
 - :mod:`~taskloss.curvature.natural_gradient`    — the natural-gradient step, trust region, Gaussian KL and Fisher, the coupled Gaussian
 - :mod:`~taskloss.curvature.gaussian_family`     — Gaussian natural/expectation parameters, Bonnet/Price, natural-gradient VI
 """
 from taskloss.curvature.diagonal import FisherDiagonalPreconditioner
 from taskloss.curvature.fisher import (
     LIKELIHOODS,
+    curvature_scale,
     empirical_fisher,
     empirical_fisher_diagonal,
     fisher_matrix,
@@ -64,7 +67,8 @@ from taskloss.curvature.natural_gradient import (
 __all__ = [
     "LIKELIHOODS", "nll_loss", "sample_targets", "output_hessian_sqrt", "flatten", "unflatten", "ggn_matrix",
     "fisher_matrix", "mc_fisher", "empirical_fisher", "ggn_diagonal", "mc_fisher_diagonal",
-    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "named_tensors", "conjugate_gradient",
+    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "named_tensors", "curvature_scale",
+    "conjugate_gradient",
     "hessian_free_direction", "HessianFree", "FisherDiagonalPreconditioner", "KFAC", "natural_gradient",
     "trust_region_step", "NaturalGradientDescent", "gaussian_kl", "gaussian_fisher", "CoupledGaussian",
     "sym_to_vec", "vec_to_sym", "gaussian_to_natural", "gaussian_from_natural", "gaussian_to_expectation",

@@ -28,6 +28,18 @@ class FisherDiagonalPreconditioner:
     model), the ``"empirical"`` Fisher (observed labels; ``power=0.5`` gives an RMSProp/Adam-like scaling) or the
     ``"exact"`` GGN diagonal. Usage: ``loss.backward(); pre.update(inputs, targets); pre.step(); opt.step()``.
     Derived in notebook 07_fisher_approximations.
+
+    Args:
+        model: the network (in eval mode while ``update`` measures the diagonal; see
+            :mod:`taskloss.curvature.fisher`); its parameters that require grad are preconditioned.
+        fisher_type: ``"mc"`` | ``"empirical"`` | ``"exact"``.
+        likelihood: ``"categorical"`` or ``"gaussian"``.
+        damping: ``λ > 0``; decay: running-average weight in ``[0, 1)``; power: ``> 0``. All three are plain
+            attributes that may be changed between steps; they are checked when used and saved by ``state_dict``.
+        n_samples, generator: MC labels per example and the generator drawing them (its state is checkpointed).
+
+    ``state_dict()`` / ``load_state_dict()`` hold the running diagonal, the hyperparameters and the generator's
+    state, so a restored preconditioner continues bit-identically.
     """
 
     FISHER_TYPES = ("mc", "empirical", "exact")
@@ -40,12 +52,11 @@ class FisherDiagonalPreconditioner:
         if fisher_type not in self.FISHER_TYPES:
             raise ValueError(f"fisher_type must be one of {self.FISHER_TYPES}, got {fisher_type!r}")
         _check_likelihood(likelihood)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError("generator must be a torch.Generator or None")
         self.model, self.fisher_type, self.likelihood = model, fisher_type, likelihood
-        self.damping = check_positive("damping", damping)
-        self.decay = check_probability("decay", decay)
-        if self.decay == 1.0:
-            raise ValueError("decay must be < 1 (decay = 1 never incorporates new statistics)")
-        self.power = check_positive("power", power)
+        self.damping, self.decay, self.power = damping, decay, power
+        self._check_hyperparameters()
         self.n_samples = check_int("n_samples", n_samples, minimum=1)
         self.generator = generator
         self.params = {k: p for k, p in model.named_parameters() if p.requires_grad}
@@ -53,8 +64,15 @@ class FisherDiagonalPreconditioner:
             raise ValueError("model has no parameters that require grad")
         self.diagonal: Tensor | None = None  # flat [P] running average
 
+    def _check_hyperparameters(self) -> None:
+        check_positive("damping", self.damping)
+        if check_probability("decay", self.decay) == 1.0:
+            raise ValueError("decay must be < 1 (decay = 1 never incorporates new statistics)")
+        check_positive("power", self.power)
+
     def update(self, inputs: Tensor, targets: Tensor | None = None) -> Tensor:
         """Measure the batch diagonal at the current parameters and fold it into the running average."""
+        self._check_hyperparameters()
         if self.fisher_type == "mc":
             d = mc_fisher_diagonal(self.model, self.params, inputs, self.likelihood, self.n_samples, self.generator)
         elif self.fisher_type == "empirical":
@@ -68,10 +86,41 @@ class FisherDiagonalPreconditioner:
 
     @torch.no_grad()
     def step(self) -> None:
-        """Rewrite every ``.grad`` with the preconditioned gradient (call before ``optimizer.step()``)."""
+        """Rewrite every ``.grad`` with the preconditioned gradient (call before ``optimizer.step()``).
+
+        Parameters without a gradient are skipped; a NaN/inf gradient raises ``ValueError`` (naming it)."""
         if self.diagonal is None:
             raise RuntimeError("call update(inputs, targets) before step()")
+        self._check_hyperparameters()
+        for k, p in self.params.items():
+            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+                raise ValueError(f"the gradient of {k!r} contains NaN or inf")
         scale = (self.diagonal + self.damping).pow(-self.power)
         for (k, p), s in zip(self.params.items(), unflatten(scale, self.params).values()):
             if p.grad is not None:
                 p.grad.mul_(s)
+
+    def state_dict(self) -> dict:
+        """The running diagonal, ``damping``/``decay``/``power`` and the generator's state (copies)."""
+        return {"diagonal": None if self.diagonal is None else self.diagonal.clone(),
+                "damping": self.damping, "decay": self.decay, "power": self.power,
+                "generator": None if self.generator is None else self.generator.get_state(),
+                "fisher_type": self.fisher_type, "n_params": sum(p.numel() for p in self.params.values())}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore what :meth:`state_dict` saved (checked against this preconditioner's model and type)."""
+        if not isinstance(state, dict) or "diagonal" not in state:
+            raise ValueError("not a FisherDiagonalPreconditioner state_dict")
+        n = sum(p.numel() for p in self.params.values())
+        if state["fisher_type"] != self.fisher_type or state["n_params"] != n:
+            raise ValueError(f"state_dict is for fisher_type={state['fisher_type']!r} with {state['n_params']} "
+                             f"parameters; this preconditioner has {self.fisher_type!r} with {n}")
+        if (state["generator"] is None) != (self.generator is None):
+            raise ValueError("state_dict and this preconditioner disagree on whether a generator is used")
+        diag = state["diagonal"]
+        ref = next(iter(self.params.values()))
+        self.diagonal = None if diag is None else diag.detach().clone().to(device=ref.device)
+        self.damping, self.decay, self.power = state["damping"], state["decay"], state["power"]
+        self._check_hyperparameters()
+        if self.generator is not None:
+            self.generator.set_state(state["generator"])

@@ -6,7 +6,7 @@ empirical Fisher, diagonal). Built on these functions: conjugate gradients and H
 K-FAC in :mod:`taskloss.curvature.kfac`.
 
 Scale convention (the whole module, and :mod:`taskloss.curvature.kfac`)
--------------------------------------------------------------
+------------------------------------------------------------------------
 * A model maps inputs ``[N, ...]`` to outputs ``f`` of shape ``[N, C]``: logits for ``likelihood="categorical"``,
   means for ``likelihood="gaussian"`` (the NLL of ``N(f, I)``, i.e. ``½‖y − f‖²`` per example, constants dropped).
 * The training loss is the batch **mean** of per-example negative log-likelihoods (:func:`nll_loss`).
@@ -16,17 +16,15 @@ Scale convention (the whole module, and :mod:`taskloss.curvature.kfac`)
   The MC Fisher replaces ``H_n`` by ``(1/S) Σ_s ∇ℓ(f_n, ŷ_s)∇ℓᵀ`` with ``ŷ_s ~ p(y | f_n)``; the empirical Fisher
   uses the observed label: ``(1/N) Σ_n ∇ℓ_n ∇ℓ_nᵀ``.
 
-Other libraries take the curvature of *whatever loss you hand them*:
-* curvlinops (``GGNLinearOperator``, ``EFLinearOperator``, ``KFACLinearOperator``) with
-  ``CrossEntropyLoss(reduction="mean")`` equals ours; ``reduction="sum"`` is ``N ×`` ours.
-  ``MSELoss(reduction="sum")`` is ``Σ (y − f)² = 2 Σ ½(y − f)²`` → ``2N ×`` ours; ``MSELoss(reduction="mean")``
-  averages over ``N·C`` entries → ``(2/C) ×`` ours. (Checked in ``tests/curvature/test_fisher.py``.)
-* BackPACK extensions likewise take the curvature of the loss module they are handed (so the same two factors
-  apply: ``N`` for ``reduction="sum"``, 2 — or ``2/C`` for an over-entries mean — for ``MSELoss``, which has no ½).
-  nngeometry's ``FIM`` is an average over the examples of its loader (a mean, like ours); only the curvlinops
-  conversions are verified by the tests here, so check any other library against :func:`ggn_matrix` on a small
-  model before mixing the two. General rule: ``ours = theirs / (N if sum-reduced) / (2 if squared error
-  without ½) × (C if averaged over the C output entries too)``.
+Libraries that take the curvature of *the loss module you hand them* (curvlinops' ``GGNLinearOperator``,
+``EFLinearOperator``, ``KFACLinearOperator``; BackPACK likewise) differ from ours by a factor that depends on the
+curvature type, the loss (``CrossEntropyLoss`` or ``MSELoss``, which has no ½), its reduction, ``N`` and ``C``.
+:func:`curvature_scale` returns that factor (``theirs = curvature_scale(...) · ours``); it is tested against
+curvlinops for the GGN, the empirical Fisher and K-FAC with both losses and both reductions in
+``tests/curvature/test_fisher.py``. Check any other library against :func:`ggn_matrix` on a small model first.
+
+Train-mode ``Dropout`` / ``BatchNorm`` make the network random or couple the examples, so the per-example
+curvature is undefined; the functions here raise ``ValueError`` on them (call ``model.eval()``).
 
 Parameters are a dict ``name → tensor``; flat vectors concatenate ``params.values()`` flattened, in dict order.
 ``model_or_fn`` is an ``nn.Module`` (called through ``torch.func.functional_call``; ``params=None`` means all its
@@ -46,7 +44,7 @@ from taskloss.utils import check_finite, check_int
 __all__ = [
     "LIKELIHOODS", "nll_loss", "sample_targets", "output_hessian_sqrt", "flatten", "unflatten",
     "ggn_matrix", "fisher_matrix", "mc_fisher", "empirical_fisher", "ggn_diagonal", "mc_fisher_diagonal",
-    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "named_tensors",
+    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "named_tensors", "curvature_scale",
 ]
 
 Likelihood = Literal["categorical", "gaussian"]
@@ -149,6 +147,49 @@ def _apply_output_hessian(outputs: Tensor, u: Tensor, likelihood: str) -> Tensor
     return p * u - p * (p * u).sum(-1, keepdim=True)
 
 
+def curvature_scale(curvature: str, loss: str, reduction: str, n: int, c: int) -> float:
+    """The factor ``s`` with ``theirs = s · ours`` between a library's curvature of a PyTorch loss and ours.
+
+    "Ours" is the curvature of the batch-mean NLL (module docstring). "Theirs" is the curvature of
+    ``nn.CrossEntropyLoss(reduction=...)`` or ``nn.MSELoss(reduction=...)`` over ``n`` loss terms with ``c``
+    outputs each, as curvlinops defines it. For per-token outputs ``[N, T, C]``, ``n = N·T`` (every token is a
+    loss term). The factors:
+
+    ================================================  =======  ======  ========  =======
+    curvature                                         CE mean  CE sum  MSE mean  MSE sum
+    ================================================  =======  ======  ========  =======
+    GGN type: ``"ggn"`` ``"fisher"`` ``"exact"`` ``"mc"``   1        n       2/c       2n
+    ``"empirical"`` (empirical Fisher)                    1        n       4/c       4n
+    ================================================  =======  ======  ========  =======
+
+    The K-FAC of :mod:`taskloss.curvature.kfac` follows the row of its ``fisher_type``.
+    Why: ``reduction="sum"`` adds ``n`` terms where we average; ``MSELoss`` is ``(y − f)²`` = 2 × our
+    ``½(y − f)²``, which doubles the output Hessian (2) but doubles the gradient, so gradient outer products
+    grow 4×; ``MSELoss(reduction="mean")`` also averages over the ``c`` output entries.
+
+    Args:
+        curvature: ``"ggn"`` (also ``"fisher"``, ``"exact"``, ``"mc"``) or ``"empirical"``.
+        loss: ``"cross_entropy"`` or ``"mse"``.
+        reduction: ``"mean"`` or ``"sum"``.
+        n: number of loss terms (≥ 1); c: output dimension (≥ 1).
+
+    Returns:
+        ``s`` as a float.
+    """
+    kinds = {"ggn": 2.0, "fisher": 2.0, "exact": 2.0, "mc": 2.0, "empirical": 4.0}
+    if curvature not in kinds:
+        raise ValueError(f"curvature must be one of {tuple(kinds)}, got {curvature!r}")
+    if loss not in ("cross_entropy", "mse"):
+        raise ValueError(f"loss must be 'cross_entropy' or 'mse', got {loss!r}")
+    if reduction not in ("mean", "sum"):
+        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    n, c = check_int("n", n, minimum=1), check_int("c", c, minimum=1)
+    if loss == "cross_entropy":
+        return float(n) if reduction == "sum" else 1.0
+    square = kinds[curvature]  # squared error without ½: ×2 on the Hessian, ×4 on gradient outer products
+    return square * n if reduction == "sum" else square / c
+
+
 # ----------------------------------------------------------------------------------------- params & models
 def flatten(tensors: Mapping[str, Tensor]) -> Tensor:
     """Concatenate a dict of tensors into one flat vector (dict order)."""
@@ -191,10 +232,24 @@ def named_tensors(params, model_fn) -> tuple[list[str], list[Tensor]]:
     return [k for k, _ in items], [p for _, p in items]
 
 
+_RANDOM_OR_COUPLED = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+
+
+def _check_eval_mode(module: nn.Module) -> None:
+    """Raise ``ValueError`` if ``module`` holds a train-mode Dropout or BatchNorm (random / batch-coupled outputs)."""
+    for name, m in module.named_modules():
+        if isinstance(m, _RANDOM_OR_COUPLED) and m.training and not (
+                isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0):
+            raise ValueError(f"module {name or type(module).__name__!r} ({type(m).__name__}) is in training mode: "
+                             "its outputs are random or couple the examples, so the per-example curvature is "
+                             "undefined; call model.eval() before computing curvature (train mode again afterwards)")
+
+
 def _prepare(model_or_fn, params, inputs: Tensor):
     """Return ``(fn(params, inputs), params_dict_detached)`` after validating everything."""
     if isinstance(model_or_fn, nn.Module):
         module = model_or_fn
+        _check_eval_mode(module)
         if params is None:
             params = {k: p for k, p in module.named_parameters() if p.requires_grad}
 
@@ -220,9 +275,17 @@ def _prepare(model_or_fn, params, inputs: Tensor):
     return fn, {k: p.detach() for k, p in params.items()}
 
 
+def _call_model(fn, params, inputs):
+    try:
+        return fn(params, inputs)
+    except (RuntimeError, ValueError, TypeError, IndexError) as e:
+        raise ValueError(f"model raised on inputs of shape {tuple(inputs.shape)} and dtype {inputs.dtype} "
+                         f"(do they match the model and its parameters?): {e}") from e
+
+
 def _forward(fn, params, inputs, likelihood) -> Tensor:
     with torch.no_grad():
-        out = fn(params, inputs)
+        out = _call_model(fn, params, inputs)
     _check_outputs(out, likelihood)
     if out.shape[0] != inputs.shape[0]:
         raise ValueError(f"model returned {out.shape[0]} outputs for {inputs.shape[0]} inputs")
@@ -241,7 +304,14 @@ def _jt_factors(fn, params, inputs: Tensor, factors: Tensor) -> Tensor:
     n, k, _ = factors.shape
     p_dim = sum(p.numel() for p in params.values())
     chunk = max(1, _CHUNK_ELEMENTS // max(1, k * p_dim))
-    return [vmap(one)(inputs[i:i + chunk], factors[i:i + chunk]) for i in range(0, n, chunk)]
+    try:
+        return [vmap(one)(inputs[i:i + chunk], factors[i:i + chunk]) for i in range(0, n, chunk)]
+    except RuntimeError as e:
+        if "random" in str(e) or "batch_norm" in str(e).lower() or "in-place" in str(e):
+            raise ValueError("the model function draws random numbers or updates state in place (train-mode "
+                             "Dropout / BatchNorm?): per-example curvature needs a deterministic function of "
+                             f"(params, one input); call model.eval() first. Original error: {e}") from e
+        raise
 
 
 def _dense(chunks, n) -> Tensor:
@@ -322,24 +392,38 @@ def empirical_fisher_diagonal(model_or_fn, params, inputs: Tensor, targets: Tens
 
 # ---------------------------------------------------------------------------------------- matrix-free GGN
 def ggn_operator(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "categorical") -> Callable:
-    """A matvec ``v ↦ G v`` (flat ``[P]`` or dict) at fixed params: one forward now, then jvp → H → vjp per call."""
+    """A matvec ``v ↦ G v`` (flat ``[P]`` or dict) at fixed params: one forward now, then jvp → H → vjp per call.
+
+    The parameters are copied: the operator stays the GGN at the point where it was built even if they move. The
+    vector must be finite and match the parameters' names, shapes and dtypes (``ValueError`` / ``TypeError``); a
+    model function whose outputs change between calls (train-mode dropout) raises ``ValueError``.
+    """
     fn, params = _prepare(model_or_fn, params, inputs)
     _check_likelihood(likelihood)
+    params = {k: p.clone() for k, p in params.items()}  # the GGN at this point, even if the parameters move later
     n = inputs.shape[0]
 
     def f(p):
-        return fn(p, inputs)
+        return _call_model(fn, p, inputs)
 
     out, vjp_fn = vjp(f, params)
-    _check_outputs(out.detach(), likelihood)
-    out = out.detach()
+    out = _check_outputs(out.detach(), likelihood)
+    if out.shape[0] != n:
+        raise ValueError(f"model returned {out.shape[0]} outputs for {n} inputs")
 
     def matvec(v):
         as_dict = isinstance(v, Mapping)
         vd = dict(v) if as_dict else unflatten(v, params)
         if vd.keys() != params.keys() or any(vd[k].shape != params[k].shape for k in params):
             raise ValueError("vector must match the parameters' names and shapes")
-        _, jv = jvp(f, (params,), (vd,))
+        for k, t in vd.items():
+            if t.dtype != params[k].dtype:
+                raise TypeError(f"vector entry {k!r} has dtype {t.dtype}, the parameter {params[k].dtype}")
+            check_finite(f"vector entry {k!r}", t)
+        out2, jv = jvp(f, (params,), (vd,))
+        if not torch.allclose(out2.detach(), out, rtol=1e-4, atol=1e-6):  # a random fn (dropout) would be silent
+            raise ValueError("the model function returned different outputs for the same parameters and inputs "
+                             "(train-mode Dropout?): the GGN needs a deterministic function; call model.eval()")
         (res,) = vjp_fn(_apply_output_hessian(out, jv, likelihood) / n)
         return res if as_dict else flatten(res)
 
@@ -347,5 +431,6 @@ def ggn_operator(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "
 
 
 def ggn_vector_product(model_or_fn, params, inputs: Tensor, v, likelihood: Likelihood = "categorical"):
-    """``G v`` without forming ``G`` (jvp → output Hessian → vjp). ``v`` flat ``[P]`` or dict; returns the same kind."""
+    """``G v`` without forming ``G`` (jvp → output Hessian → vjp). ``v`` flat ``[P]`` or dict (finite, same dtype as the
+    parameters); returns the same kind. Derived in notebook 07_fisher_approximations."""
     return ggn_operator(model_or_fn, params, inputs, likelihood)(v)

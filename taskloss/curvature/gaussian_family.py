@@ -57,16 +57,22 @@ def _cholesky(name: str, x: torch.Tensor) -> torch.Tensor:
     return chol
 
 
+def _matching(n1: str, v: torch.Tensor, n2: str, M: torch.Tensor) -> None:
+    """Raise unless vector ``v [..., d]`` and matrix ``M [..., d, d]`` share ``d`` and broadcast in the batch."""
+    try:
+        ok = v.shape[-1] == M.shape[-1] and torch.broadcast_shapes(v.shape[:-1], M.shape[:-2]) is not None
+    except RuntimeError:
+        ok = False
+    if not ok:
+        raise ValueError(f"{n1} of shape {tuple(v.shape)} does not match {n2} of shape {tuple(M.shape)} "
+                         "(expected [..., d] and [..., d, d] with broadcastable batch shapes)")
+
+
 def _mean_cov(m: torch.Tensor, V: torch.Tensor, name: str = "") -> torch.Tensor:
     """Validate a mean [..., d] and covariance [..., d, d]; return the Cholesky factor of V."""
     _tensor(f"{name}mean", m)
     _square(f"{name}covariance", V)
-    try:
-        ok = V.shape[-1] == m.shape[-1] and torch.broadcast_shapes(m.shape[:-1], V.shape[:-2]) is not None
-    except RuntimeError:
-        ok = False
-    if not ok:
-        raise ValueError(f"{name}mean of shape {tuple(m.shape)} does not match covariance {tuple(V.shape)}")
+    _matching(f"{name}mean", m, "covariance", V)
     return _cholesky(f"{name}covariance", V)
 
 
@@ -135,6 +141,7 @@ def gaussian_from_natural(l1: torch.Tensor, l2: torch.Tensor) -> tuple[torch.Ten
     """
     _tensor("lambda1", l1)
     _square("lambda2", l2)
+    _matching("lambda1", l1, "lambda2", l2)
     L = _cholesky("-lambda2 (lambda2 must be negative definite)", -2.0 * l2)
     V = torch.cholesky_inverse(L)
     return (V @ l1.unsqueeze(-1)).squeeze(-1), V
@@ -156,6 +163,7 @@ def gaussian_from_expectation(mu1: torch.Tensor, mu2: torch.Tensor) -> tuple[tor
     """
     _tensor("mu1", mu1)
     _square("mu2", mu2)
+    _matching("mu1", mu1, "mu2", mu2)
     V = mu2 - mu1.unsqueeze(-1) * mu1.unsqueeze(-2)
     _cholesky("mu2 - mu1 mu1^T", V)
     return mu1, 0.5 * (V + V.transpose(-1, -2))
@@ -186,9 +194,11 @@ def gaussian_natural_fisher(l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
     Derived in notebook 08_natural_gradient_exponential_families.
     """
     _tensor("lambda1", l1)
-    if l1.ndim != 1:
-        raise ValueError("gaussian_natural_fisher takes a single distribution: lambda1 [d], lambda2 [d, d]")
-    gaussian_from_natural(l1, l2)  # validates
+    _tensor("lambda2", l2)
+    if l1.ndim != 1 or l2.ndim != 2:
+        raise ValueError("gaussian_natural_fisher takes a single distribution: lambda1 [d], lambda2 [d, d]; got "
+                         f"shapes {tuple(l1.shape)} and {tuple(l2.shape)}")
+    gaussian_from_natural(l1, l2)  # validates shapes, symmetry and negative definiteness
     d = l1.shape[0]
     return hessian(lambda v: _log_partition(v[:d], _vec_to_sym(v[d:], d)))(torch.cat([l1, _sym_to_vec(l2)]))
 
@@ -219,6 +229,26 @@ def _mc(values: torch.Tensor) -> MCEstimate:
     return MCEstimate(values.mean(0), se)
 
 
+def _derivatives(f: Callable, z: torch.Tensor, order: tuple[str, ...]) -> list[torch.Tensor]:
+    """``vmap(grad f)(z)`` and/or ``vmap(hessian f)(z)`` after checking that ``f`` maps a point to a finite scalar;
+    raise ``ValueError`` if any derivative is NaN/inf (naming how many of the ``S`` samples)."""
+    if not callable(f):
+        raise TypeError("f must be callable: point [d] -> scalar")
+    y = f(z[0])
+    if not isinstance(y, torch.Tensor) or y.numel() != 1 or y.ndim != 0:
+        raise ValueError(f"f must map one point [d] to a scalar tensor, got "
+                         f"{tuple(y.shape) if isinstance(y, torch.Tensor) else type(y).__name__}")
+    out = []
+    for kind in order:
+        d = vmap(grad(f))(z) if kind == "grad" else vmap(hessian(f))(z)
+        bad = ~torch.isfinite(d.reshape(d.shape[0], -1)).all(1)
+        if bool(bad.any()):
+            raise ValueError(f"the {'gradient' if kind == 'grad' else 'Hessian'} of f is NaN or inf at "
+                             f"{int(bad.sum())} of {z.shape[0]} samples (e.g. z = {z[bad][0].tolist()})")
+        out.append(d)
+    return out
+
+
 def bonnet_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor, V: torch.Tensor,
                     n_samples: int, generator: torch.Generator | None = None) -> MCEstimate:
     """Bonnet's theorem: ``∇_m E_{N(m,V)}[f(z)] = E[∇f(z)]``, estimated from ``n_samples`` draws → [d].
@@ -227,7 +257,7 @@ def bonnet_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor, 
     Derived in notebook 08_natural_gradient_exponential_families.
     """
     z = gaussian_samples(m, V, n_samples, generator)
-    return _mc(vmap(grad(f))(z))
+    return _mc(_derivatives(f, z, ("grad",))[0])
 
 
 def price_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor, V: torch.Tensor,
@@ -238,7 +268,7 @@ def price_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor, V
     off-diagonal entry of this matrix. Derived in notebook 08_natural_gradient_exponential_families.
     """
     z = gaussian_samples(m, V, n_samples, generator)
-    return _mc(0.5 * vmap(hessian(f))(z))
+    return _mc(0.5 * _derivatives(f, z, ("hessian",))[0])
 
 
 def gaussian_natural_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor, V: torch.Tensor,
@@ -250,7 +280,7 @@ def gaussian_natural_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torc
     :class:`MCEstimate` of shape [d] and [d, d]. Derived in notebook 08_natural_gradient_exponential_families.
     """
     z = gaussian_samples(m, V, n_samples, generator)
-    g, H = vmap(grad(f))(z), vmap(hessian(f))(z)
+    g, H = _derivatives(f, z, ("grad", "hessian"))
     return _mc(g - H @ m), _mc(0.5 * H)
 
 
@@ -325,7 +355,7 @@ class NaturalGaussianVI:
         """One update; returns the Monte-Carlo estimate of ``E_q[log_lik]`` at the parameters before it."""
         z = gaussian_samples(self.mean, self.covariance, self.n_samples, self.generator)
         values = vmap(self.log_lik)(z)
-        g, H = vmap(grad(self.log_lik))(z).mean(0), vmap(hessian(self.log_lik))(z).mean(0)
+        g, H = (d.mean(0) for d in _derivatives(self.log_lik, z, ("grad", "hessian")))
         self.mean, self.precision = gaussian_vi_natural_update(
             self.mean, self.precision, g, H, self.lr, self.prior_mean, self.prior_precision)
         return values.mean()

@@ -1,16 +1,21 @@
 """K-FAC: Kronecker-factored approximate curvature for ``nn.Linear`` and ``nn.Conv2d`` as a gradient preconditioner.
 
-After "Optimizing Neural Networks with Kronecker-factored Approximate Curvature" (fully connected layers) and
-"A Kronecker-factored approximate Fisher matrix for convolution layers" (patches). Derived in notebook
-07_fisher_approximations.
+After Martens & Grosse, "Optimizing Neural Networks with Kronecker-factored Approximate Curvature" (ICML 2015) and
+Grosse & Martens, "A Kronecker-factored approximate Fisher matrix for convolution layers" (ICML 2016). Derived in
+notebook 07_fisher_approximations. The maths (rows, factors, inverses, preconditioning) is in
+:mod:`taskloss.curvature.kfac_math`; this module holds the stateful shell: hooks, running averages, intervals,
+checkpoints.
 
 For a layer ``s = W a`` (bias as a homogeneous coordinate: ``a ← [a, 1]``, ``W ← [W, b]``) the per-example weight
 gradient is ``g aᵀ`` with ``g = ∂ℓ/∂s``, and the layer's Fisher block is approximated by ``A ⊗ G`` (acting on the
 row-major flattening of ``[W, b]`` as ``G ⊗ A``), with ``A = E[a aᵀ]`` and ``G = E[g gᵀ]`` estimated on the batch and
-averaged over steps. Conv2d: ``a`` are the unfolded input patches and ``g`` the output gradients at each of the
-``L`` spatial locations ("expand" convention, as curvlinops' ``KFACType.EXPAND``):
-``A = (1/NL) Σ_{n,l} a aᵀ``, ``G = (1/N) Σ_{n,l} g gᵀ``. Scale: the curvature of the batch-mean NLL, see
-:mod:`taskloss.curvature.fisher` — so ``G`` uses per-example gradients ``g_n`` (not the ``1/N``-scaled ones of the mean).
+averaged over steps. Conv2d and Linear layers applied to sequences ``[N, T, D]``: ``a`` are the input patches /
+tokens and ``g`` the output gradients at each of the ``L`` locations ("expand" convention, as curvlinops'
+``KFACType.EXPAND``): ``A = (1/NL) Σ_{n,l} a aᵀ``, ``G = (1/n_terms) Σ_{n,l} g gᵀ``. A layer whose weight is frozen
+but whose bias trains gets the bias-only block ``G`` (``a = 1``). Scale: the curvature of the batch-mean NLL (see
+:mod:`taskloss.curvature.fisher`, whose :func:`~taskloss.curvature.fisher.curvature_scale` converts to libraries
+that take a loss module) — so ``G`` uses per-term gradients ``g`` (not the ``1/N``-scaled ones of the mean) over
+``n_terms`` loss terms: ``N`` for outputs ``[N, C]``, ``N·T`` for per-token outputs ``[N, T, C]``.
 
 Fisher types for ``G`` (explicit, ``fisher_type``):
 * ``"mc"``: ``g`` back-propagated from labels sampled from the model's predictive distribution ``p(y | f)``
@@ -18,19 +23,22 @@ Fisher types for ``G`` (explicit, ``fisher_type``):
 * ``"empirical"``: ``g`` from the observed targets (the empirical Fisher — biased, see notebook 07);
 * ``"exact"``: the ``C`` columns of ``H_out^{1/2}`` are back-propagated (the "type-2" Fisher; exact for one example).
 
-Usage::
+Usage (the hooks belong to the ``KFAC`` object: ``remove()`` them, or use it as a context manager)::
 
-    kfac = KFAC(model, damping=1e-3, fisher_type="mc")
-    out = model(x)                      # forward hooks record layer inputs/outputs
-    loss = nll_loss(out, y)             # batch-mean NLL (taskloss.curvature.fisher convention)
-    kfac.update(out, y)                 # G-backward (retains the graph) → running factors; y unused for "mc"
-    opt.zero_grad(); loss.backward()
-    kfac.step()                         # .grad ← (A ⊗ G + λ)⁻¹ .grad (inverses refreshed every T_inv steps)
-    opt.step()                          # e.g. torch.optim.SGD(model.parameters(), lr, momentum=0.9)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    with KFAC(model, damping=1e-3, fisher_type="mc", kl_clip=1e-2, optimizer=opt) as kfac:
+        for x, y in batches:
+            out = model(x)                  # forward hooks record layer inputs/outputs
+            loss = nll_loss(out, y)         # batch-mean NLL (taskloss.curvature.fisher convention)
+            kfac.update(out, y)             # G-backward (retains the graph) → running factors; y unused for "mc"
+            opt.zero_grad(); loss.backward()
+            kfac.step()                     # .grad ← (A ⊗ G + λ)⁻¹ .grad (inverses refreshed every T_inv steps)
+            opt.step()
 """
 from __future__ import annotations
 
 import math
+import weakref
 
 import torch
 from torch import Tensor, nn
@@ -43,30 +51,65 @@ from taskloss.curvature.fisher import (
     output_hessian_sqrt,
     sample_targets,
 )
+from taskloss.curvature.kfac_math import (
+    eigen_denominator,
+    eigen_inverse,
+    eigenvalues_in_basis,
+    layer_rows,
+    nonfinite_keys,
+    pi_inverse,
+    precondition,
+    second_moment,
+)
 from taskloss.utils import check_int, check_positive, check_probability
 
 __all__ = ["KFAC"]
 
 SUPPORTED = (nn.Linear, nn.Conv2d)
+_HYPER = ("decay", "factor_update_interval", "inverse_update_interval", "eigenbasis_update_interval", "kl_clip")
+
+
+def _remove_handles(handles: list) -> None:
+    for h in handles:
+        h.remove()
+    handles.clear()
 
 
 class KFAC:
     """K-FAC preconditioner: ``kfac.update(outputs, targets)`` then ``kfac.step()`` rewrites ``.grad``.
 
+    Not a ``torch.optim.Optimizer``: it preconditions the gradients that any optimizer then uses (``step()`` takes
+    no closure and rewrites ``.grad``), and ``update`` needs the model's outputs, which a loss closure hides.
+
     Args:
         model: the network; every ``nn.Linear`` / ``nn.Conv2d`` with trainable parameters is preconditioned. Any
             other module owning trainable parameters raises ``ValueError`` unless ``skip_unsupported=True`` (then
             its gradients are left untouched and it is listed in ``self.skipped``).
-        damping: Tikhonov damping λ > 0. ``damping_mode="eigen"`` inverts ``A ⊗ G + λI`` exactly through the
-            factors' eigendecompositions; ``"pi"`` uses the factored ``(A + π√λ I) ⊗ (G + √λ/π I)`` with
-            ``π = sqrt((tr A / dim A) / (tr G / dim G))`` (the K-FAC paper's π-heuristic).
+        damping: Tikhonov damping λ > 0 (an attribute; a new value is checked on assignment and at the next
+            ``step``, which refreshes the inverses for it). ``damping_mode="eigen"`` inverts ``A ⊗ G + λI`` exactly
+            through the factors' eigendecompositions; ``"pi"`` uses the factored ``(A + π√λ I) ⊗ (G + √λ/π I)``
+            with ``π = sqrt((tr A / dim A) / (tr G / dim G))`` (the K-FAC paper's π-heuristic).
         fisher_type: ``"mc"`` | ``"empirical"`` | ``"exact"`` (see the module docstring).
         likelihood: ``"categorical"`` (outputs are logits) or ``"gaussian"`` (outputs are means of N(f, I)).
         decay: running-average weight of old factors, ``F ← decay·F + (1 − decay)·F_batch`` (0 → batch only).
         factor_update_interval, inverse_update_interval: recompute factors in every k-th ``update`` call, and the
-            eigendecompositions / inverses in every k-th ``step`` call (a changed ``damping`` takes effect there).
-        kl_clip, lr: if ``kl_clip`` is set, scale the step by ``ν = min(1, sqrt(kl_clip / (lr² Σ gᵀ F⁻¹ g)))``.
-        n_samples, generator: MC labels per example and the generator drawing them.
+            eigendecompositions / inverses in every k-th ``step`` call.
+        eigenbasis_update_interval: ``"eigen"`` mode only, a multiple of ``inverse_update_interval`` (default:
+            equal to it). Between eigendecompositions the inverse refreshes keep the eigenbases and re-estimate the
+            eigenvalues as ``diag(Qᵀ F Q)`` of the current factors (EKFAC-style rescaling, one matmul per factor
+            instead of an ``eigh``).
+        kl_clip, optimizer: if ``kl_clip`` is set, scale the step by ``ν = min(1, sqrt(kl_clip / Σ lr² gᵀF⁻¹g))``
+            with each parameter's *current* learning rate read from ``optimizer.param_groups`` at every step
+            (so learning-rate schedules are followed).
+        n_samples, generator: MC labels per example and the generator drawing them (checkpointed; without a
+            generator the global RNG is used, which the caller checkpoints).
+        skip_unsupported: see ``model``.
+
+    ``state_dict()`` / ``load_state_dict()`` hold the factors, inverses / eigenbases, step counters, damping and
+    hyperparameters and the generator's state: a restored object continues bit-identically.
+
+    Raises:
+        ValueError: bad arguments; NaN/inf in a gradient or a factor (at ``step``); a non-positive damping.
     """
 
     FISHER_TYPES = ("mc", "empirical", "exact")
@@ -74,9 +117,10 @@ class KFAC:
 
     def __init__(self, model: nn.Module, *, damping: float = 1e-3, fisher_type: str = "mc",
                  likelihood: str = "categorical", decay: float = 0.95, factor_update_interval: int = 1,
-                 inverse_update_interval: int = 10, damping_mode: str = "eigen", kl_clip: float | None = None,
-                 lr: float | None = None, n_samples: int = 1, generator: torch.Generator | None = None,
-                 skip_unsupported: bool = False):
+                 inverse_update_interval: int = 10, eigenbasis_update_interval: int | None = None,
+                 damping_mode: str = "eigen", kl_clip: float | None = None,
+                 optimizer: torch.optim.Optimizer | None = None, n_samples: int = 1,
+                 generator: torch.Generator | None = None, skip_unsupported: bool = False):
         if not isinstance(model, nn.Module):
             raise TypeError("model must be an nn.Module")
         if fisher_type not in self.FISHER_TYPES:
@@ -85,105 +129,120 @@ class KFAC:
             raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
         if damping_mode not in self.DAMPING_MODES:
             raise ValueError(f"damping_mode must be one of {self.DAMPING_MODES}, got {damping_mode!r}")
-        self.damping = check_positive("damping", damping)
-        self.decay = check_probability("decay", decay)
-        if self.decay == 1.0:
-            raise ValueError("decay must be < 1")
-        self.factor_update_interval = check_int("factor_update_interval", factor_update_interval, minimum=1)
-        self.inverse_update_interval = check_int("inverse_update_interval", inverse_update_interval, minimum=1)
-        self.kl_clip = None if kl_clip is None else check_positive("kl_clip", kl_clip)
-        if self.kl_clip is not None and lr is None:
-            raise ValueError("kl_clip needs the optimizer's learning rate lr")
-        self.lr = None if lr is None else check_positive("lr", lr)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError("generator must be a torch.Generator or None")
+        self.damping = damping
+        self.decay = decay
+        self.factor_update_interval = factor_update_interval
+        self.inverse_update_interval = inverse_update_interval
+        self.eigenbasis_update_interval = eigenbasis_update_interval or inverse_update_interval
+        self.kl_clip = kl_clip
+        self._check_hyperparameters()
+        if self.eigenbasis_update_interval != self.inverse_update_interval and damping_mode != "eigen":
+            raise ValueError("eigenbasis_update_interval applies to damping_mode='eigen' only")
+        if kl_clip is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise ValueError("kl_clip needs optimizer= (the torch.optim optimizer whose param_groups hold the "
+                             "current learning rates)")
+        self.optimizer = optimizer
         self.n_samples = check_int("n_samples", n_samples, minimum=1)
         if fisher_type != "mc" and n_samples != 1:
             raise ValueError("n_samples > 1 only makes sense for fisher_type='mc'")
         self.model, self.fisher_type, self.likelihood = model, fisher_type, likelihood
         self.damping_mode, self.generator = damping_mode, generator
+        self.modules, self.skipped = self._find_layers(model, skip_unsupported)
+        # the trained parameters of every layer (None where frozen or absent)
+        self._w = {k: m.weight if m.weight.requires_grad else None for k, m in self.modules.items()}
+        self._b = {k: m.bias if m.bias is not None and m.bias.requires_grad else None for k, m in self.modules.items()}
+        self._d = {k: math.prod(m.weight.shape[1:]) for k, m in self.modules.items()}
+        self._checked: tuple | None = None
+        if optimizer is not None:
+            owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
+            missing = [k for k, m in self.modules.items() for p in m.parameters(recurse=False)
+                       if p.requires_grad and id(p) not in owned]
+            if missing:
+                raise ValueError(f"layers {sorted(set(missing))} have parameters the optimizer does not hold")
+        self.A: dict[str, Tensor] = {}
+        self.G: dict[str, Tensor] = {}
+        self._inv: dict[str, tuple[Tensor, ...]] = {}
+        self._inv_damping: float | None = None
+        self._inputs: dict[str, list[Tensor]] = {n: [] for n in self.modules}
+        self._outputs: dict[str, list[Tensor]] = {n: [] for n in self.modules}
+        self._n_updates = self._n_steps = 0
+        ref = weakref.ref(self)
+        self._handles = [m.register_forward_hook(_Hook(ref, n)) for n, m in self.modules.items()]
+        # each forward of the whole model starts a fresh record (an evaluation pass simply replaces it)
+        self._handles.append(model.register_forward_pre_hook(_Hook(ref)))
+        self._finalizer = weakref.finalize(self, _remove_handles, self._handles)  # no hook outlives its owner
 
-        self.modules: dict[str, nn.Module] = {}
-        self.skipped: list[str] = []
+    @staticmethod
+    def _find_layers(model: nn.Module, skip_unsupported: bool) -> tuple[dict[str, nn.Module], list[str]]:
+        modules, skipped = {}, []
         for name, mod in model.named_modules():
-            own = [p for p in mod.parameters(recurse=False) if p.requires_grad]
-            if not own:
+            if not any(p.requires_grad for p in mod.parameters(recurse=False)):
                 continue
-            if isinstance(mod, SUPPORTED) and mod.weight.requires_grad:
-                if isinstance(mod, nn.Conv2d) and (mod.groups != 1 or mod.padding_mode != "zeros"
-                                                   or isinstance(mod.padding, str)):
-                    if not skip_unsupported:
-                        raise ValueError(f"Conv2d {name!r}: only groups=1, padding_mode='zeros' and numeric "
-                                         "padding are supported (or pass skip_unsupported=True)")
-                    self.skipped.append(name)
-                    continue
-                self.modules[name] = mod
+            if isinstance(mod, nn.Conv2d) and mod.weight.requires_grad and (
+                    mod.groups != 1 or mod.padding_mode != "zeros" or isinstance(mod.padding, str)):
+                if not skip_unsupported:
+                    raise ValueError(f"Conv2d {name!r}: only groups=1, padding_mode='zeros' and numeric padding are "
+                                     "supported (or pass skip_unsupported=True)")
+                skipped.append(name)
+            elif isinstance(mod, SUPPORTED):
+                modules[name] = mod
             elif skip_unsupported:
-                self.skipped.append(name)
+                skipped.append(name)
             else:
                 raise ValueError(f"module {name!r} ({type(mod).__name__}) has trainable parameters but K-FAC "
                                  "supports only nn.Linear and nn.Conv2d; pass skip_unsupported=True to leave "
                                  "its gradients unpreconditioned")
-        if not self.modules:
+        if not modules:
             raise ValueError("model has no trainable nn.Linear / nn.Conv2d layer")
-        self.A: dict[str, Tensor] = {}
-        self.G: dict[str, Tensor] = {}
-        self._inv: dict[str, tuple[Tensor, ...]] = {}
-        self._inputs: dict[str, list[Tensor]] = {n: [] for n in self.modules}
-        self._outputs: dict[str, list[Tensor]] = {n: [] for n in self.modules}
-        self._n_updates = self._n_steps = 0
-        self._handles = [m.register_forward_hook(self._hook(n)) for n, m in self.modules.items()]
-        # each forward of the whole model starts a fresh record (an evaluation pass simply replaces it)
-        self._handles.append(model.register_forward_pre_hook(lambda mod, args: self._clear()))
+        return modules, skipped
+
+    # ------------------------------------------------------------------------------------ hyperparameters
+    @property
+    def damping(self) -> float:
+        return self._damping
+
+    @damping.setter
+    def damping(self, value: float) -> None:
+        self._damping = check_positive("damping", value)
+
+    def _check_hyperparameters(self) -> None:
+        check_positive("damping", self._damping)
+        if check_probability("decay", self.decay) == 1.0:
+            raise ValueError("decay must be < 1")
+        check_int("factor_update_interval", self.factor_update_interval, minimum=1)
+        check_int("inverse_update_interval", self.inverse_update_interval, minimum=1)
+        check_int("eigenbasis_update_interval", self.eigenbasis_update_interval, minimum=1)
+        if self.eigenbasis_update_interval % self.inverse_update_interval:
+            raise ValueError(f"eigenbasis_update_interval ({self.eigenbasis_update_interval}) must be a multiple of "
+                             f"inverse_update_interval ({self.inverse_update_interval})")
+        if self.kl_clip is not None:
+            check_positive("kl_clip", self.kl_clip)
 
     # ------------------------------------------------------------------------------------------ recording
-    def _hook(self, name):
-        def hook(mod, inputs, output):
-            if torch.is_grad_enabled() and output.requires_grad:
-                self._inputs[name].append(inputs[0].detach())
-                self._outputs[name].append(output)
-        return hook
-
     def remove(self) -> None:
-        """Remove the forward hooks (the object cannot record afterwards)."""
-        for h in self._handles:
-            h.remove()
-        self._handles = []
+        """Remove the hooks (also done on leaving a ``with`` block and when the object is garbage-collected)."""
+        _remove_handles(self._handles)
+        self._clear()
+
+    def __enter__(self) -> "KFAC":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.remove()
 
     def _clear(self):
         for n in self.modules:
             self._inputs[n].clear()
             self._outputs[n].clear()
 
-    def _patches(self, name: str, a: Tensor) -> Tensor:
-        """Layer inputs as rows ``[N·L, D(+1)]`` (homogeneous coordinate appended when the layer has a bias)."""
-        mod = self.modules[name]
-        bias = mod.bias is not None and mod.bias.requires_grad
-        if isinstance(mod, nn.Conv2d) and tuple(mod.dilation) == (1, 1):
-            # patches as a strided view of the padded input, written once into [N, H', W', C·kh·kw(+1)]: the
-            # same numbers as unfold → transpose → reshape → cat, with one copy instead of three (and no im2col)
-            (kh, kw), (sh, sw), (ph, pw) = mod.kernel_size, mod.stride, mod.padding
-            x = nn.functional.pad(a, (pw, pw, ph, ph)) if ph or pw else a
-            view = x.unfold(2, kh, sh).unfold(3, kw, sw).permute(0, 2, 3, 1, 4, 5)   # [N, H', W', C, kh, kw]
-            d = view.shape[3] * kh * kw
-            out = a.new_empty(*view.shape[:3], d + bias)
-            out[..., :d].unflatten(-1, view.shape[3:]).copy_(view)
-            if bias:
-                out[..., d] = 1.0
-            return out.reshape(-1, d + bias)
-        if isinstance(mod, nn.Conv2d):
-            a = nn.functional.unfold(a, mod.kernel_size, dilation=mod.dilation, padding=mod.padding,
-                                     stride=mod.stride).transpose(1, 2)                   # [N, L, C_in·kh·kw]
-        a = a.reshape(-1, a.shape[-1])
-        if bias:
-            a = torch.cat([a, a.new_ones(a.shape[0], 1)], dim=1)
-        return a
-
     def _output_cotangents(self, outputs: Tensor, targets: Tensor | None) -> Tensor:
-        """Per-example output-space vectors ``V [K, N, C]`` whose back-propagation gives the ``g`` samples."""
+        """Per-term output-space vectors ``V [K, n_terms, C]`` whose back-propagation gives the ``g`` samples."""
         out = outputs.detach()
         if self.fisher_type == "empirical":
             if targets is None:
                 raise ValueError("fisher_type='empirical' needs the observed targets")
-            _check_targets(out, targets, self.likelihood)
             return _nll_grad(out, targets, self.likelihood).unsqueeze(0)
         if self.fisher_type == "exact":
             return output_hessian_sqrt(out, self.likelihood).permute(2, 0, 1)
@@ -195,18 +254,38 @@ class KFAC:
     def update(self, outputs: Tensor, targets: Tensor | None = None) -> None:
         """Fold this batch's factors into the running averages (every ``factor_update_interval``-th call).
 
-        ``outputs [N, C]``: the logits / means the loss is computed from, still attached to the graph of the
-        forward pass that the hooks recorded. ``targets``: observed labels (needed for ``"empirical"``, checked
-        for shape otherwise). The extra backward uses ``retain_graph=True`` and does not touch ``.grad``.
+        Args:
+            outputs: ``[N, C]``, or per-token ``[N, T, C]`` (any ``[N, ..., C]``: every position is a loss term, as
+                curvlinops flattens them): the logits / means the loss is computed from, still attached to the
+                graph of the forward pass that the hooks recorded.
+            targets: observed labels ``[N, ...]`` ids (categorical) or ``[N, ..., C]`` (gaussian); needed for
+                ``"empirical"``, checked for shape otherwise.
+
+        The extra backward uses ``retain_graph=True`` and does not touch ``.grad``.
         """
         try:
             self._update(outputs, targets)
         finally:
             self._clear()  # drop the recorded activations (and their graph) whatever happened
 
+    def _flat_targets(self, outputs: Tensor, targets: Tensor | None) -> Tensor | None:
+        if targets is None:
+            return None
+        if not isinstance(targets, Tensor):
+            raise TypeError("targets must be a torch.Tensor")
+        want = outputs.shape[:-1] if self.likelihood == "categorical" else outputs.shape
+        if targets.shape != want:
+            raise ValueError(f"targets must have shape {tuple(want)} for outputs of shape {tuple(outputs.shape)}, "
+                             f"got {tuple(targets.shape)}")
+        flat = targets.reshape(-1) if self.likelihood == "categorical" else targets.reshape(-1, outputs.shape[-1])
+        return _check_targets(outputs.detach().reshape(-1, outputs.shape[-1]), flat, self.likelihood)
+
     def _update(self, outputs: Tensor, targets: Tensor | None) -> None:
-        if not isinstance(outputs, Tensor) or outputs.ndim != 2:
-            raise ValueError("outputs must be a tensor of shape [N, C]")
+        if not self._handles:
+            raise RuntimeError("this KFAC's hooks were removed (remove() or the end of its with-block); create a "
+                               "new one to record")
+        if not isinstance(outputs, Tensor) or outputs.ndim < 2:
+            raise ValueError("outputs must be a tensor of shape [N, C] (or per-token [N, T, C])")
         if not outputs.requires_grad:
             raise ValueError("outputs must be attached to the autograd graph (computed with grad enabled)")
         counts = {n: len(v) for n, v in self._outputs.items()}
@@ -215,117 +294,244 @@ class KFAC:
                                "one forward pass of the model with grad enabled before update()")
         n = outputs.shape[0]
         for name in self.modules:
-            seen = self._inputs[name][0].shape[0]
+            seen = self._outputs[name][0].shape[0]
             if seen != n:
                 raise ValueError(f"layer {name!r} saw batch size {seen}, but outputs have batch size {n}")
-        self._n_updates += 1
-        if (self._n_updates - 1) % self.factor_update_interval != 0:
+        if self._n_updates % self.factor_update_interval != 0:
+            self._n_updates += 1
             return
-        _check_outputs(outputs.detach(), self.likelihood)  # value checks only when the factors are computed
-        if targets is not None:
-            _check_targets(outputs, targets, self.likelihood)
+        flat = outputs.detach().reshape(-1, outputs.shape[-1])
+        _check_outputs(flat, self.likelihood)  # value checks only when the factors are computed
+        flat_targets = self._flat_targets(outputs, targets)
         names = list(self.modules)
         s_list = [self._outputs[k][0] for k in names]
-        cot = self._output_cotangents(outputs, targets)                               # [K, N, C]
+        cot = self._output_cotangents(flat, flat_targets)                             # [K, n_terms, C]
+        if outputs.ndim > 2:
+            cot = cot.reshape(cot.shape[0], *outputs.shape)
         if cot.shape[0] == 1:
             grads = [g.unsqueeze(0) if g is not None else None for g in
                      torch.autograd.grad(outputs, s_list, cot[0], retain_graph=True, allow_unused=True)]
         else:  # K backward passes at once (vmapped over the cotangents)
             grads = torch.autograd.grad(outputs, s_list, cot, retain_graph=True, allow_unused=True,
                                         is_grads_batched=True)
-        with torch.no_grad():
-            for k, g in zip(names, grads):
-                if g is None:
-                    raise ValueError(f"outputs do not depend on layer {k!r}")
-                if isinstance(self.modules[k], nn.Conv2d):
-                    g = g.movedim(2, -1)                                           # [K, N, H, W, C_out]
-                g = g.reshape(-1, g.shape[-1])
-                a = self._patches(k, self._inputs[k][0])
-                A_new, G_new = (a.T @ a).div_(a.shape[0]), (g.T @ g).div_(n)   # in place: no extra buffers
-                if k in self.A and self.decay > 0:  # (a fused addmm_ would round differently than this)
-                    self.A[k].mul_(self.decay).add_(A_new, alpha=1 - self.decay)
-                    self.G[k].mul_(self.decay).add_(G_new, alpha=1 - self.decay)
-                else:
-                    self.A[k], self.G[k] = A_new, G_new
+        self._fold_factors(names, grads, flat.shape[0])
+        self._n_updates += 1  # counted once the factors are folded in (a call that raised changes nothing)
+
+    @torch.no_grad()
+    def _fold_factors(self, names: list[str], grads, n_terms: int) -> None:
+        unused = [k for k, g in zip(names, grads) if g is None]
+        if unused:
+            raise ValueError(f"outputs do not depend on layers {unused}")
+        for k, g in zip(names, grads):
+            mod = self.modules[k]
+            if isinstance(mod, nn.Conv2d):
+                g = g.movedim(2, -1)                                                   # [K, N, H, W, C_out]
+            g = g.reshape(-1, g.shape[-1])
+            G_new = second_moment(g, n_terms)
+            if self._w[k] is not None:
+                a = layer_rows(mod, self._inputs[k][0], self._b[k] is not None)
+                A_new = second_moment(a, a.shape[0])
+            else:  # bias-only block: a = 1
+                A_new = G_new.new_ones(1, 1)
+            if k in self.A and self.decay > 0:  # in place: (a fused addmm_ would round differently than this)
+                self.A[k].mul_(self.decay).add_(A_new, alpha=1 - self.decay)
+                self.G[k].mul_(self.decay).add_(G_new, alpha=1 - self.decay)
+            else:
+                self.A[k], self.G[k] = A_new, G_new
 
     # ------------------------------------------------------------------------------------ preconditioning
-    def _grad_matrix(self, mod) -> Tensor:
-        g = mod.weight.grad.reshape(mod.weight.shape[0], -1)
-        if mod.bias is not None and mod.bias.requires_grad:
-            b = mod.bias.grad if mod.bias.grad is not None else torch.zeros_like(mod.bias)
-            g = torch.cat([g, b.unsqueeze(1)], dim=1)
+    def _grad_matrix(self, k: str) -> Tensor | None:
+        """``[∇W, ∇b]`` as ``[out, D(+1)]`` (``[out, 1]`` for a bias-only block); ``None`` when there is no grad."""
+        w, b = self._w[k], self._b[k]
+        gb = b.grad if b is not None else None
+        if w is None:
+            return None if gb is None else gb.unsqueeze(1)
+        if w.grad is None:
+            return None
+        g = w.grad.reshape(w.shape[0], -1)
+        if b is not None:
+            g = torch.cat([g, (gb if gb is not None else torch.zeros_like(b)).unsqueeze(1)], dim=1)
         return g                                                                       # [out, D(+1)]
 
     def _refresh_inverses(self) -> None:
-        """Eigendecompose (``"eigen"``) or invert the damped factors (``"pi"``) of every layer."""
-        for k in self.modules:
-            if self.damping_mode == "eigen":
-                la, qa = torch.linalg.eigh(self.A[k])
-                lg, qg = torch.linalg.eigh(self.G[k])
-                inv_den = 1.0 / (lg.clamp(min=0)[:, None] * la.clamp(min=0)[None, :] + self.damping)
-                self._inv[k] = (qa, qg, inv_den)
-            else:
-                A, G = self.A[k], self.G[k]
-                pi = math.sqrt((float(A.trace()) / A.shape[0] + 1e-30) / (float(G.trace()) / G.shape[0] + 1e-30))
-                root = math.sqrt(self.damping)
-                eye_a = torch.eye(A.shape[0], dtype=A.dtype, device=A.device)
-                eye_g = torch.eye(G.shape[0], dtype=G.dtype, device=G.device)
-                self._inv[k] = (torch.cholesky_inverse(torch.linalg.cholesky(A + root * pi * eye_a)),
-                                torch.cholesky_inverse(torch.linalg.cholesky(G + root / pi * eye_g)))
+        """Eigendecompose / rescale (``"eigen"``) or invert the damped factors (``"pi"``) of every layer."""
+        bad = nonfinite_keys({k: (self.A[k], self.G[k]) for k in self.modules})
+        if bad:
+            raise ValueError(f"the K-FAC factors of layers {bad} contain NaN or inf (non-finite activations or "
+                             "output gradients were recorded by update())")
+        if self.damping_mode == "pi":
+            self._inv = {k: pi_inverse(self.A[k], self.G[k], self._damping, k) for k in self.modules}
+        elif self._n_steps % self.eigenbasis_update_interval == 0 or not self._inv:
+            self._inv = {k: eigen_inverse(self.A[k], self.G[k], self._damping, k) for k in self.modules}
+        else:  # keep the eigenbases, re-estimate the eigenvalues in them
+            for k, (qa, qg, _, _, _) in self._inv.items():
+                la, lg = eigenvalues_in_basis(self.A[k], qa), eigenvalues_in_basis(self.G[k], qg)
+                self._inv[k] = (qa, qg, la, lg, eigen_denominator(la, lg, self._damping))
+        self._inv_damping = self._damping
 
-    def _precondition(self, k: str, m: Tensor) -> Tensor:
-        if self.damping_mode == "eigen":            # (A ⊗ G + λI)⁻¹ in the factors' eigenbases: 4 matmuls
-            qa, qg, inv_den = self._inv[k]
-            return qg @ (qg.T @ m @ qa).mul_(inv_den) @ qa.T
-        inv_a, inv_g = self._inv[k]                 # (G + √λ/π)⁻¹ M (A + π√λ)⁻¹: 2 matmuls
-        return inv_g @ m @ inv_a
+    def _apply_damping_change(self) -> None:
+        if self.damping_mode == "pi":
+            self._refresh_inverses()
+            return
+        for k, (qa, qg, la, lg, _) in self._inv.items():
+            self._inv[k] = (qa, qg, la, lg, eigen_denominator(la, lg, self._damping))
+        self._inv_damping = self._damping
+
+    def _kl_scale(self, new: dict[str, Tensor], ms: dict[str, Tensor]) -> float:
+        """``ν = min(1, sqrt(kl_clip / Σ lr² vᵀg))`` with each parameter's current learning rate."""
+        groups = self.optimizer.param_groups
+        lrs = [check_positive("optimizer learning rate (for kl_clip)", g["lr"]) for g in groups]
+        if len(set(lrs)) == 1:  # one learning rate: lr² Σ vᵀg
+            total = float(torch.stack([(new[k] * ms[k]).sum() for k in new]).sum()) * lrs[0]**2
+        else:
+            lr_of = {id(p): lr for g, lr in zip(groups, lrs) for p in g["params"]}
+            terms = []
+            for k in new:
+                prod, w, b = new[k] * ms[k], self._w[k], self._b[k]
+                if w is not None and b is not None:
+                    terms += [prod[:, :-1].sum() * lr_of[id(w)]**2, prod[:, -1].sum() * lr_of[id(b)]**2]
+                else:
+                    terms.append(prod.sum() * lr_of[id(w if w is not None else b)]**2)
+            total = float(torch.stack(terms).sum())
+        if not math.isfinite(total):
+            self._raise_nonfinite(ms)
+        return min(1.0, math.sqrt(self.kl_clip / total)) if total > 0 else 1.0
+
+    @staticmethod
+    def _raise_nonfinite(ms: dict[str, Tensor]) -> None:
+        bad = [k for k, m in ms.items() if not bool(torch.isfinite(m).all())]
+        if bad:
+            raise ValueError(f"the gradients of K-FAC layers {bad} contain NaN or inf")
+        raise ValueError("the preconditioned gradient is not finite although the gradients are: are the K-FAC "
+                         "factors / inverses finite and the damping large enough?")
 
     @torch.no_grad()
     def step(self) -> float:
-        """Rewrite ``.grad`` of every K-FAC layer with ``(A ⊗ G + λ)⁻¹ grad``; returns the KL-clip factor ν."""
+        """Rewrite ``.grad`` of every K-FAC layer with ``(A ⊗ G + λ)⁻¹ grad``; returns the KL-clip factor ν.
+
+        Raises ``ValueError`` on NaN/inf gradients or factors and on an invalid (changed) hyperparameter.
+        """
         if not self.A:
             raise RuntimeError("call update(outputs, targets) at least once before step()")
+        hyper = (self._damping, self.decay, self.factor_update_interval, self.inverse_update_interval,
+                 self.eigenbasis_update_interval, self.kl_clip)
+        if hyper != self._checked:  # attributes may have been changed since the last check
+            self._check_hyperparameters()
+            self._checked = hyper
         if self._n_steps % self.inverse_update_interval == 0 or not self._inv:
             self._refresh_inverses()
+        elif self._damping != self._inv_damping:
+            self._apply_damping_change()
         self._n_steps += 1
-        new, vg = {}, []
-        for k, mod in self.modules.items():
-            if mod.weight.grad is None:
+        ms: dict[str, Tensor] = {}
+        for k in self.modules:
+            m = self._grad_matrix(k)
+            if m is None:
                 continue
-            m = self._grad_matrix(mod)
             if m.shape != (self.G[k].shape[0], self.A[k].shape[0]):
                 raise ValueError(f"layer {k!r}: gradient shape {tuple(m.shape)} does not match the factors")
-            new[k] = self._precondition(k, m)
-            if self.kl_clip is not None:
-                vg.append((new[k] * m).sum())
-        nu = 1.0
-        if self.kl_clip is not None and vg:
-            total = float(torch.stack(vg).sum())
-            if total > 0:
-                nu = min(1.0, math.sqrt(self.kl_clip / (self.lr**2 * total)))
+            ms[k] = m
+        if self.kl_clip is None and nonfinite_keys({k: (m,) for k, m in ms.items()}):
+            self._raise_nonfinite(ms)
+        new = {k: precondition(self._inv[k], m) for k, m in ms.items()}
+        nu = self._kl_scale(new, ms) if self.kl_clip is not None and new else 1.0
         for k, p in new.items():
-            mod = self.modules[k]
-            if nu != 1.0:
-                p.mul_(nu)
-            w = mod.weight.shape
-            mod.weight.grad.copy_(p[:, : w[1:].numel()].reshape(w))
-            if mod.bias is not None and mod.bias.requires_grad:
-                if mod.bias.grad is None:
-                    mod.bias.grad = torch.zeros_like(mod.bias)
-                mod.bias.grad.copy_(p[:, -1])
+            self._write_grad(k, p, nu)
         return nu
+
+    def _write_grad(self, k: str, p: Tensor, nu: float) -> None:
+        """``.grad ← ν·p`` for the weight (first ``D`` columns) and the bias (last column); one pass each."""
+        w, b = self._w[k], self._b[k]
+        if w is not None:
+            g = w.grad
+            dst = g.view(g.shape[0], -1) if g.is_contiguous() else None
+            src = p[:, : self._d[k]]
+            if dst is None:
+                g.copy_((src * nu if nu != 1.0 else src).reshape(g.shape))
+            elif nu != 1.0:
+                torch.mul(src, nu, out=dst)
+            else:
+                dst.copy_(src)
+        if b is not None:
+            if b.grad is None:
+                b.grad = torch.zeros_like(b)
+            if nu != 1.0:
+                torch.mul(p[:, -1], nu, out=b.grad)
+            else:
+                b.grad.copy_(p[:, -1])
+
+    # ---------------------------------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict:
+        """Factors, inverses / eigenbases, counters, damping, hyperparameters and generator state (copies)."""
+        return {
+            "layers": list(self.modules),
+            "config": {"fisher_type": self.fisher_type, "likelihood": self.likelihood,
+                       "damping_mode": self.damping_mode},
+            "A": {k: v.clone() for k, v in self.A.items()}, "G": {k: v.clone() for k, v in self.G.items()},
+            "inv": {k: tuple(t.clone() for t in v) for k, v in self._inv.items()},
+            "damping": self._damping, "inv_damping": self._inv_damping,
+            "n_updates": self._n_updates, "n_steps": self._n_steps,
+            "hyper": {h: getattr(self, h) for h in _HYPER},
+            "generator": None if self.generator is None else self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (checked against this object's layers and configuration)."""
+        if not isinstance(state, dict) or not {"A", "G", "inv", "config", "layers"} <= state.keys():
+            raise ValueError("not a KFAC state_dict")
+        mine = {"fisher_type": self.fisher_type, "likelihood": self.likelihood, "damping_mode": self.damping_mode}
+        if state["config"] != mine:
+            raise ValueError(f"state_dict was saved with {state['config']}, this KFAC has {mine}")
+        if set(state["layers"]) != set(self.modules):
+            raise ValueError(f"state_dict holds layers {sorted(state['layers'])}, this KFAC {sorted(self.modules)}")
+        if (state["generator"] is None) != (self.generator is None):
+            raise ValueError("state_dict and this KFAC disagree on whether a generator is used")
+
+        def put(t: Tensor, k: str) -> Tensor:
+            ref = next(self.modules[k].parameters())
+            return t.detach().clone().to(device=ref.device)
+
+        self.A = {k: put(v, k) for k, v in state["A"].items()}
+        self.G = {k: put(v, k) for k, v in state["G"].items()}
+        self._inv = {k: tuple(put(t, k) for t in v) for k, v in state["inv"].items()}
+        for h, v in state["hyper"].items():
+            setattr(self, h, v)
+        self.damping = state["damping"]
+        self._check_hyperparameters()
+        self._inv_damping, self._n_updates, self._n_steps = state["inv_damping"], state["n_updates"], state["n_steps"]
+        if self.generator is not None:
+            self.generator.set_state(state["generator"])
 
     def to_dense(self) -> Tensor:
         """Block-diagonal K-FAC matrix ``[P, P]`` (no damping) in the order of ``model.named_parameters()``
-        restricted to the K-FAC layers (per layer: weight flattened row-major, then bias)."""
+        restricted to the K-FAC layers' trainable parameters (per layer: weight flattened row-major, then bias)."""
         if not self.A:
             raise RuntimeError("no factors yet: call update() first")
         blocks = []
-        for k, mod in self.modules.items():
+        for k in self.modules:
             out, d = self.G[k].shape[0], self.A[k].shape[0]
             block = torch.kron(self.G[k], self.A[k])                                   # row-major vec([W, b])
-            has_bias = mod.bias is not None and mod.bias.requires_grad
-            idx = torch.arange(out * d).view(out, d)
-            order = torch.cat([idx[:, : d - 1].reshape(-1), idx[:, -1]]) if has_bias else idx.reshape(-1)
-            blocks.append(block[order][:, order])
+            if self._w[k] is not None and self._b[k] is not None:
+                idx = torch.arange(out * d).view(out, d)
+                order = torch.cat([idx[:, : d - 1].reshape(-1), idx[:, -1]])
+                block = block[order][:, order]
+            blocks.append(block)
         return torch.block_diag(*blocks)
+
+
+class _Hook:
+    """Forward hook of a K-FAC layer (``name``) recording input and output for its owner, or, with ``name=None``, the
+    model's pre-hook starting a fresh record. The owner is held weakly: no reference cycle keeps it alive."""
+
+    def __init__(self, owner_ref, name=None):
+        self.owner_ref, self.name = owner_ref, name
+
+    def __call__(self, mod, inputs, output=None):
+        owner = self.owner_ref()
+        if owner is None:
+            return
+        if self.name is None:
+            owner._clear()
+        elif torch.is_grad_enabled() and output.requires_grad:
+            owner._inputs[self.name].append(inputs[0].detach())
+            owner._outputs[self.name].append(output)

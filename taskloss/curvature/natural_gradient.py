@@ -63,21 +63,46 @@ def trust_region_step(fisher: torch.Tensor, grad: torch.Tensor, max_kl: float,
 
 
 class NaturalGradientDescent(torch.optim.Optimizer):
-    """``θ ← θ - lr · (F + λI)⁻¹ ∇L`` with a dense Fisher supplied by a callable (torch.optim API).
+    """``θ ← θ - lr · (F + Λ)⁻¹ ∇L`` with a dense Fisher supplied by a callable (torch.optim API).
 
-    ``fisher()`` returns the [P, P] curvature matrix for all parameters of all groups, flattened in order (e.g.
-    :func:`taskloss.curvature.fisher.ggn_matrix` of the model at its current parameters). ``step(closure)`` re-evaluates
-    the loss when a closure is given (the closure must call ``backward``) and returns it. Each parameter group
-    may carry its own ``lr``; ``damping`` is shared. Derived in notebook 06_natural_gradient.
+    Derived in notebook 06_natural_gradient.
+
+    Args:
+        params: parameters or parameter groups; each group may carry its own ``lr`` and ``damping``.
+        fisher: ``fisher()`` returns the ``[P, P]`` curvature matrix over all parameters of all groups, flattened in
+            order (e.g. :func:`taskloss.curvature.fisher.ggn_matrix` of the model at its current parameters), or over
+            only the parameters that have a gradient this step (``ggn_matrix(model, None, x)`` covers exactly the
+            trainable ones).
+        lr: step size ``> 0`` (default of the groups).
+        damping: Tikhonov damping ``λ ≥ 0`` (default of the groups); ``Λ`` is diagonal with each coordinate's group
+            ``λ`` (one λ for all groups gives the usual ``F + λI``).
+
+    As in torch.optim, parameters without a ``.grad`` (frozen, or unused by the loss) are skipped: the step solves
+    the natural-gradient system restricted to the parameters that have one. ``step(closure)`` re-evaluates the
+    loss when a closure is given (the closure must call ``backward``) and returns it. Hyperparameters live in
+    ``param_groups`` (checked at every step) and round-trip through ``state_dict``; there is no other state.
     """
 
     def __init__(self, params, fisher: Callable[[], torch.Tensor], lr: float = 0.1, damping: float = 0.0):
         if not callable(fisher):
             raise TypeError("fisher must be a callable returning the [P, P] curvature matrix")
-        check_positive("lr", lr)
-        check_nonnegative("damping", damping)
-        super().__init__(params, dict(lr=lr))
-        self.fisher, self.damping = fisher, float(damping)
+        super().__init__(params, dict(lr=check_positive("lr", lr), damping=check_nonnegative("damping", damping)))
+        self.fisher = fisher
+
+    def _fisher_block(self, params: list, active: list[bool], g: torch.Tensor) -> torch.Tensor:
+        with torch.enable_grad():
+            F = self.fisher()
+        if not isinstance(F, torch.Tensor):
+            raise TypeError(f"fisher() must return a tensor, got {type(F).__name__}")
+        n_all = sum(p.numel() for p in params)
+        if F.shape == (n_all, n_all) and n_all != g.numel():
+            keep = torch.cat([torch.full((p.numel(),), a, dtype=torch.bool) for p, a in zip(params, active)])
+            idx = keep.nonzero().squeeze(1).to(F.device)
+            F = F.index_select(0, idx).index_select(1, idx)
+        elif F.shape != (g.numel(), g.numel()):
+            raise ValueError(f"fisher() returned shape {tuple(F.shape)}, expected {(n_all, n_all)} (all parameters) "
+                             f"or {(g.numel(), g.numel())} (those with a gradient)")
+        return F.detach().to(g.dtype)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -85,18 +110,29 @@ class NaturalGradientDescent(torch.optim.Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
+        for group in self.param_groups:
+            check_positive("lr", group["lr"])
+            check_nonnegative("damping", group["damping"])
         params = [p for group in self.param_groups for p in group["params"]]
-        if any(p.grad is None for p in params):
-            raise RuntimeError("every parameter needs a .grad before step(); call backward() first")
-        g = torch.cat([p.grad.reshape(-1) for p in params])
-        with torch.enable_grad():
-            F = self.fisher()
-        if F.shape != (g.numel(), g.numel()):
-            raise ValueError(f"fisher() returned shape {tuple(F.shape)}, expected {(g.numel(), g.numel())}")
-        direction = natural_gradient(F.detach().to(g.dtype), g, self.damping)
+        active = [p.grad is not None for p in params]
+        if not any(active):
+            return loss
+        g = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
+        if not bool(torch.isfinite(g).all()):
+            raise ValueError("a parameter gradient contains NaN or inf")
+        F = self._fisher_block(params, active, g)
+        lams = [group["damping"] for group in self.param_groups for p in group["params"] if p.grad is not None]
+        if len(set(lams)) == 1:
+            direction = natural_gradient(F, g, lams[0])
+        else:
+            sizes = [p.numel() for group in self.param_groups for p in group["params"] if p.grad is not None]
+            lam = torch.repeat_interleave(torch.tensor(lams, dtype=g.dtype), torch.tensor(sizes)).to(g.device)
+            direction = natural_gradient(F + torch.diag(lam), g, 0.0)
         offset = 0
         for group in self.param_groups:
             for p in group["params"]:
+                if p.grad is None:
+                    continue
                 n = p.numel()
                 p.add_(direction[offset:offset + n].view_as(p), alpha=-group["lr"])
                 offset += n

@@ -14,8 +14,10 @@ Modules:
 """
 from taskloss.datasets.corpus import (
     CACHE_DIR,
+    MAX_UNK_RATE,
     SPLITS,
     Document,
+    UnknownTokenWarning,
     corpus_hash,
     corpus_stats,
     get_tokenizer,
@@ -41,7 +43,8 @@ from taskloss.datasets.tokenizer import DEFAULT_MIN_COUNT, SPECIAL_TOKENS, Token
 
 __all__ = [
     "DigitsSplits", "load_digits_splits", "digits_images", "split_indices", "indices_checksum", "N_DIGITS",
-    "N_FEATURES", "N_CLASSES", "SPLIT_FRACTIONS", "SPLITS", "CACHE_DIR", "Document", "load_documents",
+    "N_FEATURES", "N_CLASSES", "SPLIT_FRACTIONS", "SPLITS", "CACHE_DIR", "MAX_UNK_RATE", "UnknownTokenWarning",
+    "Document", "load_documents",
     "load_corpus", "corpus_hash", "corpus_stats", "get_tokenizer", "lm_blocks", "prefix_continuations",
     "unigram_perplexity", "Tokenizer", "minilm_path", "SPECIAL_TOKENS", "DEFAULT_MIN_COUNT", "load_minilm",
     "minilm_token_embeddings", "sentence_embeddings",

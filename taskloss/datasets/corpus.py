@@ -10,7 +10,14 @@ isolated interpreter, so it does not depend on what the calling process imported
 :func:`corpus_hash`, depends on the exact Python version's standard library (3.11.7 for the committed
 pretrained LM; other 3.11 patch releases give a slightly different corpus), never on the machine.
 
-**WikiText.** ``load_corpus(split, path=...)`` reads user-downloaded WikiText-2/103 raw files instead.
+**WikiText.** ``load_corpus(split, path=...)`` reads user-downloaded WikiText-2/103 raw files instead (the
+``<unk>`` placeholder of the ``.tokens`` files becomes the tokenizer's ``[UNK]``).
+
+**Unknown tokens.** LM data built here (:func:`lm_blocks`, :func:`prefix_continuations`,
+:func:`unigram_perplexity`) warn with an :class:`UnknownTokenWarning` naming the rate when more than
+:data:`MAX_UNK_RATE` of a split's tokens map to ``[UNK]`` under the given tokenizer — e.g. WikiText read with
+the default corpus' tokenizer (22 % reported). Make it an error with ``warnings.simplefilter("error",
+UnknownTokenWarning)``.
 
 **Tokenizer.** :func:`get_tokenizer` builds (and caches) the compact :class:`~taskloss.datasets.tokenizer.Tokenizer` of a
 corpus' train split: all-MiniLM-L6-v2's uncased WordPiece tokenizer restricted to the ids that occur there, so
@@ -28,6 +35,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,16 +44,24 @@ import torch
 
 from taskloss.datasets import stdlib_corpus
 from taskloss.datasets.stdlib_corpus import split_of
-from taskloss.datasets.tokenizer import DEFAULT_MIN_COUNT, Tokenizer
+from taskloss.datasets.tokenizer import DEFAULT_MIN_COUNT, SPECIAL_TOKENS, Tokenizer
 from taskloss.utils import DATA_DIR, atomic_write_text, check_int
 
 __all__ = [
-    "SPLITS", "CACHE_DIR", "Document", "load_documents", "load_corpus", "corpus_hash", "corpus_stats",
-    "get_tokenizer", "lm_blocks", "prefix_continuations", "unigram_perplexity",
+    "SPLITS", "CACHE_DIR", "MAX_UNK_RATE", "UnknownTokenWarning", "Document", "load_documents", "load_corpus",
+    "corpus_hash", "corpus_stats", "get_tokenizer", "lm_blocks", "prefix_continuations", "unigram_perplexity",
 ]
 
 SPLITS = ("train", "valid", "test")
 CACHE_DIR = DATA_DIR / "cache"
+#: Fraction of a split's tokens (EOS excluded) that may map to ``[UNK]`` before LM data built here warn. The
+#: default corpus' own tokenizer leaves under 3 % on its valid and test splits (none on train).
+MAX_UNK_RATE = 0.05
+
+
+class UnknownTokenWarning(UserWarning):
+    """A split's text maps to many ``[UNK]`` under the tokenizer in use: the model would mostly learn and be
+    scored on the unknown token. Build the tokenizer from the same corpus (``get_tokenizer(path=...)``)."""
 
 
 def _check_split(split: str) -> str:
@@ -60,6 +76,14 @@ class Document:
 
     title: str
     lines: tuple[str, ...]
+
+    def __post_init__(self):
+        if not isinstance(self.title, str):
+            raise TypeError(f"title must be a str, got {type(self.title).__name__}")
+        if isinstance(self.lines, str) or not isinstance(self.lines, (tuple, list)) or \
+                not all(isinstance(x, str) for x in self.lines):
+            raise TypeError("lines must be a tuple of str (one paragraph each)")
+        object.__setattr__(self, "lines", tuple(self.lines))
 
 
 def _default_cache_key() -> str:
@@ -93,6 +117,7 @@ def _default_documents() -> tuple[Document, ...]:
 _WIKI_TITLE = re.compile(r"^ ?= ([^=].*?) = ?$")
 _WIKI_HEADING = re.compile(r"^ ?(=\s?)+.*?(\s?=)+ ?$")
 _WIKI_DETOK = ((" @-@ ", "-"), (" @,@ ", ","), (" @.@ ", "."))
+_WIKI_UNK = "<unk>"   # WikiText's rare-word placeholder; WordPiece would split it into "<", "un", "##k", ">"
 
 
 def _wikitext_documents(file: Path) -> list[Document]:
@@ -103,21 +128,26 @@ def _wikitext_documents(file: Path) -> list[Document]:
 @functools.lru_cache(maxsize=6)
 def _parse_wikitext(file: str, mtime_ns: int, size: int) -> tuple[Document, ...]:
     """Parse a WikiText raw file: `` = Title = `` opens a document, `` = = Sub = = `` headings and empty lines
-    are dropped, every other line is a paragraph (``@-@``, ``@,@``, ``@.@`` joined back)."""
+    are dropped, every other line is a paragraph (``@-@``, ``@,@``, ``@.@`` joined back, ``<unk>`` written as
+    ``[UNK]``, which the WordPiece tokenizer keeps as its unknown token). ``ValueError`` naming the file when it
+    is not UTF-8."""
     docs: list[Document] = []
     title, lines = None, []
-    with open(file, encoding="utf-8") as f:
-        for raw in f:
-            line = raw.rstrip("\n")
-            m = _WIKI_TITLE.match(line)
-            if m:
-                if title is not None or lines:
-                    docs.append(Document(title or "(preamble)", tuple(lines)))
-                title, lines = m.group(1).strip(), []
-            elif line.strip() and not _WIKI_HEADING.match(line):
-                for a, b in _WIKI_DETOK:
-                    line = line.replace(a, b)
-                lines.append(" ".join(line.split()))
+    try:
+        with open(file, encoding="utf-8") as f:
+            for raw in f:
+                line = raw.rstrip("\n")
+                m = _WIKI_TITLE.match(line)
+                if m:
+                    if title is not None or lines:
+                        docs.append(Document(title or "(preamble)", tuple(lines)))
+                    title, lines = m.group(1).strip(), []
+                elif line.strip() and not _WIKI_HEADING.match(line):
+                    for a, b in _WIKI_DETOK:
+                        line = line.replace(a, b)
+                    lines.append(" ".join(line.replace(_WIKI_UNK, SPECIAL_TOKENS[1]).split()))
+    except UnicodeDecodeError as e:
+        raise ValueError(f"WikiText file {file} is not UTF-8 text ({e}); WikiText-2/103 ship as UTF-8") from e
     if title is not None or lines:
         docs.append(Document(title or "(preamble)", tuple(lines)))
     return tuple(d for d in docs if d.lines)
@@ -136,9 +166,15 @@ def _wikitext_split(path: Path, split: str) -> list[Document]:
 
 
 # ------------------------------------------------------------------------------------------- public API
+def _check_path(path) -> None:
+    if path is not None and not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be None (the default corpus), a str or an os.PathLike, got {type(path).__name__}")
+
+
 def load_documents(split: str, path: str | os.PathLike | None = None) -> list[Document]:
     """Documents of one split: the default corpus (``path=None``) or WikiText raw files at ``path``."""
     _check_split(split)
+    _check_path(path)
     if path is None:
         return [d for d in _default_documents() if split_of(d.title) == split]
     return _wikitext_split(Path(path), split)
@@ -181,6 +217,8 @@ def get_tokenizer(min_count: int = DEFAULT_MIN_COUNT, path: str | os.PathLike | 
     """The compact tokenizer of a corpus' train split (default corpus, or WikiText at ``path``), built
     deterministically and cached in ``data/cache/tokenizer-<corpus hash>-m<min_count>.json``."""
     check_int("min_count", min_count, minimum=1)
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache must be a bool, got {type(cache).__name__}")
     chash = corpus_hash(path)
     file = CACHE_DIR / f"tokenizer-{chash[:16]}-m{min_count}.json"
     if cache and file.is_file():
@@ -200,22 +238,37 @@ def get_tokenizer(min_count: int = DEFAULT_MIN_COUNT, path: str | os.PathLike | 
 # ------------------------------------------------------------------------------------- LM data
 @functools.lru_cache(maxsize=8)
 def _encoded_split(split: str, path: str | None, tok_hash: str, tokenizer: Tokenizer):
-    """(stream int64 [n], starts int64 [L], lengths int64 [L]): every line's ids followed by EOS, and where
-    each line starts in the stream and how many tokens it has (without its EOS)."""
+    """(stream int64 [n], starts int64 [L], lengths int64 [L], number of [UNK]): every line's ids followed by
+    EOS, where each line starts in the stream and how many tokens it has (without its EOS)."""
     lines = tokenizer.encode_batch(load_corpus(split, path), add_eos=True)
     lengths = np.fromiter((len(ids) - 1 for ids in lines), dtype=np.int64, count=len(lines))
     starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]]).astype(np.int64)
     stream = np.fromiter((t for ids in lines for t in ids), dtype=np.int64, count=int((lengths + 1).sum()))
+    n_unk = int((stream == tokenizer.unk_id).sum())
     for a in (stream, starts, lengths):
         a.setflags(write=False)
-    return stream, starts, lengths
+    return stream, starts, lengths, n_unk
 
 
 def _encoded(split: str, tokenizer: Tokenizer, path):
+    """(stream, starts, lengths) of :func:`_encoded_split`, with an :class:`UnknownTokenWarning` (at the caller of
+    the public function) when more than :data:`MAX_UNK_RATE` of the split's text tokens are ``[UNK]``."""
     _check_split(split)
+    _check_path(path)
     if not isinstance(tokenizer, Tokenizer):
         raise TypeError(f"tokenizer must be a taskloss.datasets.tokenizer.Tokenizer, got {type(tokenizer).__name__}")
-    return _encoded_split(split, None if path is None else str(path), tokenizer.hash, tokenizer)
+    stream, starts, lengths, n_unk = _encoded_split(split, None if path is None else str(path), tokenizer.hash,
+                                                    tokenizer)
+    n_text = int(lengths.sum())
+    rate = n_unk / max(n_text, 1)
+    if rate > MAX_UNK_RATE:
+        built = tokenizer.meta.get("corpus_sha256")
+        warnings.warn(f"{rate:.1%} of the {n_text:,} tokens of split {split!r} of corpus {path or 'default'} map to "
+                      f"[UNK] under this tokenizer (vocabulary {tokenizer.vocab_size}"
+                      f"{f', built from corpus {built[:12]}' if built else ''}; limit {MAX_UNK_RATE:.0%}): build "
+                      "the tokenizer from this corpus (get_tokenizer(path=...)) or use a model whose tokenizer "
+                      "covers it", UnknownTokenWarning, stacklevel=3)
+    return stream, starts, lengths
 
 
 def lm_blocks(split: str, block_size: int, tokenizer: Tokenizer, path: str | os.PathLike | None = None) -> torch.Tensor:
@@ -247,6 +300,8 @@ def prefix_continuations(split: str, prefix_len: int, cont_len: int, tokenizer: 
     check_int("cont_len", cont_len, minimum=1)
     if max_items is not None:
         check_int("max_items", max_items, minimum=1)
+    if not isinstance(with_eos, bool):
+        raise TypeError(f"with_eos must be a bool, got {type(with_eos).__name__}")
     stream, starts, lengths = _encoded(split, tokenizer, path)
     need = prefix_len + (1 if with_eos else cont_len)
     rows = np.flatnonzero(lengths >= need)[:max_items]

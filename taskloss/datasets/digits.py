@@ -12,12 +12,13 @@ See ``data/README.md`` (source, license, sizes, index checksums).
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from taskloss.utils import check_int, check_ndim
+from taskloss.utils import check_finite, check_int, check_ndim
 
 __all__ = ["DigitsSplits", "load_digits_splits", "digits_images", "split_indices", "indices_checksum",
            "N_DIGITS", "N_FEATURES", "N_CLASSES", "SPLIT_FRACTIONS"]
@@ -57,8 +58,10 @@ def split_indices(y: np.ndarray, seed: int = 0, fractions=SPLIT_FRACTIONS) -> di
     y = np.asarray(y)
     if y.ndim != 1 or y.size == 0:
         raise ValueError(f"y must be a non-empty 1-D array, got shape {y.shape}")
+    if y.dtype.kind not in "iu":
+        raise TypeError(f"y must hold integer class labels, got dtype {y.dtype}")
     f = tuple(float(v) for v in fractions)
-    if len(f) != 3 or min(f) < 0 or abs(sum(f) - 1.0) > 1e-9:
+    if len(f) != 3 or not all(math.isfinite(v) for v in f) or min(f) < 0 or abs(sum(f) - 1.0) > 1e-9:
         raise ValueError(f"fractions must be three non-negative numbers summing to 1, got {fractions}")
     rng = np.random.Generator(np.random.PCG64(seed))
     parts: dict[str, list] = {"train": [], "valid": [], "test": []}
@@ -74,6 +77,11 @@ def split_indices(y: np.ndarray, seed: int = 0, fractions=SPLIT_FRACTIONS) -> di
 
 def indices_checksum(indices: dict[str, np.ndarray]) -> str:
     """sha256 (hex) of the split indices as little-endian int64, in the order train, valid, test."""
+    if not isinstance(indices, dict) or set(indices) != {"train", "valid", "test"}:
+        raise ValueError("indices must be a dict with exactly the keys 'train', 'valid', 'test'")
+    for k, v in indices.items():
+        if np.asarray(v).dtype.kind not in "iu":
+            raise TypeError(f"indices[{k!r}] must hold integers, got dtype {np.asarray(v).dtype}")
     h = hashlib.sha256()
     for k in ("train", "valid", "test"):
         h.update(k.encode())
@@ -108,4 +116,5 @@ def digits_images(X: torch.Tensor) -> torch.Tensor:
     check_ndim("X", X, (1, 2))
     if X.shape[-1] != N_FEATURES:
         raise ValueError(f"X must have {N_FEATURES} features in its last dimension, got shape {tuple(X.shape)}")
+    check_finite("X", X)
     return X.reshape(-1, 1, 8, 8)

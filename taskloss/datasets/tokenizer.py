@@ -51,6 +51,10 @@ def _wordpiece():
 
 
 SPECIAL_TOKENS = ("[PAD]", "[UNK]", "[CLS]", "[SEP]")  # compact ids 0..3: pad, unk, bos, eos
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
 DEFAULT_MIN_COUNT = 1
 
 
@@ -65,7 +69,15 @@ class Tokenizer:
     pad_id, unk_id, bos_id, eos_id = 0, 1, 2, 3
 
     def __init__(self, bert_ids: Sequence[int], meta: dict | None = None):
+        if isinstance(bert_ids, torch.Tensor):
+            bert_ids = bert_ids.tolist()
+        if isinstance(bert_ids, (str, bytes)) or not all(_is_int(i) for i in bert_ids):
+            raise TypeError("bert_ids must be a sequence of int WordPiece ids")
+        if meta is not None and not isinstance(meta, dict):
+            raise TypeError(f"meta must be a dict or None, got {type(meta).__name__}")
         ids = [int(i) for i in bert_ids]
+        if len(ids) < len(SPECIAL_TOKENS):
+            raise ValueError(f"bert_ids must hold at least the {len(SPECIAL_TOKENS)} special tokens, got {len(ids)}")
         wp = _wordpiece()
         base = wp.get_vocab_size()
         special = [wp.token_to_id(t) for t in SPECIAL_TOKENS]
@@ -80,10 +92,16 @@ class Tokenizer:
 
     @classmethod
     def build(cls, lines: Sequence[str], min_count: int = DEFAULT_MIN_COUNT, meta: dict | None = None):
-        """Keep the WordPiece ids that occur at least ``min_count`` times in ``lines`` (plus the specials)."""
+        """Keep the WordPiece ids that occur at least ``min_count`` times in ``lines`` (plus the specials).
+        ``lines``: a non-empty sequence of str (a bare str is refused: it would be read character by character)."""
         check_int("min_count", min_count, minimum=1)
+        if isinstance(lines, (str, bytes)):
+            raise TypeError("lines must be a sequence of str (one per line), not a single str")
+        lines = list(lines)
         check_nonempty("lines", lines)
-        encs = _wordpiece().encode_batch(list(lines), add_special_tokens=False)
+        if not all(isinstance(x, str) for x in lines):
+            raise TypeError("lines must contain only str")
+        encs = _wordpiece().encode_batch(lines, add_special_tokens=False)
         ids = np.fromiter((i for enc in encs for i in enc.ids), dtype=np.int64)
         counts = np.bincount(ids, minlength=_wordpiece().get_vocab_size())
         keep = set(np.flatnonzero(counts >= min_count).tolist())
@@ -127,9 +145,20 @@ class Tokenizer:
         """Compact ids (list or 1-D tensor) → text; PAD/BOS/EOS are dropped unless ``skip_special_tokens=False``
         (``[UNK]`` is always shown)."""
         if isinstance(ids, torch.Tensor):
-            if ids.ndim != 1 or ids.is_floating_point():
-                raise ValueError(f"ids must be a 1-D integer tensor, got shape {tuple(ids.shape)}, {ids.dtype}")
+            if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+                raise TypeError(f"ids must be an integer tensor, got dtype {ids.dtype}")
+            if ids.ndim != 1:
+                raise ValueError(f"ids must be a 1-D integer tensor, got shape {tuple(ids.shape)}")
             ids = ids.tolist()
+        elif isinstance(ids, np.ndarray):
+            if ids.dtype.kind not in "iu":
+                raise TypeError(f"ids must hold integers, got dtype {ids.dtype}")
+            ids = ids.tolist()
+        if isinstance(ids, (str, bytes)) or not isinstance(ids, Sequence):
+            raise TypeError(f"ids must be a sequence of int token ids, got {type(ids).__name__}")
+        bad = next((i for i in ids if not _is_int(i)), None)
+        if bad is not None:
+            raise TypeError(f"token ids must be ints, got {type(bad).__name__} {bad!r}")
         ids = [int(i) for i in ids]
         if any(i < 0 or i >= self.vocab_size for i in ids):
             raise ValueError(f"token ids must lie in [0, {self.vocab_size}), got {min(ids)}..{max(ids)}")
@@ -151,8 +180,16 @@ class Tokenizer:
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file {path} does not exist")
-        d = json.loads(path.read_text("utf-8"))
-        tok = cls(d["bert_ids"], d.get("meta"))
+        try:
+            d = json.loads(path.read_text("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise ValueError(f"{path}: not a tokenizer JSON file ({type(e).__name__}: {e})") from e
+        if not isinstance(d, dict) or not {"bert_ids", "tokens", "sha256"} <= set(d):
+            raise ValueError(f"{path}: not a taskloss tokenizer file (needs the keys bert_ids, tokens, sha256)")
+        try:
+            tok = cls(d["bert_ids"], d.get("meta"))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"{path}: invalid tokenizer ({e})") from e
         if tok.tokens != d["tokens"] or tok.hash != d["sha256"]:
             raise ValueError(f"{path}: token strings do not match MiniLM's WordPiece vocabulary (other base model?)")
         return tok

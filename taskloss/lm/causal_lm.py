@@ -77,8 +77,14 @@ class CausalLM(nn.Module):
         """Logits of ``idx`` ``[B, T]`` (``[B, V]`` with ``last_only``), or with ``decode = N > 0`` the ``N``
         greedy tokens after ``idx`` (``[B, N]``, ``pad_id`` after each row's first ``eos_id``; see
         :func:`greedy_decode`). Decoding lives in ``forward`` so that it runs under ``functional_call``."""
+        check_int("decode", decode, minimum=0)
+        if not isinstance(last_only, bool):
+            raise TypeError(f"last_only must be a bool, got {type(last_only).__name__}")
         if decode:
-            return self._greedy(idx, decode, eos_id, pad_id, cache)
+            check_int("pad_id", pad_id, minimum=0)
+            if eos_id is not None:
+                check_int("eos_id", eos_id, minimum=0)
+            return self._greedy(idx, decode, eos_id, pad_id, bool(cache))
         return self._logits(idx, last_only)
 
     def _logits(self, idx: torch.Tensor, last_only: bool) -> torch.Tensor:
@@ -207,9 +213,14 @@ class HFTokenizer:
         return self.encode_batch([text])[0]
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
+        """Token ids (a 1-D integer tensor or a sequence of ints; not floats or bools) → text."""
         if isinstance(ids, torch.Tensor):
+            if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool or ids.ndim != 1:
+                raise TypeError(f"ids must be a 1-D integer tensor, got {ids.dtype} of shape {tuple(ids.shape)}")
             ids = ids.tolist()
-        return self.hf.decode([int(i) for i in ids], skip_special_tokens=skip_special_tokens)
+        if isinstance(ids, (str, bytes)):
+            raise TypeError("ids must be a sequence of int token ids, got a str")
+        return self.hf.decode([check_int("token id", i) for i in ids], skip_special_tokens=skip_special_tokens)
 
     def __repr__(self) -> str:
         return f"HFTokenizer({type(self.hf).__name__}, vocab_size={self.vocab_size})"
@@ -267,5 +278,7 @@ def greedy_decode(model: Callable, prefix: torch.Tensor, max_new_tokens: int, eo
     check_int("pad_id", pad_id, minimum=0)
     if eos_id is not None:
         check_int("eos_id", eos_id, minimum=0)
+    if not isinstance(cache, bool):
+        raise TypeError(f"cache must be a bool, got {type(cache).__name__}")
     with torch.no_grad():
         return model(prefix, decode=max_new_tokens, eos_id=eos_id, pad_id=pad_id, cache=bool(cache))

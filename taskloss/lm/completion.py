@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -95,8 +96,19 @@ def task_loss_terms(hyp: torch.Tensor, refs, *, eos_id: int, pad_id: int,
 def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, width: int | None = None,
                   device: str | torch.device | None = None) -> torch.Tensor:
     """List of token lists → LongTensor ``[B, width]`` right-padded with ``pad_id`` (width: the longest)."""
+    if isinstance(seqs, (str, bytes)) or not isinstance(seqs, Sequence):
+        raise TypeError(f"seqs must be a list of token lists, got {type(seqs).__name__}")
     check_nonempty("seqs", seqs)
     check_int("pad_id", pad_id, minimum=0)
+    for k, row in enumerate(seqs):
+        if isinstance(row, (torch.Tensor, np.ndarray)):
+            kind_ok = row.dtype.kind in "iu" if isinstance(row, np.ndarray) else \
+                not (row.is_floating_point() or row.is_complex() or row.dtype == torch.bool)
+            if not kind_ok or row.ndim != 1:
+                raise TypeError(f"seqs[{k}] must be a 1-D integer array, got {row.dtype} {tuple(row.shape)}")
+        elif isinstance(row, (str, bytes)) or not isinstance(row, Sequence) or \
+                not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in row):
+            raise TypeError(f"seqs[{k}] must be a sequence of int token ids")
     lens = [len(s) for s in seqs]
     width = max(lens) if width is None else check_int("width", width, minimum=max(lens))
     out = torch.full((len(seqs), max(width, 1)), pad_id, dtype=torch.long)
@@ -142,11 +154,17 @@ def window_nll(model: nn.Module, prefixes: torch.Tensor, refs: torch.Tensor, pad
     """Teacher-forced mean token NLL of the windows ``prefix ⊕ reference``: every token after the first is
     predicted; reference positions equal to ``pad_id`` (or after the reference's first ``eos_id``, which
     itself counts) are skipped. Scalar, differentiable."""
-    if not isinstance(prefixes, torch.Tensor) or not isinstance(refs, torch.Tensor):
-        raise TypeError("prefixes and refs must be LongTensors")
+    for name, t in (("prefixes", prefixes), ("refs", refs)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a LongTensor, got {type(t).__name__}")
+        if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.ndim != 2:
+            raise TypeError(f"{name} must be a [B, T] integer tensor, got {t.dtype} of shape {tuple(t.shape)}")
     if prefixes.shape[0] != refs.shape[0]:
         raise ValueError(f"batch sizes differ: {prefixes.shape[0]} prefixes, {refs.shape[0]} refs")
     check_nonempty("prefixes", prefixes)
+    check_int("pad_id", pad_id)
+    if eos_id is not None:
+        check_int("eos_id", eos_id)
     keep = refs != pad_id
     if eos_id is not None:
         is_eos = refs == eos_id

@@ -76,6 +76,8 @@ def generate(model: nn.Module, prefix: torch.Tensor, max_new_tokens: int, eos_id
     check_int("max_new_tokens", max_new_tokens, minimum=1)
     eos_id = _check_special("eos_id", eos_id, vocab_size, allow_none=True)
     pad_id = _check_special("pad_id", pad_id, vocab_size)
+    if not isinstance(greedy, bool):
+        raise TypeError(f"greedy must be a bool, got {type(greedy).__name__}")
     check_positive("temperature", temperature)
     if top_k is not None:
         check_int("top_k", top_k, minimum=1)

@@ -8,6 +8,7 @@ Notebooks: 03_metric_optimization_classification, 04_sequence_task_losses, 05_po
 Modules:
 
 - :mod:`~taskloss.losses.metrics`            — task losses and metrics
+- :mod:`~taskloss.losses.levenshtein`        — the batched edit-distance kernels (rapidfuzz on CPU, torch on GPU)
 - :mod:`~taskloss.losses.emo`                — earth mover distance loss for language models (public API)
 - :mod:`~taskloss.losses.emo_kernel`         — its fused chunked kernels and their autograd twin
 - :mod:`~taskloss.losses.emo_cost`           — its cost tables (unit-norm token embeddings, dense cost matrix)
@@ -25,6 +26,7 @@ from taskloss.losses.emo import (
 from taskloss.losses.emo_cost import emo_cost_matrix, normalize_cost_embeddings
 from taskloss.losses.emo_kernel import COMBINES
 from taskloss.losses.metrics import (
+    EDIT_DISTANCE_BACKENDS,
     accuracy,
     bleu,
     bleu_from_ids,
@@ -51,6 +53,7 @@ from taskloss.losses.text_quality import (
 
 __all__ = [
     "cut_at_eos", "to_lists", "accuracy", "zero_one_loss", "macro_f1", "macro_f1_loss", "edit_distance",
+    "EDIT_DISTANCE_BACKENDS",
     "repetition", "token_repeat_rate", "non_termination", "bleu", "sentence_bleu", "bleu_loss", "bleu_from_ids",
     "COMBINES", "VARIANTS", "REDUCTIONS", "normalize_cost_embeddings", "emo_cost_matrix", "emo_and_mle_per_token",
     "combine_emo_mle", "emo_loss", "emo_soft_upper_bound", "EMOLoss", "frontier_score", "cluster_histograms",

@@ -9,10 +9,13 @@ Everything is batched and device-agnostic (outputs live on the device of the inp
 * Token sequences are given either as a padded integer tensor ``[B, T]`` (optionally with ``lengths [B]``, or
   a ``pad_id`` whose first occurrence ends a row) or as a list of lists of ints / 1-D integer tensors.
   When ``eos_id`` is given every sequence is cut at its first EOS (the EOS itself is not scored), see
-  :func:`cut_at_eos`.
+  :func:`cut_at_eos`. Token ids (``eos_id``, ``pad_id``) must be ints (Python or NumPy; not bool, float or
+  str): a negative id is allowed and matches only equal tokens (e.g. ``-100``).
+* :func:`edit_distance` runs on rapidfuzz's batched C++ Levenshtein (``rapidfuzz.process.cpdist``) for CPU
+  input and on a batched torch dynamic programme for GPU tensors; both give the same integers.
 
-Used as rewards by :mod:`taskloss.search.policy_gradient`, :mod:`taskloss.search.zeroth_order` and :mod:`taskloss.search.mgs`;
-exercised in notebooks 02–05 (first in 05_policy_gradient_vs_zeroth_order).
+Used as rewards by :mod:`taskloss.search.policy_gradient`, :mod:`taskloss.search.zeroth_order` and
+:mod:`taskloss.search.mgs`; exercised in notebooks 02–05 (first in 05_policy_gradient_vs_zeroth_order).
 """
 from __future__ import annotations
 
@@ -21,14 +24,26 @@ from typing import Callable
 import numpy as np
 import torch
 
+from taskloss.losses.levenshtein import _levenshtein_rapidfuzz, _levenshtein_torch
 from taskloss.utils import check_int, check_nonempty
 
 __all__ = [
     "cut_at_eos", "to_lists",
     "accuracy", "zero_one_loss", "macro_f1", "macro_f1_loss",
-    "edit_distance", "repetition", "token_repeat_rate", "non_termination",
+    "edit_distance", "EDIT_DISTANCE_BACKENDS", "repetition", "token_repeat_rate", "non_termination",
     "bleu", "sentence_bleu", "bleu_loss", "bleu_from_ids",
 ]
+
+#: ``edit_distance(backend=...)``: "auto" (rapidfuzz for CPU input, the torch kernel on a GPU), or either one.
+EDIT_DISTANCE_BACKENDS = ("auto", "rapidfuzz", "torch")
+
+
+def _check_id(name: str, value, *, optional: bool = True) -> int | None:
+    """A token id: ``None`` (when optional) or an int — never a bool, float or str (``int()`` would accept
+    ``0.5`` or ``"2"`` and silently compare against another id)."""
+    if value is None and optional:
+        return None
+    return check_int(name, value)
 
 # ---------------------------------------------------------------------------------------------- token input
 def _check_int_tensor(name: str, t: torch.Tensor) -> None:
@@ -56,6 +71,17 @@ def _list_to_padded(name: str, seqs, device) -> tuple[torch.Tensor, torch.Tensor
     return tokens, lengths
 
 
+def _first(hit: torch.Tensor) -> torch.Tensor:
+    """Position of the first True per row of a bool ``[B, T]`` (``T`` where there is none) → LongTensor [B].
+    (``argmax`` returns the first maximum; on the bool mask read as uint8 it is several times faster than a min
+    over positions, and whether the row has a True at all is read off at that position.)"""
+    B, T = hit.shape
+    if T == 0:
+        return torch.zeros(B, dtype=torch.long, device=hit.device)
+    first = hit.view(torch.uint8).argmax(1)
+    return torch.where(hit.gather(1, first[:, None]).squeeze(1), first, T)
+
+
 def cut_at_eos(seqs, eos_id: int | None = None, *, lengths: torch.Tensor | None = None,
                pad_id: int | None = None, name: str = "seqs",
                device: torch.device | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,8 +91,11 @@ def cut_at_eos(seqs, eos_id: int | None = None, *, lengths: torch.Tensor | None 
     Row ``b`` is ``tokens[b, :lengths[b]]``. Its length is, in this order: ``lengths[b]`` when given; else the
     position of the first ``pad_id`` when ``pad_id`` is given (tensor input); else ``T`` (or the list length).
     Then, when ``eos_id`` is given, the length is shortened to the position of the first EOS inside the row
-    (EOS excluded). Raises ``ValueError`` on an empty batch and ``TypeError`` on non-integer ids.
+    (EOS excluded). Raises ``ValueError`` on an empty batch and ``TypeError`` on non-integer ids (in ``seqs``,
+    ``lengths``, ``eos_id`` or ``pad_id``).
     """
+    eos_id = _check_id("eos_id", eos_id)
+    pad_id = _check_id("pad_id", pad_id)
     if isinstance(seqs, torch.Tensor):
         _check_int_tensor(name, seqs)
         if seqs.ndim != 2:
@@ -75,40 +104,48 @@ def cut_at_eos(seqs, eos_id: int | None = None, *, lengths: torch.Tensor | None 
             raise ValueError(f"{name} is empty (batch size 0)")
         tokens = seqs.to(dtype=torch.long, device=device if device is not None else seqs.device)
         B, T = tokens.shape
-        pos = torch.arange(T, device=tokens.device)
-        if lengths is None:
-            if pad_id is not None:
-                is_pad = tokens == int(pad_id)
-                lengths = torch.where(is_pad.any(1), is_pad.float().argmax(1), torch.full_like(is_pad[:, 0], T,
-                                      dtype=torch.long))
+        given = lengths is not None
+        if not given:
+            if pad_id is not None:      # position of the first pad id (T when there is none)
+                lengths = _first(tokens == pad_id)
             else:
                 lengths = torch.full((B,), T, dtype=torch.long, device=tokens.device)
     elif isinstance(seqs, (list, tuple)):
         check_nonempty(name, seqs)
         tokens, own = _list_to_padded(name, seqs, device if device is not None else torch.device("cpu"))
         B, T = tokens.shape
-        pos = torch.arange(T, device=tokens.device)
-        lengths = own if lengths is None else lengths
+        given = lengths is not None
+        lengths = lengths if given else own
     else:
         raise TypeError(f"{name} must be a [B, T] integer tensor or a list of token lists, "
                         f"got {type(seqs).__name__}")
-    if not isinstance(lengths, torch.Tensor):
-        lengths = torch.as_tensor(lengths)
-    _check_int_tensor(f"{name} lengths", lengths)
-    lengths = lengths.to(device=tokens.device, dtype=torch.long)
-    if lengths.shape != (B,):
-        raise ValueError(f"{name} lengths must have shape ({B},), got {tuple(lengths.shape)}")
-    if bool(((lengths < 0) | (lengths > T)).any()):
-        raise ValueError(f"{name} lengths must lie in [0, {T}]")
-    if eos_id is not None:
-        is_eos = (tokens == int(eos_id)) & (pos < lengths[:, None])
-        first = torch.where(is_eos.any(1), is_eos.float().argmax(1), lengths)
-        lengths = torch.minimum(lengths, first)
+    if given:                           # lengths from the caller: check them
+        if not isinstance(lengths, torch.Tensor):
+            lengths = torch.as_tensor(lengths)
+        _check_int_tensor(f"{name} lengths", lengths)
+        lengths = lengths.to(device=tokens.device, dtype=torch.long)
+        if lengths.shape != (B,):
+            raise ValueError(f"{name} lengths must have shape ({B},), got {tuple(lengths.shape)}")
+        if bool(((lengths < 0) | (lengths > T)).any()):
+            raise ValueError(f"{name} lengths must lie in [0, {T}]")
+    if eos_id is not None:      # cut at the first EOS inside the row
+        lengths = torch.minimum(lengths, _first(tokens == eos_id))
     return tokens, lengths
 
 
 def to_lists(tokens: torch.Tensor, lengths: torch.Tensor) -> list[list[int]]:
-    """Inverse of :func:`cut_at_eos`: ``[tokens[b, :lengths[b]] for b]`` as Python lists (for decoding)."""
+    """Inverse of :func:`cut_at_eos`: ``[tokens[b, :lengths[b]] for b]`` as Python lists (for decoding).
+    ``tokens``: integer ``[B, T]``; ``lengths``: integer ``[B]`` in ``[0, T]``."""
+    for name, t, nd in (("tokens", tokens, 2), ("lengths", lengths, 1)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        _check_int_tensor(name, t)
+        if t.ndim != nd:
+            raise ValueError(f"{name} must have {nd} dimension(s), got shape {tuple(t.shape)}")
+    if lengths.shape[0] != tokens.shape[0]:
+        raise ValueError(f"batch sizes differ: tokens {tuple(tokens.shape)}, lengths {tuple(lengths.shape)}")
+    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > tokens.shape[1]):
+        raise ValueError(f"lengths must lie in [0, {tokens.shape[1]}]")
     rows = tokens.detach().cpu().tolist()
     return [r[:n] for r, n in zip(rows, lengths.detach().cpu().tolist())]
 
@@ -204,43 +241,33 @@ def macro_f1_loss(pred: torch.Tensor, target: torch.Tensor, num_classes: int, **
 
 
 # -------------------------------------------------------------------------------------------- sequences
-def _levenshtein(h: torch.Tensor, lh: torch.Tensor, r: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
-    """Batched Levenshtein distance between ``h[b,:lh[b]]`` and ``r[b,:lr[b]]`` → LongTensor [B].
-
-    Dynamic programme row by row over reference positions, vectorized over the batch and over hypothesis
-    positions: with ``a_j = min(D[i-1, j] + 1, D[i-1, j-1] + [h_j != r_i])`` and ``a_0 = i``, the insertion
-    chain ``D[i, j] = min(a_j, D[i, j-1] + 1)`` is the prefix minimum ``D[i, j] = j + cummin_k (a_k - k)``.
-    """
-    B = h.shape[0]
-    th, tr = int(lh.max()), int(lr.max())
-    h, r = h[:, :th], r[:, :tr]
-    cols = torch.arange(th + 1, device=h.device)
-    prev = cols.expand(B, th + 1)
-    out = lh.clone()                                  # reference empty: distance = hypothesis length
-    for i in range(1, tr + 1):
-        sub = prev[:, :-1] + (h != r[:, i - 1: i]).long()
-        a = torch.cat([torch.full((B, 1), i, dtype=torch.long, device=h.device),
-                       torch.minimum(prev[:, 1:] + 1, sub)], dim=1)
-        cur = torch.cummin(a - cols, dim=1).values + cols
-        out = torch.where(lr == i, cur.gather(1, lh[:, None]).squeeze(1), out)
-        prev = cur
-    return out
-
-
 def edit_distance(hyp, ref, eos_id: int | None = None, pad_id: int | None = None, normalize: bool = True, *,
-                  hyp_lengths: torch.Tensor | None = None,
-                  ref_lengths: torch.Tensor | None = None) -> torch.Tensor:
+                  hyp_lengths: torch.Tensor | None = None, ref_lengths: torch.Tensor | None = None,
+                  backend: str = "auto") -> torch.Tensor:
     """Token-level Levenshtein distance (insertions, deletions, substitutions cost 1), batched.
 
-    ``hyp``, ``ref``: padded integer tensors ``[B, T_h]``, ``[B, T_r]`` (with optional ``*_lengths [B]`` or a
-    ``pad_id``) or lists of token lists; both are cut at their first ``eos_id`` (see :func:`cut_at_eos`).
-    ``normalize=True`` (a loss in [0, 1]): ``min(d / |ref|, 1)``; for an empty reference it is 1 if the
-    hypothesis is non-empty else 0 (that is ``min(d / max(|ref|, 1), 1)``). ``normalize=False`` returns the
-    raw distance as a LongTensor [B] (equal to ``rapidfuzz.distance.Levenshtein.distance``).
-    Returns ``[B]`` on the device of the input tensors. Cost O(T_r) batched steps of O(B·T_h) work.
+    Args:
+      hyp, ref: padded integer tensors ``[B, T_h]``, ``[B, T_r]`` (with optional ``*_lengths [B]`` or a
+        ``pad_id``) or lists of token lists; both are cut at their first ``eos_id`` (see :func:`cut_at_eos`).
+      normalize: ``True`` (a loss in [0, 1]): ``min(d / |ref|, 1)``; for an empty reference it is 1 if the
+        hypothesis is non-empty else 0 (that is ``min(d / max(|ref|, 1), 1)``). ``False``: the raw distance as
+        a LongTensor [B] (equal to ``rapidfuzz.distance.Levenshtein.distance`` pair by pair).
+      backend: ``"auto"`` — ``rapidfuzz.process.cpdist`` for CPU input (a C++ bit-parallel kernel; the ids go
+        to it as strings of code points, one NumPy view for the batch), the batched torch dynamic programme
+        (O(T_r) steps of O(B·T_h) work, no host round trip) for GPU tensors; ``"rapidfuzz"`` or ``"torch"``
+        force one (they return the same integers).
+
+    Returns ``[B]`` on the device of the input tensors. Raises ``TypeError``/``ValueError`` on non-integer or
+    empty input, mismatched batch sizes, lengths out of range, or an unknown backend. Used as a task loss in
+    notebooks 04 and 05; ``benchmarks/bench_metrics.py`` times both backends against a rapidfuzz loop.
     """
+    if backend not in EDIT_DISTANCE_BACKENDS:
+        raise ValueError(f"backend must be one of {EDIT_DISTANCE_BACKENDS}, got {backend!r}")
+    if not isinstance(normalize, (bool, np.bool_)):
+        raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
     h, lh, r, lr = _pair(hyp, ref, eos_id, pad_id, hyp_lengths, ref_lengths)
-    d = _levenshtein(h, lh, r, lr)
+    use_torch = backend == "torch" or (backend == "auto" and h.device.type != "cpu")
+    d = (_levenshtein_torch if use_torch else _levenshtein_rapidfuzz)(h, lh, r, lr)
     if not normalize:
         return d
     dt = torch.get_default_dtype()
@@ -306,7 +333,7 @@ def non_termination(seqs, eos_id: int, *, max_len: int | None = None,
 
     ``max_len=None`` searches the whole row (its ``lengths`` when given, else the tensor width / list length).
     """
-    eos_id = check_int("eos_id", eos_id)
+    eos_id = _check_id("eos_id", eos_id, optional=False)
     tokens, L = cut_at_eos(seqs, None, lengths=lengths)
     if max_len is not None:
         L = L.clamp_max(check_int("max_len", max_len, minimum=1))

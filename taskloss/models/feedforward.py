@@ -11,11 +11,22 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taskloss.utils import check_int
+from taskloss.utils import _is_transformed, check_finite, check_int
 
 __all__ = ["MLP", "SmallCNN"]
 
 _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
+
+
+def _check_input(name: str, model: nn.Module, x: torch.Tensor) -> None:
+    """Floating inputs, a non-empty batch, no NaN/inf. The value check is skipped inside ``torch.func``
+    transforms (it needs ``.item()``) and with ``model.validate_inputs = False`` (it synchronizes on a GPU)."""
+    if not x.is_floating_point():
+        raise TypeError(f"{name} expects floating-point input (features, not ids), got {x.dtype}")
+    if x.ndim > 1 and x.shape[0] == 0:
+        raise ValueError(f"{name} input is empty: shape {tuple(x.shape)}")
+    if getattr(model, "validate_inputs", True) and not _is_transformed(x):
+        check_finite(f"{name} input", x)
 
 
 class MLP(nn.Sequential):
@@ -29,7 +40,9 @@ class MLP(nn.Sequential):
         if out_dim is None:
             raise TypeError("MLP needs out_dim")
         check_int("out_dim", out_dim, minimum=1)
-        hidden = (hidden,) if isinstance(hidden, int) and not isinstance(hidden, bool) else tuple(hidden)
+        if isinstance(hidden, (bool, float, str)) or not isinstance(hidden, (int, Sequence)):
+            raise TypeError(f"hidden must be an int or a sequence of ints, got {type(hidden).__name__}")
+        hidden = (hidden,) if isinstance(hidden, int) else tuple(hidden)
         for i, h in enumerate(hidden):
             check_int(f"hidden[{i}]", h, minimum=1)
         if activation not in _ACTIVATIONS:
@@ -42,11 +55,15 @@ class MLP(nn.Sequential):
                 layers.append(_ACTIVATIONS[activation]())
         super().__init__(*layers)
         self.in_dim, self.out_dim, self.hidden, self.activation = in_dim, out_dim, hidden, activation
+        self.validate_inputs = True   # False skips the NaN/inf check of the input (a GPU synchronization)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if not isinstance(x, torch.Tensor) or x.ndim < 1 or x.shape[-1] != self.in_dim:
-            shape = tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
-            raise ValueError(f"MLP expects input [..., {self.in_dim}], got {shape}")
+        """``x`` ``[..., in_dim]`` (the parameters' floating dtype, finite, non-empty) → ``[..., out_dim]``."""
+        if not isinstance(x, torch.Tensor):
+            raise TypeError(f"MLP expects a tensor [..., {self.in_dim}], got {type(x).__name__}")
+        if x.ndim < 1 or x.shape[-1] != self.in_dim:
+            raise ValueError(f"MLP expects input [..., {self.in_dim}], got {tuple(x.shape)}")
+        _check_input("MLP", self, x)
         return super().forward(x)
 
 
@@ -62,6 +79,7 @@ class SmallCNN(nn.Module):
         check_int("n_classes", n_classes, minimum=2)
         check_int("width", width, minimum=1)
         self.in_channels, self.n_classes, self.width = in_channels, n_classes, width
+        self.validate_inputs = True   # False skips the NaN/inf check of the input (a GPU synchronization)
         self.conv1 = nn.Conv2d(in_channels, width, 3, padding=1)
         self.conv2 = nn.Conv2d(width, 2 * width, 3, padding=1)
         self.pool = nn.MaxPool2d(2)
@@ -75,5 +93,6 @@ class SmallCNN(nn.Module):
         if x.ndim != 4 or tuple(x.shape[1:]) != (self.in_channels, 8, 8):
             raise ValueError(f"SmallCNN expects [n, {self.in_channels}, 8, 8] (or [n, {self.in_channels * 64}]),"
                              f" got {tuple(x.shape)}")
+        _check_input("SmallCNN", self, x)
         x = self.pool(F.relu(self.conv2(F.relu(self.conv1(x)))))
         return self.fc(x.flatten(1))

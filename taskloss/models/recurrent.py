@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from taskloss.utils import check_int, check_probability, check_token_ids
+from taskloss.utils import _is_transformed, check_finite, check_int, check_probability, check_token_ids
 
 __all__ = ["RNNLM"]
 
@@ -59,6 +59,22 @@ class RNNLM(nn.Module):
         """Weight ``[V, d_out]`` of the output layer."""
         return self.head.weight
 
+    def _check_state(self, state, batch: int) -> None:
+        """``state`` as returned by ``forward(..., return_state=True)``: ``(h, c)`` (LSTM) or ``h`` (RNN), each
+        ``[n_layers, B, hidden]``, floating, finite."""
+        parts = state if self.cell == "lstm" else (state,)
+        if self.cell == "lstm" and (not isinstance(state, (tuple, list)) or len(state) != 2):
+            raise TypeError("state of an LSTM must be a tuple (h, c) of tensors [n_layers, B, hidden]")
+        want = (self.n_layers, batch, self.hidden)
+        for name, t in zip(("h", "c"), parts):
+            if not isinstance(t, torch.Tensor) or not t.is_floating_point():
+                raise TypeError(f"state {name} must be a floating tensor [n_layers, B, hidden], got "
+                                f"{type(t).__name__ if not isinstance(t, torch.Tensor) else t.dtype}")
+            if tuple(t.shape) != want:
+                raise ValueError(f"state {name} must have shape {want}, got {tuple(t.shape)}")
+            if self.validate_inputs and not _is_transformed(t):
+                check_finite(f"state {name}", t)
+
     def hidden_states(self, idx: torch.Tensor, state=None) -> torch.Tensor:
         """Hidden states ``[B, T, d_out]`` that feed the output layer (``logits = h @ output_embedding.T (+ b)``)."""
         return self.forward(idx, state, return_hidden=True)[1]
@@ -67,6 +83,8 @@ class RNNLM(nn.Module):
         """``idx`` ``[B, T]`` → logits ``[B, T, V]``; extra outputs in the order (logits, hidden, state)."""
         if self.validate_inputs:
             check_token_ids("idx", idx, self.vocab_size)
+        if state is not None:
+            self._check_state(state, idx.shape[0])
         out, state = self.rnn(self.drop(self.tok_emb(idx)), state)
         h = self.drop(out)
         if self.out_proj is not None:

@@ -124,6 +124,8 @@ class TransformerLM(nn.Module):
         check_probability("dropout", dropout)
         if dropout == 1.0:
             raise ValueError("dropout must be < 1")
+        if not isinstance(tie_weights, bool):
+            raise TypeError(f"tie_weights must be a bool, got {type(tie_weights).__name__}")
         self.vocab_size, self.d_model, self.n_layers, self.n_heads = vocab_size, d_model, n_layers, n_heads
         self.d_ff, self.max_len, self.residual, self.tie_weights = d_ff, max_len, residual, bool(tie_weights)
         self.validate_inputs = True

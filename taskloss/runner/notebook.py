@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import string
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,6 +28,13 @@ from typing import Any, Sequence
 import torch
 
 from taskloss.runner.compare import Comparison, comparison_table, paired_comparison
+from taskloss.runner.headlines import (
+    HEADLINE_ATOL,
+    HEADLINE_RTOL,
+    HeadlineMismatch,
+    committed_headlines,
+    headline_difference,
+)
 from taskloss.utils import RUNS_DIR, atomic_write_text, resolve_device, seed_everything
 
 __all__ = ["Run", "start", "RESULTS_FILE"]
@@ -59,15 +67,30 @@ class Run:
     results: dict[str, Any] = field(default_factory=dict)
     headline: list[str] = field(default_factory=list)
     comparisons: dict[str, Comparison] = field(default_factory=dict)
+    committed: dict[str, Any] | None = None  # headline results of the committed notebook, when checked
 
-    def record(self, key: str, value: Any, *, headline: bool = False) -> Any:
-        """Store ``value`` under ``key`` (e.g. ``"mgs/edit_distance"``) and rewrite ``results.json``."""
+    def record(self, key: str, value: Any, *, headline: bool = False, rtol: float = HEADLINE_RTOL,
+               atol: float = HEADLINE_ATOL) -> Any:
+        """Store ``value`` under ``key`` (e.g. ``"mgs/edit_distance"``) and rewrite ``results.json``.
+
+        A ``headline`` result goes into ``SUMMARY.md`` and the committed notebook's metadata; under ``make test``
+        it must match the committed value within ``rtol``/``atol`` (see :mod:`taskloss.runner.headlines`),
+        else :class:`~taskloss.runner.headlines.HeadlineMismatch` is raised (after the value is saved).
+        """
         if not isinstance(key, str) or not key:
             raise ValueError("result key must be a non-empty string")
         self.results[key] = _jsonable(value)
         if headline and key not in self.headline:
             self.headline.append(key)
         self._flush()
+        if headline and self.committed is not None:
+            if key not in self.committed:
+                raise HeadlineMismatch(f"headline {key!r} is not in the committed notebooks/{self.name}.ipynb: "
+                                       "refresh it with `make notebooks`")
+            diff = headline_difference(self.committed[key], self.results[key], rtol=rtol, atol=atol)
+            if diff:
+                raise HeadlineMismatch(f"headline {key!r} of {self.name}: {diff}. The committed outputs are "
+                                       "stale or were edited: refresh them with `make notebooks`")
         return value
 
     def compare(self, key: str, a: Sequence[float], b: Sequence[float], *, headline: bool = False,
@@ -157,12 +180,13 @@ class Run:
 def start(name: str, output_dir: str = "", *, device: str = "auto", seed: int = 0) -> Run:
     """Begin a notebook run: resolve the device, seed everything, create the output folder.
 
-    ``output_dir == ""`` means ``runs/interactive/<name>`` (what a reader running the notebook by hand gets).
+    ``output_dir == ""`` means ``$TASKLOSS_OUTPUT_DIR`` when set (``make notebooks`` sets it), else
+    ``runs/interactive/<name>`` (what a reader running the notebook by hand gets).
     """
-    out = Path(output_dir) if output_dir else RUNS_DIR / "interactive" / name
+    out = Path(output_dir or os.environ.get("TASKLOSS_OUTPUT_DIR") or RUNS_DIR / "interactive" / name)
     out.mkdir(parents=True, exist_ok=True)
     dev = resolve_device(device)
     seed_everything(seed)
-    run = Run(name=name, dir=out, device=dev, seed=seed)
+    run = Run(name=name, dir=out, device=dev, seed=seed, committed=committed_headlines(name))
     run._flush()
     return run

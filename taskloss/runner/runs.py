@@ -1,40 +1,36 @@
-"""Run, rerun and sweep the notebooks with papermill: ``python -m taskloss.runner``.
+"""Run, rerun and sweep the notebooks: planning runs and executing them (here or through submitit on SLURM).
+The command line lives in :mod:`taskloss.runner.cli`; refreshing the committed notebooks in
+:mod:`taskloss.runner.refresh`.
 
-Examples::
-
-    python -m taskloss.runner all                                   # make run: every notebook → runs/default/
-    python -m taskloss.runner run 01 -p n_samples 20000 -p device cuda
-    python -m taskloss.runner run 02 -f params/02_importance_sampling_and_mgs/full.yaml -p seed 3
-    python -m taskloss.runner run 02 --grid alpha=0.1,1,10 --grid seed=0,1,2 --jobs 2
-    python -m taskloss.runner refresh notebooks/01_optimization_as_sampling.py   # make notebooks
-    python -m taskloss.runner params 01                             # list a notebook's parameters
-
-Every run folder holds the executed notebook, its figures and ``results.json`` (written by the notebook through
-:mod:`taskloss.runner.notebook`) and ``meta.json`` (parameters, package versions, git commit, timing, status), written last and atomically: a
-folder whose ``meta.json`` says ``ok`` for the same parameters at the same git commit is a finished run, and
-re-running the same sweep skips it (``--force`` redoes it); an interrupted or failed run, or one made by an older
-commit, is redone. Parameter names and types are checked
-against the notebook's ``parameters`` cell before anything executes.
+Every run folder holds the executed notebook, its figures, ``results.json`` (written by the notebook through
+:mod:`taskloss.runner.notebook`), ``kernel.log`` and ``meta.json`` (parameters, the run key, package versions,
+git commit, timing, status, the failing cell and exception when it failed), written last and atomically. A
+folder whose ``meta.json`` says ``ok`` with the same key — parameters, notebook source and package source (see
+:mod:`taskloss.runner.store`) — is a finished run: running the same sweep again skips it (``--force`` redoes
+it); an interrupted, failed, cancelled or outdated run is redone. Parameter names, types and declared bounds
+are checked against the notebook's ``parameters`` cell before any kernel starts.
 """
 from __future__ import annotations
 
-import argparse
-import json
+import contextlib
 import os
 import platform
-import shutil
+import queue
+import signal
 import subprocess
 import sys
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor, as_completed
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from taskloss.runner.notebook import RESULTS_FILE
+from taskloss.runner.kernel import KERNEL_LOG, Cancellation, execute_notebook, kernel_env
 from taskloss.runner.params import (
     ParameterError,
+    check_constraints,
     expand_grid,
     load_yaml_params,
     notebook_parameters,
@@ -42,15 +38,25 @@ from taskloss.runner.params import (
     read_notebook,
     validate_overrides,
 )
-from taskloss.utils import REPO_ROOT, atomic_write_text
+from taskloss.runner.store import (
+    RunBusy,
+    canonical,
+    clear_run_folder,
+    folder_name,
+    is_finished,
+    package_hash,
+    read_meta,
+    run_key,
+    run_lock,
+    write_meta,
+)
+from taskloss.utils import REPO_ROOT
 
-__all__ = ["RunSpec", "find_notebook", "list_notebooks", "plan_runs", "execute", "run_many", "write_summary",
-           "refresh", "main"]
+__all__ = ["RunSpec", "SweepResult", "find_notebook", "list_notebooks", "plan_runs", "check_no_clobber",
+           "execute", "run_many", "environment_info"]
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
-META_FILE = "meta.json"
-# Kernels inherit the environment: an MPLBACKEND=Agg left over from a test shell would drop every inline figure.
-INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
+EXECUTORS = ("inline", "local", "slurm")
 
 
 def list_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
@@ -72,39 +78,35 @@ def find_notebook(name: str, directory: Path = NOTEBOOK_DIR) -> Path:
 
 @dataclass
 class RunSpec:
+    """One planned run: the notebook, its folder, the overrides, the resolved parameters and the run key."""
+
     notebook: Path
     out_dir: Path
     overrides: dict[str, Any] = field(default_factory=dict)
     parameters: dict[str, Any] = field(default_factory=dict)  # defaults + overrides, all resolved
+    key: dict[str, str] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
         return self.notebook.stem
 
-
-def _slug(overrides: dict[str, Any]) -> str:
-    if not overrides:
-        return "default"
-    parts = []
-    for k in sorted(overrides):
-        v = overrides[k]
-        v = ",".join(map(str, v)) if isinstance(v, list) else str(v)
-        parts.append(f"{k}={v}")
-    slug = "__".join(parts)
-    return "".join(c if c.isalnum() or c in "=.,_-+" else "-" for c in slug)[:200]
+    @property
+    def label(self) -> str:
+        return f"{self.name}/{self.out_dir.name}" if self.out_dir.name != self.name else self.name
 
 
 def plan_runs(notebook: Path, out: Path, *, param_files: list[str] = (), cli: list[tuple[str, str]] = (),
-              grid: list[str] = (), nested: bool = True) -> list[RunSpec]:
+              grid: list[str] = (), nested: bool = True, package: str | None = None) -> list[RunSpec]:
     """Validate every override against the notebook's parameters and return the runs to execute.
 
     Precedence: YAML files in the order given, then ``-p`` values (later wins); ``--grid`` values vary on top.
-    With ``nested`` each run goes to ``out/<notebook>/<slug>``; otherwise straight into ``out/<notebook>``.
+    With ``nested`` each run goes to ``out/<notebook>/<folder_name(overrides)>``; otherwise to
+    ``out/<notebook>``. Duplicate grid points give one run. Bounds declared in the parameters cell are checked.
     """
     params = notebook_parameters(notebook)
     fixed: dict[str, Any] = {}
     for f in param_files:
-        fixed.update(validate_overrides(params, load_yaml_params(f), source=str(f)))
+        fixed.update(validate_overrides(params, load_yaml_params(f, params), source=str(f)))
     for name, text in cli:
         fixed.update(validate_overrides(params, {name: parse_cli_value(text, params.get(name))}, source="-p"))
     axes: dict[str, list] = {}
@@ -118,14 +120,28 @@ def plan_runs(notebook: Path, out: Path, *, param_files: list[str] = (), cli: li
         axes[name] = [validate_overrides(params, {name: v}, source="--grid")[name] for v in vals]
     if "output_dir" in fixed or "output_dir" in axes:
         raise ParameterError("output_dir is set by the runner (use --out)")
-    specs = []
+    package = package or package_hash()
+    specs, seen = [], set()
     for point in expand_grid(axes):
         overrides = {**fixed, **point}
-        folder = out / notebook.stem / _slug(overrides) if nested else out / notebook.stem
+        folder = out / notebook.stem / folder_name(overrides) if nested else out / notebook.stem
+        if folder in seen:  # a value repeated in a grid
+            continue
+        seen.add(folder)
         resolved = {k: p.default for k, p in params.items()}
         resolved.update(overrides)
-        specs.append(RunSpec(notebook, folder, overrides, resolved))
+        check_constraints(params, resolved)
+        specs.append(RunSpec(notebook, folder, overrides, resolved, run_key(resolved, notebook, package)))
     return specs
+
+
+def check_no_clobber(specs: list[RunSpec]) -> None:
+    """Refuse to replace a finished run made with other overrides (an ``all`` sweep into a used ``--out``)."""
+    for s in specs:
+        meta = read_meta(s.out_dir)
+        if meta and meta.get("status") == "ok" and canonical(meta.get("overrides", {})) != canonical(s.overrides):
+            raise ParameterError(f"{s.out_dir} holds a finished run with other parameters "
+                                 f"({meta.get('overrides')}); use another --out, or --force to replace it")
 
 
 def _git_commit() -> dict[str, Any]:
@@ -136,7 +152,7 @@ def _git_commit() -> dict[str, Any]:
 
 
 def environment_info() -> dict[str, Any]:
-    """Python, package versions, device and git commit, saved beside each output."""
+    """Python, package versions, device and git commit, saved beside each output (for the record only)."""
     from importlib import metadata
 
     versions = {}
@@ -155,209 +171,211 @@ def environment_info() -> dict[str, Any]:
     return info
 
 
-def is_finished(folder: Path, spec: RunSpec | None = None) -> bool:
-    """A run is finished when its ``meta.json`` says ``ok`` — and, given ``spec``, when it ran with the same
-    resolved parameters at the same git commit (a run made by other code or other parameters is redone)."""
-    meta = folder / META_FILE
-    if not meta.exists():
-        return False
-    try:
-        m = json.loads(meta.read_text())
-    except json.JSONDecodeError:
-        return False
-    if m.get("status") != "ok":
-        return False
-    if spec is not None:
-        if json.loads(json.dumps(spec.parameters, default=str)) != m.get("parameters"):
-            return False
-        ran_at, now = (m.get("git") or {}).get("commit"), _git_commit()["commit"]
-        if ran_at and now and ran_at != now:
-            return False
-    return True
+def execute(spec: RunSpec, *, timeout: float | None = None, threads: int | None = None, force: bool = False,
+            cancel: Cancellation | None = None, on_cell: Callable[[int, int], None] | None = None) -> dict:
+    """Execute one run into ``spec.out_dir`` under the folder's lock and return its meta (never raises on
+    notebook errors). A run that another process finished while this one waited for the lock is not redone.
 
-
-def execute(spec: RunSpec, *, timeout: float | None = None, threads: int | None = None) -> dict[str, Any]:
-    """Execute one run with papermill into ``spec.out_dir`` and return its meta (never raises on notebook errors).
-
-    The folder is emptied first; the executed notebook is written under a temporary name and renamed at the
-    end; ``meta.json`` is written last and atomically, so only a run that ended has one.
+    The folder is emptied first (its lock kept); the executed notebook is written under a temporary name and
+    renamed; ``meta.json`` is written last and atomically, so only a run that ended has one.
     """
-    import papermill as pm
+    import nbformat
+    from papermill.parameterize import parameterize_notebook
 
     folder = spec.out_dir
-    shutil.rmtree(folder, ignore_errors=True)
-    folder.mkdir(parents=True)
-    nb = read_notebook(spec.notebook)
-    meta = {"notebook": spec.name, "source": str(spec.notebook), "overrides": spec.overrides,
-            "parameters": spec.parameters, "started": datetime.now(timezone.utc).isoformat(),
-            **environment_info()}
-    start = time.perf_counter()
-    os.environ["MPLBACKEND"] = INLINE_BACKEND
-    if threads:  # the kernel inherits the environment: keep parallel jobs from oversubscribing the cores
-        for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ[var] = str(threads)
-    partial, executed = folder / f".{spec.name}.partial.ipynb", folder / f"{spec.name}.ipynb"
     try:
-        pm.execute_notebook(nb, str(partial), parameters={**spec.overrides, "output_dir": str(folder.resolve())},
-                            kernel_name="python3", cwd=str(spec.notebook.parent), progress_bar=False,
-                            execution_timeout=timeout, log_output=False)
-        meta["status"] = "ok"
-    except Exception as exc:  # a failing notebook is reported, not lost
-        meta["status"] = "failed"
-        meta["error"] = f"{type(exc).__name__}: {str(exc)[-2000:]}"
-    meta["seconds"] = round(time.perf_counter() - start, 2)
-    if partial.exists():
-        os.replace(partial, executed)
-    atomic_write_text(folder / META_FILE, json.dumps(meta, indent=1, default=str))
+        with run_lock(folder, wait=True, cancelled=cancel.is_set if cancel else None):
+            if not force and is_finished(folder, spec.key.get("run")):
+                return {**read_meta(folder), "skipped": True}
+            clear_run_folder(folder)
+            nb = read_notebook(spec.notebook)
+            nb.metadata["papermill"] = {}
+            nb = parameterize_notebook(nb,
+                                       {**spec.overrides, "output_dir": str(folder.resolve())},
+                                       kernel_name="python3", language="python")
+            meta = {"notebook": spec.name, "source": str(spec.notebook), "overrides": spec.overrides,
+                    "parameters": spec.parameters, "key": spec.key,
+                    "started": datetime.now(timezone.utc).isoformat(), **environment_info()}
+            start = time.perf_counter()
+            meta.update(execute_notebook(nb, cwd=spec.notebook.parent, env=kernel_env(threads), timeout=timeout,
+                                         log_path=folder / KERNEL_LOG, on_cell=on_cell, cancel=cancel))
+            meta["seconds"] = round(time.perf_counter() - start, 2)
+            partial, executed = folder / f".{spec.name}.partial.ipynb", folder / f"{spec.name}.ipynb"
+            nbformat.write(nb, str(partial))
+            os.chmod(partial, 0o644)
+            os.replace(partial, executed)
+            write_meta(folder, meta)
+            return meta
+    except RunBusy:
+        return {"notebook": spec.name, "status": "cancelled", "error": "cancelled while waiting for the lock"}
+
+
+def execute_job(spec: RunSpec, timeout: float | None = None, threads: int | None = None,
+                force: bool = False) -> dict:
+    """:func:`execute` as a submitit job (one process per run, on this machine or a SLURM node)."""
+    return execute(spec, timeout=timeout, threads=threads, force=force)
+
+
+@dataclass
+class SweepResult:
+    """The metas of a sweep's runs in plan order; ``interrupted`` after Ctrl-C."""
+
+    metas: list[dict[str, Any]]
+    interrupted: bool = False
+
+
+def _finish(spec: RunSpec, meta: dict, done: int, total: int, write) -> dict:
+    meta = {**meta, "out_dir": str(spec.out_dir)}
+    status = "skipped (finished elsewhere)" if meta.pop("skipped", False) else meta.get("status", "?")
+    line = f"[{done}/{total}] {status}: {spec.label}"
+    if meta.get("seconds") is not None:
+        line += f" in {meta['seconds']:.1f} s"
+    if meta.get("status") not in ("ok", "cancelled"):
+        line += f" — {meta.get('error', '')}"
+    write(line)
     return meta
 
 
 def run_many(specs: list[RunSpec], *, jobs: int = 1, force: bool = False, timeout: float | None = None,
-             progress: bool = True) -> list[dict[str, Any]]:
-    """Execute runs (``jobs`` at a time), skipping finished ones unless ``force``; never stop at a failure."""
+             progress: bool = True, executor: str = "inline", cluster_params: dict | None = None,
+             log_folder: Path | None = None) -> SweepResult:
+    """Execute the runs (``jobs`` at a time), skipping finished ones unless ``force``; never stop at a failure.
+
+    ``executor``: ``inline`` starts the kernels from this process (a bar per running notebook counts its cells);
+    ``local`` and ``slurm`` submit one submitit job per run (``cluster_params`` go to
+    ``submitit.AutoExecutor.update_parameters``, e.g. ``slurm_partition``, ``timeout_min``, ``gpus_per_node``).
+    Ctrl-C cancels queued runs, kills running kernels (or cancels the jobs) and returns with ``interrupted``.
+    """
     from tqdm.auto import tqdm
 
-    todo = [s for s in specs if force or not is_finished(s.out_dir, s)]
-    skipped = [s for s in specs if s not in todo]
-    for s in skipped:
-        print(f"skip (finished): {s.out_dir}")
-    threads = max(1, (os.cpu_count() or 1) // max(1, jobs))
-    metas = {}
-    bar = tqdm(total=len(todo), desc="notebooks", unit="run", disable=not progress or not todo)
-    if jobs <= 1:
-        for s in todo:
-            bar.set_postfix_str(f"{s.name} {_slug(s.overrides)}")
-            metas[s.out_dir] = execute(s, timeout=timeout)
-            bar.update()
-    else:  # papermill starts one kernel process per run; threads only wait on them
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            futures = {pool.submit(execute, s, timeout=timeout, threads=threads): s for s in todo}
-            for fut in as_completed(futures):
-                s = futures[fut]
-                try:
-                    metas[s.out_dir] = fut.result()
-                except Exception as exc:  # pragma: no cover - execute() catches notebook errors itself
-                    metas[s.out_dir] = {"notebook": s.name, "status": "failed", "error": repr(exc)}
-                bar.set_postfix_str(f"{s.name} done")
-                bar.update()
-    bar.close()
+    if executor not in EXECUTORS:
+        raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    todo = [s for s in specs if force or not is_finished(s.out_dir, s.key.get("run"))]
+    for s in specs:
+        if s not in todo:
+            print(f"skip (finished): {s.out_dir}")
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    disable = None if progress else True  # None: tqdm shows bars on a terminal only
+    overall = tqdm(total=len(todo), desc="runs", unit="run", position=0,
+                   disable=True if not todo else disable)
+    metas: dict[Path, dict] = {}
+    interrupted = False
+    try:
+        if executor == "inline":
+            interrupted = _run_inline(todo, jobs, threads, force, timeout, disable, overall, metas)
+        elif todo:
+            interrupted = _run_submitit(todo, jobs, threads, force, timeout, executor, cluster_params or {},
+                                        log_folder or todo[0].out_dir.parent / ".submitit", overall, metas)
+    finally:
+        overall.close()
     out = []
     for s in specs:
-        meta = metas.get(s.out_dir) or json.loads((s.out_dir / META_FILE).read_text())
-        meta["out_dir"] = str(s.out_dir)
-        if meta.get("status") != "ok":
-            print(f"FAILED: {s.name} ({s.out_dir}): {meta.get('error', '')[-500:]}", file=sys.stderr)
-        out.append(meta)
-    return out
+        meta = metas.get(s.out_dir) or read_meta(s.out_dir) or {"status": "cancelled", "error": "not started"}
+        out.append({"notebook": s.name, **meta, "out_dir": str(s.out_dir)})
+    return SweepResult(out, interrupted)
 
 
-def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    if isinstance(v, list):
-        return f"[{', '.join(_fmt(x) for x in v[:4])}{', …' if len(v) > 4 else ''}]"
-    return str(v)
+def _run_inline(todo, jobs, threads, force, timeout, disable, overall, metas) -> bool:
+    from tqdm.auto import tqdm
+
+    cancel = Cancellation()
+    slots: queue.Queue[int] = queue.Queue()
+    for i in range(1, jobs + 1):
+        slots.put(i)
+
+    def work(spec: RunSpec) -> dict:
+        if cancel.is_set():
+            return {"notebook": spec.name, "status": "cancelled", "error": "not started"}
+        pos = slots.get()
+        bar = tqdm(desc=spec.label[-40:], unit="cell", position=pos, leave=False, disable=disable)
+
+        def on_cell(done: int, total: int) -> None:
+            bar.total = total
+            bar.update(done - bar.n)
+        try:
+            return execute(spec, timeout=timeout, threads=threads, force=force, cancel=cancel, on_cell=on_cell)
+        finally:
+            bar.close()
+            slots.put(pos)
+
+    pool = ThreadPoolExecutor(max_workers=jobs)
+    futures = {pool.submit(work, s): s for s in todo}
+    pending, deadline = set(futures), None
+    with _interrupt_flag(cancel.cancel) as interrupted:
+        while pending and (deadline is None or time.monotonic() < deadline):
+            done, pending = wait(pending, timeout=0.5, return_when=FIRST_COMPLETED)
+            for fut in done:
+                if fut.cancelled():
+                    continue
+                s = futures[fut]
+                try:
+                    meta = fut.result()
+                except Exception as exc:  # a runner fault (not a notebook error): reported, the sweep goes on
+                    meta = {"notebook": s.name, "status": "failed", "error": f"runner: {type(exc).__name__}: {exc}"}
+                metas[s.out_dir] = _finish(s, meta, len(metas) + 1, len(todo), overall.write)
+                overall.update()
+            if interrupted.is_set() and deadline is None:
+                overall.write("interrupted: cancelling queued runs and stopping kernels …")
+                for fut in pending:
+                    fut.cancel()  # queued runs never start; running ones end as their kernels die
+                deadline = time.monotonic() + 60
+    pool.shutdown(wait=deadline is None, cancel_futures=True)
+    return interrupted.is_set()
 
 
-def write_summary(metas: list[dict[str, Any]], path: Path) -> str:
-    """``SUMMARY.md``: one row per run with status, time, overrides and the notebook's headline numbers."""
-    lines = ["# Summary", "", f"{sum(m.get('status') == 'ok' for m in metas)} of {len(metas)} runs succeeded.", "",
-             "| notebook | run | status | seconds | headline results |", "|---|---|---|---:|---|"]
-    for m in metas:
-        folder = Path(m["out_dir"])
-        res_path = folder / RESULTS_FILE
-        headline = ""
-        if res_path.exists():
-            res = json.loads(res_path.read_text())
-            headline = "<br>".join(f"{k} = {_fmt(res['results'][k])}" for k in res.get("headline", [])
-                                   if k in res.get("results", {}))
-        status = m.get("status", "?")
-        if status != "ok":
-            status = f"**{status}**: {str(m.get('error', '')).splitlines()[0][:120] if m.get('error') else ''}"
-        lines.append(f"| {m['notebook']} | {_slug(m.get('overrides', {}))} | {status} | {m.get('seconds', '')} "
-                     f"| {headline} |")
-    text = "\n".join(lines) + "\n"
-    atomic_write_text(path, text)
-    return text
+@contextlib.contextmanager
+def _interrupt_flag(on_interrupt: Callable[[], None]):
+    """While the block runs, Ctrl-C (SIGINT) sets the yielded event and calls ``on_interrupt`` instead of raising
+    ``KeyboardInterrupt`` wherever the main thread happens to be: raised inside a lock's acquire/release, it can
+    leave the lock held and hang the worker threads. A second Ctrl-C raises as usual."""
+    flag = threading.Event()
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
 
-
-def refresh(paths: list[Path], *, timeout: float = 1800) -> None:
-    """Re-execute notebooks from their ``.py`` source and rewrite the paired ``.ipynb`` with fresh outputs."""
-    import jupytext
-    from nbclient import NotebookClient
-
-    os.environ["MPLBACKEND"] = INLINE_BACKEND
-    for py in paths:
-        py = find_notebook(str(py))
-        nb = read_notebook(py)
-        print(f"executing {py.name} …", flush=True)
-        t0 = time.perf_counter()
-        NotebookClient(nb, timeout=timeout, kernel_name="python3",
-                       resources={"metadata": {"path": str(py.parent)}}).execute()
-        for cell in nb.cells:  # volatile timing metadata would make every refresh a diff
-            cell.metadata.pop("execution", None)
-            if not cell.metadata.get("tags", True):
-                cell.metadata.pop("tags")
-        jupytext.write(nb, py.with_suffix(".ipynb"))
-        print(f"  wrote {py.with_suffix('.ipynb').name} in {time.perf_counter() - t0:.1f} s", flush=True)
-
-
-def _parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="python -m taskloss.runner", description=__doc__.split("\n\n")[0])
-    sub = ap.add_subparsers(dest="cmd", required=True)
-
-    def common(p):
-        p.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"))
-        p.add_argument("-f", "--params-file", action="append", default=[], metavar="YAML")
-        p.add_argument("--jobs", type=int, default=1)
-        p.add_argument("--force", action="store_true", help="redo finished runs")
-        p.add_argument("--timeout", type=float, default=None, help="seconds per cell")
-
-    r = sub.add_parser("run", help="run one notebook (optionally a grid sweep)")
-    r.add_argument("notebook")
-    r.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2")
-    r.add_argument("--out", default=str(REPO_ROOT / "runs"))
-    common(r)
-    a = sub.add_parser("all", help="run every notebook into one folder and write SUMMARY.md")
-    a.add_argument("--out", default=str(REPO_ROOT / "runs" / "default"))
-    a.add_argument("--only", nargs="*", default=None, help="notebook numbers or names")
-    common(a)
-    f = sub.add_parser("refresh", help="re-execute notebooks and refresh the committed .ipynb outputs")
-    f.add_argument("notebooks", nargs="*")
-    i = sub.add_parser("params", help="list a notebook's parameters")
-    i.add_argument("notebook")
-    return ap
-
-
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    def handler(signum, frame):
+        if flag.is_set():
+            raise KeyboardInterrupt
+        flag.set()
+        on_interrupt()
+    previous = signal.signal(signal.SIGINT, handler)
     try:
-        if args.cmd == "params":
-            for p in notebook_parameters(find_notebook(args.notebook)).values():
-                print(f"{p.name}: {p.type_name} = {p.default!r}")
-            return 0
-        if args.cmd == "refresh":
-            refresh([Path(p) for p in args.notebooks] or list_notebooks())
-            return 0
-        out = Path(args.out)
-        if args.cmd == "run":
-            specs = plan_runs(find_notebook(args.notebook), out, param_files=args.params_file, cli=args.param,
-                              grid=args.grid)
-        else:
-            names = args.only or [p.stem for p in list_notebooks()]
-            specs = []
-            for n in names:  # validate everything before executing anything
-                specs += plan_runs(find_notebook(n), out, param_files=args.params_file, cli=args.param,
-                                   nested=False)
-    except (ParameterError, FileNotFoundError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    metas = run_many(specs, jobs=args.jobs, force=args.force, timeout=args.timeout)
-    summary = out / "SUMMARY.md" if args.cmd == "all" else out / specs[0].name / "SUMMARY.md"
-    print(write_summary(metas, summary))
-    print(f"summary: {summary}")
-    failed = [m for m in metas if m.get("status") != "ok"]
-    if failed:
-        print(f"{len(failed)} run(s) failed: {', '.join(m['notebook'] for m in failed)}", file=sys.stderr)
-        return 1
-    return 0
+        yield flag
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+def _run_submitit(todo, jobs, threads, force, timeout, executor, cluster_params, log_folder, overall,
+                  metas) -> bool:
+    try:
+        import submitit
+    except ImportError as exc:  # pragma: no cover - submitit is a test dependency
+        raise ParameterError("--executor local/slurm needs submitit: pip install 'taskloss[cluster]'") from exc
+    try:
+        ex = submitit.AutoExecutor(folder=str(log_folder), cluster="local" if executor == "local" else "slurm")
+        ex.update_parameters(**{"timeout_min": 24 * 60, "slurm_array_parallelism": jobs, **cluster_params})
+    except (RuntimeError, ValueError, TypeError, NameError) as exc:  # no sbatch here, an unknown --cluster-param
+        raise ParameterError(f"--executor {executor}: {exc}") from exc
+    n = len(todo)
+    submitted = ex.map_array(execute_job, todo, [timeout] * n, [None if executor == "slurm" else threads] * n,
+                             [force] * n)
+    pending = dict(zip(submitted, todo))
+    with _interrupt_flag(lambda: None) as interrupted:
+        while pending and not interrupted.is_set():
+            for job in [j for j in pending if j.done()]:
+                s = pending.pop(job)
+                try:
+                    meta = job.result()
+                except Exception as exc:  # the job process itself failed (not the notebook)
+                    meta = {"notebook": s.name, "status": "failed",
+                            "error": f"job {job.job_id}: {str(exc).strip().splitlines()[-1][:300]}"}
+                metas[s.out_dir] = _finish(s, meta, len(metas) + 1, n, overall.write)
+                overall.update()
+            time.sleep(0.5)
+    if interrupted.is_set():
+        overall.write("interrupted: cancelling submitted jobs …")
+        for job in pending:
+            job.cancel(check=False)
+    return interrupted.is_set()

@@ -29,16 +29,33 @@ def log_ball_volume(dim: int, radius: float) -> float:
 
 
 # ------------------------------------------------------------------------------ the ε-ball, exactly
-def _log_iv_debye(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """log I_ν(x) by the uniform (Debye) expansion, three correction terms — for large ν."""
-    z = x / nu
-    s = np.sqrt(1.0 + z * z)
-    p = 1.0 / s
-    eta = s + np.log(z / (1.0 + s))
+def _debye_u(nu, p):
+    """1 + u₁(p)/ν + u₂(p)/ν² + u₃(p)/ν³ − 1 of the uniform expansion (its ``log1p`` argument)."""
     u1 = (3 * p - 5 * p**3) / 24
     u2 = (81 * p**2 - 462 * p**4 + 385 * p**6) / 1152
     u3 = (30375 * p**3 - 369603 * p**5 + 765765 * p**7 - 425425 * p**9) / 414720
-    return nu * eta - 0.5 * np.log(2 * np.pi * nu) - 0.5 * np.log(s) + np.log1p(u1 / nu + u2 / nu**2 + u3 / nu**3)
+    return u1 / nu + u2 / nu**2 + u3 / nu**3
+
+
+def _log_iv_debye(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """log I_ν(x) by the uniform (Debye) expansion, three correction terms — for large ν."""
+    z = x / nu
+    s = np.hypot(1.0, z)          # √(1 + z²) without overflow for huge x
+    p = 1.0 / s
+    eta = s + np.log(z / (1.0 + s))
+    return nu * eta - 0.5 * np.log(2 * np.pi * nu) - 0.5 * np.log(s) + np.log1p(_debye_u(nu, p))
+
+
+def _log_ratio_debye(nu: float, x: np.ndarray) -> np.ndarray:
+    """log I_{ν+1}(x) − log I_ν(x) from the uniform expansion, written so that nothing of size x cancels.
+
+    With R_μ = √(μ² + x²) the expansion reads log I_μ(x) ≈ R_μ + μ log x − μ log(μ + R_μ) − ½ log(2π R_μ)
+    + log(1 + U_μ); the difference of the large terms is (2ν+1)/(R₁ + R₀), and the rest are logs of O(1)
+    ratios. Used where scaled Bessel functions fail (x ≳ 1e10 in scipy)."""
+    r0, r1 = np.hypot(nu, x), np.hypot(nu + 1, x)
+    dr = (2 * nu + 1) / (r1 + r0)                                    # R₁ − R₀
+    return (dr + np.log(x / (nu + 1 + r1)) - nu * np.log1p((1 + dr) / (nu + r0)) - 0.5 * np.log1p(dr / r0)
+            + np.log1p(_debye_u(nu + 1, (nu + 1) / r1)) - np.log1p(_debye_u(nu, nu / r0)))
 
 
 def _log_iv(nu: float, x: np.ndarray) -> np.ndarray:
@@ -82,8 +99,15 @@ def _ball_args(g_norm, alpha, eps: float, dim: int):
         raise ValueError("g_norm must be >= 0")
     if (a <= 0).any():
         raise ValueError("alpha must be > 0")
-    s, a = np.broadcast_arrays(s, a)
-    return np.asarray(s * eps / a, dtype=np.float64), np.asarray(a, dtype=np.float64), eps, dim, device
+    try:
+        s, a = np.broadcast_arrays(s, a)
+    except ValueError as e:
+        raise ValueError(f"g_norm of shape {s.shape} and alpha of shape {a.shape} do not broadcast") from e
+    with np.errstate(over="ignore"):
+        x = np.asarray(s * eps / a, dtype=np.float64)
+    if not np.isfinite(x).all():
+        raise ValueError("‖g‖·ε/α overflows float64 (g_norm too large or alpha too small for a finite log Z)")
+    return x, np.asarray(a, dtype=np.float64), eps, dim, device
 
 
 def ball_log_partition(g_norm, alpha, eps: float, dim: int) -> torch.Tensor:
@@ -98,9 +122,9 @@ def ball_log_partition(g_norm, alpha, eps: float, dim: int) -> torch.Tensor:
     nu = 0.5 * dim
     log_vol = log_ball_volume(dim, eps)
     out = np.full(x.shape, log_vol, dtype=np.float64)
-    small = (x > 0) & (x * x / 4 <= 1.0)
+    small = (x > 0) & (x <= 2.0)              # x²/4 ≤ 1, without squaring a huge x
     out[small] += np.log(special.hyp0f1(nu + 1, x[small] ** 2 / 4))
-    big = x * x / 4 > 1.0
+    big = x > 2.0
     if big.any():
         xb = x[big]
         out[big] = dim * math.log(eps) + nu * np.log(2 * np.pi / xb) + _log_iv(nu, xb)
@@ -132,7 +156,7 @@ def _bessel_ratio(nu: float, x: np.ndarray) -> np.ndarray:
                 series = xb / (2 * nu + 2) * special.hyp0f1(nu + 2, xb * xb / 4) / special.hyp0f1(nu + 1, xb * xb / 4)
             bad2 = ~np.isfinite(series)
             if bad2.any():
-                series[bad2] = np.exp(_log_iv(nu + 1, xb[bad2]) - _log_iv(nu, xb[bad2]))
+                series[bad2] = np.exp(_log_ratio_debye(nu, xb[bad2]))
             r[bad] = series
         out[pos] = np.clip(r, 0.0, 1.0)
     return out
@@ -159,8 +183,12 @@ def ball_expected_update(g: torch.Tensor, alpha, eps: float) -> torch.Tensor:
     if g.ndim < 1 or g.shape[-1] < 1:
         raise ValueError(f"g must have shape [..., d] with d >= 1, got {tuple(g.shape)}")
     check_finite("g", g)
-    g_norm = torch.linalg.vector_norm(g.double(), dim=-1)
+    g64 = g.double()
+    scale = g64.abs().amax(dim=-1, keepdim=True).clamp_min(torch.finfo(torch.float64).tiny)
+    unit = g64 / scale                      # ‖g‖ = scale·‖g/scale‖: no overflow or underflow of the squares
+    unit_norm = torch.linalg.vector_norm(unit, dim=-1, keepdim=True)
+    g_norm = (scale * unit_norm).squeeze(-1)
     x, _, eps, dim, _ = _ball_args(g_norm, alpha, eps, g.shape[-1])
     ratio = torch.from_numpy(_bessel_ratio(0.5 * dim, x)).to(g.device)
-    unit = g.double() / g_norm.clamp_min(1e-300).unsqueeze(-1)
+    unit = unit / unit_norm.clamp_min(1e-300)
     return (-eps * ratio.unsqueeze(-1) * unit).to(g.dtype)

@@ -113,6 +113,8 @@ def log_target(loss_fn: LossFn, theta: torch.Tensor, deltas: torch.Tensor, alpha
     evaluates θ and all θ+Δ. Derived in notebook 01_optimization_as_sampling.
     """
     alpha = check_positive("alpha", alpha)
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable ([K, d] -> [K]), got {type(loss_fn).__name__}")
     check_floating("theta", theta)
     check_ndim("theta", theta, 1)
     check_floating("deltas", deltas)

@@ -8,7 +8,8 @@ Modules:
 
 - :mod:`~taskloss.search.mgs`                   — the ``MGS`` optimizer step
 - :mod:`~taskloss.search.mgs_density`           — MGS proposal density, importance weights, ESS, per-candidate seeds
-- :mod:`~taskloss.search.mgs_scoring`           — scoring MGS candidates: one vmap, a vmapped forward, or a loop
+- :mod:`~taskloss.search.mgs_noise`             — one step's candidates: Δθ_k from its seed, float64 noise statistics
+- :mod:`~taskloss.search.mgs_scoring`           — scoring candidates: a loop on the module, one vmap, a vmapped forward
 - :mod:`~taskloss.search.policy_gradient`       — REINFORCE: sampling outputs, scored by a task loss
 - :mod:`~taskloss.search.zeroth_order`          — sampling parameters: Gaussian smoothing, SPSA, MeZO
 """

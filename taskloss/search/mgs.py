@@ -16,14 +16,21 @@ drops their normalizing constants: log q = log(λ e^{−½‖Δθ‖²} + (1−�
 
 Functional core in :mod:`taskloss.search.mgs_density`: :func:`~taskloss.search.mgs_density.mixture_log_density`,
 :func:`~taskloss.search.mgs_density.mgs_weights`, :func:`~taskloss.search.mgs_density.effective_sample_size`.
-Update step here: :class:`MGS` (any ``nn.Module``, any task loss, any torch optimizer, candidates scored in one
-``torch.func.vmap`` over stacked parameters — see :mod:`taskloss.search.mgs_scoring` — and split across ranks
-under ``torch.distributed``).
+Candidates and the statistics of their noise: :mod:`taskloss.search.mgs_noise`. Update step here: :class:`MGS`
+(any ``nn.Module``, any task loss, any torch optimizer; candidates scored one after another on the module on a
+CPU, in one ``torch.func.vmap`` over stacked parameters on a GPU — see :mod:`taskloss.search.mgs_scoring` — and
+split across ranks under ``torch.distributed``).
+
+Cost of a step: one surrogate forward + backward and one optimizer step (an MLE step), K candidate forwards,
+and K draws of P normal numbers (P = number of searched parameters) with a few float64 passes over P each. The
+task loss at the current parameters, l(θ), cancels in the normalized weights, so the step does not compute it:
+:attr:`MGSStats.base_loss` evaluates it on first access (``eager_base_loss=True`` computes it inside the step
+and refuses a non-finite value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor.
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 import torch
@@ -33,13 +40,13 @@ from torch import Tensor, nn
 from taskloss.search.mgs_density import (
     DENSITIES,
     _check_choice,
-    _log_q_from_sq,
     _seed_for,
     _uniform_from_seed,
     effective_sample_size,
     mgs_weights,
 )
-from taskloss.search.mgs_scoring import _CandidateScoring, default_forward
+from taskloss.search.mgs_noise import CandidateDraws, build_proposal
+from taskloss.search.mgs_scoring import MODES, _CandidateScoring, default_forward
 from taskloss.utils import check_int, check_positive, check_probability
 
 __all__ = ["MGS", "MGSStats", "SIGMA_MODES", "ASSIGNMENTS"]
@@ -48,13 +55,13 @@ SIGMA_MODES = ("absolute", "relative")
 ASSIGNMENTS = ("random", "stratified")
 
 
+
 @dataclass
 class MGSStats:
     """Diagnostics of one :meth:`MGS.step`. Tensors are float64 on CPU, indexed by candidate ``[K']``
     (K' = K, +1 with ``include_mle``: candidate 0 is then the exact step −∇l̃)."""
 
     step: int
-    base_loss: float                 # l(θ)
     task_losses: Tensor              # l(θ + Δθ_k)
     log_q: Tensor                    # log q(Δθ_k)
     log_weights: Tensor              # normalized log w_k
@@ -69,13 +76,23 @@ class MGSStats:
     seeds: list[int]                 # per-candidate noise seeds
     evaluation: str                  # how candidates were scored: "vmap", "vmap_forward" or "loop"
     deltas: list[dict[str, Tensor]] | None = None  # Δθ_k per candidate (only with step(..., return_deltas=True))
+    base: float | Callable[[], float] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def base_loss(self) -> float:
+        """l(θ), the task loss at the parameters the step started from (it cancels in the weights). Computed
+        inside the step with ``MGS(eager_base_loss=True)``; otherwise one forward on first access, at that
+        step's parameters (kept in this object until then) with the model's buffers as they are now."""
+        if callable(self.base):
+            self.base = float(self.base())
+        return self.base
 
     @property
     def best_index(self) -> int:
         return int(torch.argmin(self.task_losses))
 
     def as_dict(self) -> dict[str, Any]:
-        """Scalars only (for logging)."""
+        """Scalars only (for logging); reading ``base_loss`` may cost one forward (see :attr:`base_loss`)."""
         return {"step": self.step, "base_loss": self.base_loss, "best_task_loss": float(self.task_losses.min()),
                 "ess": self.ess, "mle_weight": self.mle_weight, "surrogate_loss": self.surrogate_loss,
                 "grad_norm": self.grad_norm, "update_norm": self.update_norm}
@@ -89,10 +106,11 @@ class MGS(_CandidateScoring):
     cross-entropy), clipped to ``max_grad_norm``; (2) K candidates Δθ_k ~ q = λ·N(0, σ_t²I) + (1−λ)·N(−g, σ_t²I)
     (plus Δθ = −g exactly with ``include_mle``), their noise drawn from per-candidate seeds; (3) task losses
     l(θ+Δθ_k) = ``task_loss_fn(forward_fn(model_k, batch), batch)`` where ``model_k`` runs the model with
-    parameters θ+Δθ_k (``torch.func.functional_call``) — all candidates of a chunk in one ``vmap`` over
-    stacked parameter dicts (``parallel=True``) or one after another (``parallel=False``); (4) self-normalized
-    weights (:func:`mgs_weights`) and Δθ* = Σ_k w_k Δθ_k; (5) ``p.grad = −Δθ*`` (clipped to ``max_update_norm``)
-    and ``optimizer.step()`` (the reference uses AdamW; SGD with lr=1 applies θ ← θ + Δθ* exactly).
+    parameters θ+Δθ_k — one candidate after another on the module itself (``parallel=False``) or all candidates
+    of a chunk in one ``vmap`` over stacked parameter dicts (``parallel=True``); (4) self-normalized weights
+    (:func:`mgs_weights`) and Δθ* = Σ_k w_k Δθ_k; (5) ``p.grad = −Δθ*`` (clipped to ``max_update_norm``) and
+    ``optimizer.step()`` (the reference uses AdamW; SGD with lr=1 applies θ ← θ + Δθ* exactly). Not
+    ``torch.optim``'s ``step(closure)``: MGS needs the batch for its two objectives, so ``step(batch)``.
 
     Arguments
       model: any ``nn.Module``; its parameters with ``requires_grad`` are searched (pass the plain module, not
@@ -100,37 +118,47 @@ class MGS(_CandidateScoring):
       surrogate_loss_fn(model, batch) → scalar tensor l̃ (differentiable).
       task_loss_fn(outputs, batch) → scalar l (lower is better; a 0-dim tensor, or a float in loop mode).
       forward_fn(model_k, batch) → outputs (default :func:`default_forward`: ``model_k(batch[0])``). ``model_k``
-        runs the model with the candidate's parameters: in the vmap modes a callable proxy (``functional_call``,
-        other attributes from the module); in loop mode (``parallel=False``) the module itself with θ+Δθ_k
-        copied into its parameters and θ restored afterwards — so anything that works on the model (e.g.
-        ``taskloss.lm.generate`` with early stopping) works there, and ``forward_fn`` may even return
-        ``model_k`` itself for a ``task_loss_fn`` that drives the model.
+        runs the model with the candidate's parameters: in loop mode the module itself with θ+Δθ_k written
+        into its parameters (θ restored after the last candidate, also on error) — so anything that works on
+        the model (e.g. ``taskloss.lm.generate`` with early stopping) works there, and ``forward_fn`` may even
+        return ``model_k`` itself for a ``task_loss_fn`` that drives the model; in the vmap modes a callable
+        proxy (``functional_call``, other attributes from the module).
       K ≥ 1 candidates; alpha > 0 temperature (reference: 1/β = 0.01); sigma > 0 noise scale with
       ``sigma_mode`` "relative" (σ_t = σ·mean|g_t|, reference default) or "absolute"; mix = λ ∈ [0, 1], the
       weight of the zero-centred component; ``assignment``: "random" (each candidate's component drawn with
       P(zero) = λ) or "stratified" (a fixed pattern with ⌈j(1−λ)⌉ MLE-centred among the first j candidates —
       for λ = ½ the reference's alternation MLE, zero, MLE, …; the mixture density is still the right weight: it is the
       balance heuristic of deterministic-mixture importance sampling); ``density`` "mixture" or "unit_sigma".
-      vmap_task_loss: True (forward and task loss in one vmap), False (vmap the forward, score each candidate's
-        outputs in a Python loop — for decoding + edit distance and other non-vmappable metrics), "auto" (try
-        vmap, fall back to the forward-only vmap, then to the loop, with a warning). chunk_size: candidates
-        per vmap call (None = all at once). low_memory: regenerate the noise from its seeds for the weighted
-        sum instead of storing K parameter-sized tensors. eval_mode: score candidates with ``model.eval()``.
+      parallel: "auto" (default: the vmap modes for parameters on a GPU, the loop on a CPU — on a CPU, K
+        forwards one after another use the cores as well as one batched forward, while the vmap stacks K
+        parameter copies and K activation sets: 1.0–1.3× the time and 3–5× the peak memory of the loop for the
+        digits MLPs of ``benchmarks/bench_mgs.py``), True (vmap) or False (loop).
+      vmap_task_loss (vmap modes only): True (forward and task loss in one vmap), False (vmap the forward, score
+        each candidate's outputs in a Python loop — for decoding + edit distance and other non-vmappable
+        metrics), "auto" (try vmap, fall back to the forward-only vmap, then to the loop, with a warning).
+        chunk_size: candidates per vmap call (None = all at once). low_memory: regenerate the noise from its
+        seeds for the weighted sum instead of storing K parameter-sized rows. eval_mode: score candidates with
+        ``model.eval()``. eager_base_loss: compute l(θ) inside the step (one more forward) and raise if it is
+        not finite; otherwise :attr:`MGSStats.base_loss` computes it when read.
       seed: base seed of the candidate noise (None: drawn from torch's global RNG). Under an initialized
         ``torch.distributed`` process group (or ``process_group``) rank 0's seed is broadcast once, rank r scores
         candidates r, r+W, …, the losses are all-gathered and every rank computes the same weights and update
-        from the same seeds. Every rank must pass the same batch (checked through l(θ)).
+        from the same seeds. Every rank must pass the same batch and hold the same parameters (checked through
+        the surrogate loss l̃(θ), which every rank computes).
 
-    Derived in notebook 02_importance_sampling_and_mgs; used in 03 (classification) and 04 (sequences).
+    Raises ``TypeError``/``ValueError`` on bad arguments; ``ValueError`` when a candidate's task loss is NaN or
+    every candidate's is infinite; ``RuntimeError`` when ranks disagree. Derived in notebook
+    02_importance_sampling_and_mgs; used in 03 (classification) and 04 (sequences).
     """
 
     def __init__(self, model: nn.Module, optimizer, surrogate_loss_fn: Callable, task_loss_fn: Callable, *,
                  K: int = 4, alpha: float = 0.01, sigma: float = 1.0, sigma_mode: str = "relative",
                  mix: float = 0.5, include_mle: bool = False, density: str = "mixture",
                  assignment: str = "random", max_grad_norm: float | None = 1.0,
-                 max_update_norm: float | None = 1.0, forward_fn: Callable | None = None, parallel: bool = True,
-                 vmap_task_loss: bool | str = "auto", chunk_size: int | None = None, low_memory: bool = False,
-                 eval_mode: bool = True, seed: int | None = None, process_group=None):
+                 max_update_norm: float | None = 1.0, forward_fn: Callable | None = None,
+                 parallel: bool | str = "auto", vmap_task_loss: bool | str = "auto", chunk_size: int | None = None,
+                 low_memory: bool = False, eval_mode: bool = True, eager_base_loss: bool = False,
+                 seed: int | None = None, process_group=None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if not callable(getattr(optimizer, "step", None)):
@@ -151,18 +179,19 @@ class MGS(_CandidateScoring):
         self.max_update_norm = None if max_update_norm is None else check_positive("max_update_norm",
                                                                                    max_update_norm)
         self.chunk_size = None if chunk_size is None else check_int("chunk_size", chunk_size, minimum=1)
-        if vmap_task_loss not in (True, False, "auto"):
+        if vmap_task_loss not in (True, False, "auto") or isinstance(vmap_task_loss, (int, float)) and \
+                not isinstance(vmap_task_loss, bool):
             raise ValueError(f"vmap_task_loss must be True, False or 'auto', got {vmap_task_loss!r}")
+        if parallel not in (True, False, "auto") or isinstance(parallel, (int, float)) and \
+                not isinstance(parallel, bool):
+            raise ValueError(f"parallel must be True, False or 'auto', got {parallel!r}")
         if seed is not None:
             check_int("seed", seed, minimum=0)
         self.model, self.optimizer = model, optimizer
         self.surrogate_loss_fn, self.task_loss_fn = surrogate_loss_fn, task_loss_fn
         self.forward_fn = forward_fn or default_forward
         self.include_mle, self.low_memory, self.eval_mode = bool(include_mle), bool(low_memory), bool(eval_mode)
-        self.parallel, self.process_group = bool(parallel), process_group
-        self._auto = self.parallel and vmap_task_loss == "auto"
-        self.mode = "loop" if not self.parallel else ("vmap_forward" if vmap_task_loss is False else "vmap")
-        self._mode_confirmed = False
+        self.eager_base_loss, self.process_group = bool(eager_base_loss), process_group
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
             raise ValueError("model has no parameter with requires_grad=True")
@@ -171,19 +200,31 @@ class MGS(_CandidateScoring):
         if len(kinds) != 1 or not self.params[0].is_floating_point():
             raise ValueError(f"MGS searches one flat parameter vector: all trainable parameters must share one "
                              f"floating dtype and device, got {sorted(map(str, kinds))}")
+        self.parallel = self.params[0].device.type == "cuda" if parallel == "auto" else bool(parallel)
+        self._auto = self.parallel and vmap_task_loss == "auto"
+        self.mode = "loop" if not self.parallel else ("vmap_forward" if vmap_task_loss is False else "vmap")
+        self._mode_confirmed = False
         self._shapes = [p.shape for p in self.params]
         self._numels = [p.numel() for p in self.params]
-        self._lengths = torch.tensor(self._numels, device=self.params[0].device)
         self._seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if seed is None else int(seed)
         self._seed_synced = False
         self.steps_done = 0
 
-    def state_dict(self) -> dict[str, int]:
-        """Base seed and step counter: with the model's and optimizer's state, a run resumes bit-identically."""
-        return {"seed": self._seed, "steps_done": self.steps_done}
+    def state_dict(self) -> dict[str, Any]:
+        """Base seed, step counter and candidate-evaluation mode: with the model's and optimizer's state, a run
+        resumes bit-identically (the noise of step s comes from (seed, s, k) alone)."""
+        return {"seed": self._seed, "steps_done": self.steps_done, "mode": self.mode}
 
-    def load_state_dict(self, state: dict[str, int]) -> None:
-        self._seed, self.steps_done = int(state["seed"]), int(state["steps_done"])
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Inverse of :meth:`state_dict`. A mode that the ``vmap_task_loss="auto"`` fallback had reached is
+        kept (so the resumed run scores candidates the same way); other modes stay as constructed."""
+        if not isinstance(state, dict) or not {"seed", "steps_done"} <= set(state):
+            raise ValueError("not an MGS state_dict: expected the keys 'seed' and 'steps_done'")
+        self._seed = check_int("seed", state["seed"], minimum=0)
+        self.steps_done = check_int("steps_done", state["steps_done"], minimum=0)
+        mode = state.get("mode")
+        if self._auto and mode in MODES and MODES.index(mode) > MODES.index(self.mode):
+            self.mode, self._mode_confirmed = mode, True
         self._seed_synced = False
 
     # -- distributed helpers -------------------------------------------------------------------------------
@@ -202,22 +243,24 @@ class MGS(_CandidateScoring):
         self._seed_synced = True
         return self._seed
 
-    def _gather(self, local: dict[int, Tensor], base: Tensor, n: int, world: int) -> Tensor:
+    def _gather(self, local: dict[int, Tensor], check: float, n: int, world: int) -> Tensor:
+        """Task losses of all n candidates (each rank scored its own), plus a check that every rank computed the
+        same surrogate loss ``check`` (same batch, same parameters)."""
         vec = torch.zeros(n + 1, dtype=torch.float64, device=self.params[0].device)
         for k, v in local.items():
             vec[k] = v
-        vec[n] = base
+        vec[n] = check
         if world == 1:
             return vec[:n].cpu()
         bufs = [torch.empty_like(vec) for _ in range(world)]
         dist.all_gather(bufs, vec, group=self.process_group)
         G = torch.stack(bufs).cpu()
         if not bool((G[:, n] == G[0, n]).all()):
-            raise RuntimeError(f"ranks disagree on the task loss l(θ) ({G[:, n].tolist()}): every rank must pass "
-                               "the same batch and hold the same parameters")
+            raise RuntimeError(f"ranks disagree on the surrogate loss l̃(θ) ({G[:, n].tolist()}): every rank must "
+                               "pass the same batch and hold the same parameters")
         return torch.stack([G[k % world, k] for k in range(n)])
 
-    # -- candidates ----------------------------------------------------------------------------------------
+    # -- phases of a step ----------------------------------------------------------------------------------
     def _flat(self, tensors) -> Tensor:
         return torch.cat([t.reshape(-1) for t in tensors])
 
@@ -227,11 +270,8 @@ class MGS(_CandidateScoring):
         return {n: v.reshape(*lead, *sh) for n, v, sh in zip(self.names, flat.split(self._numels, -1),
                                                              self._shapes)}
 
-    def _segsum(self, x: Tensor) -> Tensor:
-        """Per-tensor sums of a flat float64 vector ``[P]`` → CPU ``[T]``."""
-        return torch.segment_reduce(x, "sum", lengths=self._lengths).cpu()
-
     def _surrogate_grad(self, batch):
+        """Phase 1: (l̃(θ), flat clipped gradient g, ‖∇l̃‖ before clipping)."""
         loss = self.surrogate_loss_fn(self.model, batch)
         if not isinstance(loss, Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ValueError("surrogate_loss_fn must return a scalar tensor that requires grad")
@@ -243,7 +283,7 @@ class MGS(_CandidateScoring):
         if not math.isfinite(norm):
             raise ValueError("surrogate gradient contains NaN or inf")
         if self.max_grad_norm is not None and norm > self.max_grad_norm:
-            g = g * (self.max_grad_norm / (norm + 1e-6))
+            g.mul_(self.max_grad_norm / (norm + 1e-6))
         return float(loss.detach()), g, norm
 
     def _is_mle(self, k: int, seed: int) -> bool:
@@ -254,109 +294,108 @@ class MGS(_CandidateScoring):
             return math.ceil((j + 1) * r - 1e-9) - math.ceil(j * r - 1e-9) == 1
         return _uniform_from_seed(seed) >= self.mix
 
-    def _generate(self, k: int, seed: int, mle: bool, g: Tensor, s_flat: Tensor, stats=None) -> Tensor:
-        """Flat Δθ_k ``[P]`` regenerated from its seed. With ``stats = (zz, zg)`` also fills row k of the
-        float64 per-tensor statistics ‖z_t‖², ⟨z_t, g_t⟩ of its standard normal noise z."""
-        if self.include_mle and k == 0:
-            return -g
-        gen = torch.Generator(device=g.device).manual_seed(seed)
-        z = torch.randn(g.shape, generator=gen, device=g.device, dtype=g.dtype)
-        if stats is not None:
-            # float64 per-tensor ‖z_t‖² and ⟨z_t, g_t⟩, one tensor at a time. Both memory modes use this one
-            # reduction (not segment_reduce in one and sum in the other): different kernels sum in a different
-            # order, which made log q differ by ~1e-14 between the modes on some CPUs.
-            zz, zg = stats
-            for t, (zt, gt) in enumerate(zip(z.split(self._numels), g.split(self._numels))):
-                zt64 = zt.double()
-                zz[k, t], zg[k, t] = zt64.square().sum(), (zt64 * gt.double()).sum()
-        return torch.addcmul(-g, s_flat, z) if mle else z.mul_(s_flat)
-
-    def _log_q(self, mle, zz, zg, gg, sig, numel) -> Tensor:
-        s = sig[None, :]
-        m = torch.tensor(mle, dtype=torch.bool)[:, None]
-        d0 = torch.where(m, gg - 2 * s * zg + s * s * zz, s * s * zz)     # ‖Δθ_t‖²
-        d1 = torch.where(m, s * s * zz, s * s * zz + 2 * s * zg + gg)     # ‖Δθ_t + g_t‖²
-        if self.include_mle:
-            d0[0], d1[0] = gg[0], torch.zeros_like(gg[0])
-        return _log_q_from_sq(d0, d1, sig, numel, self.mix, self.density)
-
-    # -- the step ------------------------------------------------------------------------------------------
-    def step(self, batch, *, return_deltas: bool = False) -> MGSStats:
-        """One MGS update of the model's parameters on ``batch``; returns the step's :class:`MGSStats`."""
-        world, rank = self.world()
-        base_seed = self._base_seed(world)
-        surrogate, g, grad_norm = self._surrogate_grad(batch)
-        gg = self._segsum(g.double().square())
-        numel = torch.tensor(self._numels, dtype=torch.float64)
-        if self.sigma_mode == "relative":
-            sig = self.sigma * self._segsum(g.double().abs()) / numel
-        else:
-            sig = torch.full((len(self._numels),), self.sigma, dtype=torch.float64)
-        s_flat = torch.repeat_interleave(sig.to(device=g.device, dtype=g.dtype), self._lengths)
-        n, T = self.K + int(self.include_mle), len(self.params)
-        seeds = [_seed_for(base_seed, self.steps_done, k) for k in range(n)]
-        mle = [self._is_mle(k, s) for k, s in enumerate(seeds)]
-        zz = torch.zeros(n, T, dtype=torch.float64)
-        zg = torch.zeros(n, T, dtype=torch.float64)
-        own = list(range(rank, n, world))
-        chunk = self.chunk_size or max(len(own), 1)
-        theta = self._flat([p.detach() for p in self.params])
-        stored: list[tuple[list[int], Tensor]] = []    # (candidate ids, their Δθ rows [c, P])
+    def _score_candidates(self, draws: CandidateDraws, theta: Tensor, batch, own: list[int]):
+        """Phase 3: task losses of this rank's candidates ``own`` ({k: float64 0-dim}), the rows Δθ_k kept for
+        the weighted sum ({k: [P]}, none with ``low_memory``) and, with ``eager_base_loss``, l(θ)."""
+        n, P = len(draws.seeds), theta.numel()
         local: dict[int, Tensor] = {}
-        stats = (zz, zg)
+        rows: dict[int, Tensor] = {}
+        scratch = torch.empty_like(theta) if self.low_memory else None
+        base = None
         was_training = self.model.training
         try:
             if self.eval_mode:
                 self.model.eval()
             with torch.no_grad():
-                base = self._score_one(self.model, batch)
+                if self.eager_base_loss:
+                    base = self._score_one(self.model, batch)
+                views = [p.view(-1) for p in self.params] if all(p.is_contiguous() for p in self.params) else None
+                if self.mode == "loop" and views is not None:
+                    for k in own:       # draw Δθ_k and write θ + Δθ_k into the module in one cache-blocked pass
+                        d = draws.draw(k, scratch if scratch is not None else torch.empty_like(theta), stats=True,
+                                       load=(theta, views))
+                        local[k] = self._score_one(self.model, batch)
+                        if not self.low_memory:
+                            rows[k] = d
+                    own = []
+                chunk = 1 if self.mode == "loop" else (self.chunk_size or max(len(own), 1))
                 for i in range(0, len(own), chunk):
                     ks = own[i:i + chunk]
-                    ds = torch.stack([self._generate(k, seeds[k], mle[k], g, s_flat, stats) for k in ks])
-                    local.update(zip(ks, self._score(ds, theta, batch)))
+                    D = scratch[None] if scratch is not None and len(ks) == 1 else theta.new_empty(len(ks), P)
+                    for j, k in enumerate(ks):
+                        draws.draw(k, D[j], stats=True)
+                    local.update(zip(ks, self._score(D, theta, batch)))
                     if not self.low_memory:
-                        stored.append((ks, ds))
-                    del ds
-                for k in range(n):  # candidates scored by other ranks: their statistics (and noise) only
+                        rows.update(zip(ks, D.unbind(0)))
+                for k in range(n):  # candidates scored by other ranks: their statistics (and rows) only
                     if k not in local:
-                        d = self._generate(k, seeds[k], mle[k], g, s_flat, stats)
+                        d = draws.draw(k, scratch if scratch is not None else torch.empty_like(theta), stats=True)
                         if not self.low_memory:
-                            stored.append(([k], d.unsqueeze(0)))
-                        del d
+                            rows[k] = d
         finally:
+            if self.mode == "loop":      # the module holds the last candidate scored in loop mode
+                self._load(theta)
             self.model.train(was_training)
-        if not math.isfinite(float(base)):
+        if base is not None and not math.isfinite(float(base)):
             raise ValueError(f"task loss at the current parameters is not finite: l(θ) = {float(base)}")
-        losses = self._gather(local, base, n, world)
-        if bool(torch.isnan(losses).any()):
-            raise ValueError(f"task loss is NaN/inf: l(θ) = {float(base)}, candidates = {losses.tolist()}")
-        log_q = self._log_q(mle, zz, zg, gg.expand(n, T), sig, numel)
-        log_w = mgs_weights(losses, base, log_q, self.alpha, log=True)
-        w = log_w.exp()
-        kept = [] if return_deltas else None
+        return local, rows, base
+
+    def _weighted_sum(self, w: Tensor, draws: CandidateDraws, rows: dict[int, Tensor], theta: Tensor,
+                      keep: bool):
+        """Phase 4: Δθ* = Σ_k w_k Δθ_k accumulated in candidate order k = 0, 1, … — the same arithmetic on every
+        rank and in every memory mode (stored rows or regenerated noise), so ranks stay bit-identical."""
+        update = torch.zeros_like(theta)
+        kept = [] if keep else None
+        scratch = None
+        for k in range(len(draws.seeds)):
+            if k in rows:
+                d = rows.pop(k)
+            else:
+                scratch = torch.empty_like(theta) if scratch is None else scratch
+                d = draws.draw(k, scratch)
+            update.add_(d, alpha=float(w[k]))
+            if kept is not None:
+                kept.append(self._unflat(d.clone()))
+            del d
+        return update, kept
+
+    def _apply(self, update: Tensor) -> float:
+        """Phase 5: ``p.grad = −Δθ*`` (clipped to ``max_update_norm``) and ``optimizer.step()``; returns ‖Δθ*‖."""
+        update_norm = float(torch.linalg.vector_norm(update, dtype=torch.float64))
         with torch.no_grad():
-            # Σ_k w_k Δθ_k accumulated in candidate order k = 0, 1, …: the same arithmetic on every rank and in
-            # every mode (stored rows or regenerated noise), so ranks stay bit-identical step after step
-            rows = {k: d for ks, ds in stored for k, d in zip(ks, ds)}
-            update = torch.zeros_like(theta)
-            for k in range(n):
-                d = rows[k] if k in rows else self._generate(k, seeds[k], mle[k], g, s_flat)
-                update.add_(d, alpha=float(w[k]))
-                if kept is not None:
-                    kept.append(self._unflat(d.clone()))
-                del d
-            rows.clear()
-            stored.clear()
-            update_norm = float(torch.linalg.vector_norm(update, dtype=torch.float64))
-            for p, u in zip(self.params, self._unflat(-update).values()):
+            for p, u in zip(self.params, self._unflat(update.neg_()).values()):
                 p.grad = u
             if self.max_update_norm is not None:
                 torch.nn.utils.clip_grad_norm_(self.params, self.max_update_norm)
         self.optimizer.step()
+        return update_norm
+
+    # -- the step ------------------------------------------------------------------------------------------
+    def step(self, batch, *, return_deltas: bool = False) -> MGSStats:
+        """One MGS update of the model's parameters on ``batch``; returns the step's :class:`MGSStats`
+        (``return_deltas=True`` also keeps every Δθ_k)."""
+        world, rank = self.world()
+        base_seed = self._base_seed(world)
+        surrogate, g, grad_norm = self._surrogate_grad(batch)
+        proposal = build_proposal(g, self._numels, self.sigma, self.sigma_mode)      # phase 2
+        n = self.K + int(self.include_mle)
+        seeds = [_seed_for(base_seed, self.steps_done, k) for k in range(n)]
+        draws = CandidateDraws(proposal, seeds, [self._is_mle(k, s) for k, s in enumerate(seeds)],
+                               self.include_mle)
+        theta = self._flat([p.detach() for p in self.params])
+        local, rows, base = self._score_candidates(draws, theta, batch, list(range(rank, n, world)))
+        losses = self._gather(local, surrogate, n, world)
+        if bool(torch.isnan(losses).any()):
+            raise ValueError(f"a candidate's task loss is NaN: {losses.tolist()}")
+        log_q = draws.log_q(self.mix, self.density)
+        log_w = mgs_weights(losses, 0.0, log_q, self.alpha, log=True)  # l(θ) cancels: any finite base will do
+        w = log_w.exp()
+        update, kept = self._weighted_sum(w, draws, rows, theta, return_deltas)
+        update_norm = self._apply(update)
         self.steps_done += 1
-        from_mle = torch.tensor(mle, dtype=torch.bool)
-        return MGSStats(step=self.steps_done - 1, base_loss=float(base), task_losses=losses, log_q=log_q,
-                        log_weights=log_w, weights=w, ess=effective_sample_size(w), from_mle=from_mle,
-                        mle_weight=float(w[from_mle].sum()), surrogate_loss=surrogate, grad_norm=grad_norm,
-                        update_norm=update_norm, sigmas=sig.tolist(), seeds=seeds, evaluation=self.mode,
-                        deltas=kept)
+        from_mle = torch.tensor(draws.mle, dtype=torch.bool)
+        return MGSStats(step=self.steps_done - 1, task_losses=losses, log_q=log_q, log_weights=log_w, weights=w,
+                        ess=effective_sample_size(w), from_mle=from_mle, mle_weight=float(w[from_mle].sum()),
+                        surrogate_loss=surrogate, grad_norm=grad_norm, update_norm=update_norm,
+                        sigmas=proposal.sigma.tolist(), seeds=seeds, evaluation=self.mode, deltas=kept,
+                        base=float(base) if base is not None else lambda: self._loss_at(theta, batch))

@@ -32,15 +32,23 @@ def _check_choice(name: str, value, choices) -> str:
 
 def _log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: float, density: str) -> Tensor:
     """log q from squared distances to the two means. ``d0``/``d1``: float64 ``[..., T]`` = ‖Δθ_t‖², ‖Δθ_t+g_t‖²
-    per tensor t; ``sigma``, ``numel``: float64 ``[T]``. Tensors with σ_t = 0 are not perturbed and skipped."""
+    per tensor t; ``sigma``, ``numel``: float64 ``[T]``.
+
+    A tensor with σ_t = 0 is not perturbed: component 0 puts all its mass on Δθ_t = 0 and component 1 on
+    Δθ_t = −g_t. Densities are taken with respect to Lebesgue measure on the perturbed tensors times the counting
+    measure on these atoms, so such a tensor contributes a factor 1 to a component whose atom it sits on
+    (``d0_t == 0`` resp. ``d1_t == 0``, exactly) and 0 (log −inf) to one it misses. For MGS, where σ_t = 0 only
+    when g_t = 0 (``sigma_mode="relative"``) and then Δθ_t = 0, both atoms coincide and the factor is 1."""
     if density == "unit_sigma":
         l0, l1 = -0.5 * d0.sum(-1), -0.5 * d1.sum(-1)
     else:
         live = sigma > 0
-        s2 = torch.where(live, sigma, torch.ones_like(sigma)) ** 2
-        const = -(numel * (torch.log(torch.where(live, sigma, torch.ones_like(sigma))) + 0.5 * _LOG_2PI))
-        l0 = torch.where(live, -0.5 * d0 / s2 + const, torch.zeros_like(d0)).sum(-1)
-        l1 = torch.where(live, -0.5 * d1 / s2 + const, torch.zeros_like(d1)).sum(-1)
+        s_safe = torch.where(live, sigma, torch.ones_like(sigma))
+        const = -(numel * (torch.log(s_safe) + 0.5 * _LOG_2PI))
+        atom0 = torch.where(d0 == 0, torch.zeros_like(d0), torch.full_like(d0, -math.inf))
+        atom1 = torch.where(d1 == 0, torch.zeros_like(d1), torch.full_like(d1, -math.inf))
+        l0 = torch.where(live, -0.5 * d0 / s_safe ** 2 + const, atom0).sum(-1)
+        l1 = torch.where(live, -0.5 * d1 / s_safe ** 2 + const, atom1).sum(-1)
     log_mix = torch.tensor([math.log(mix) if mix > 0 else -math.inf,
                             math.log1p(-mix) if mix < 1 else -math.inf], dtype=torch.float64, device=l0.device)
     return torch.logsumexp(torch.stack([l0 + log_mix[0], l1 + log_mix[1]], -1), -1)
@@ -60,7 +68,10 @@ def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = 
     ``delta``: a tensor, a sequence or a dict of tensors (one per parameter tensor t), each shaped like the
     matching ``grad`` tensor (one candidate → float64 scalar) or with an extra leading candidate dimension
     ``[K, *shape]`` (→ float64 ``[K]``). ``grad``: the surrogate gradient g (same structure, without K).
-    ``sigma``: one float for all tensors or one per tensor (σ_t = 0 marks an unperturbed tensor, skipped).
+    ``sigma``: one float for all tensors or one per tensor. σ_t = 0 marks an unperturbed tensor: its two
+    components are the atoms Δθ_t = 0 and Δθ_t = −g_t, so a candidate whose tensor t sits on neither has
+    density 0 (log q = −inf, which :func:`mgs_weights` refuses: such a Δθ cannot come from q); see
+    ``_log_q_from_sq``. This is the density MGS uses, where σ_t = 0 happens only with g_t = 0 and Δθ_t = 0.
     ``mix`` = λ, the weight of the zero-centred component. ``density="mixture"``: the true density with σ_t
     (normalizing constants included); ``"unit_sigma"``: the reference code's formula (σ taken as 1, constants
     dropped) — see the module docstring. Computed in float64 through ``logsumexp`` (no underflow).
@@ -72,12 +83,31 @@ def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = 
     if len(deltas) != len(grads) or not deltas:
         raise ValueError(f"delta and grad must hold the same non-zero number of tensors, got "
                          f"{len(deltas)} and {len(grads)}")
-    sig = [float(sigma)] * len(grads) if isinstance(sigma, (int, float)) else [float(s) for s in sigma]
+    if isinstance(sigma, bool) or isinstance(sigma, str):
+        raise TypeError(f"sigma must be a number or a sequence of numbers, got {type(sigma).__name__}")
+    if isinstance(sigma, Tensor):
+        sigma = sigma.detach().reshape(-1).tolist()
+        sigma = sigma[0] if len(sigma) == 1 else sigma
+    if isinstance(sigma, (int, float)):
+        sig = [float(sigma)] * len(grads)
+    else:
+        try:
+            sig = [float(s) for s in sigma]
+        except (TypeError, ValueError) as e:
+            raise TypeError(f"sigma must be a number or a sequence of numbers, got {sigma!r}") from e
     if len(sig) != len(grads):
         raise ValueError(f"sigma must be a float or hold one value per tensor ({len(grads)}), got {len(sig)}")
     if any(not math.isfinite(s) or s < 0 for s in sig):
         raise ValueError(f"sigma must be finite and >= 0, got {sig}")
+    for name, ts in (("delta", deltas), ("grad", grads)):
+        for t, x in enumerate(ts):
+            if not isinstance(x, Tensor):
+                raise TypeError(f"{name}[{t}] must be a torch.Tensor, got {type(x).__name__}")
+            if not x.is_floating_point():
+                raise TypeError(f"{name}[{t}] must be a floating tensor, got dtype {x.dtype}")
     batched = deltas[0].ndim == grads[0].ndim + 1
+    if batched and deltas[0].shape[0] == 0:
+        raise ValueError("delta holds no candidate (leading dimension K = 0)")
     d0, d1 = [], []
     for t, (d, g) in enumerate(zip(deltas, grads)):
         if tuple(d.shape[int(batched):]) != tuple(g.shape) or (d.ndim != g.ndim + int(batched)):
@@ -96,6 +126,20 @@ def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = 
     return out if batched else out[0]
 
 
+def _real(name: str, x) -> Tensor:
+    """``x`` (a tensor, number or sequence of numbers) as a float64 tensor; ``TypeError`` for anything else."""
+    if isinstance(x, Tensor):
+        if x.dtype == torch.bool or x.is_complex():
+            raise TypeError(f"{name} must hold real numbers, got dtype {x.dtype}")
+        return x.detach().to(torch.float64)
+    if isinstance(x, (str, bytes, bool)):
+        raise TypeError(f"{name} must be real numbers, got {type(x).__name__}")
+    try:
+        return torch.as_tensor(x, dtype=torch.float64)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise TypeError(f"{name} must be real numbers, got {type(x).__name__}") from e
+
+
 def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = False) -> Tensor:
     """Self-normalized importance weights of the MGS candidates, float64 ``[K]``.
 
@@ -105,9 +149,9 @@ def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = Fals
     temperature. ``log=True`` returns the normalized log-weights. Derived in notebook 02.
     """
     alpha = check_positive("alpha", alpha)
-    L = torch.as_tensor(task_losses, dtype=torch.float64)
-    lq = torch.as_tensor(log_q, dtype=torch.float64, device=L.device)
-    b = torch.as_tensor(base_loss, dtype=torch.float64, device=L.device)
+    L = _real("task_losses", task_losses)
+    lq = _real("log_q", log_q).to(L.device)
+    b = _real("base_loss", base_loss).to(L.device)
     if L.ndim != 1 or L.numel() == 0:
         raise ValueError(f"task_losses must be a non-empty 1-D tensor [K], got shape {tuple(L.shape)}")
     if lq.shape != L.shape:
@@ -129,7 +173,7 @@ def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = Fals
 
 def effective_sample_size(weights: Tensor) -> float:
     """Kish's effective sample size 1 / Σ w_k² of normalized weights (K for uniform, 1 for a single winner)."""
-    w = torch.as_tensor(weights, dtype=torch.float64)
+    w = _real("weights", weights)
     if w.ndim != 1 or w.numel() == 0 or not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
         raise ValueError("weights must be a non-empty 1-D tensor of finite non-negative values")
     if not math.isclose(float(w.sum()), 1.0, rel_tol=1e-6):

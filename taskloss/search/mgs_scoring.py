@@ -4,8 +4,10 @@ Used by :class:`taskloss.search.mgs.MGS` (derived in notebook 02_importance_samp
 03_metric_optimization_classification and 04). Three modes, chosen by ``MGS(parallel=..., vmap_task_loss=...)``:
 ``"vmap"`` — forward and task loss of a chunk of candidates in one ``torch.func.vmap`` over stacked parameter
 dicts; ``"vmap_forward"`` — vmap the forward, score each candidate's outputs in a Python loop (for
-non-vmappable metrics); ``"loop"`` — copy θ + Δθ_k into the module itself, score, restore θ. With
-``vmap_task_loss="auto"`` a failing mode falls back to the next one with a warning.
+non-vmappable metrics); ``"loop"`` — write θ + Δθ_k into the module's own parameters, score, go on to the next
+candidate (the caller restores θ once after the last one). With ``vmap_task_loss="auto"`` a failing mode falls
+back to the next one with a warning. In every mode candidate k is evaluated at the parameters θ + Δθ_k computed
+by one elementwise addition, so the modes differ only in the forward kernels (batched or not).
 """
 from __future__ import annotations
 
@@ -19,6 +21,8 @@ from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_map
 
 __all__ = ["default_forward"]
+
+MODES = ("vmap", "vmap_forward", "loop")   # in the order of the "auto" fallback
 
 
 def default_forward(model: Callable, batch):
@@ -55,29 +59,51 @@ class _FunctionalModel:
 
 class _CandidateScoring:
     """Candidate evaluation for :class:`taskloss.search.mgs.MGS` (a mixin). The host provides ``model``, ``params``,
-    ``forward_fn``, ``task_loss_fn``, ``mode``, ``_auto``, ``_mode_confirmed`` and ``_unflat``."""
+    ``forward_fn``, ``task_loss_fn``, ``mode``, ``eval_mode``, ``_auto``, ``_mode_confirmed`` and ``_unflat``."""
 
     def _call(self, params: dict[str, Tensor]) -> "_FunctionalModel":
         return _FunctionalModel(self.model, params)
 
+    def _load(self, theta: Tensor, delta: Tensor | None = None) -> None:
+        """Write θ (+ Δθ) into the module's parameters, one elementwise pass per tensor (no temporaries)."""
+        with torch.no_grad():
+            if delta is None:
+                for p, v in zip(self.params, self._unflat(theta).values()):
+                    p.copy_(v)
+            else:
+                for p, t, d in zip(self.params, self._unflat(theta).values(), self._unflat(delta).values()):
+                    torch.add(t, d, out=p)
+
     @contextlib.contextmanager
     def _loaded(self, flat: Tensor, theta: Tensor):
-        """The module itself with θ+Δθ = ``flat`` copied into its parameters; θ restored on exit (even on error)."""
-        with torch.no_grad():
-            for p, v in zip(self.params, self._unflat(flat).values()):
-                p.copy_(v)
+        """The module itself with ``flat`` written into its parameters; ``theta`` restored on exit (even on
+        error)."""
+        self._load(flat)
         try:
             yield self.model
         finally:
+            self._load(theta)
+
+    def _loss_at(self, flat: Tensor, batch) -> float:
+        """The task loss at the parameters ``flat`` (e.g. l(θ) of an earlier step), on the module as in loop mode
+        and in the mode the candidates are scored in; the module's current parameters are restored after."""
+        was_training = self.model.training
+        try:
+            if self.eval_mode:
+                self.model.eval()
             with torch.no_grad():
-                for p, v in zip(self.params, self._unflat(theta).values()):
-                    p.copy_(v)
+                now = torch.cat([p.detach().reshape(-1) for p in self.params])
+                with self._loaded(flat, now) as model:
+                    return float(self._score_one(model, batch))
+        finally:
+            self.model.train(was_training)
 
     def _score_one(self, model_k, batch) -> Tensor:
         return _scalar_loss(self.task_loss_fn(self.forward_fn(model_k, batch), batch), "loop")
 
     def _score(self, deltas: Tensor, theta: Tensor, batch) -> list[Tensor]:
-        """Task losses of the candidates θ + Δθ_j for the rows of ``deltas [c, P]``."""
+        """Task losses of the candidates θ + Δθ_j for the rows of ``deltas [c, P]``. In loop mode the module is
+        left holding the last candidate's parameters: the caller restores θ."""
         c = deltas.shape[0]
         if self.mode != "loop":
             stacked = self._unflat(theta.unsqueeze(0) + deltas)
@@ -105,6 +131,6 @@ class _CandidateScoring:
                 return self._score(deltas, theta, batch)
         out = []
         for d in deltas:
-            with self._loaded(theta + d, theta) as model_k:
-                out.append(self._score_one(model_k, batch))
+            self._load(theta, d)
+            out.append(self._score_one(self.model, batch))
         return out

@@ -15,15 +15,17 @@ Derived in notebook 05_policy_gradient_vs_zeroth_order.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 from taskloss.lm.generation import generate, sequence_logprob
 from taskloss.losses.metrics import accuracy
-from taskloss.utils import check_finite, check_floating, check_int, check_nonnegative
+from taskloss.utils import _is_transformed, check_finite, check_floating, check_int, check_nonnegative
 
 __all__ = [
     "reinforce_loss", "leave_one_out_baseline", "MovingAverageBaseline", "expected_reward",
@@ -36,46 +38,83 @@ def reinforce_loss(logprobs: torch.Tensor, rewards: torch.Tensor, baseline: torc
                    *, reduction: str = "mean") -> torch.Tensor:
     """Surrogate ``-(R - b)·log p`` whose gradient is the (negated) REINFORCE estimate of ∇ E[R].
 
-    ``logprobs``: ``log p_θ(y)`` of the sampled outputs (any shape, differentiable); ``rewards``: same shape
-    (treated as constants, higher is better); ``baseline``: ``None`` (0), a number, or a tensor broadcastable
-    to ``rewards`` (treated as a constant). ``reduction``: ``"mean"`` (scalar) | ``"sum"`` | ``"none"``.
+    Args:
+      logprobs: ``log p_θ(y)`` of the sampled outputs (any non-empty shape, floating, differentiable).
+      rewards: same shape, floating (treated as constants, higher is better).
+      baseline: ``None`` (0), a real number, or a floating tensor broadcastable to ``rewards`` without changing
+        its shape (treated as a constant).
+      reduction: ``"mean"`` (scalar) | ``"sum"`` | ``"none"``.
+
+    The advantage ``R - b`` is formed in the rewards' dtype (promoted with a tensor baseline's dtype; a Python
+    number is subtracted in that dtype, never rounded to float32 first) and only then cast to the dtype of
+    ``logprobs``: large rewards with a nearby baseline keep their difference. Raises ``TypeError`` on
+    non-floating inputs or a bool/str baseline, ``ValueError`` on empty or mismatched shapes, NaN/inf, or an
+    unknown reduction. Derived in notebook 05_policy_gradient_vs_zeroth_order.
     """
     check_floating("logprobs", logprobs)
     if not isinstance(rewards, torch.Tensor):
         raise TypeError(f"rewards must be a torch.Tensor, got {type(rewards).__name__}")
     check_floating("rewards", rewards)
+    if reduction not in ("mean", "sum", "none"):
+        raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
     if logprobs.numel() == 0:
         raise ValueError("logprobs is empty")
     if rewards.shape != logprobs.shape:
         raise ValueError(f"rewards shape {tuple(rewards.shape)} != logprobs shape {tuple(logprobs.shape)}")
     check_finite("rewards", rewards)
     check_finite("logprobs", logprobs.detach())
-    adv = rewards.detach().to(logprobs.dtype)
+    adv = rewards.detach()
     if baseline is not None:
         if isinstance(baseline, torch.Tensor):
+            check_floating("baseline", baseline)
             check_finite("baseline", baseline.detach())
-            adv = adv - baseline.detach().to(logprobs.dtype)
+            b = baseline.detach().to(adv.device)
+            try:
+                adv = adv.to(torch.promote_types(adv.dtype, b.dtype)) - b
+            except RuntimeError as e:
+                raise ValueError(f"baseline of shape {tuple(b.shape)} does not broadcast to rewards "
+                                 f"{tuple(rewards.shape)}") from e
+        elif _is_real_number(baseline):
+            b = float(baseline)
+            if not math.isfinite(b):
+                raise ValueError(f"baseline must be finite, got {baseline}")
+            adv = adv - b
         else:
-            adv = adv - check_finite("baseline", torch.tensor(float(baseline))).item()
+            raise TypeError(f"baseline must be None, a real number or a floating tensor, got {type(baseline).__name__}")
         if adv.shape != logprobs.shape:
             raise ValueError(f"baseline of shape {tuple(torch.as_tensor(baseline).shape)} does not broadcast "
                              f"to rewards {tuple(rewards.shape)} without changing its shape")
-    surrogate = -(adv * logprobs)
+    surrogate = -(adv.to(logprobs.dtype) * logprobs)
     if reduction == "mean":
         return surrogate.mean()
     if reduction == "sum":
         return surrogate.sum()
-    if reduction == "none":
-        return surrogate
-    raise ValueError(f"reduction must be 'mean', 'sum' or 'none', got {reduction!r}")
+    return surrogate
+
+
+def _check_generator(generator) -> None:
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+
+
+def _is_real_number(x) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, (bool, np.bool_))
 
 
 def leave_one_out_baseline(rewards: torch.Tensor, dim: int = 0) -> torch.Tensor:
     """``b_s = mean of the other S-1 rewards along dim`` (S ≥ 2): unbiased, since b_s does not depend on y_s.
 
     ``rewards - leave_one_out_baseline(rewards)`` equals ``S/(S-1) · (rewards - rewards.mean(dim))``.
+    Raises ``TypeError`` for a non-floating tensor or a non-int ``dim``, ``ValueError`` for NaN/inf rewards, a
+    ``dim`` outside ``[-ndim, ndim)`` or fewer than 2 samples along it. Derived in notebook
+    05_policy_gradient_vs_zeroth_order.
     """
     check_floating("rewards", rewards)
+    dim = check_int("dim", dim)
+    if not -rewards.ndim <= dim < max(rewards.ndim, 1) or rewards.ndim == 0:
+        raise ValueError(f"dim={dim} is out of range for rewards of shape {tuple(rewards.shape)}")
+    if not _is_transformed(rewards):
+        check_finite("rewards", rewards)
     S = rewards.shape[dim]
     if S < 2:
         raise ValueError(f"leave-one-out baseline needs at least 2 samples along dim {dim}, got {S}")
@@ -110,7 +149,16 @@ class MovingAverageBaseline:
         return {"momentum": self.momentum, "value": self.value}
 
     def load_state_dict(self, state: dict) -> None:
-        self.momentum, self.value = state["momentum"], state["value"]
+        """Inverse of :meth:`state_dict`; the momentum is checked as in the constructor, the value is None or finite."""
+        if not isinstance(state, dict) or set(state) != {"momentum", "value"}:
+            raise ValueError("MovingAverageBaseline state must be a dict with the keys 'momentum' and 'value'")
+        m = check_nonnegative("momentum", state["momentum"])
+        if m >= 1:
+            raise ValueError(f"momentum must lie in [0, 1), got {m}")
+        value = state["value"]
+        if value is not None and not (_is_real_number(value) and math.isfinite(float(value))):
+            raise ValueError(f"value must be None or a finite number, got {value!r}")
+        self.momentum, self.value = m, None if value is None else float(value)
 
 
 def _apply_baseline(rewards: torch.Tensor, baseline) -> torch.Tensor | None:
@@ -141,9 +189,16 @@ def expected_reward(logits: torch.Tensor, reward_table: torch.Tensor) -> torch.T
     gradient is the quantity REINFORCE estimates (used to check the estimator in notebook 05).
     """
     check_floating("logits", logits)
+    if not isinstance(reward_table, torch.Tensor):
+        raise TypeError(f"reward_table must be a torch.Tensor, got {type(reward_table).__name__}")
     if logits.ndim != 2 or reward_table.shape != logits.shape:
         raise ValueError(f"logits [N, C] and reward_table [N, C] must match, got {tuple(logits.shape)} "
                          f"and {tuple(reward_table.shape)}")
+    if logits.numel() == 0:
+        raise ValueError(f"logits is empty: shape {tuple(logits.shape)}")
+    if not _is_transformed(logits):     # value checks need .item(): impossible inside torch.func transforms
+        check_finite("logits", logits.detach())
+        check_finite("reward_table", reward_table)
     return (logits.softmax(-1) * reward_table.to(logits.dtype)).sum(-1)
 
 
@@ -181,14 +236,22 @@ def classification_reinforce(logits: torch.Tensor, target: torch.Tensor, num_sam
         raise ValueError(f"batch sizes differ: logits {tuple(logits.shape)}, target {tuple(target.shape)}")
     S = check_int("num_samples", num_samples, minimum=1)
     check_nonnegative("mle_weight", mle_weight)
+    _check_generator(generator)
     check_finite("logits", logits.detach())
+    C = logits.shape[1]
+    lo, hi = int(target.min()), int(target.max())
+    if lo < 0 or hi >= C:
+        raise ValueError(f"target holds class ids in [{lo}, {hi}], outside [0, C={C}) for logits of shape "
+                         f"{tuple(logits.shape)}")
     logp_all = F.log_softmax(logits, -1)                                        # [N, C]
     samples = torch.multinomial(logp_all.detach().exp(), S, replacement=True, generator=generator).T  # [S, N]
     logp = logp_all.gather(1, samples.T).T                                      # [S, N]
     if reward == "accuracy":
         rewards = accuracy(samples, target, reduction="none").to(logits.dtype)
     elif callable(reward):
-        rewards = torch.as_tensor(reward(samples, target), device=logits.device).to(logits.dtype)
+        rewards = torch.as_tensor(reward(samples, target), device=logits.device)
+        if not rewards.is_floating_point():   # e.g. integer counts; floating rewards keep their dtype
+            rewards = rewards.to(logits.dtype)
     else:
         raise ValueError(f"reward must be 'accuracy' or a callable, got {reward!r}")
     if rewards.shape == (S,):
@@ -218,8 +281,8 @@ def sequence_reinforce(model: torch.nn.Module, prefix: torch.Tensor, references,
     better, e.g. ``lambda h, r: edit_distance(h, r, eos_id=eos, pad_id=pad)``) and differentiated through
     ``taskloss.lm.sequence_logprob``. ``samples`` is returned as ``[S, B, max_new_tokens]``.
     A sampled ``pad_id`` token before EOS would be taken for padding by ``sequence_logprob`` (its log-prob
-    dropped): use a pad token the model does not produce. ``mle_weight > 0`` adds ``w ×`` the per-token negative log-likelihood of ``mle_continuations [B, C]``
-    (padded with ``pad_id``).
+    dropped): use a pad token the model does not produce. ``mle_weight > 0`` adds ``w ×`` the per-token negative
+    log-likelihood of ``mle_continuations [B, C]`` (padded with ``pad_id``).
     """
     if not isinstance(prefix, torch.Tensor) or prefix.ndim != 2:
         raise ValueError("prefix must be a [B, P] LongTensor")
@@ -240,10 +303,12 @@ def sequence_reinforce(model: torch.nn.Module, prefix: torch.Tensor, references,
         losses = torch.as_tensor(task_loss(samples, rep_refs), device=prefix.device)
     if losses.shape != (S * B,):
         raise ValueError(f"task_loss must return shape ({S * B},), got {tuple(losses.shape)}")
-    rewards = -losses.to(torch.get_default_dtype()).reshape(S, B)
+    if not losses.is_floating_point():
+        losses = losses.to(torch.get_default_dtype())
+    rewards = -losses.reshape(S, B)          # in the losses' own dtype (reinforce_loss casts the advantage)
     logp = sequence_logprob(model, rep_prefix, samples, pad_id, eos_id=eos_id).reshape(S, B)
     b = _apply_baseline(rewards, baseline)
-    loss = reinforce_loss(logp, rewards.to(logp.dtype), b)
+    loss = reinforce_loss(logp, rewards, b)
     if mle_weight > 0:
         if mle_continuations is None:
             raise ValueError("mle_weight > 0 needs mle_continuations [B, C]")

@@ -21,6 +21,7 @@ Derived in notebook 05_policy_gradient_vs_zeroth_order.
 """
 from __future__ import annotations
 
+import numbers
 from typing import Callable
 
 import torch
@@ -40,6 +41,8 @@ def _as_dict(theta) -> tuple[dict[str, torch.Tensor], bool]:
 
 
 def _check_theta(theta: dict[str, torch.Tensor]) -> None:
+    if sum(v.numel() for v in theta.values()) == 0:
+        raise ValueError("theta has no entries (every tensor is empty)")
     for k, v in theta.items():
         if not v.is_floating_point():
             raise TypeError(f"parameter {k!r} must be floating point, got {v.dtype}")
@@ -59,20 +62,44 @@ def _draw(theta: dict[str, torch.Tensor], n: int, kind: str, generator) -> dict[
     return out
 
 
+def _scalar_values(vals, n: int, where: str) -> torch.Tensor:
+    """``vals`` from ``n`` evaluations of f → ``[n]``; ``ValueError`` unless f returned one number per point."""
+    vals = torch.as_tensor(vals)
+    if vals.ndim == 0 or vals.shape[0] != n or vals[0].numel() != 1:
+        per = tuple(vals.shape[1:]) if vals.ndim and vals.shape[0] == n else tuple(vals.shape)
+        raise ValueError(f"f must return a scalar (one loss per parameter set), got shape {per} at {where}")
+    if vals.is_complex() or vals.dtype == torch.bool:
+        raise TypeError(f"f must return a real number, got dtype {vals.dtype} at {where}")
+    vals = vals.reshape(n)
+    if not bool(torch.isfinite(vals).all()):
+        raise ValueError(f"f returned NaN or inf at {where}")
+    return vals
+
+
 def _evaluate(f: Callable, stacked: dict[str, torch.Tensor], single: bool, vectorize: bool,
               chunk_size: int | None) -> torch.Tensor:
     """f on each of the stacked parameter sets → ``[n]`` (one vmap call, or a loop when not vectorizable)."""
     call = (lambda p: f(p[""])) if single else f
+    n = next(iter(stacked.values())).shape[0]
     with torch.no_grad():
         if vectorize:
-            vals = vmap(call, chunk_size=chunk_size, randomness="different")(stacked)
+            try:
+                vals = vmap(call, chunk_size=chunk_size, randomness="different")(stacked)
+            except ValueError as e:
+                if "must only return Tensors" not in str(e):
+                    raise
+                raise ValueError("f must return a scalar tensor under vmap (pass vectorize=False for a function "
+                                 "that returns Python numbers)") from e
         else:
-            n = next(iter(stacked.values())).shape[0]
-            vals = torch.stack([torch.as_tensor(call({k: v[i] for k, v in stacked.items()})) for i in range(n)])
-    vals = vals.reshape(-1)
-    if not bool(torch.isfinite(vals).all()):
-        raise ValueError("f returned NaN or inf at a perturbed point")
-    return vals
+            outs = []
+            for i in range(n):
+                v = torch.as_tensor(call({k: x[i] for k, x in stacked.items()}))
+                if v.numel() != 1:
+                    raise ValueError(f"f must return a scalar (one loss per parameter set), got shape "
+                                     f"{tuple(v.shape)} at a perturbed point")
+                outs.append(v.reshape(()))
+            vals = torch.stack(outs)
+    return _scalar_values(vals, n, "a perturbed point")
 
 
 def _value(f, theta: dict[str, torch.Tensor], single: bool) -> torch.Tensor:
@@ -80,9 +107,7 @@ def _value(f, theta: dict[str, torch.Tensor], single: bool) -> torch.Tensor:
         v = torch.as_tensor(f(theta[""]) if single else f(theta))
     if v.numel() != 1:
         raise ValueError(f"f must return a scalar, got shape {tuple(v.shape)}")
-    if not bool(torch.isfinite(v).all()):
-        raise ValueError("f(theta) is NaN or inf")
-    return v.reshape(())
+    return _scalar_values(v.reshape(1), 1, "theta")[0]
 
 
 def _combine(weights: torch.Tensor, dirs: dict[str, torch.Tensor], scale: float, single: bool):
@@ -90,7 +115,13 @@ def _combine(weights: torch.Tensor, dirs: dict[str, torch.Tensor], scale: float,
     return g[""] if single else g
 
 
-def _validate(sigma: float, n: int, name: str = "sigma") -> tuple[float, int]:
+def _validate(f, sigma: float, n: int, generator, chunk_size, name: str = "sigma") -> tuple[float, int]:
+    if not callable(f):
+        raise TypeError(f"f must be callable (theta -> scalar loss), got {type(f).__name__}")
+    if generator is not None and not isinstance(generator, torch.Generator):
+        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    if chunk_size is not None:
+        check_int("chunk_size", chunk_size, minimum=1)
     return check_positive(name, sigma), check_int("num_samples", n, minimum=1)
 
 
@@ -130,7 +161,7 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, num_samples: int, 
     ``(eps, values)`` when ``return_samples`` (``eps``: stacked ``[n, ...]`` directions, ``values``: ``[n]``
     — or ``[2, n]`` for ``+``/``-`` in the antithetic case).
     """
-    sigma, n = _validate(sigma, num_samples)
+    sigma, n = _validate(f, sigma, num_samples, generator, chunk_size)
     th, single = _as_dict(theta)
     _check_theta(th)
     if baseline not in ("none", "value", "loo", "antithetic"):
@@ -163,7 +194,7 @@ def spsa_grad(f: Callable, theta, eps: float, num_samples: int = 1, *, generator
     ``δ_i`` with i.i.d. ±1 (Rademacher) entries; ``ĝ = (1/n) Σ (f(θ+εδ_i) - f(θ-εδ_i)) / (2ε) · δ_i``
     (``1/δ = δ`` for ±1 entries). Unbiased up to O(ε²) for smooth ``f`` since ``E[δδᵀ] = I``.
     """
-    eps, n = _validate(eps, num_samples, "eps")
+    eps, n = _validate(f, eps, num_samples, generator, chunk_size, "eps")
     th, single = _as_dict(theta)
     _check_theta(th)
     d = _draw(th, n, "rademacher", generator)
@@ -182,7 +213,9 @@ class MeZO(torch.optim.Optimizer):
     ``θ ← θ - lr · (mean_k g_k z_k + weight_decay · θ)`` with each ``z_k ~ N(0, I)`` regenerated from s_k
     parameter by parameter (one parameter-sized temporary at a time). ``closure()`` must return the loss
     (no ``backward``); it runs under ``torch.no_grad()``. ``step`` returns ``L+`` of the first perturbation.
-    ``seed`` makes the sequence of perturbations reproducible.
+    ``seed`` makes the sequence of perturbations reproducible, and :meth:`state_dict` carries the seed generator's
+    state, so a run restored into a fresh MeZO continues bit for bit. A closure that raises, returns a non-scalar
+    or a NaN loss leaves the parameters restored (up to the rounding of θ + εz − εz).
     """
 
     def __init__(self, params, lr: float = 1e-3, eps: float = 1e-3, weight_decay: float = 0.0,
@@ -197,6 +230,28 @@ class MeZO(torch.optim.Optimizer):
         self._seeds = torch.Generator().manual_seed(seed)
         self.last_projected_grads: list[float] = []
 
+    def state_dict(self) -> dict:
+        """``torch.optim`` state plus the seed generator's state and ``num_perturbations``: loading it into a
+        fresh MeZO over the same parameters continues the same perturbation sequence bit for bit."""
+        out = super().state_dict()
+        out["mezo"] = {"seed_generator": self._seeds.get_state().clone(),
+                       "num_perturbations": self.num_perturbations}
+        return out
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Inverse of :meth:`state_dict`; ``ValueError`` for a state without MeZO's generator state."""
+        if not isinstance(state_dict, dict) or not isinstance(state_dict.get("mezo"), dict):
+            raise ValueError("not a MeZO state_dict: the 'mezo' entry (seed generator state) is missing")
+        state_dict = dict(state_dict)
+        extra = state_dict.pop("mezo")
+        gen_state = extra.get("seed_generator")
+        if not isinstance(gen_state, torch.Tensor) or gen_state.dtype != torch.uint8:
+            raise ValueError("MeZO state_dict: 'seed_generator' must be a uint8 tensor from Generator.get_state()")
+        n = check_int("num_perturbations", extra.get("num_perturbations"), minimum=1)
+        super().load_state_dict(state_dict)
+        self._seeds.set_state(gen_state.clone())
+        self.num_perturbations = n
+
     def _add_z(self, seed: int, coef: Callable[[dict], float]) -> None:
         """``p += coef(group) · z`` for every parameter, ``z ~ N(0, I)`` regenerated from ``seed`` in a fixed
         parameter order (one generator per device), one parameter-sized temporary at a time."""
@@ -210,23 +265,46 @@ class MeZO(torch.optim.Optimizer):
                 z = torch.randn(p.shape, generator=gen, device=p.device, dtype=p.dtype)
                 p.add_(z, alpha=c)
 
+    @staticmethod
+    def _loss(closure) -> torch.Tensor:
+        out = closure()
+        if isinstance(out, bool) or not isinstance(out, (torch.Tensor, numbers.Real)):
+            raise TypeError(f"MeZO closure must return a scalar loss (tensor or number), got {type(out).__name__}")
+        v = torch.as_tensor(out).detach()
+        if v.numel() != 1:
+            raise ValueError(f"MeZO closure must return a scalar loss, got shape {tuple(v.shape)}")
+        if v.is_complex() or v.dtype == torch.bool:
+            raise TypeError(f"MeZO closure must return a real loss, got dtype {v.dtype}")
+        return v.reshape(())
+
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor | float]) -> torch.Tensor:
+        """One MeZO update (see the class docstring); returns ``L+`` of the first perturbation. The parameters
+        are restored before any error propagates (a failing closure, a non-scalar or NaN loss)."""
         if closure is None or not callable(closure):
             raise ValueError("MeZO.step needs a closure that returns the loss")
         eps_groups = {group["eps"] for group in self.param_groups}
         if len(eps_groups) != 1:
             raise ValueError("MeZO needs one eps shared by all parameter groups")
-        eps = eps_groups.pop()
+        eps = check_positive("eps", eps_groups.pop())
+        for group in self.param_groups:
+            check_positive("lr", group["lr"])
+            check_nonnegative("weight_decay", group["weight_decay"])
         seeds, grads, first = [], [], None
         for _ in range(self.num_perturbations):
             s = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-            self._add_z(s, lambda gr: gr["eps"])
-            lp = torch.as_tensor(closure()).detach()
-            self._add_z(s, lambda gr: -2 * gr["eps"])
-            lm = torch.as_tensor(closure()).detach()
-            self._add_z(s, lambda gr: gr["eps"])          # restore θ
-            if not (bool(torch.isfinite(lp).all()) and bool(torch.isfinite(lm).all())):
+            self._add_z(s, lambda gr: gr["eps"])              # θ + εz
+            try:
+                lp = self._loss(closure)
+            except BaseException:
+                self._add_z(s, lambda gr: -gr["eps"])         # back to θ before the error propagates
+                raise
+            self._add_z(s, lambda gr: -2 * gr["eps"])         # θ - εz
+            try:
+                lm = self._loss(closure)
+            finally:
+                self._add_z(s, lambda gr: gr["eps"])          # θ
+            if not (bool(torch.isfinite(lp)) and bool(torch.isfinite(lm))):
                 raise ValueError("closure returned NaN or inf; parameters restored, no update made")
             seeds.append(s)
             grads.append((float(lp) - float(lm)) / (2 * eps))

@@ -181,26 +181,63 @@ def test_hessian_free_direction_solves_damped_ggn(setup):
 
 
 # ---------------------------------------------------------------------------------------------- curvlinops
-@pytest.mark.parametrize("loss_func,likelihood,scale", [
-    (nn.CrossEntropyLoss(reduction="mean"), "categorical", lambda n, c: 1.0),
-    (nn.CrossEntropyLoss(reduction="sum"), "categorical", lambda n, c: n),
-    (nn.MSELoss(reduction="sum"), "gaussian", lambda n, c: 2.0 * n),
-    (nn.MSELoss(reduction="mean"), "gaussian", lambda n, c: 2.0 / c),
-])
-def test_agrees_with_curvlinops_up_to_scale(setup, loss_func, likelihood, scale):
+LOSSES = [("cross_entropy", "mean"), ("cross_entropy", "sum"), ("mse", "mean"), ("mse", "sum")]
+
+
+def _loss_module(loss, reduction):
+    return nn.CrossEntropyLoss(reduction=reduction) if loss == "cross_entropy" else nn.MSELoss(reduction=reduction)
+
+
+@pytest.mark.parametrize("loss,reduction", LOSSES)
+def test_curvature_scale_converts_to_curvlinops_ggn_and_ef(setup, loss, reduction):
     m, X, y, Y = setup
-    t = y if likelihood == "categorical" else Y
+    likelihood, t = ("categorical", y) if loss == "cross_entropy" else ("gaussian", Y)
     params = list(m.parameters())
     eye = torch.eye(sum(p.numel() for p in params), dtype=torch.float64)
     data = [(X[:4], t[:4]), (X[4:], t[4:])]  # two mini-batches: curvlinops accumulates over the data set
-    ggn = curvlinops.GGNLinearOperator(m, loss_func, params, data, check_deterministic=False) @ eye
-    ef = curvlinops.EFLinearOperator(m, loss_func, params, data, check_deterministic=False) @ eye
-    s = scale(N, K)
-    torch.testing.assert_close(ggn, s * C.ggn_matrix(m, None, X, likelihood))
-    if loss_func.reduction == "mean" and likelihood == "gaussian":
-        return  # the EF of an over-entries mean is not a rescaling of per-example gradients of ours (C² vs C)
-    ef_scale = {"categorical": 1.0, "gaussian": 4.0}[likelihood] * (N if loss_func.reduction == "sum" else 1.0)
-    torch.testing.assert_close(ef, ef_scale * C.empirical_fisher(m, None, X, t, likelihood))
+    fn = _loss_module(loss, reduction)
+    ggn = curvlinops.GGNLinearOperator(m, fn, params, data, check_deterministic=False) @ eye
+    ef = curvlinops.EFLinearOperator(m, fn, params, data, check_deterministic=False) @ eye
+    torch.testing.assert_close(ggn, C.curvature_scale("ggn", loss, reduction, N, K)
+                               * C.ggn_matrix(m, None, X, likelihood))
+    torch.testing.assert_close(ef, C.curvature_scale("empirical", loss, reduction, N, K)
+                               * C.empirical_fisher(m, None, X, t, likelihood))
+
+
+@pytest.mark.parametrize("fisher_type,clv_type", [("exact", "type-2"), ("empirical", "empirical")])
+@pytest.mark.parametrize("loss,reduction", LOSSES)
+def test_curvature_scale_converts_to_curvlinops_kfac(setup, fisher_type, clv_type, loss, reduction):
+    m, X, y, Y = setup
+    likelihood, t = ("categorical", y) if loss == "cross_entropy" else ("gaussian", Y)
+    k = C.KFAC(m, fisher_type=fisher_type, likelihood=likelihood, decay=0.0)
+    k.update(m(X), t)
+    k.remove()
+    params = list(m.parameters())
+    op = curvlinops.KFACLinearOperator(m, _loss_module(loss, reduction), params, [(X[:4], t[:4]), (X[4:], t[4:])],
+                                       fisher_type=clv_type, separate_weight_and_bias=False,
+                                       check_deterministic=False)
+    eye = torch.eye(sum(p.numel() for p in params), dtype=torch.float64)
+    torch.testing.assert_close(op @ eye, C.curvature_scale(fisher_type, loss, reduction, N, K) * k.to_dense())
+
+
+def test_curvature_scale_table_and_bad_input():
+    # the sum-reduced squared error without ½ scales the empirical Fisher by 4N (gradients double), the GGN by 2N
+    assert C.curvature_scale("empirical", "mse", "sum", 10, 3) == 40.0
+    assert C.curvature_scale("ggn", "mse", "sum", 10, 3) == 20.0
+    assert C.curvature_scale("mc", "mse", "mean", 10, 4) == 0.5
+    assert C.curvature_scale("empirical", "mse", "mean", 10, 4) == 1.0
+    assert C.curvature_scale("fisher", "cross_entropy", "sum", 10, 4) == 10.0
+    assert C.curvature_scale("exact", "cross_entropy", "mean", 10, 4) == 1.0
+    with pytest.raises(ValueError, match="curvature must be one of"):
+        C.curvature_scale("hessian", "mse", "sum", 10, 3)
+    with pytest.raises(ValueError, match="loss must be"):
+        C.curvature_scale("ggn", "nll", "sum", 10, 3)
+    with pytest.raises(ValueError, match="reduction must be"):
+        C.curvature_scale("ggn", "mse", "none", 10, 3)
+    with pytest.raises(ValueError, match="n must be >= 1"):
+        C.curvature_scale("ggn", "mse", "sum", 0, 3)
+    with pytest.raises(TypeError, match="c must be an int"):
+        C.curvature_scale("ggn", "mse", "sum", 10, 3.0)
 
 
 # ---------------------------------------------------------------------------------------------- optimizers

@@ -128,11 +128,54 @@ def test_optimizer_bad_input():
     with pytest.raises(ValueError):
         NaturalGradientDescent([p], fisher=lambda: torch.eye(2, dtype=D), damping=-1.0)
     opt = NaturalGradientDescent([p], fisher=lambda: torch.eye(3, dtype=D))
-    with pytest.raises(RuntimeError, match="grad"):
-        opt.step()
+    opt.step()                                    # no parameter has a gradient: nothing to do (as torch.optim)
+    assert torch.equal(p, torch.zeros(2, dtype=D))
     p.grad = torch.ones(2, dtype=D)
     with pytest.raises(ValueError, match="shape"):
         opt.step()
+    opt.param_groups[0]["damping"] = -1.0         # hyperparameters are checked when used
+    with pytest.raises(ValueError, match="damping"):
+        opt.step()
+    opt.param_groups[0].update(damping=0.0, lr=float("nan"))
+    with pytest.raises(ValueError, match="lr"):
+        opt.step()
+    p.grad = torch.tensor([1.0, float("nan")], dtype=D)
+    opt2 = NaturalGradientDescent([p], fisher=lambda: torch.eye(2, dtype=D))
+    with pytest.raises(ValueError, match="gradient contains NaN"):
+        opt2.step()
+    with pytest.raises(TypeError, match="must return a tensor"):
+        p.grad = torch.ones(2, dtype=D)
+        NaturalGradientDescent([p], fisher=lambda: [[1.0]]).step()
+
+
+def test_optimizer_skips_parameters_without_gradient_and_damps_per_group():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Tanh(), torch.nn.Linear(4, 2)).to(D)
+    X, y = vec(3, 1, (10,)), torch.randint(0, 2, (10,), generator=torch.Generator().manual_seed(2))
+    model[0].weight.requires_grad_(False)                    # frozen: no .grad, skipped as torch.optim does
+    from taskloss.curvature import ggn_matrix, nll_loss
+    groups = [{"params": model[0].parameters(), "damping": 0.5}, {"params": model[2].parameters(), "lr": 0.3}]
+    for full in (False, True):
+        w0 = [p.detach().clone() for p in model.parameters()]
+        params = {k: p for k, p in model.named_parameters()} if full else None
+        opt = NaturalGradientDescent(groups if not full else
+                                     [{"params": model[0].parameters(), "damping": 0.5},
+                                      {"params": model[2].parameters(), "lr": 0.3}],
+                                     fisher=lambda: ggn_matrix(model, params, X), lr=0.7, damping=0.1)
+        opt.zero_grad()
+        nll_loss(model(X), y).backward()
+        g = torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+        F = ggn_matrix(model, None, X)                       # the trainable parameters only
+        lam = torch.tensor([0.5] * 4 + [0.1] * 10, dtype=D)  # bias of layer 0 (group 1), then layer 2 (group 2)
+        step = torch.linalg.solve(F + torch.diag(lam), g)
+        opt.step()
+        torch.testing.assert_close(model[0].weight, w0[0], rtol=0, atol=0)
+        torch.testing.assert_close(model[0].bias, w0[1] - 0.7 * step[:4])
+        torch.testing.assert_close(torch.cat([model[2].weight.reshape(-1), model[2].bias]),
+                                   torch.cat([w0[2].reshape(-1), w0[3]]) - 0.3 * step[4:])
+        with torch.no_grad():
+            for p, w in zip(model.parameters(), w0):
+                p.copy_(w)
 
 
 # ------------------------------------------------------------------------------------ Gaussian geometry

@@ -169,6 +169,60 @@ def test_edit_distance_bad_inputs():
         M.edit_distance(torch.zeros(3, dtype=torch.long), torch.zeros(3, dtype=torch.long))
     with pytest.raises(TypeError):
         M.edit_distance("abc", "abd")
+    with pytest.raises(ValueError, match="backend"):
+        M.edit_distance([[1]], [[1]], backend="numba")
+    with pytest.raises(TypeError, match="normalize"):
+        M.edit_distance([[1]], [[1]], normalize="yes")
+
+
+@pytest.mark.parametrize("eos,padv", [(None, None), (6, None), (6, 7)])
+def test_edit_distance_backends_agree(eos, padv):
+    """rapidfuzz (CPU default) and the batched torch kernel (forced here on CPU; the GPU default) give the same
+    integers and normalized values as rapidfuzz pair by pair, with EOS/pad cutting and empty rows."""
+    rng = random.Random(2)
+    hs, rs = random_pairs(400, rng, vocab=8, max_len=20)
+    hs[:4], rs[:4] = [[], [1], [], [6, 1]], [[], [], [2, 3], [6]]
+    H, R = pad(hs, 7), pad(rs, 7)
+
+    def row(x):             # what the metric scores: up to the first pad id, then up to the first EOS
+        x = x[: x.index(padv)] if padv is not None and padv in x else x
+        return cut(x, eos) if eos is not None else x
+
+    want = torch.tensor([Levenshtein.distance(row(h), row(r)) for h, r in zip(H.tolist(), R.tolist())])
+    ref_len = torch.tensor([len(row(r)) for r in R.tolist()])
+    want_norm = torch.where(ref_len > 0, want / ref_len.clamp_min(1), (want > 0).double()).clamp_max(1)
+    for backend in M.EDIT_DISTANCE_BACKENDS:
+        raw = M.edit_distance(H, R, eos_id=eos, pad_id=padv, normalize=False, backend=backend)
+        assert raw.dtype == torch.long and torch.equal(raw, want), backend
+        norm = M.edit_distance(H, R, eos_id=eos, pad_id=padv, backend=backend)
+        torch.testing.assert_close(norm, want_norm.to(norm.dtype))
+
+
+def test_edit_distance_any_integer_ids():
+    """Ids beyond Unicode's range (or negative) are renumbered for the string path: same distances as lists."""
+    rng = random.Random(3)
+    hs, rs = random_pairs(200, rng, vocab=6)
+    big = [[-5, 2**40, 3], [2**40]] + [[x * 10**9 - 3 for x in h] for h in hs]
+    ref = [[2**40, 3], [-5]] + [[x * 10**9 - 3 for x in r] for r in rs]
+    want = torch.tensor([Levenshtein.distance(h, r) for h, r in zip(big, ref)])
+    for backend in ("rapidfuzz", "torch"):
+        assert torch.equal(M.edit_distance(big, ref, normalize=False, backend=backend), want)
+
+
+@pytest.mark.parametrize("bad", [0.5, "2", True, 2.0, None])
+def test_token_ids_must_be_ints(bad):
+    seqs = torch.tensor([[1, 2, 3]])
+    if bad is not None:
+        with pytest.raises(TypeError, match="eos_id must be an int"):
+            M.edit_distance(seqs, seqs, eos_id=bad)
+        with pytest.raises(TypeError, match="pad_id must be an int"):
+            M.repetition(seqs, 2, pad_id=bad)
+        with pytest.raises(TypeError, match="eos_id must be an int"):
+            M.non_termination(seqs, bad)
+    else:
+        with pytest.raises(TypeError, match="eos_id must be an int"):
+            M.non_termination(seqs, None)
+    assert M.edit_distance(seqs, seqs, eos_id=np.int64(2), normalize=False).tolist() == [0]
 
 
 @settings(max_examples=60, deadline=None)

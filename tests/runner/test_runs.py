@@ -1,9 +1,10 @@
-"""The notebook runner: parameter validation, execution, sweeps, resume after interruption, summaries."""
+"""The notebook runner with real kernels: parameters, execution, failures, resume, stale results, progress."""
 from __future__ import annotations
 
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -11,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from taskloss.runner import runs
+from taskloss.runner import runs, store
+from taskloss.runner.cli import main
 from taskloss.runner.params import (
     Parameter,
     ParameterError,
@@ -21,39 +23,11 @@ from taskloss.runner.params import (
     validate_overrides,
 )
 
-TINY = '''# %% [markdown]
-# # tiny
-
-# %% tags=["parameters"]
-seed: int = 0
-sleep: float = 0.0
-fail: bool = False
-scale: float = 1.0
-label: str = "x"
-values: list[float] = [1.0, 2.0]
-log_path: str = ""
-output_dir: str = ""
-
-# %%
-import time
-import taskloss.runner.notebook as tn
-run = tn.start("tiny", output_dir, device="cpu", seed=seed)
-if log_path:
-    with open(log_path, "a") as f:
-        f.write(f"{seed},{sleep}\\n")
-time.sleep(sleep)
-assert not fail, "asked to fail"
-run.record("score", seed * scale + sum(values), headline=True)
-run.record("label", label)
-'''
+NOISE = ("KeyboardInterrupt caught in kernel", "TCP", "Traceback", "WARNING")
 
 
-@pytest.fixture
-def tiny(tmp_path) -> Path:
-    path = tmp_path / "nb" / "00_tiny.py"
-    path.parent.mkdir()
-    path.write_text(TINY)
-    return path
+def _executions(log: Path) -> list[str]:
+    return [",".join(ln.split(",")[:2]) for ln in log.read_text().splitlines()] if log.exists() else []
 
 
 def test_parameters_are_read_with_types_and_defaults(tiny):
@@ -69,7 +43,8 @@ def test_coercion_accepts_compatible_and_rejects_wrong_types(tiny):
     assert coerce(p["seed"], 3.0) == 3
     assert coerce(p["values"], [1, 2]) == [1.0, 2.0]
     assert coerce(p["label"], 12) == "12"
-    for name, bad in [("seed", "abc"), ("seed", 1.5), ("fail", 1), ("scale", "fast"), ("values", 3), ("seed", True)]:
+    for name, bad in [("seed", "abc"), ("seed", 1.5), ("fail", 1), ("scale", "fast"), ("values", 3), ("seed", True),
+                      ("label", None), ("label", False)]:
         with pytest.raises(ParameterError, match=name):
             coerce(p[name], bad)
 
@@ -81,11 +56,12 @@ def test_unknown_parameter_fails_with_the_valid_names(tiny):
 
 def test_bad_parameters_fail_before_anything_executes(tiny, tmp_path, capsys):
     out = tmp_path / "out"
-    assert runs.main(["run", str(tiny), "-p", "seed", "abc", "--out", str(out)]) == 2
+    assert main(["run", str(tiny), "-p", "seed", "abc", "--out", str(out)]) == 2
     assert "parameter 'seed' expects int" in capsys.readouterr().err
-    assert runs.main(["run", str(tiny), "-p", "nope", "1", "--out", str(out)]) == 2
-    assert runs.main(["run", str(tiny), "--grid", "seed=0,x", "--out", str(out)]) == 2
-    assert runs.main(["run", str(tiny), "-p", "output_dir", "/tmp", "--out", str(out)]) == 2
+    assert main(["run", str(tiny), "-p", "nope", "1", "--out", str(out)]) == 2
+    assert main(["run", str(tiny), "--grid", "seed=0,x", "--out", str(out)]) == 2
+    assert main(["run", str(tiny), "-p", "output_dir", "/tmp", "--out", str(out)]) == 2
+    assert main(["run", str(tiny), "--jobs", "0", "--out", str(out)]) == 2
     assert not out.exists()
 
 
@@ -107,71 +83,85 @@ def test_yaml_then_cli_precedence_and_grid_expansion(tiny, tmp_path):
 
 
 @pytest.mark.slow
-def test_single_run_writes_results_meta_and_executed_notebook(tiny, tmp_path):
+def test_sweep_writes_results_reports_failures_and_prints_no_kernel_noise(tiny, tmp_path):
+    """One parallel sweep through the real command: a run that records through taskloss.runner.start, a run that
+    fails; the failing cell and exception land in meta.json and SUMMARY.md; the terminal shows no kernel logs."""
     out = tmp_path / "out"
-    assert runs.main(["run", str(tiny), "-p", "seed", "2", "-p", "values", "[3, 4]", "--out", str(out)]) == 0
-    folder = out / "00_tiny" / "seed=2__values=3.0,4.0"
-    meta = json.loads((folder / "meta.json").read_text())
+    cmd = [sys.executable, "-m", "taskloss.runner", "run", str(tiny), "-p", "seed", "2", "-p", "values", "[3, 4]",
+           "--grid", "fail=false,true", "--jobs", "2", "--out", str(out)]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=300, umask=0o022)
+    assert r.returncode == 1, r.stderr
+    for noise in NOISE:
+        assert noise not in r.stdout + r.stderr, noise
+    ok_dir, = (out / "00_tiny").glob("fail=False__seed=2__values=3.0,4.0-*")
+    bad_dir, = (out / "00_tiny").glob("fail=True__*")
+    meta = json.loads((ok_dir / "meta.json").read_text())
     assert meta["status"] == "ok" and meta["parameters"]["seed"] == 2 and meta["overrides"]["values"] == [3.0, 4.0]
     assert meta["packages"]["torch"] and "commit" in meta["git"] and meta["seconds"] > 0
-    results = json.loads((folder / "results.json").read_text())
+    assert set(meta["key"]) == {"run", "parameters", "notebook", "package"}
+    results = json.loads((ok_dir / "results.json").read_text())
     assert results["results"]["score"] == 2 * 1.0 + 7.0 and results["headline"] == ["score"]
-    executed = json.loads((folder / "00_tiny.ipynb").read_text())
+    executed = json.loads((ok_dir / "00_tiny.ipynb").read_text())
     assert any("injected-parameters" in c["metadata"].get("tags", []) for c in executed["cells"])
-    assert not list(folder.glob(".*partial*"))
-    assert "seed=2" in (out / "00_tiny" / "SUMMARY.md").read_text()
-
-
-@pytest.mark.slow
-def test_failures_are_reported_without_losing_other_results(tiny, tmp_path, capsys):
-    out = tmp_path / "out"
-    rc = runs.main(["run", str(tiny), "--grid", "fail=false,true", "--jobs", "2", "--out", str(out)])
-    assert rc == 1
-    ok = json.loads((out / "00_tiny" / "fail=False" / "meta.json").read_text())
-    bad = json.loads((out / "00_tiny" / "fail=True" / "meta.json").read_text())
-    assert ok["status"] == "ok" and bad["status"] == "failed" and "asked to fail" in bad["error"]
+    assert not list(ok_dir.glob(".*partial*"))
+    assert (ok_dir / "kernel.log").exists()  # the kernel's own log lines are kept there, off the terminal
+    bad = json.loads((bad_dir / "meta.json").read_text())
+    assert bad["status"] == "failed"
+    assert bad["error"].startswith("In [") and bad["error"].endswith("AssertionError: asked to fail")
+    assert "import time" in bad["error"]  # the failing cell's first line
+    for path in (ok_dir / "meta.json", ok_dir / "results.json", ok_dir / "00_tiny.ipynb", out / "00_tiny" / "SUMMARY.md"):
+        assert stat.S_IMODE(path.stat().st_mode) == 0o644, path  # readable like the figures
     summary = (out / "00_tiny" / "SUMMARY.md").read_text()
-    assert "1 of 2 runs succeeded" in summary and "**failed**" in summary
-    assert "FAILED" in capsys.readouterr().err
+    assert "1 of 2 runs succeeded" in summary and "**failed**: In [" in summary and "asked to fail" in summary
+    assert "score = 9" in summary
+    assert "failed" in r.stdout + r.stderr and "asked to fail" in r.stdout + r.stderr
 
 
 @pytest.mark.slow
-def test_interrupted_sweep_resumes_without_redoing_finished_runs(tiny, tmp_path):
+def test_interrupted_sweep_resumes_and_source_edits_make_results_stale(bare, tmp_path):
     out, log = tmp_path / "out", tmp_path / "executions.log"
-    cmd = [sys.executable, "-m", "taskloss.runner", "run", str(tiny), "--grid", "sleep=0,6", "-p", "log_path",
+    cmd = [sys.executable, "-m", "taskloss.runner", "run", str(bare), "--grid", "sleep=0,60", "-p", "log_path",
            str(log), "--out", str(out)]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while not log.exists() or len(log.read_text().splitlines()) < 2:
+    while len(_executions(log)) < 2:
         assert time.time() < deadline, "sweep did not start its second run in time"
         assert proc.poll() is None, "sweep ended before it could be interrupted"
         time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # interrupt midway through the second (sleeping) run
+    os.killpg(proc.pid, signal.SIGKILL)  # a crash midway through the second (sleeping) run
     proc.wait()
-    first, second = (next((out / "00_tiny").glob(f"*sleep={v}")) for v in ("0.0", "6.0"))
-    assert runs.is_finished(first)
-    assert not runs.is_finished(second)
+    first, second = (out / "00_bare" / store.folder_name({"log_path": str(log), "sleep": v}) for v in (0.0, 60.0))
+    assert store.is_finished(first) and not store.is_finished(second)
     started = json.loads((first / "meta.json").read_text())["started"]
 
-    assert runs.main(cmd[3:]) == 0
-    executions = log.read_text().splitlines()
-    assert executions.count("0,0.0") == 1  # the finished run was skipped
-    assert executions.count("0,6.0") == 2  # the interrupted one was redone
+    cmd[cmd.index("sleep=0,60")] = "sleep=0,0.5"  # finish the sweep quickly: the 60 s run becomes a 0.5 s one
+    assert main(cmd[3:]) == 0
+    assert _executions(log).count("0,0.0") == 1  # the finished run was skipped
     assert json.loads((first / "meta.json").read_text())["started"] == started
-    assert runs.is_finished(second)
+
+    bare.write_text(bare.read_text() + "\n# %%\nprint('an uncommitted edit')\n")
+    assert main(cmd[3:]) == 0
+    assert _executions(log).count("0,0.0") == 2  # an edited notebook makes the finished run stale
+    summary = (out / "00_bare" / "SUMMARY.md").read_text()
+    # sleep=0 and sleep=0.5 finished; the killed sleep=60 run left an incomplete folder, listed as such
+    assert "2 of 3 runs succeeded" in summary and "**incomplete**" in summary
+    assert "score = 0.5" in summary
 
 
 @pytest.mark.slow
-def test_finished_run_is_redone_when_parameters_or_commit_differ(tiny, tmp_path, monkeypatch):
-    out = tmp_path / "out"
-    spec, = runs.plan_runs(tiny, out)
-    runs.run_many([spec], progress=False)
-    assert runs.is_finished(spec.out_dir, spec)
-    other, = runs.plan_runs(tiny, out, cli=[("scale", "3")], nested=False)
-    other.out_dir = spec.out_dir
-    assert not runs.is_finished(spec.out_dir, other)  # same folder, other parameters
-    monkeypatch.setattr(runs, "_git_commit", lambda: {"commit": "0" * 40, "dirty": False})
-    assert not runs.is_finished(spec.out_dir, spec)  # made by another commit
+def test_per_cell_progress_and_kernel_environment(bare, tmp_path, monkeypatch):
+    monkeypatch.setenv("TASKLOSS_CHECK_HEADLINES", "1")  # a test-suite variable: never passed on to run kernels
+    spec, = runs.plan_runs(bare, tmp_path, cli=[("log_path", str(tmp_path / "log"))])
+    calls = []
+    environ = dict(os.environ)
+    meta = runs.execute(spec, threads=1, on_cell=lambda done, total: calls.append((done, total)))
+    assert meta["status"] == "ok", meta
+    assert calls == [(i, 5) for i in range(1, 6)]  # four code cells + the injected parameters cell
+    assert dict(os.environ) == environ  # the runner wrote nothing into its own environment
+    from taskloss.runner.kernel import kernel_env
+    env = kernel_env(threads=3)
+    assert env["OMP_NUM_THREADS"] == "3" and env["MPLBACKEND"].endswith("backend_inline")
+    assert "TASKLOSS_CHECK_HEADLINES" not in env
 
 
 def test_find_notebook_and_list(tmp_path):
@@ -182,3 +172,21 @@ def test_find_notebook_and_list(tmp_path):
     assert runs.find_notebook("01_alpha", tmp_path).name == "01_alpha.py"
     with pytest.raises(ParameterError, match="no unique notebook"):
         runs.find_notebook("03", tmp_path)
+
+
+def test_progress_widgets_get_their_final_text():
+    import nbformat
+
+    from taskloss.runner.kernel import progress_text_fallbacks
+
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell("bar")])
+    nb.cells[0].outputs = [nbformat.v4.new_output("display_data", data={
+        "text/plain": "sweep:   0%|          | 0/4 [00:00<?, ?it/s]",
+        "application/vnd.jupyter.widget-view+json": {"model_id": "box", "version_major": 2, "version_minor": 0}})]
+    nb.metadata["widgets"] = {"application/vnd.jupyter.widget-state+json": {"state": {
+        "box": {"model_name": "HBoxModel", "state": {"children": ["IPY_MODEL_l", "IPY_MODEL_p", "IPY_MODEL_r"]}},
+        "l": {"model_name": "HTMLModel", "state": {"value": "sweep:\u2007100%"}},
+        "p": {"model_name": "FloatProgressModel", "state": {"value": 4.0, "max": 4.0}},
+        "r": {"model_name": "HTMLModel", "state": {"value": "\u20074/4\u2007[00:01&lt;00:00]"}}}}}
+    assert progress_text_fallbacks(nb) == 1
+    assert nb.cells[0].outputs[0]["data"]["text/plain"] == "sweep: 100%|██████████| 4/4 [00:01<00:00]"

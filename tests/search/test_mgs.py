@@ -91,6 +91,35 @@ def test_mixture_log_density_skips_unperturbed_tensors():
     assert math.isclose(float(full), direct_log_q([d[0].numpy()], [g[0].numpy()], [0.5], 0.5), rel_tol=1e-12)
 
 
+def test_mixture_log_density_unperturbed_tensor_is_an_atom():
+    """σ_t = 0: component 0 is the point mass Δθ_t = 0, component 1 the point mass Δθ_t = −g_t (densities w.r.t.
+    Lebesgue on the perturbed tensors × counting measure on the atoms). A Δθ_t on neither atom has density 0."""
+    g = [torch.tensor([1.0, -2.0], dtype=torch.float64), torch.tensor([0.5, 0.25, -1.0], dtype=torch.float64)]
+    live = torch.tensor([0.1, 0.4], dtype=torch.float64)
+    l0 = float(norm.logpdf(live.numpy(), 0.0, 0.5).sum())                 # the live tensor under each component
+    l1 = float(norm.logpdf(live.numpy(), -g[0].numpy(), 0.5).sum())
+    on_zero = mixture_log_density([live, torch.zeros(3, dtype=torch.float64)], g, [0.5, 0.0], 0.3)
+    on_mle = mixture_log_density([live, -g[1]], g, [0.5, 0.0], 0.3)
+    off = mixture_log_density([live, torch.full((3,), 0.1, dtype=torch.float64)], g, [0.5, 0.0], 0.3)
+    assert math.isclose(float(on_zero), math.log(0.3) + l0, rel_tol=1e-12)     # only the zero-centred atom
+    assert math.isclose(float(on_mle), math.log(0.7) + l1, rel_tol=1e-12)      # only the MLE-centred atom
+    assert float(off) == -math.inf                                             # on neither: q = 0
+    with pytest.raises(ValueError, match="log_q must be finite"):              # such a Δθ cannot come from q
+        mgs_weights(torch.zeros(2), 0.0, torch.stack([on_zero, off]), 1.0)
+    # MGS leaves a tensor with zero gradient (σ_t = 0 in relative mode) at Δθ_t = 0: both atoms coincide
+    model, batch = tiny_problem()
+    model.unused = nn.Parameter(torch.ones(3, dtype=torch.float64))       # no gradient reaches it
+    names = [n for n, _ in model.named_parameters()]
+    grads = torch.autograd.grad(ce_surrogate(model, batch), list(model.parameters()), allow_unused=True)
+    st = make(model, K=4, max_grad_norm=None).step(batch, return_deltas=True)
+    assert st.sigmas[names.index("unused")] == 0.0 and all(bool((d["unused"] == 0).all()) for d in st.deltas)
+    assert all(math.isfinite(v) for v in st.log_q.tolist())
+    want = mixture_log_density([torch.stack([d[n] for d in st.deltas]) for n in names],
+                               [torch.zeros_like(p) if g is None else g for g, p in zip(grads, model.parameters())],
+                               st.sigmas, 0.5)
+    torch.testing.assert_close(st.log_q, want, rtol=1e-10, atol=1e-8)
+
+
 def test_unit_sigma_reproduces_reference_formula():
     rng = np.random.default_rng(1)
     g = [rng.normal(size=(4, 3)) * 0.3, rng.normal(size=5) * 0.3]
@@ -214,7 +243,8 @@ def test_non_vmappable_task_loss_falls_back():
         return float((out.argmax(-1) != batch[1]).sum().item()) / len(batch[1])
 
     res = {}
-    for mode, kw in {"auto": {}, "forward": {"vmap_task_loss": False}, "loop": {"parallel": False}}.items():
+    for mode, kw in {"auto": {"parallel": True}, "forward": {"parallel": True, "vmap_task_loss": False},
+                     "loop": {"parallel": False}}.items():
         model, batch = tiny_problem(torch.float32)
         mgs = make(model, task=python_task, K=4, **kw)
         if mode == "auto":
@@ -230,7 +260,7 @@ def test_non_vmappable_task_loss_falls_back():
     torch.testing.assert_close(res["forward"], res["loop"])
     model, batch = tiny_problem(torch.float32)
     with pytest.raises(RuntimeError):  # vmap_task_loss=True: no silent fallback
-        make(model, task=python_task, vmap_task_loss=True).step(batch)
+        make(model, task=python_task, parallel=True, vmap_task_loss=True).step(batch)
 
 
 def test_stratified_and_random_assignment():
@@ -325,8 +355,10 @@ def test_bad_objects_raise():
 def test_nan_losses_raise_clear_errors():
     model, batch = tiny_problem(torch.float32)
     nan_task = lambda out, b: out.sum() * float("nan")  # noqa: E731
-    with pytest.raises(ValueError, match="not finite"):
+    with pytest.raises(ValueError, match="task loss is NaN"):
         make(model, task=nan_task).step(batch)
+    with pytest.raises(ValueError, match=r"not finite: l\(θ\)"):     # the check at θ, on request
+        make(model, task=nan_task, eager_base_loss=True).step(batch)
     calls = []
 
     def nan_candidates(out, b):  # finite at θ (first call), NaN at the candidates
@@ -384,7 +416,7 @@ def test_loop_mode_hands_the_module_and_restores_parameters():
 
     mgs = make(model, forward_fn=forward, parallel=False, K=3, lr=0.0)
     mgs.step(batch)
-    assert seen == [True] * 4 and model.training           # base + 3 candidates; train mode restored
+    assert seen == [True] * 3 and model.training           # 3 candidates (l(θ) is lazy); train mode restored
     torch.testing.assert_close(flat(model), theta0, rtol=0, atol=0)  # lr = 0: candidates were swapped back
 
     calls = []
@@ -404,7 +436,7 @@ def test_loop_mode_hands_the_module_and_restores_parameters():
 def test_vmap_proxy_exposes_module_attributes():
     model, batch = tiny_problem(torch.float32)
     model.n_out = 2
-    mgs = make(model, forward_fn=lambda m, b: m(b[0])[:, : m.n_out], vmap_task_loss=True)
+    mgs = make(model, forward_fn=lambda m, b: m(b[0])[:, : m.n_out], parallel=True, vmap_task_loss=True)
     mgs.step(batch)
     assert mgs.mode == "vmap"
 
@@ -420,3 +452,51 @@ def test_state_dict_resumes_identically():
     sa, sb = ma.step(batch), mb.step(batch)
     assert sa.seeds == sb.seeds
     torch.testing.assert_close(flat(a), flat(b), rtol=0, atol=0)
+
+
+def test_base_loss_is_lazy_and_equals_the_eager_value():
+    """l(θ) cancels in the weights: the step does not compute it (one forward fewer); MGSStats.base_loss evaluates
+    it at that step's parameters when read — equal to the value computed inside the step on request."""
+    out = {}
+    for eager in (False, True):
+        model, batch = tiny_problem()
+        calls = []
+        task = lambda o, b: calls.append(1) or ce_task(o, b)  # noqa: E731
+        mgs = make(model, task=task, K=3, eager_base_loss=eager)
+        stats = [mgs.step(batch) for _ in range(3)]
+        assert len(calls) == 3 * (3 + int(eager))                # K candidates (+ l(θ) when eager) per step
+        out[eager] = (stats, flat(model))
+    torch.testing.assert_close(out[False][1], out[True][1], rtol=0, atol=0)   # same updates
+    for lazy, eager in zip(out[False][0], out[True][0]):
+        assert lazy.base_loss == pytest.approx(eager.base_loss, rel=1e-12)    # read after later steps: that step's θ
+        torch.testing.assert_close(lazy.weights, eager.weights, rtol=0, atol=0)
+
+
+def test_parallel_auto_chooses_the_loop_on_cpu():
+    model, batch = tiny_problem(torch.float32)
+    mgs = make(model)
+    assert mgs.parallel is False and mgs.mode == "loop"
+    assert make(model, parallel=True).mode == "vmap"
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
+def test_mgs_on_cuda_defaults_to_vmap_and_scores_its_candidates():
+    """On a GPU the default is the vmap; its candidate losses equal the loss of θ + Δθ_k evaluated on a CPU copy,
+    and SGD(lr=1) moves θ by Σ_k w_k Δθ_k (float64 throughout: tight tolerances)."""
+    model, (X, y) = tiny_problem(torch.float64)
+    cpu = copy.deepcopy(model)
+    model = model.cuda()
+    mgs = make(model, K=6, alpha=0.1, sigma=0.5, sigma_mode="absolute", max_grad_norm=None, max_update_norm=None)
+    assert mgs.mode == "vmap"
+    theta0 = flat(model).cpu()
+    st = mgs.step((X.cuda(), y.cuda()), return_deltas=True)
+    for k, dk in enumerate(st.deltas):
+        cand = copy.deepcopy(cpu)
+        with torch.no_grad():
+            for name, p in cand.named_parameters():
+                p.add_(dk[name].cpu())
+            assert math.isclose(float(ce_task(cand(X), (X, y))), float(st.task_losses[k]), rel_tol=1e-9)
+    upd = sum(float(w) * torch.cat([d[n].reshape(-1).cpu() for n, _ in cpu.named_parameters()])
+              for w, d in zip(st.weights, st.deltas))
+    torch.testing.assert_close(flat(model).cpu() - theta0, upd, rtol=1e-9, atol=1e-12)

@@ -26,6 +26,16 @@ def test_reinforce_loss_gradient_is_the_estimator():
     torch.testing.assert_close(PG.reinforce_loss(logp.detach(), r, reduction="sum"), -(r * logp.detach()).sum())
 
 
+@pytest.mark.parametrize("baseline", [1e8 + 2.0, torch.tensor(1e8 + 2.0, dtype=torch.float64)])
+def test_advantage_keeps_the_rewards_precision(baseline):
+    """Large rewards with a nearby baseline: R - b is formed in the rewards' dtype (float64 here) before it meets
+    float32 log-probabilities; rounding the baseline (or the rewards) to float32 first would give 0 or ±8."""
+    logp = torch.zeros(2, dtype=torch.float32, requires_grad=True)
+    rewards = torch.tensor([1e8 + 1.0, 1e8 + 3.0], dtype=torch.float64)
+    PG.reinforce_loss(logp, rewards, baseline, reduction="sum").backward()
+    torch.testing.assert_close(logp.grad, torch.tensor([1.0, -1.0]), rtol=0, atol=0)   # −(R − b) exactly
+
+
 def test_leave_one_out_and_moving_average_baselines():
     r = torch.tensor([[1.0, 2.0], [3.0, 6.0], [5.0, 1.0]])
     loo = PG.leave_one_out_baseline(r)

@@ -1,0 +1,218 @@
+"""Gradient clipping in its two forms, globally or per tensor, and the clipped (momentum) SGD optimizer.
+
+Derived in notebook 11_gradient_clipping. Source: Zhang, He, Sra & Jadbabaie, *Why gradient clipping accelerates
+training: a theoretical justification for adaptivity* (ICLR 2020). For a gradient ``g`` and a threshold
+``γ > 0`` the update ``θ ← θ − η·c(g)·g`` uses one of two coefficients::
+
+    hard:  c(g) = min{1, γ/‖g‖}          (the update's length is at most ηγ)
+    soft:  c(g) = γ/(‖g‖ + γ)             (a smooth version, close to normalized / RMSProp-like steps)
+
+and ``½·hard ≤ soft ≤ hard`` everywhere, so the two forms bound each other within a factor 2.
+
+``per_tensor=False`` (global) takes ``‖g‖`` over all tensors together — the same coefficient as
+``torch.nn.utils.clip_grad_norm_`` (which computes ``min{1, γ/(‖g‖ + 10⁻⁶)}``; pass ``eps=1e-6`` to match it
+to the last bit of the coefficient, the default ``eps=0`` is the exact formula above). ``per_tensor=True`` scales
+each tensor by its own coefficient. Clipping is applied before momentum in :class:`ClippedSGD`, as
+``clip_grad_norm_`` followed by ``torch.optim.SGD`` does (the paper's experiments clip the same way).
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Iterable
+
+import torch
+from torch import Tensor
+
+from taskloss.utils import check_nonnegative, check_positive
+
+__all__ = ["CLIP_MODES", "clip_coefficient", "clip_grad_", "ClippedSGD"]
+
+CLIP_MODES = ("hard", "soft")
+
+
+def _check_mode(mode) -> str:
+    if mode not in CLIP_MODES:
+        raise ValueError(f"mode must be one of {CLIP_MODES}, got {mode!r}")
+    return mode
+
+
+def _check_gamma(gamma) -> float:
+    """γ > 0; ``math.inf`` means "no clipping" (both coefficients tend to 1 as γ → ∞)."""
+    return check_positive("gamma", gamma, allow_inf=True)
+
+
+def clip_coefficient(norm, gamma: float, mode: str = "hard", eps: float = 0.0) -> Tensor:
+    """The clipping coefficient ``c`` of a gradient of norm ``‖g‖`` (elementwise over a tensor of norms).
+
+    Args:
+        norm: ``‖g‖ ≥ 0``, a number or a tensor of norms (any shape).
+        gamma: threshold ``γ > 0`` (``math.inf``: no clipping, ``c = 1``).
+        mode: ``"hard"`` → ``min{1, γ/(‖g‖ + eps)}``; ``"soft"`` → ``γ/(‖g‖ + γ)``.
+        eps: added to the norm in the hard form (``1e-6`` reproduces ``torch.nn.utils.clip_grad_norm_``).
+
+    Returns:
+        ``c`` in ``(0, 1]``, a tensor shaped like ``norm`` (float64 for a Python number).
+
+    Raises:
+        ValueError: ``γ ≤ 0`` or NaN, a negative / NaN norm, an unknown mode, a negative eps.
+
+    Derived in notebook 11_gradient_clipping.
+    """
+    gamma = _check_gamma(gamma)
+    _check_mode(mode)
+    eps = check_nonnegative("eps", eps)
+    if not isinstance(norm, Tensor):
+        if isinstance(norm, bool) or not isinstance(norm, (int, float)):
+            raise TypeError(f"norm must be a number or a tensor, got {type(norm).__name__}")
+        norm = torch.tensor(float(norm), dtype=torch.float64)
+    if not norm.is_floating_point():
+        raise TypeError(f"norm must be a floating-point tensor, got dtype {norm.dtype}")
+    if bool(torch.isnan(norm).any()) or bool((norm < 0).any()):
+        raise ValueError("norm must be >= 0 and not NaN (a NaN gradient norm cannot be clipped)")
+    if math.isinf(gamma):
+        return torch.ones_like(norm)
+    if mode == "hard":
+        return torch.clamp(gamma / (norm + eps), max=1.0)
+    return gamma / (norm + gamma)
+
+
+def _grads(params, name: str = "params") -> list[Tensor]:
+    if isinstance(params, Tensor):
+        params = [params]
+    params = list(params)
+    if not params:
+        raise ValueError(f"{name} is empty: no parameters to clip")
+    for p in params:
+        if not isinstance(p, Tensor):
+            raise TypeError(f"{name} must hold tensors, got {type(p).__name__}")
+    grads = [p.grad for p in params if p.grad is not None]
+    if not grads:
+        raise ValueError(f"no tensor in {name} has a gradient (.grad is None everywhere): call backward() first")
+    return grads
+
+
+def clip_grad_(params: Iterable[Tensor] | Tensor, gamma: float, mode: str = "hard", per_tensor: bool = False,
+               norm_type: float = 2.0, eps: float = 0.0) -> Tensor:
+    """Clip the ``.grad`` of ``params`` in place: ``g ← c(‖g‖)·g`` (see :func:`clip_coefficient`).
+
+    Args:
+        params: tensors (or one tensor) whose ``.grad`` is clipped; tensors without a gradient are skipped.
+        gamma: threshold ``γ > 0`` (``math.inf``: leave the gradients unchanged, still return the norm).
+        mode: ``"hard"`` (``min{1, γ/‖g‖}``) or ``"soft"`` (``γ/(‖g‖ + γ)``).
+        per_tensor: ``False`` — one coefficient from the norm of all gradients together (global);
+            ``True`` — one coefficient per tensor from that tensor's own norm.
+        norm_type: the ``p`` of the ``p``-norm (``2``, ``1``, ``math.inf``, …), as in ``clip_grad_norm_``.
+        eps: added to the norm in the hard form (``1e-6``: bit-compatible with ``clip_grad_norm_``).
+
+    Returns:
+        The norm(s) before clipping: a 0-d tensor (global) or ``[n_tensors_with_grad]`` (per tensor).
+
+    Raises:
+        ValueError: empty ``params``, no gradient at all, NaN/inf in a gradient, ``γ ≤ 0``, bad mode/norm_type.
+
+    Global hard clipping equals ``torch.nn.utils.clip_grad_norm_(params, γ, norm_type)`` (tested).
+    Derived in notebook 11_gradient_clipping.
+    """
+    gamma = _check_gamma(gamma)
+    _check_mode(mode)
+    eps = check_nonnegative("eps", eps)
+    norm_type = check_positive("norm_type", norm_type, allow_inf=True)
+    grads = _grads(params)
+    with torch.no_grad():
+        norms = torch._foreach_norm(grads, norm_type)
+        if per_tensor:
+            norm = torch.stack([n.to(grads[0].device) for n in norms])
+        else:
+            norm = torch.linalg.vector_norm(torch.stack([n.to(grads[0].device) for n in norms]), norm_type)
+        if not bool(torch.isfinite(norm).all()):
+            raise ValueError("a gradient contains NaN or inf: refusing to clip (the step would be NaN)")
+        coef = clip_coefficient(norm, gamma, mode, eps)
+        if per_tensor:
+            torch._foreach_mul_(grads, [c.to(g.device, g.dtype) for c, g in zip(coef.unbind(0), grads)])
+        else:
+            torch._foreach_mul_(grads, coef)
+    return norm
+
+
+class ClippedSGD(torch.optim.Optimizer):
+    """SGD with gradient clipping (hard or soft, global or per tensor) and optional heavy-ball momentum.
+
+    One step on each parameter group ``G`` (the clipping norm is taken over ``G``'s gradients)::
+
+        g ← c(‖g_G‖)·g                        (clip_grad_ on the group; gamma = inf: no clipping)
+        b ← μ·b + g   (b = g at the first step; skipped when μ = 0)
+        θ ← θ − η·b                           (η = lr)
+
+    With ``mode="hard"`` and ``momentum=0`` this is the clipped GD of Zhang et al. (2020),
+    ``θ ← θ − min{η, ηγ/‖g‖}·g``; with ``gamma=math.inf`` it is ``torch.optim.SGD`` (tested).
+
+    Args:
+        params: parameters or parameter groups, as for any ``torch.optim.Optimizer``.
+        lr: step size ``η > 0``.
+        gamma: clipping threshold ``γ > 0`` (``math.inf``: plain SGD).
+        mode: ``"hard"`` or ``"soft"`` (see :func:`clip_coefficient`).
+        per_tensor: clip each tensor by its own norm instead of the group's global norm.
+        momentum: heavy-ball coefficient ``μ ∈ [0, 1)`` (``torch.optim.SGD``'s convention, no dampening).
+
+    ``step(closure)`` follows torch.optim (the closure re-evaluates the loss and calls ``backward``).
+    ``state[p]["momentum_buffer"]`` holds ``b``; ``self.last_norms[i]`` the norm(s) of group ``i`` before clipping
+    at the last step (a diagnostic, not state). ``state_dict`` / ``load_state_dict`` resume bit-identically.
+    Derived in notebook 11_gradient_clipping.
+    """
+
+    def __init__(self, params, lr: float, gamma: float = math.inf, mode: str = "hard", per_tensor: bool = False,
+                 momentum: float = 0.0):
+        defaults = dict(lr=check_positive("lr", lr), gamma=_check_gamma(gamma), mode=_check_mode(mode),
+                        per_tensor=bool(per_tensor), momentum=self._check_momentum(momentum))
+        super().__init__(params, defaults)
+        for group in self.param_groups:
+            if not group["params"]:
+                raise ValueError("a parameter group is empty: no parameters to optimize")
+            self._validate_group(group)
+        self.last_norms: list[Tensor | None] = [None] * len(self.param_groups)
+
+    @staticmethod
+    def _check_momentum(momentum) -> float:
+        m = check_nonnegative("momentum", momentum)
+        if m >= 1.0:
+            raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+        return m
+
+    def _validate_group(self, group: dict) -> None:
+        check_positive("lr", group["lr"])
+        _check_gamma(group["gamma"])
+        _check_mode(group["mode"])
+        self._check_momentum(group["momentum"])
+
+    @torch.no_grad()
+    def step(self, closure: Callable[[], Tensor] | None = None):
+        """One clipped step on every group; returns the closure's loss (``None`` without a closure).
+
+        Raises:
+            ValueError: a group has no gradient at all, a gradient holds NaN/inf, or a hyperparameter in
+                ``param_groups`` was set to an invalid value (e.g. ``gamma ≤ 0``).
+        """
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        self.last_norms = [None] * len(self.param_groups)
+        for i, group in enumerate(self.param_groups):
+            self._validate_group(group)
+            params = [p for p in group["params"] if p.grad is not None]
+            if not params:
+                raise ValueError(f"parameter group {i} has no gradients: call backward() before step()")
+            self.last_norms[i] = clip_grad_(params, group["gamma"], group["mode"], group["per_tensor"])
+            grads = [p.grad for p in params]
+            if group["momentum"]:
+                bufs = []
+                for p, g in zip(params, grads):
+                    st = self.state[p]
+                    if "momentum_buffer" not in st:
+                        st["momentum_buffer"] = g.detach().clone()
+                    else:
+                        st["momentum_buffer"].mul_(group["momentum"]).add_(g)
+                    bufs.append(st["momentum_buffer"])
+                grads = bufs
+            torch._foreach_add_(params, grads, alpha=-group["lr"])
+        return loss

@@ -1,0 +1,161 @@
+"""``python -m taskloss.runner`` (also ``taskloss-runs``): run, rerun and sweep notebooks.
+
+Examples::
+
+    python -m taskloss.runner all                                   # make run: every notebook → runs/default/
+    python -m taskloss.runner run 01 -p n_samples 20000 -p device cuda
+    python -m taskloss.runner run 02 -f params/02_importance_sampling_and_mgs/full.yaml -p seed 3
+    python -m taskloss.runner run 02 --grid alpha=0.1,1,10 --grid seed=0,1,2 --jobs 2
+    python -m taskloss.runner run 02 --grid seed=0,1,2 --executor slurm --cluster-param slurm_partition=gpu
+    python -m taskloss.runner refresh notebooks/01_optimization_as_sampling.py   # make notebooks
+    python -m taskloss.runner params 01                             # a notebook's parameters, explained
+
+Exit status: 0 when every run succeeded, 1 when one failed, 2 for bad parameters or an unusable ``--out``
+(nothing executed), 130 after Ctrl-C (queued runs cancelled, kernels stopped, a partial SUMMARY.md written).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from taskloss.runner.params import ParameterError, notebook_parameters, parse_cli_value
+from taskloss.runner.refresh import refresh
+from taskloss.runner.runs import (
+    EXECUTORS,
+    check_no_clobber,
+    find_notebook,
+    list_notebooks,
+    plan_runs,
+    run_many,
+)
+from taskloss.runner.store import SUMMARY_FILE, check_writable, write_summary
+from taskloss.utils import REPO_ROOT
+
+__all__ = ["main", "describe_parameters"]
+
+
+def describe_parameters(notebook: Path) -> str:
+    """The parameters of a notebook, one per line: ``name: type = default  # comment`` (the comment is the
+    notebook's own explanation, with declared bounds such as ``[> 0]``)."""
+    params = notebook_parameters(notebook)
+    width = max((len(f"{p.name}: {p.type_name} = {p.default!r}") for p in params.values()), default=0)
+    lines = [f"Parameters of {notebook.stem} (set with -p NAME VALUE, -f FILE.yaml or --grid NAME=V1,V2):"]
+    for p in params.values():
+        head = f"{p.name}: {p.type_name} = {p.default!r}"
+        lines.append(f"  {head:<{width}}  # {p.help}" if p.help else f"  {head}")
+    return "\n".join(lines)
+
+
+def _cluster_params(items: list[str]) -> dict:
+    out = {}
+    for item in items:
+        if "=" not in item:
+            raise ParameterError(f"--cluster-param expects NAME=VALUE, got {item!r}")
+        name, value = item.split("=", 1)
+        out[name] = parse_cli_value(value)
+    return out
+
+
+def _parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python -m taskloss.runner",
+                                 description="Run, rerun and sweep the notebooks (also installed as taskloss-runs).",
+                                 epilog="Run 'python -m taskloss.runner COMMAND --help' for a command's options.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+
+    def common(p):
+        p.add_argument("-p", "--param", nargs=2, action="append", default=[], metavar=("NAME", "VALUE"),
+                       help="set a parameter (repeatable; the value is read as YAML 1.2: 1e-4, true, [1, 2]; "
+                            "str parameters take the text as written). Later -p wins over -f files.")
+        p.add_argument("-f", "--params-file", action="append", default=[], metavar="YAML",
+                       help="a flat YAML file 'name: value' (repeatable, applied in order, before -p), "
+                            "e.g. params/NN_topic/full.yaml")
+        p.add_argument("--jobs", type=int, default=1, metavar="N",
+                       help="runs at once (default 1); CPU threads are split between them. With "
+                            "--executor slurm: the most array tasks running at once")
+        p.add_argument("--force", action="store_true", help="redo finished runs")
+        p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="limit per cell")
+        p.add_argument("--executor", choices=EXECUTORS, default="inline",
+                       help="inline: kernels started from this process (default); local / slurm: one submitit "
+                            "job per run on this machine / on a SLURM cluster (same folders, same resume rules)")
+        p.add_argument("--cluster-param", action="append", default=[], metavar="NAME=VALUE",
+                       help="passed to submitit's AutoExecutor.update_parameters, e.g. slurm_partition=gpu, "
+                            "timeout_min=120, gpus_per_node=1")
+
+    r = sub.add_parser("run", help="run one notebook (optionally a grid sweep)")
+    r.add_argument("notebook", help="number (02), name (02_importance_sampling_and_mgs) or path")
+    r.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
+                   help="sweep a parameter over comma-separated values (repeatable: the grid is the product); "
+                        "each run gets its own folder, a duplicate value runs once")
+    r.add_argument("--out", default=str(REPO_ROOT / "runs"),
+                   help="sweep folder; runs go to OUT/<notebook>/<parameters>-<hash>/ (default runs/)")
+    common(r)
+    a = sub.add_parser("all", help="run every notebook into one folder and write SUMMARY.md")
+    a.add_argument("--out", default=str(REPO_ROOT / "runs" / "default"),
+                   help="folder; each notebook runs into OUT/<notebook>/ (default runs/default)")
+    a.add_argument("--only", nargs="*", default=None, help="notebook numbers or names")
+    common(a)
+    f = sub.add_parser("refresh", help="re-execute notebooks and refresh the committed .ipynb outputs")
+    f.add_argument("notebooks", nargs="*", help="sources to refresh (default: all)")
+    i = sub.add_parser("params", help="list a notebook's parameters with their explanations")
+    i.add_argument("notebook")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The command line; returns the exit status (see the module docstring)."""
+    args = _parser().parse_args(argv)
+    try:
+        if args.cmd == "params":
+            print(describe_parameters(find_notebook(args.notebook)))
+            return 0
+        if args.cmd == "refresh":
+            return 1 if refresh([Path(p) for p in args.notebooks] or list_notebooks()) else 0
+        if args.jobs < 1:
+            raise ParameterError(f"--jobs must be >= 1, got {args.jobs}")
+        out = Path(args.out)
+        if args.cmd == "run":
+            notebook = find_notebook(args.notebook)
+            specs = plan_runs(notebook, out, param_files=args.params_file, cli=args.param, grid=args.grid)
+            sweep = out / notebook.stem
+        else:
+            specs, sweep = [], out
+            for n in args.only or [p.stem for p in list_notebooks()]:  # validate everything before executing
+                specs += plan_runs(find_notebook(n), out, param_files=args.params_file, cli=args.param,
+                                   nested=False)
+        if not args.force:
+            check_no_clobber(specs)
+        cluster = _cluster_params(args.cluster_param)
+        check_writable(sweep)
+    except (ParameterError, FileNotFoundError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        print(f"error: {exc.strerror or exc} (choose a writable --out)", file=sys.stderr)
+        return 2
+    result = None
+    try:
+        result = run_many(specs, jobs=args.jobs, force=args.force, timeout=args.timeout, executor=args.executor,
+                          cluster_params=cluster)
+    except KeyboardInterrupt:  # a second Ctrl-C while stopping
+        pass
+    except ParameterError as exc:  # the executor refused the sweep before running anything
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    text = write_summary(sweep, title="Summary" if args.cmd == "all" else f"Summary of {sweep.name}")
+    print(text)
+    print(f"summary: {sweep / SUMMARY_FILE}")
+    if result is None or result.interrupted:
+        print("interrupted: queued runs cancelled, running kernels stopped; rerun the command to resume",
+              file=sys.stderr)
+        if argv is None:  # the command line: end now even if a worker thread is stuck on a dying kernel
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(130)
+        return 130
+    failed = [m for m in result.metas if m.get("status") != "ok"]
+    if failed:
+        print(f"{len(failed)} run(s) failed: {', '.join(m['notebook'] for m in failed)}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,159 @@
+"""Run folders without kernels: collision-free names, keys over sources, corrupt metas, locks, summaries, modes."""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from taskloss.runner import runs, store
+from taskloss.runner.cli import main
+from taskloss.runner.params import ParameterError
+from taskloss.utils import atomic_write_text
+
+NB = '''# %% tags=["parameters"]
+seed: int = 0
+label: str = "x"
+values: list[float] = [1.0]
+output_dir: str = ""
+
+# %%
+print(label)
+'''
+
+
+@pytest.fixture
+def nb(tmp_path) -> Path:
+    path = tmp_path / "nb" / "00_store.py"
+    path.parent.mkdir()
+    path.write_text(NB)
+    return path
+
+
+def test_values_that_sanitize_alike_get_different_folders(nb, tmp_path):
+    long_a, long_b = "a" * 300 + "1", "a" * 300 + "2"  # equal after truncation
+    grid = ["label=a/b,a?b,a b,a-b," + long_a + "," + long_b]
+    specs = runs.plan_runs(nb, tmp_path, grid=grid)
+    assert len(specs) == 6 and len({s.out_dir for s in specs}) == 6
+    assert all(len(s.out_dir.name) <= 60 + 9 for s in specs)
+    assert specs[0].out_dir.name.startswith("label=a-b-")  # readable prefix + short hash
+    assert runs.plan_runs(nb, tmp_path)[0].out_dir.name == "default"
+    # the folder is a function of the overrides: the same values always map to the same folder
+    assert runs.plan_runs(nb, tmp_path, cli=[("seed", "3")])[0].out_dir == \
+        runs.plan_runs(nb, tmp_path, grid=["seed=3"])[0].out_dir
+
+
+def test_duplicate_grid_values_plan_one_run(nb, tmp_path):
+    specs = runs.plan_runs(nb, tmp_path, grid=["seed=0,1,1,0.0", "values=[1],[1.0]"])
+    assert [s.overrides for s in specs] == [{"seed": 0, "values": [1.0]}, {"seed": 1, "values": [1.0]}]
+
+
+def test_run_key_covers_parameters_notebook_and_package_sources(nb, tmp_path):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "sub" / "m.py").write_text("x = 1\n")
+    h0 = store.package_hash(pkg)
+    (pkg / "sub" / "m.py").write_text("x = 2\n")  # an uncommitted edit changes the key
+    h1 = store.package_hash(pkg)
+    assert h0 != h1
+    k = store.run_key({"seed": 0}, nb, h1)
+    assert k == store.run_key({"seed": 0}, nb, h1)
+    assert k["run"] != store.run_key({"seed": 1}, nb, h1)["run"]
+    assert k["run"] != store.run_key({"seed": 0}, nb, h0)["run"]
+    nb.write_text(NB + "\n# an edit\n")
+    assert k["run"] != store.run_key({"seed": 0}, nb, h1)["run"]
+    assert len(store.package_hash()) == 64  # the real package hashes too
+
+
+@pytest.mark.parametrize("content", ["[]", "null", "{", "", "\xff\xfe", '"ok"', '{"status": "ok", "key": []}'])
+def test_corrupt_meta_is_unfinished_and_does_not_abort(nb, tmp_path, content):
+    spec, = runs.plan_runs(nb, tmp_path)
+    spec.out_dir.mkdir(parents=True)
+    (spec.out_dir / store.META_FILE).write_bytes(content.encode("latin-1"))
+    assert not store.is_finished(spec.out_dir, spec.key["run"])
+    runs.check_no_clobber([spec])
+    rows = store.summary_rows(spec.out_dir.parent)
+    assert [r["folder"] for r in rows] == ["default"]
+    assert "runs succeeded" in store.write_summary(spec.out_dir.parent)
+
+
+def test_finished_run_with_other_parameters_is_not_clobbered(nb, tmp_path):
+    spec, = runs.plan_runs(nb, tmp_path, nested=False)
+    store.write_meta(spec.out_dir, {"status": "ok", "overrides": {"seed": 4}, "key": {"run": "x"}})
+    with pytest.raises(ParameterError, match="holds a finished run with other parameters"):
+        runs.check_no_clobber([spec])
+
+
+def test_lock_excludes_a_second_holder_even_in_another_process(tmp_path):
+    folder = tmp_path / "run"
+    with store.run_lock(folder):
+        with pytest.raises(store.RunBusy):
+            with store.run_lock(folder, wait=False):
+                pass
+        probe = ("import sys; from taskloss.runner import store\n"
+                 "try:\n with store.run_lock(sys.argv[1], wait=False): print('got')\n"
+                 "except store.RunBusy: print('busy')")
+        r = subprocess.run([sys.executable, "-c", probe, str(folder)], capture_output=True, text=True)
+        assert r.stdout.strip() == "busy", r.stderr
+        assert store.summary_rows(tmp_path)[0]["status"] == "running"
+    with store.run_lock(folder, wait=False):
+        pass
+    assert store.summary_rows(tmp_path)[0]["status"] == "incomplete"
+
+
+def test_summary_lists_every_run_folder_in_the_sweep(nb, tmp_path):
+    sweep = tmp_path / "00_store"
+    for i, status in enumerate(["ok", "failed", "ok"]):
+        folder = sweep / f"seed={i}-abc{i}"
+        store.write_meta(folder, {"notebook": "00_store", "status": status, "seconds": 1.5,
+                                  "error": "In [3] (cell 2: 'x'): ValueError: bad | pipe" if status != "ok" else ""})
+        atomic_write_text(folder / "results.json", json.dumps({"headline": ["acc"], "results": {"acc": i / 3}}))
+    (sweep / "seed=9-zzz").mkdir()
+    (sweep / "seed=9-zzz" / store.LOCK_FILE).touch()  # a folder whose run never ended
+    (sweep / ".submitit").mkdir()
+    text = store.write_summary(sweep)
+    assert "2 of 4 runs succeeded" in text
+    assert "acc = 0.6667" in text and "**failed**: In [3] (cell 2: 'x'): ValueError: bad \\| pipe" in text
+    assert "**incomplete**" in text and ".submitit" not in text
+
+
+def test_results_meta_and_summary_are_world_readable(nb, tmp_path):
+    old = os.umask(0o022)
+    try:
+        folder = tmp_path / "run"
+        store.write_meta(folder, {"status": "ok"})
+        atomic_write_text(folder / "results.json", "{}")
+        store.write_summary(tmp_path)
+        for name in ("meta.json", "results.json"):
+            assert stat.S_IMODE((folder / name).stat().st_mode) == 0o644, name
+        assert stat.S_IMODE((tmp_path / store.SUMMARY_FILE).stat().st_mode) == 0o644
+    finally:
+        os.umask(old)
+
+
+def test_unwritable_out_fails_with_a_clear_message(nb, tmp_path, capsys, monkeypatch):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    assert main(["run", str(nb), "--out", str(blocker / "sub")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write into" in err and "Traceback" not in err
+
+    def refuse(*args, **kwargs):  # what a read-only --out does (root ignores chmod, so simulate it)
+        raise PermissionError(13, "Permission denied")
+    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    assert main(["run", str(nb), "--out", str(tmp_path / "ro")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot write into" in err and "Permission denied" in err and "Traceback" not in err
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only folders")
+def test_read_only_out_fails_with_a_clear_message(nb, tmp_path, capsys):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o555)
+    assert main(["run", str(nb), "--out", str(ro)]) == 2
+    assert "Permission denied" in capsys.readouterr().err
