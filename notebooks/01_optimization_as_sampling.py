@@ -191,16 +191,16 @@ print("scratch SNIS == taskloss.sampling.update.self_normalized_is:", est_scratc
 
 # %%
 g_norms = {k: float(g.norm()) for k, g in grads.items()}
-run.say("* **uniform** on the ball;\n"
-        "* a **Gaussian at −ηg**, $\\mathcal N(-\\eta g, \\sigma^2 I)$, centred a distance {c:.2f} "
-        "(= {gf}·ε) along $-g$, i.e. $\\eta = {gf}\\,\\varepsilon/\\|g\\|$ = {eq:.3f} for the quadratic and "
-        "{ek:.3f} for the kinked loss, with $\\sigma$ = {sf}·ε = {s:.2f};\n"
-        "* the **MGS mixture** $\\lambda\\,\\mathcal N(0,\\sigma^2 I)+(1-\\lambda)\\,\\mathcal N(-\\eta g,\\sigma^2 I)$ "
-        "with $\\lambda$ = {lam} and the same $\\eta$, $\\sigma$.\n\n"
-        "The Gaussian ones put mass outside the ball, where the restricted target is zero: those draws get "
-        "weight 0. Every estimate must agree with the quadrature to within Monte Carlo error.",
-        c=guide_frac * eps, gf=guide_frac, eq=guide_frac * eps / g_norms["quadratic"],
-        ek=guide_frac * eps / g_norms["kinked"], sf=sigma_frac, s=sigma_frac * eps, lam=mgs_lambda)
+_ = run.say("* **uniform** on the ball;\n"
+            "* a **Gaussian at −ηg**, $\\mathcal N(-\\eta g, \\sigma^2 I)$, centred a distance {c:.2f} "
+            "(= {gf}·ε) along $-g$, i.e. $\\eta = {gf}\\,\\varepsilon/\\|g\\|$ = {eq:.3f} for the quadratic and "
+            "{ek:.3f} for the kinked loss, with $\\sigma$ = {sf}·ε = {s:.2f};\n"
+            "* the **MGS mixture** $\\lambda\\,\\mathcal N(0,\\sigma^2 I)+(1-\\lambda)\\,\\mathcal N(-\\eta g,\\sigma^2 I)$ "
+            "with $\\lambda$ = {lam} and the same $\\eta$, $\\sigma$.\n\n"
+            "The Gaussian ones put mass outside the ball, where the restricted target is zero: those draws get "
+            "weight 0. Every estimate must agree with the quadrature to within Monte Carlo error.",
+            c=guide_frac * eps, gf=guide_frac, eq=guide_frac * eps / g_norms["quadratic"],
+            ek=guide_frac * eps / g_norms["kinked"], sf=sigma_frac, s=sigma_frac * eps, lam=mgs_lambda)
 
 # %%
 def make_proposals(g):
@@ -343,7 +343,7 @@ run.record("alpha_limit/angle_to_minus_g_small_alpha_deg", sweep["angle"][0])
 run.record("alpha_limit/angle_to_minus_g_large_alpha_deg", sweep["angle"][-1])
 run.record("alpha_limit/angle_argmin_deg", angle_deg(argmin, -g_k))
 run.record("alpha_limit/uniform_proposal_ess_fraction_small_alpha", sweep["mc_ess"][0])
-run.record("alpha_limit/uniform_proposal_ess_fraction_large_alpha", sweep["mc_ess"][-1])
+_ = run.record("alpha_limit/uniform_proposal_ess_fraction_large_alpha", sweep["mc_ess"][-1])
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(15, 4))
@@ -462,7 +462,7 @@ for d in (1, 2, 3, 10):
         worst = max(worst, abs(z_pkg / z - 1), abs(r_pkg / (dz / z) - 1))
 print(f"slice-integral quadrature vs closed form, d ∈ {{1,2,3,10}}: worst relative difference {worst:.1e}")
 assert worst < 1e-8
-run.record("first_order/closed_form_vs_quadrature_rel_diff", worst)
+_ = run.record("first_order/closed_form_vs_quadrature_rel_diff", worst)
 
 # %% [markdown]
 # And against Monte Carlo: draw $\Delta\theta$ uniformly in the ball, estimate $Z$ by $V_d\varepsilon^d\cdot$ mean of
@@ -485,7 +485,7 @@ for d in (2, 3, 10):
           f"log Z MC {float(res.log_z):.4f} exact {lz_ex:.4f};  ESS/n {float(res.ess) / n_samples_exact:.2f}")
 rel_err_zp = max(r[3] for r in mc_rows)
 assert rel_err_zp < 0.04 and max(abs(r[4] - r[5]) for r in mc_rows) < 0.03
-run.record("first_order/zprime_over_z_mc_rel_error", rel_err_zp, headline=True)
+_ = run.record("first_order/zprime_over_z_mc_rel_error", rel_err_zp, headline=True)
 
 # %%
 xs = np.logspace(-2, 2.5, 200)
@@ -566,7 +566,7 @@ print(f"d=6: exact-sample mean rel err {err6_exact:.2%}, SNIS mean rel err {err6
 assert err6_exact < 0.03 and err6_snis < 0.05
 run.record("newton/mean_rel_error", newton_rows[0.5][2], headline=True)
 run.record("newton/cov_rel_error", newton_rows[0.5][3])
-run.record("newton/cov_ratio_alpha_0.5_over_0.05", cov_ratio)
+_ = run.record("newton/cov_ratio_alpha_0.5_over_0.05", cov_ratio)
 
 # %%
 def draw_newton_panel(ax, a):
@@ -678,7 +678,7 @@ ess_limit = 1 / second_moment(delta_b, c_b)                         # ESS/n → 
 assert abs(bias_rows[-1]["ess_mean"] - ess_limit) < 0.05 and all(r["ess_mean"] * r["n"] >= 1 for r in bias_rows)
 run.record(f"snis/n_times_bias_measured_n{bias_rows[large[0]]['n']}", float(nb[large[0], 0]))
 run.record("snis/n_times_bias_theory", float(bt[0]))
-run.record("snis/bias_in_se_at_smallest_n", abs(float(first["bias"][0])) / float(first["se"][0]))
+_ = run.record("snis/bias_in_se_at_smallest_n", abs(float(first["bias"][0])) / float(first["se"][0]))
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(15, 4))
@@ -760,7 +760,7 @@ run.record("snis/ess_fraction_bad_proposal_limit", shift_theory[-1])
 run.record("snis/ess_fraction_good_proposal", good[0], headline=True)
 run.record("snis/ess_fraction_bad_proposal", bad[0], headline=True)
 run.record("snis/mse_ratio_bad_over_good", bad[1] / good[1], headline=True)
-run.record("snis/mse_ratio_narrow_over_wide", mse_w[widths.index(0.6)] / mse_w[widths.index(2.0)])
+_ = run.record("snis/mse_ratio_narrow_over_wide", mse_w[widths.index(0.6)] / mse_w[widths.index(2.0)])
 
 # %%
 fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex="col")
@@ -884,7 +884,7 @@ run.record("ess_dim/kappa_guided", kappa[ESS_PROPS[1]])
 for key, p in zip(("centred", "guided", "mgs"), ESS_PROPS):
     run.record(f"ess_dim/ess_fraction_{key}_small_d", float(med[p][j_small]))
     run.record(f"ess_dim/ess_{key}_dmax", float(np.median(ess_meas[p][:, -1])), headline=(key == "mgs"))
-run.record("ess_dim/log10_ess_fraction_limit_guided_dmax", float(np.median(ess_lim[ESS_PROPS[1]][:, -1])) / math.log(10))
+_ = run.record("ess_dim/log10_ess_fraction_limit_guided_dmax", float(np.median(ess_lim[ESS_PROPS[1]][:, -1])) / math.log(10))
 
 # %%
 fig, ax = plt.subplots(figsize=(7.5, 4.6))
@@ -922,7 +922,7 @@ summary = run.table()
 # these defaults.
 
 # %%
-run.say(
+_ = run.say(
     "* **Sampling an update works without derivatives — in two dimensions.** On the kinked loss every proposal "
     "lands within {demo/err_over_eps_kinked_uniform:.3f}·ε (uniform), {demo/err_over_eps_kinked_gauss:.3f}·ε "
     "(Gaussian at −ηg) and {demo/err_over_eps_kinked_mgs:.3f}·ε (MGS mixture) of the quadrature. Effective "
@@ -946,7 +946,7 @@ run.say(
     best=best_kinked, worst=worst_kinked, guidance=guidance)
 
 # %%
-run.say(
+_ = run.say(
     "* **SNIS.** Its bias is {snis/bias_in_se_at_smallest_n:.0f} standard errors at n = {n0}, points toward the "
     "proposal, and n·bias approaches the 1/n prediction ({snis/n_times_bias_theory:.3f}). Half a standard "
     "deviation off keeps ESS/n = {snis/ess_fraction_good_proposal:.3f}; three off, "
@@ -972,7 +972,7 @@ run.say(
 # qualifying, each checked above:
 
 # %%
-run.say(
+_ = run.say(
     "> 1. **Newton's covariance is αH⁻¹, not H⁻¹.** The essay completes the square without the 1/α of the "
     "exponent and writes p = N(−H⁻¹g, H⁻¹). With it, the covariance is αH⁻¹ (§4: the measured covariance grows "
     "{newton/cov_ratio_alpha_0.5_over_0.05:.2f}× between α = 0.05 and 0.5). The mean −H⁻¹g is unaffected.\n"

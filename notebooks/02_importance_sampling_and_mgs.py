@@ -309,7 +309,7 @@ run.record("error/surrogate_step_over_target_norm", float(np.median(step_error) 
 run.record("error/mgs_Kmax", float(med["MGS mixture (λ=½)"][ilast]))
 run.record("error/K_to_beat_surrogate_step", below[0] if below else math.inf)
 run.record("error/K_to_reach_tenth_of_target", tenth[0] if tenth else math.inf)
-run.record("error/K_max", Ks[-1])
+_ = run.record("error/K_max", Ks[-1])
 
 # %%
 kw = dict(metric="‖Δθ̂ − Δθ*‖", lower_is_better=True)
@@ -421,7 +421,7 @@ assert np.median(res_sigma[0], 0)[-1] > 2 * surrogate_step_error
 assert c_lam_b.verdict == "better" and c_lam_a.verdict == "better"
 run.record("sweep/best_sigma_Kmax", sigmas[best_sigma])
 run.record("sweep/error_best_sigma_Kmax_over_surrogate_step", e_sig_big[best_sigma] / surrogate_step_error)
-run.record("sweep/best_alpha", alphas[int(np.argmin(e_alpha))])
+_ = run.record("sweep/best_alpha", alphas[int(np.argmin(e_alpha))])
 
 # %% [markdown]
 # **α → ∞.** The source essay says that as α → ∞ the update distribution becomes uniform and Δθ* → 0, "the
@@ -477,7 +477,7 @@ theory = [c ** (-d) for d in dims]
 print("d", dims, "\nESS/K measured", np.round(np.median(ess_dim, 0), 4), "\nc^-d          ", np.round(theory, 4))
 assert abs(np.median(ess_dim, 0)[0] - theory[0]) < 0.05
 assert np.median(ess_dim, 0)[-1] < 0.05 and np.median(ess_dim, 0)[-1] < np.median(ess_dim, 0)[0] / 10
-run.record("ess_over_K/d512", float(np.median(ess_dim, 0)[-1]))
+_ = run.record("ess_over_K/d512", float(np.median(ess_dim, 0)[-1]))
 
 # %%
 fig, ax = plt.subplots(figsize=(5.5, 3.6))
@@ -786,7 +786,7 @@ def vs_short(key):
 
 
 # %%
-run.say(
+_ = run.say(
     "* **Importance sampling recovers Newton's step without a gradient of the task loss**, at the Monte Carlo "
     "rate K^(−1/2): at K = {error/K_max:.0f} the MGS estimate's median error is {error/mgs_Kmax:.3f}.\n"
     "* **A handful of candidates does not estimate Δθ*.** At K = 4 — the paper's choice — the median error is "
@@ -803,7 +803,7 @@ run.say(
     zero=vs("error/mgs_vs_zero_centred_K8"), unit=vs("error/unit_sigma_vs_mixture_Kmax"))
 
 # %%
-run.say(
+_ = run.say(
     "* **The knobs.** α → 0 turns the update into \"best of K\" (ESS → 1); the best α in the sweep is "
     "{sweep/best_alpha:g}. **α → ∞** does not drive the update to 0: the weights become softmax(−log q), the "
     "task loss drops out, the error grows to {alpha_inf/error_over_best_alpha_error:.1f}× the best α's and the "
@@ -819,7 +819,7 @@ run.say(
     lam_b=vs("sweep/lambda_half_vs_zero_scenario_B"), lam_a=vs("sweep/lambda_half_vs_one_scenario_A"))
 
 # %%
-run.say(
+_ = run.say(
     "* **At equal compute** (§8: {budget} forward equivalents, learning rates tuned per method, {n} seeds) MGS "
     "reaches test accuracy {equal_compute/test_acc_mgs:.3f}, REINFORCE {equal_compute/test_acc_reinforce:.3f}, "
     "REINFORCE + MLE {equal_compute/test_acc_reinforce_mle:.3f} and MLE {equal_compute/test_acc_mle:.3f}. MGS "
@@ -837,7 +837,7 @@ run.say(
 # ## Errata vs. the source
 
 # %%
-run.say(
+_ = run.say(
     "> 1. **\"With the guidance of q, n need not be large\" (n = 4 in the paper).** As an estimator of Δθ*, "
     "K = 4 leaves a median error of {error/mgs_K4_over_target_norm:.0%} of ‖Δθ*‖ here, and MGS at K = 4 is {k4}; "
     "the paper's gains at n = 4 are those of a search step, not of an accurate mean (§4).\n"
