@@ -20,14 +20,19 @@
 # and take its mean $\Delta\theta_* = \mathbb E_p[\Delta\theta]$ as the update. Nothing here needs $l$ to be
 # differentiable, which is why the view matters for task losses (accuracy, BLEU, edit distance): it is the
 # starting point of the paper *MLE-guided parameter search for task loss minimization in neural sequence
-# modeling* (MGS), whose estimator is self-normalized importance sampling with a proposal built from the
-# gradient of a differentiable surrogate.
+# modeling* (MGS; Welleck & Cho, AAAI 2021), whose estimator is self-normalized importance sampling with a
+# proposal built from the gradient of a differentiable surrogate. Source: the essay on optimization as sampling
+# that introduces that paper (reference 000 of this repository); where this notebook corrects it, the
+# "Errata" box at the end says so.
 #
 # **Question.** What does $\Delta\theta_*$ do as the temperature $\alpha$ varies; how do gradient descent and
-# Newton's method come out of it exactly; and how well can $\Delta\theta_*$ be estimated from a handful of
-# samples when $Z$ is unknown?
+# Newton's method come out of it exactly; how well can $\Delta\theta_*$ be estimated from samples when $Z$ is
+# unknown — and does a proposal guided by the gradient make a few samples enough in many dimensions?
 #
-# Everything used below lives in `taskloss.sampling.update`: `log_target`, `self_normalized_is`, `expected_update`,
+# Sections: 1 the update as a random variable · 2 the limits of α · 3 first order = gradient descent ·
+# 4 second order = Newton · 5 self-normalized importance sampling · 6 effective sample size against dimension.
+#
+# Everything used below lives in `taskloss.sampling`: `log_target`, `self_normalized_is`, `expected_update`,
 # the proposals (`GaussianProposal`, `UniformBallProposal`, `GaussianMixtureProposal`), the exact ball
 # quantities (`ball_log_partition`, `ball_log_partition_derivative`, `ball_expected_update`) and the quadratic
 # case (`newton_update`, `gaussian_update_distribution`).
@@ -38,6 +43,9 @@ device: str = "auto"
 output_dir: str = ""
 eps: float = 0.5                      # [> 0] radius of the ball ‖Δθ‖ ≤ ε
 alpha_demo: float = 0.3               # [> 0] temperature of the first pictures
+guide_frac: float = 0.5               # [> 0] guided proposals are centred at −ηg, a distance guide_frac·ε along −g
+sigma_frac: float = 0.5               # [> 0] their standard deviation σ = sigma_frac·ε
+mgs_lambda: float = 0.3               # [>= 0, <= 1] λ, weight of the MGS mixture's zero-centred component
 alphas: list[float] = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0]  # [> 0]
 grid_size: int = 801                  # [> 0] points per axis of the quadrature grid on the ball
 n_samples: int = 4000                 # [> 0] Monte Carlo draws per estimate of Δθ*
@@ -46,6 +54,10 @@ sample_sizes: list[int] = [4, 8, 16, 32, 64, 128, 256]   # [> 0] n for the SNIS 
 n_replicates: int = 4000              # [> 0] independent SNIS runs per n
 n_is: int = 1000                      # [> 0] draws per run in the proposal-mismatch study
 n_is_replicates: int = 400            # [> 0] runs per proposal in the proposal-mismatch study
+ess_dims: list[int] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2410]  # [> 0] dimensions of §6 (2410: notebook 03's MLP)
+ess_alpha: float = 0.1                # [> 0] temperature of the §6 sweep
+ess_n: int = 1000                     # [> 0] draws per ESS estimate in §6
+ess_seeds: int = 5                    # [> 0] random quadratics per dimension in §6
 
 # %%
 import math
@@ -57,6 +69,7 @@ from scipy import integrate
 from tqdm.auto import tqdm
 
 import taskloss.runner
+from taskloss.runner.plotting import label_axes, median_band
 from taskloss.sampling import (
     GaussianMixtureProposal,
     GaussianProposal,
@@ -71,6 +84,7 @@ from taskloss.sampling import (
     self_normalized_is,
 )
 
+# %%
 run = taskloss.runner.start("01_optimization_as_sampling", output_dir, device=device, seed=seed)
 dev, f64 = run.device, torch.float64
 gen = torch.Generator(device=dev).manual_seed(seed)
@@ -106,8 +120,7 @@ def angle_deg(u, v):
 # \rho(\Delta\theta) = e^{-[l(\theta+\Delta\theta)-l(\theta)]/\alpha},\quad \Delta\theta_i\sim q .$$
 #
 # $Z$ cancels in the ratio, which is why only the unnormalized $\rho$ is needed. The weights are computed from
-# $\log\rho-\log q$ with a log-sum-exp, so $\alpha\to0$ (log-targets of size $10^4$) does not overflow. First
-# the estimator from scratch in four lines, then parity with `taskloss.sampling.update.self_normalized_is`.
+# $\log\rho-\log q$ with a log-sum-exp, so $\alpha\to0$ (log-targets of size $10^4$) does not overflow.
 
 # %%
 A_quad = T([[3.0, 1.0], [1.0, 1.5]])
@@ -130,7 +143,10 @@ grads = {k: torch.func.grad(lambda t, f=f: f(t))(theta0) for k, f in losses.item
 for k, g in grads.items():
     print(f"{k:9s}: l(θ) = {float(losses[k](theta0)):.4f}, g = {g.tolist()}")
 
-# quadrature grid over the ball (cell area h²)
+# %% [markdown]
+# The reference: a quadrature grid over the ball (cell area $h^2$), on which $p$ is a softmax of $-\Delta l/\alpha$.
+
+# %%
 u = torch.linspace(-eps, eps, grid_size, dtype=f64, device=dev)
 grid = torch.stack(torch.meshgrid(u, u, indexing="xy"), -1).reshape(-1, 2)
 grid = grid[grid.norm(dim=-1) <= eps]
@@ -145,7 +161,13 @@ def grid_update(name, alpha):
     return (w[:, None] * grid).sum(0), float(torch.logsumexp(lt, 0)) + math.log(cell)
 
 
-# SNIS from scratch vs the package, uniform-on-ball proposal, kinked loss
+print(f"{len(grid)} grid points inside the ball")
+
+# %% [markdown]
+# SNIS from scratch in four lines (uniform-on-ball proposal, kinked loss), then parity with
+# `taskloss.sampling.update.self_normalized_is`:
+
+# %%
 ball_q = UniformBallProposal(T([0.0, 0.0]), eps)
 d_i = ball_q.sample(n_samples, gen)
 log_rho = -(loss_kinked(theta0 + d_i) - loss_kinked(theta0)) / alpha_demo
@@ -158,25 +180,41 @@ torch.testing.assert_close(pkg.weights, w_scratch)
 print("scratch SNIS == taskloss.sampling.update.self_normalized_is:", est_scratch.tolist())
 
 # %% [markdown]
-# Now three proposals for each loss: uniform on the ball; a Gaussian around the scaled negative gradient;
-# and the MGS mixture $q=\lambda\,\mathcal N(0,\sigma^2 I)+(1-\lambda)\,\mathcal N(-\eta g,\sigma^2 I)$. The
-# Gaussian ones put mass outside the ball, where the restricted target is zero (`radius=eps`): those draws get
-# weight 0. Every estimate must agree with the quadrature to within Monte Carlo error.
+# **How many draws does the estimate really use?** A few large weights can dominate the sum. The
+# **effective sample size**
+# $$\mathrm{ESS} = \frac{1}{\sum_i \bar w_i^2}\in[1, n]$$
+# is $n$ when all weights are equal and 1 when one draw takes all the weight; roughly, the weighted estimate
+# is as noisy as an unweighted average of ESS draws from $p$ itself. We report the fraction ESS/$n$; §5
+# derives its large-$n$ limit and §6 its dependence on the dimension.
+#
+# Three proposals for each loss, all with the parameters printed next:
 
 # %%
-alpha = alpha_demo
+g_norms = {k: float(g.norm()) for k, g in grads.items()}
+_ = run.say("* **uniform** on the ball;\n"
+            "* a **Gaussian at −ηg**, $\\mathcal N(-\\eta g, \\sigma^2 I)$, centred a distance {c:.2f} "
+            "(= {gf}·ε) along $-g$, i.e. $\\eta = {gf}\\,\\varepsilon/\\|g\\|$ = {eq:.3f} for the quadratic and "
+            "{ek:.3f} for the kinked loss, with $\\sigma$ = {sf}·ε = {s:.2f};\n"
+            "* the **MGS mixture** $\\lambda\\,\\mathcal N(0,\\sigma^2 I)+(1-\\lambda)\\,\\mathcal N(-\\eta g,\\sigma^2 I)$ "
+            "with $\\lambda$ = {lam} and the same $\\eta$, $\\sigma$.\n\n"
+            "The Gaussian ones put mass outside the ball, where the restricted target is zero: those draws get "
+            "weight 0. Every estimate must agree with the quadrature to within Monte Carlo error.",
+            c=guide_frac * eps, gf=guide_frac, eq=guide_frac * eps / g_norms["quadratic"],
+            ek=guide_frac * eps / g_norms["kinked"], sf=sigma_frac, s=sigma_frac * eps, lam=mgs_lambda)
+
+# %%
+def make_proposals(g):
+    guide = -guide_frac * eps * g / g.norm()                    # −ηg with η = guide_frac·ε/‖g‖
+    return {"uniform ball": UniformBallProposal(T([0.0, 0.0]), eps),
+            "Gaussian at −ηg": GaussianProposal(guide, scale=sigma_frac * eps),
+            "MGS mixture": GaussianMixtureProposal.mgs(guide, sigma_frac * eps, mgs_lambda)}
+
+
 results_1 = {}
 for name, f in losses.items():
-    g = grads[name]
-    guide = -0.5 * eps * g / g.norm()
-    proposals = {
-        "uniform ball": UniformBallProposal(T([0.0, 0.0]), eps),
-        "Gaussian at −ηg": GaussianProposal(guide, scale=0.5 * eps),
-        "MGS mixture": GaussianMixtureProposal.mgs(guide, 0.5 * eps, 0.3),
-    }
-    ref, _ = grid_update(name, alpha)
-    for pname, q in proposals.items():
-        res = expected_update(f, theta0, alpha, q, n_samples, gen, radius=eps)
+    ref, _ = grid_update(name, alpha_demo)
+    for pname, q in make_proposals(grads[name]).items():
+        res = expected_update(f, theta0, alpha_demo, q, n_samples, gen, radius=eps)
         err = float((res.estimate - ref).norm())
         results_1[(name, pname)] = (res, err)
         print(f"{name:9s} {pname:16s} Δθ* = {res.estimate.cpu().numpy().round(4)}  quadrature = "
@@ -184,8 +222,24 @@ for name, f in losses.items():
         assert err < 0.04 * eps, (name, pname, err)
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(11, 5))
-for ax, name in zip(axes, losses):
+short = {"uniform ball": "uniform", "Gaussian at −ηg": "gauss", "MGS mixture": "mgs"}
+for (name, pname), (res, err) in results_1.items():
+    run.record(f"demo/ess_fraction_{name}_{short[pname]}", float(res.ess) / n_samples)
+    run.record(f"demo/err_over_eps_{name}_{short[pname]}", err / eps)
+ess_kinked = {p: float(results_1[("kinked", p)][0].ess) / n_samples for p in short}
+best_kinked, worst_kinked = max(ess_kinked, key=ess_kinked.get), min(ess_kinked, key=ess_kinked.get)
+spread = ess_kinked[best_kinked] / ess_kinked[worst_kinked]
+run.record("demo/ess_spread_kinked", spread)
+print(f"kinked loss: highest ESS/n {best_kinked} ({ess_kinked[best_kinked]:.3f}), "
+      f"lowest {worst_kinked} ({ess_kinked[worst_kinked]:.3f})")
+guidance = (f"all within a factor {spread:.2f} of each other — at α = {alpha_demo} the target fills much of the "
+            "ball, so the gradient's guidance buys little" if spread < 2 else
+            f"the best {spread:.1f}× the worst")
+
+
+# %%
+def draw_update_panel(ax, name, alpha):
+    """log p on the ball, the MGS draws (area ∝ weight), −g, and Δθ* by quadrature and by SNIS."""
     v = torch.linspace(-eps, eps, 201, dtype=f64, device=dev)
     mesh = torch.stack(torch.meshgrid(v, v, indexing="xy"), -1)
     lt = -(losses[name](theta0 + mesh) - losses[name](theta0)) / alpha
@@ -198,18 +252,29 @@ for ax, name in zip(axes, losses):
                label="MGS draws, area ∝ weight")
     ref, _ = grid_update(name, alpha)
     g = grads[name].cpu()
-    ax.arrow(0, 0, *(-eps * g / g.norm()).tolist(), color="gray", width=0.004, length_includes_head=True, label="−g (to ε)")
+    ax.arrow(0, 0, *(-eps * g / g.norm()).tolist(), color="gray", width=0.004, length_includes_head=True,
+             label="−g (to ε)")
     ax.arrow(0, 0, *ref.cpu().tolist(), color="C3", width=0.008, length_includes_head=True, label="Δθ* quadrature")
     ax.plot(*res.estimate.cpu().tolist(), "o", color="C1", ms=8, label="Δθ* SNIS")
     ax.add_patch(plt.Circle((0, 0), eps, fill=False, ls="--", color="k"))
     ax.set(xlim=(-1.1 * eps, 1.1 * eps), ylim=(-1.1 * eps, 1.1 * eps), aspect="equal",
-           title=f"{name} loss, α = {alpha}: log p(Δθ) − max", xlabel="Δθ₁", ylabel="Δθ₂")
+           title=f"{name} loss, α = {alpha}", xlabel="Δθ₁ (parameter units)", ylabel="Δθ₂ (parameter units)")
     ax.legend(loc="upper right", fontsize=7)
-fig.colorbar(tc, ax=axes, shrink=0.8)
+    return tc
+
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(11, 5))
+for ax, name in zip(axes, losses):
+    tc = draw_update_panel(ax, name, alpha_demo)
+fig.colorbar(tc, ax=axes, shrink=0.8, label="log p(Δθ) − max (nats)")
 run.savefig(fig, "update_distribution.png")
 plt.show()
 
 # %% [markdown]
+# *What to see:* the orange dot (SNIS) sits on the red arrow's tip (quadrature) for both losses; on the kinked
+# loss the red arrow is visibly off the grey $-g$ direction.
+#
 # ## 2 · The two limits of the temperature
 #
 # * $\alpha\to0$: $p$ concentrates on the minimizers of $l(\theta+\Delta\theta)$ over the ball, so $\Delta\theta_*$
@@ -235,18 +300,18 @@ plt.show()
 # %%
 name = "kinked"
 g_k = grads[name]
-i_min = int(torch.argmin(grid_loss[name]))
-argmin = grid[i_min]
+argmin = grid[int(torch.argmin(grid_loss[name]))]
 print(f"argmin of l over the ball (grid): {argmin.tolist()}  angle to −g: {angle_deg(argmin, -g_k):.1f}°")
-
 # smoothed gradient E_U[(ε²−‖Δ‖²)/2 ∇l(θ+Δ)] by quadrature (grad of the kinked loss is defined a.e.)
 grad_grid = torch.func.vmap(torch.func.grad(loss_kinked))(theta0 + grid)
 smoothed = (((eps**2 - (grid**2).sum(-1)) / 2)[:, None] * grad_grid).mean(0)
 lin_mean = -(grid * grid_loss[name][:, None]).mean(0)  # −E_U[Δ l(θ+Δ)], the α·Δθ* limit
 torch.testing.assert_close(lin_mean, -smoothed, rtol=2e-3, atol=1e-5)  # the divergence-theorem identity
+print("divergence-theorem identity holds: E_U[Δ l] = E_U[(ε² − ‖Δ‖²)/2 ∇l]")
 
+# %%
 sweep = {"norm": [], "angle": [], "to_argmin": [], "mc_norm": [], "mc_err": [], "mc_ess": [], "lin_norm": []}
-for a in tqdm(alphas, desc="α sweep"):
+for a in alphas:
     m, _ = grid_update(name, a)
     sweep["norm"].append(float(m.norm()))
     sweep["angle"].append(angle_deg(m, -g_k))
@@ -270,15 +335,15 @@ assert sweep["norm"][-1] < 0.02 * eps and all(np.diff(sweep["norm"]) < 0)
 torch.testing.assert_close(alphas[-1] * m_large, -smoothed, rtol=0.02, atol=0.0)
 assert abs(angle_deg(m_large, -smoothed)) < 1.0 and abs(angle_deg(m_small, -g_k) - angle_deg(argmin, -g_k)) < 1.0
 # Monte Carlo with the uniform proposal: accurate when α is not small, ESS collapses as α → 0
-ok = alphas_t >= 0.1
-assert max(np.array(sweep["mc_err"])[ok]) < 0.05 * eps
+assert max(np.array(sweep["mc_err"])[alphas_t >= 0.1]) < 0.05 * eps
 assert sweep["mc_ess"][0] < 0.01 < 0.9 < sweep["mc_ess"][-1]
 run.record("alpha_limit/dist_to_argmin_over_eps_small_alpha", float((m_small - argmin).norm()) / eps)
 run.record("alpha_limit/norm_over_eps_large_alpha", sweep["norm"][-1] / eps)
 run.record("alpha_limit/angle_to_minus_g_small_alpha_deg", sweep["angle"][0])
 run.record("alpha_limit/angle_to_minus_g_large_alpha_deg", sweep["angle"][-1])
+run.record("alpha_limit/angle_argmin_deg", angle_deg(argmin, -g_k))
 run.record("alpha_limit/uniform_proposal_ess_fraction_small_alpha", sweep["mc_ess"][0])
-print(f"uniform-proposal ESS/n: {sweep['mc_ess'][0]:.2e} at α = {alphas[0]}, {sweep['mc_ess'][-1]:.3f} at α = {alphas[-1]}")
+_ = run.record("alpha_limit/uniform_proposal_ess_fraction_large_alpha", sweep["mc_ess"][-1])
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(15, 4))
@@ -288,23 +353,26 @@ ax.loglog(alphas_t, sweep["mc_norm"], "x", ms=8, label="kinked loss, SNIS (unifo
 ax.loglog(alphas_t, sweep["lin_norm"], "--", label="linearized loss, exact (Bessel)")
 ax.loglog(alphas_t, float(smoothed.norm()) / alphas_t, ":", label="‖smoothed grad‖/α")
 ax.axhline(eps / math.sqrt(4 * n_samples), color="C1", lw=0.8, ls="-.", label="MC std per coordinate ε/√((d+2)n)")
-ax.axhline(eps, color="gray", lw=0.8)
-ax.set(xlabel="α", ylabel="‖Δθ*‖", title="step length", ylim=(1e-3, 1))
-ax.legend(fontsize=7)
+ax.axhline(eps, color="gray", lw=0.8, label="ε (the ball's radius)")
+ax.set(ylim=(1e-3, 1))
+label_axes(ax, "temperature α (loss units)", "‖Δθ*‖ (parameter units)", "step length")
 ax = axes[1]
 ax.semilogx(alphas_t, sweep["angle"], "o-", label="kinked loss")
 ax.axhline(angle_deg(argmin, -g_k), color="C3", ls="--", label="argmin over the ball")
 ax.axhline(angle_deg(-smoothed, -g_k), color="C2", ls=":", label="smoothed gradient")
 ax.axhline(0, color="gray", lw=0.8, label="linearized loss (always 0)")
-ax.set(xlabel="α", ylabel="angle(Δθ*, −g) [deg]", title="direction")
-ax.legend(fontsize=7)
-ax = axes[2]
-ax.loglog(alphas_t, sweep["mc_ess"], "o-")
-ax.set(xlabel="α", ylabel="ESS / n", title=f"uniform proposal, n = {n_samples}")
+label_axes(ax, "temperature α (loss units)", "angle(Δθ*, −g) (degrees)", "direction")
+axes[2].loglog(alphas_t, sweep["mc_ess"], "o-", label=f"uniform proposal, n = {n_samples}")
+label_axes(axes[2], "temperature α (loss units)", "ESS / n", "effective sample size", lower_is_better=False)
 run.savefig(fig, "alpha_limits.png")
 plt.show()
 
 # %% [markdown]
+# *What to see:* left, the step length is flat (a full step to the ball's best point) at small α and falls as
+# 1/α along the dotted smoothed-gradient line at large α, until the Monte Carlo estimate meets its noise floor;
+# middle, the direction moves from the argmin's angle to the smoothed gradient's, never along −g; right, the
+# uniform proposal's ESS collapses as α → 0.
+#
 # ## 3 · First order: gradient descent, exactly
 #
 # Replace the loss by its linearization, $l(\theta+\Delta\theta)-l(\theta)\approx\Delta\theta^\top g$. On the
@@ -330,16 +398,14 @@ def z_cartesian(gv, a):
 
 
 rot_angles = np.linspace(0, 2 * np.pi, 8, endpoint=False)
-z_rot = []
-for phi in rot_angles:
-    R = T([[math.cos(phi), -math.sin(phi)], [math.sin(phi), math.cos(phi)]])
-    z_rot.append(z_cartesian(R @ g2, alpha_iso))
-z_rot = np.array(z_rot)
+z_rot = np.array([z_cartesian(T([[math.cos(p), -math.sin(p)], [math.sin(p), math.cos(p)]]) @ g2, alpha_iso)
+                  for p in rot_angles])
 z_exact2 = float(torch.exp(ball_log_partition(g2.norm(), alpha_iso, eps, 2)))
 iso_spread = float(z_rot.std() / z_rot.mean())
 print(f"d=2: Z over 8 rotations of g: spread {iso_spread:.1e}; exact (Bessel) {z_exact2:.8f}; quadrature {z_rot.mean():.8f}")
 assert iso_spread < 1e-8 and abs(z_rot.mean() / z_exact2 - 1) < 1e-8
 
+# %%
 # d = 5: random rotations, Monte Carlo with one uniform-ball sample set
 d5, alpha5 = 5, 0.3
 g5 = torch.randn(d5, generator=gen, dtype=f64, device=dev)
@@ -396,6 +462,7 @@ for d in (1, 2, 3, 10):
         worst = max(worst, abs(z_pkg / z - 1), abs(r_pkg / (dz / z) - 1))
 print(f"slice-integral quadrature vs closed form, d ∈ {{1,2,3,10}}: worst relative difference {worst:.1e}")
 assert worst < 1e-8
+_ = run.record("first_order/closed_form_vs_quadrature_rel_diff", worst)
 
 # %% [markdown]
 # And against Monte Carlo: draw $\Delta\theta$ uniformly in the ball, estimate $Z$ by $V_d\varepsilon^d\cdot$ mean of
@@ -418,8 +485,7 @@ for d in (2, 3, 10):
           f"log Z MC {float(res.log_z):.4f} exact {lz_ex:.4f};  ESS/n {float(res.ess) / n_samples_exact:.2f}")
 rel_err_zp = max(r[3] for r in mc_rows)
 assert rel_err_zp < 0.04 and max(abs(r[4] - r[5]) for r in mc_rows) < 0.03
-run.record("first_order/zprime_over_z_mc_rel_error", rel_err_zp, headline=True)
-print(f"worst relative error of Monte Carlo Z'/Z: {rel_err_zp:.2%}")
+_ = run.record("first_order/zprime_over_z_mc_rel_error", rel_err_zp, headline=True)
 
 # %%
 xs = np.logspace(-2, 2.5, 200)
@@ -430,19 +496,24 @@ for d in (1, 2, 3, 10, 100):
 for d, r_mc, r_ex, *_ in mc_rows:
     ax.plot(s_mc * eps / alpha_mc, r_mc * alpha_mc / eps, "kx", ms=8)
 ax.plot([], [], "kx", label="SNIS estimates (d = 2, 3, 10)")
-ax.set(xlabel="x = ‖g‖ε/α", ylabel="‖Δθ*‖/ε = I_{d/2+1}(x) / I_{d/2}(x)",
-       title="first-order update length on the ball", ylim=(0, 1.02))
-ax.legend(fontsize=8)
+ax.set(ylim=(0, 1.02))
+label_axes(ax, "x = ‖g‖ε/α (dimensionless)", "‖Δθ*‖/ε = I_{d/2+1}(x) / I_{d/2}(x)",
+           "first-order update length on the ball")
 run.savefig(fig, "ball_update_length.png")
 plt.show()
 
-# limits of the closed form
+# %% [markdown]
+# *What to see:* the step grows from a gradient-descent step (linear in x) to the full radius; the higher the
+# dimension, the larger x must be before the step fills the ball. The crosses (Monte Carlo) sit on their curves.
+#
+# The two ends of the closed form, checked at $\alpha = 10^{-8}$ and $10^{8}$:
+
+# %%
 for d in (2, 10):
     gd = torch.ones(d, dtype=f64, device=dev)
-    small = ball_expected_update(gd, 1e-8, eps)
-    large = ball_expected_update(gd, 1e8, eps)
-    torch.testing.assert_close(small, -eps * gd / gd.norm())
-    torch.testing.assert_close(large, -eps**2 * gd / ((d + 2) * 1e8), rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(ball_expected_update(gd, 1e-8, eps), -eps * gd / gd.norm())
+    torch.testing.assert_close(ball_expected_update(gd, 1e8, eps), -eps**2 * gd / ((d + 2) * 1e8), rtol=1e-6, atol=0.0)
+print("α → 0: a full step ε along −g;  α → ∞: gradient descent with learning rate ε²/((d+2)α)")
 
 # %% [markdown]
 # ## 4 · Second order: Newton's step, with covariance $\alpha H^{-1}$
@@ -453,10 +524,9 @@ for d in (2, 10):
 # = -\frac1{2\alpha}(\Delta\theta+H^{-1}g)^\top H(\Delta\theta+H^{-1}g) + \frac{1}{2\alpha}g^\top H^{-1}g .$$
 # For $H\succ0$ this is a Gaussian, no ball needed:
 # $$p(\Delta\theta\mid\theta)=\mathcal N\big(\Delta\theta;\,-H^{-1}g,\;\alpha H^{-1}\big),\qquad \Delta\theta_*=-H^{-1}g,$$
-# Newton's step, whatever $\alpha$ — the temperature only sets the spread, $\alpha H^{-1}$ (dropping the $\alpha$
-# from the covariance is an easy slip; the check below sees it). For the quadratic $l_Q$ the expansion is exact,
-# so SNIS from a broad proposal must recover both moments. We check that for two temperatures, and for a random
-# 6-D quadratic.
+# Newton's step, whatever $\alpha$ — the temperature only sets the spread, $\alpha H^{-1}$ (the source essay drops
+# the $\alpha$; see the errata at the end). For the quadratic $l_Q$ the expansion is exact, so SNIS from a broad
+# proposal must recover both moments. We check that for two temperatures, and for a random 6-D quadratic.
 
 # %%
 g_q, H_q = grads["quadratic"], A_quad
@@ -465,49 +535,47 @@ torch.testing.assert_close(newton, theta_star - theta0)  # Newton lands on the m
 newton_rows = {}
 for a in (0.05, 0.5):
     p = gaussian_update_distribution(g_q, H_q, a)
-    broad = GaussianProposal(torch.zeros(2, dtype=f64, device=dev), scale=1.0)
-    res = expected_update(loss_quadratic, theta0, a, broad, n_samples_exact, gen)
+    res = expected_update(loss_quadratic, theta0, a, GaussianProposal(T([0.0, 0.0]), scale=1.0), n_samples_exact, gen)
     dd = res.samples - res.estimate
     cov_w = (res.weights[:, None, None] * dd[:, :, None] * dd[:, None, :]).sum(0)
     mean_err = float((res.estimate - newton).norm() / newton.norm())
     cov_err = float(torch.linalg.matrix_norm(cov_w - p.covariance) / torch.linalg.matrix_norm(p.covariance))
-    # the exact log density differs from the target by the constant −log Z
-    lt = log_target(loss_quadratic, theta0, res.samples[:5], a)
-    const = p.log_prob(res.samples[:5]) - lt
-    torch.testing.assert_close(const, const[0].expand(5))
+    const = p.log_prob(res.samples[:5]) - log_target(loss_quadratic, theta0, res.samples[:5], a)
+    torch.testing.assert_close(const, const[0].expand(5))  # exact log density = target − log Z
     newton_rows[a] = (res, cov_w, mean_err, cov_err)
     print(f"α = {a}: SNIS mean {res.estimate.cpu().numpy().round(4)} vs −H⁻¹g {newton.cpu().numpy().round(4)} "
           f"(rel err {mean_err:.2%}); cov rel err {cov_err:.2%}; ESS/n {float(res.ess) / n_samples_exact:.3f}")
     assert mean_err < 0.02 and cov_err < 0.10
-ratio = newton_rows[0.5][1] / newton_rows[0.05][1]
-print("covariance ratio between α = 0.5 and α = 0.05 (elementwise):", ratio.cpu().numpy().round(2).tolist())
-assert abs(float(torch.linalg.matrix_norm(newton_rows[0.5][1]) / torch.linalg.matrix_norm(newton_rows[0.05][1])) - 10) < 1.5
+cov_ratio = float(torch.linalg.matrix_norm(newton_rows[0.5][1]) / torch.linalg.matrix_norm(newton_rows[0.05][1]))
+print(f"‖Cov‖ at α = 0.5 over ‖Cov‖ at α = 0.05: {cov_ratio:.2f} (αH⁻¹ predicts 10; H⁻¹ would predict 1)")
+assert abs(cov_ratio - 10) < 1.5
 
+# %%
 # a random 6-D quadratic: exact sampling and SNIS both give −H⁻¹g
 B = torch.randn(6, 6, generator=gen, dtype=f64, device=dev)
 H6, g6 = B @ B.T / 6 + 0.5 * torch.eye(6, dtype=f64, device=dev), torch.randn(6, generator=gen, dtype=f64, device=dev)
 p6 = gaussian_update_distribution(g6, H6, 0.2)
 x6 = p6.sample(n_samples_exact, gen)
 newton6 = newton_update(g6, H6)
+wide6 = float(torch.linalg.eigvalsh(p6.covariance).max().sqrt()) * 1.5
 res6 = expected_update(lambda th: th @ g6 + 0.5 * ((th @ H6) * th).sum(-1), torch.zeros(6, dtype=f64, device=dev),
-                       0.2, GaussianProposal(newton6, scale=float(torch.linalg.eigvalsh(p6.covariance).max().sqrt()) * 1.5),
-                       n_samples_exact, gen)
+                       0.2, GaussianProposal(newton6, scale=wide6), n_samples_exact, gen)
 err6_exact = float((x6.mean(0) - newton6).norm() / newton6.norm())
 err6_snis = float((res6.estimate - newton6).norm() / newton6.norm())
 print(f"d=6: exact-sample mean rel err {err6_exact:.2%}, SNIS mean rel err {err6_snis:.2%}")
 assert err6_exact < 0.03 and err6_snis < 0.05
 run.record("newton/mean_rel_error", newton_rows[0.5][2], headline=True)
 run.record("newton/cov_rel_error", newton_rows[0.5][3])
-print(f"α = 0.5: Newton mean rel err {newton_rows[0.5][2]:.2%}, covariance rel err {newton_rows[0.5][3]:.2%}")
+_ = run.record("newton/cov_ratio_alpha_0.5_over_0.05", cov_ratio)
 
 # %%
-fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
-t = torch.linspace(0, 2 * math.pi, 200, dtype=f64)
-for ax, a in zip(axes, (0.05, 0.5)):
+def draw_newton_panel(ax, a):
+    """Draws resampled from the SNIS weights, the N(−H⁻¹g, αH⁻¹) 1σ/2σ ellipses, Newton's step and the SNIS mean."""
     res, cov_w, *_ = newton_rows[a]
     pick = torch.multinomial(res.weights, 2000, replacement=True, generator=gen)  # resampling ≈ draws from p
     s = res.samples[pick].cpu()
     ax.scatter(s[:, 0], s[:, 1], s=3, c="k", alpha=0.3, lw=0, label="2000 draws resampled by SNIS weight")
+    t = torch.linspace(0, 2 * math.pi, 200, dtype=f64)
     L = torch.linalg.cholesky(a * torch.linalg.inv(H_q.cpu()))
     for k in (1, 2):
         ring = newton.cpu() + k * (torch.stack([t.cos(), t.sin()], 1) @ L.T)
@@ -515,12 +583,21 @@ for ax, a in zip(axes, (0.05, 0.5)):
     ax.plot(*newton.cpu().tolist(), "r*", ms=14, label="Newton step −H⁻¹g")
     ax.plot(*res.estimate.cpu().tolist(), "o", color="C1", ms=7, label="SNIS mean")
     ax.arrow(0, 0, *(-0.5 * g_q.cpu() / g_q.norm().cpu()).tolist(), color="gray", width=0.01, label="−g direction")
-    ax.set(aspect="equal", title=f"quadratic loss, α = {a}", xlabel="Δθ₁", ylabel="Δθ₂", xlim=(-1, 2.5), ylim=(-2.2, 1.2))
+    ax.set(aspect="equal", title=f"quadratic loss, α = {a}", xlim=(-1, 2.5), ylim=(-2.2, 1.2),
+           xlabel="Δθ₁ (parameter units)", ylabel="Δθ₂ (parameter units)")
     ax.legend(fontsize=7, loc="upper right")
+
+
+fig, axes = plt.subplots(1, 2, figsize=(11, 4.8))
+for ax, a in zip(axes, (0.05, 0.5)):
+    draw_newton_panel(ax, a)
 run.savefig(fig, "newton_gaussian.png")
 plt.show()
 
 # %% [markdown]
+# *What to see:* the same mean (the star) at both temperatures, and ellipses whose areas differ by the factor
+# 10 between α = 0.05 and α = 0.5 — the cloud of resampled draws fills them.
+#
 # ## 5 · Self-normalized importance sampling: bias, ESS, and the choice of proposal
 #
 # With draws $\Delta\theta_i\sim q$ and $\tilde w_i=\rho/q$, SNIS is a ratio of two unbiased averages,
@@ -528,8 +605,7 @@ plt.show()
 # expanding to second order around the means ($\bar w = p/q$ normalized so $\mathbb E_q\bar w=1$):
 # $$\mathbb E[\hat\mu_n]-\mu = -\frac1n\,\mathbb E_q\big[\bar w^2\,(f-\mu)\big]+O(n^{-2}),\qquad
 # \operatorname{Var}\hat\mu_n \approx \frac1n\,\mathbb E_q\big[\bar w^2(f-\mu)^2\big].$$
-# So the bias is $O(1/n)$, below the $O(1/\sqrt n)$ noise. The **effective sample size**
-# $\mathrm{ESS}=1/\sum_i\bar w_i^2$ (normalized weights) lies in $[1,n]$, equals $n$ when $p/q$ is constant and
+# So the bias is $O(1/n)$, below the $O(1/\sqrt n)$ noise. The ESS of §1 satisfies
 # $\mathrm{ESS}/n\to1/\mathbb E_q[\bar w^2]$.
 #
 # Target: the Gaussian $p=\mathcal N(\mu,\Sigma)$ of §4 ($\alpha=0.5$), known only through $\rho$. Proposals
@@ -569,6 +645,7 @@ def n_mse_limit(delta, c):
     return second_moment(delta, c) * (c**2 / k * float(torch.trace(p_is.covariance)) + float(shift @ shift) / k**2)
 
 
+# %%
 # the bias experiment: δ = 1, c = 1.5, R replicates for each n, batched through self_normalized_is
 delta_b, c_b = 1.0, 1.5
 q_b = proposal(delta_b, c_b)
@@ -578,10 +655,9 @@ for n in tqdm(sample_sizes, desc="SNIS bias vs n"):
     x = q_b.sample(n_replicates * n, gen).reshape(n_replicates, n, 2)
     res = self_normalized_is(rho_log(x), q_b.log_prob(x), x)
     err = res.estimate - mu                                   # [R, 2]
-    bias, se = err.mean(0), err.std(0) / math.sqrt(n_replicates)
-    mse = float((err**2).sum(-1).mean())
     ess = res.ess / n
-    bias_rows.append(dict(n=n, bias=bias.cpu(), se=se.cpu(), mse=mse, ess_mean=float(ess.mean()), ess_std=float(ess.std())))
+    bias_rows.append(dict(n=n, bias=err.mean(0).cpu(), se=err.std(0).cpu() / math.sqrt(n_replicates),
+                          mse=float((err**2).sum(-1).mean()), ess_mean=float(ess.mean()), ess_std=float(ess.std())))
 for r in bias_rows:
     print(f"n = {r['n']:4d}: n·bias = {(r['n'] * r['bias']).numpy().round(3)} ± {(r['n'] * r['se']).numpy().round(3)} "
           f"(theory {bias_theory.cpu().numpy().round(3)}),  n·MSE = {r['n'] * r['mse']:.3f},  ESS/n = {r['ess_mean']:.3f}")
@@ -596,35 +672,37 @@ assert float((first["bias"] @ (Lp @ e_dir).cpu())) > 0
 assert abs(float(first["bias"][0])) > 4 * float(first["se"][0])
 large = [i for i, r in enumerate(bias_rows) if r["n"] >= 32]
 assert all(abs(nb[i, 0] - bt[0]) < 4 * nse[i, 0] + 0.15 * abs(bt[0]) for i in large)
-# MSE ~ 1/n: n·MSE roughly constant once n is moderate
 nmse = np.array([r["n"] * r["mse"] for r in bias_rows])
-assert nmse[large].max() / nmse[large].min() < 1.3
-# ESS/n → 1/E_q[w̄²]
-ess_limit = 1 / second_moment(delta_b, c_b)
+assert nmse[large].max() / nmse[large].min() < 1.3                 # MSE ~ 1/n once n is moderate
+ess_limit = 1 / second_moment(delta_b, c_b)                         # ESS/n → 1/E_q[w̄²]
 assert abs(bias_rows[-1]["ess_mean"] - ess_limit) < 0.05 and all(r["ess_mean"] * r["n"] >= 1 for r in bias_rows)
 run.record(f"snis/n_times_bias_measured_n{bias_rows[large[0]]['n']}", float(nb[large[0], 0]))
 run.record("snis/n_times_bias_theory", float(bt[0]))
+_ = run.record("snis/bias_in_se_at_smallest_n", abs(float(first["bias"][0])) / float(first["se"][0]))
 
+# %%
 fig, axes = plt.subplots(1, 3, figsize=(15, 4))
 ns = np.array(sample_sizes)
 axes[0].errorbar(ns, nb[:, 0], yerr=2 * nse[:, 0], fmt="o-", capsize=3, label="measured n·bias (±2 SE)")
 axes[0].axhline(bt[0], color="C3", ls="--", label="theory, n → ∞")
-axes[0].set(xscale="log", xlabel="n", ylabel="n · bias (first coordinate)", title="SNIS bias is O(1/n)")
-axes[0].legend(fontsize=8)
+label_axes(axes[0], "draws n", "n · bias, first coordinate (parameter units)", "SNIS bias is O(1/n)", logx=True)
 axes[1].loglog(ns, nmse / ns, "o-", label="MSE")
 axes[1].loglog(ns, nmse[-1] / ns, "k:", label="∝ 1/n")
 axes[1].loglog(ns, (nb**2).sum(1) / ns**2, "s--", label="bias²")
-axes[1].set(xlabel="n", title="error of the SNIS mean")
-axes[1].legend(fontsize=8)
-axes[2].errorbar(ns, [r["ess_mean"] for r in bias_rows], yerr=[r["ess_std"] for r in bias_rows], fmt="o-", capsize=3,
-                 label=f"ESS/n (mean ± sd over {n_replicates} runs)")
+label_axes(axes[1], "draws n", "squared error (parameter units²)", "error of the SNIS mean", lower_is_better=True)
+axes[2].errorbar(ns, [r["ess_mean"] for r in bias_rows], yerr=[r["ess_std"] for r in bias_rows], fmt="o-",
+                 capsize=3, label=f"ESS/n (mean ± sd over {n_replicates} runs)")
 axes[2].axhline(ess_limit, color="C3", ls="--", label="1 / E_q[w̄²]")
-axes[2].set(xscale="log", xlabel="n", ylabel="ESS / n", title=f"δ = {delta_b}, c = {c_b}", ylim=(0, 1.05))
-axes[2].legend(fontsize=8)
+axes[2].set(ylim=(0, 1.05))
+label_axes(axes[2], "draws n", "ESS / n", f"δ = {delta_b}, c = {c_b}", logx=True)
 run.savefig(fig, "snis_bias_ess.png")
 plt.show()
 
 # %% [markdown]
+# *What to see:* left, n·bias settles on the dashed theory line once n ≥ 32; middle, bias² falls like 1/n², a
+# factor n below the MSE; right, ESS/n starts high at tiny n (a few draws always look balanced) and settles
+# on its limit.
+#
 # **A proposal close to the target helps.** For each proposal, `n_is` draws per run and `n_is_replicates`
 # runs (batched): the ESS fraction and the mean squared error of $\hat\mu$, against the shift $\delta$
 # (width $c=1.25$) and against the width $c$ (no shift). $c=0.6<1/\sqrt2$ is a too-narrow proposal: the
@@ -639,8 +717,8 @@ def mismatch(delta, c):
 
 
 deltas_list, widths = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0], [0.6, 0.8, 1.0, 1.25, 2.0, 4.0]
-shift_rows = [mismatch(dl, 1.25) for dl in tqdm(deltas_list, desc="shift")]
-width_rows = [mismatch(0.0, c) for c in tqdm(widths, desc="width")]
+shift_rows = [mismatch(dl, 1.25) for dl in deltas_list]
+width_rows = [mismatch(0.0, c) for c in widths]
 shift_theory = [1 / second_moment(dl, 1.25) for dl in deltas_list]
 shift_mse_theory = [n_mse_limit(dl, 1.25) / n_is for dl in deltas_list]
 width_mse_theory = [n_mse_limit(0.0, c) / n_is if c**2 > 0.5 else math.nan for c in widths]
@@ -649,26 +727,25 @@ for dl, (ess, mse), th, mt in zip(deltas_list, shift_rows, shift_theory, shift_m
     print(f"shift δ = {dl:3.1f}: ESS/n = {ess:.3f} (limit {th:.3f}), MSE = {mse:.2e} (large-n theory {mt:.2e})")
 for c, (ess, mse), th, mt in zip(widths, width_rows, width_theory, width_mse_theory):
     print(f"width c = {c:4.2f}: ESS/n = {ess:.3f} (limit {th:.3f}), MSE = {mse:.2e} (large-n theory {mt:.2e})")
+
+# %%
 x_same = p_is.sample(n_is, gen)
 res_same = self_normalized_is(rho_log(x_same), p_is.log_prob(x_same), x_same)
 print(f"q = p exactly: ESS = {float(res_same.ess):.6f} of n = {n_is}")
-
-# %%
-ess_shift = np.array([r[0] for r in shift_rows])
-mse_shift = np.array([r[1] for r in shift_rows])
+ess_shift, mse_shift = np.array([r[0] for r in shift_rows]), np.array([r[1] for r in shift_rows])
+ess_w, mse_w = np.array([r[0] for r in width_rows]), np.array([r[1] for r in width_rows])
 assert abs(float(res_same.ess) - n_is) < 1e-6 * n_is
 assert all(np.diff(ess_shift) < 0) and mse_shift[-1] > 5 * mse_shift[0]
 assert all(abs(e - t) < 0.05 + 0.15 * t for e, t, dl in zip(ess_shift, shift_theory, deltas_list) if dl <= 2.0)
 # width: best near c = 1; too narrow (c = 0.6, infinite-variance weights) is worse than 2× too wide
-ess_w = np.array([r[0] for r in width_rows])
-i1 = widths.index(1.0)
-assert ess_w[i1] > 0.99 and ess_w[i1] == ess_w.max()
+assert ess_w[widths.index(1.0)] > 0.99 and ess_w[widths.index(1.0)] == ess_w.max()
 assert ess_w[widths.index(0.6)] < ess_w[widths.index(2.0)]
 # MSE follows the large-n formula for moderate shifts and widths c ≥ 1 (for c² < 3/4 the squared weights
 # themselves have infinite variance, and the MSE estimate from a few hundred runs is unreliable)
-mse_w = np.array([r[1] for r in width_rows])
 assert all(abs(m / t - 1) < 0.3 for m, t, dl in zip(mse_shift, shift_mse_theory, deltas_list) if dl <= 2.0)
 assert all(abs(m / t - 1) < 0.3 for m, t, c in zip(mse_w, width_mse_theory, widths) if c >= 1.0)
+
+# %%
 # ESS is not the whole story: the variance-optimal width for a mean is wider than the target (c² = 3/2 here)
 c_grid = np.linspace(0.75, 3, 2000)
 c_best = c_grid[np.argmin([n_mse_limit(0.0, c) for c in c_grid])]
@@ -677,75 +754,246 @@ print(f"width with the smallest large-n MSE: c = {c_best:.3f} (√1.5 = {math.sq
 # not yet asymptotic: three standard deviations off, the weights are so heavy-tailed that ESS/n at n = n_is
 # still sits above its n → ∞ limit (the rare large weights that would pull it down are mostly not drawn yet)
 assert ess_shift[-1] > shift_theory[-1]
-print(f"δ = 3: measured ESS/n {ess_shift[-1]:.4f} vs limit {shift_theory[-1]:.4f} — finite n overstates ESS here")
 good, bad = shift_rows[deltas_list.index(0.5)], shift_rows[deltas_list.index(3.0)]
+run.record("snis/mse_optimal_width_c", float(c_best))
 run.record("snis/ess_fraction_bad_proposal_limit", shift_theory[-1])
 run.record("snis/ess_fraction_good_proposal", good[0], headline=True)
 run.record("snis/ess_fraction_bad_proposal", bad[0], headline=True)
 run.record("snis/mse_ratio_bad_over_good", bad[1] / good[1], headline=True)
+_ = run.record("snis/mse_ratio_narrow_over_wide", mse_w[widths.index(0.6)] / mse_w[widths.index(2.0)])
 
+# %%
 fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex="col")
 axes[0, 0].semilogy(deltas_list, ess_shift, "o-", label="ESS/n measured")
 axes[0, 0].semilogy(deltas_list, shift_theory, "k--", label="1 / E_q[w̄²]  (n → ∞)")
-axes[0, 0].set(ylabel="ESS / n", title="proposal shifted off the target (c = 1.25)")
-axes[0, 0].legend(fontsize=8)
+label_axes(axes[0, 0], "", "ESS / n", "proposal shifted off the target (c = 1.25)", lower_is_better=False)
 axes[1, 0].semilogy(deltas_list, mse_shift, "s-", color="C3", label="measured")
 axes[1, 0].semilogy(deltas_list, shift_mse_theory, "k--", label="large-n theory")
-axes[1, 0].legend(fontsize=8)
-axes[1, 0].set(xlabel="shift δ (target standard deviations)", ylabel="MSE of the SNIS mean")
+label_axes(axes[1, 0], "shift δ (target standard deviations)", "MSE of the SNIS mean", lower_is_better=True)
 axes[0, 1].semilogx(widths, ess_w, "o-", label="ESS/n measured")
 axes[0, 1].semilogx([c for c in widths if c**2 > 0.5], [t for c, t in zip(widths, width_theory) if c**2 > 0.5],
                     "k--", label="1 / E_q[w̄²]  (n → ∞)")
-axes[0, 1].set(ylabel="ESS / n", title="proposal too narrow or too wide (δ = 0)")
 axes[1, 1].loglog(widths, mse_w, "s-", color="C3", label="measured")
 axes[1, 1].loglog(widths, width_mse_theory, "k--", label="large-n theory")
 axes[1, 1].axvline(c_best, color="C2", ls="-.", lw=0.8, label="MSE-optimal width √1.5")
-axes[1, 1].legend(fontsize=8)
-axes[1, 1].set(xlabel="width factor c", ylabel="MSE of the SNIS mean")
 for ax in axes[:, 1]:
     ax.axvline(1 / math.sqrt(2), color="gray", ls=":", label="c = 1/√2 (infinite-variance weights below)")
-axes[0, 1].legend(fontsize=8)
+label_axes(axes[0, 1], "", "ESS / n", "proposal too narrow or too wide (δ = 0)", lower_is_better=False)
+label_axes(axes[1, 1], "width factor c (multiple of the target's)", "MSE of the SNIS mean", lower_is_better=True)
 run.savefig(fig, "proposal_mismatch.png")
 plt.show()
 
 # %% [markdown]
+# *What to see:* ESS/n falls like $e^{-\delta^2/(2c^2-1)}$ with the shift and the MSE rises accordingly (left);
+# on the right the ESS peaks at $c = 1$ but the MSE is smallest a little wider, and drops off a cliff below
+# $c = 1/\sqrt2$.
+#
+# ## 6 · Effective sample size against dimension
+#
+# §1 and §5 live in two dimensions. In $d$ dimensions, for a target and a proposal that factorize over
+# coordinates — $p=\prod_i\mathcal N(\mu_i, s_i^2)$, $q=\prod_i\mathcal N(\nu_i, v^2)$ — the second moment of the
+# weight is a product of per-coordinate factors (a Gaussian integral, valid for $2v^2>s_i^2$):
+# $$\mathbb E_q[\bar w^2] = \prod_{i=1}^d \frac{v^2}{s_i\sqrt{2v^2-s_i^2}}\,
+#   \exp\!\Big(\frac{(\mu_i-\nu_i)^2}{2v^2-s_i^2}\Big),\qquad \frac{\mathrm{ESS}}{n}\to\frac{1}{\mathbb E_q[\bar w^2]} .$$
+# Every factor is $\ge 1$, with equality only when $q$ matches $p$ in that coordinate, so **any** per-coordinate
+# mismatch, however small, costs a constant factor per coordinate: ESS/$n\approx e^{-\kappa d}$. For the MGS
+# mixture $q=\lambda q_0+(1-\lambda)q_1$, $q\ge(1-\lambda)q_1$ gives $\mathbb E_q[\bar w^2]\le\mathbb E_{q_1}[\bar w^2]/(1-\lambda)$:
+# in the large-$n$ limit the mixture keeps at least a fraction $1-\lambda$ of its guided component's ESS.
+#
+# The test: the update distribution of a $d$-dimensional quadratic at temperature `ess_alpha`, with curvatures
+# $h_i$ log-spaced in $[0.8, 1.25]$ (condition number 1.56 — mild for a network) and $\theta-\theta^\star$ drawn so
+# that Newton's step is about one target standard deviation per coordinate. Target: $\mu=-H^{-1}g$,
+# $s_i^2=\alpha/h_i$. Proposals, all isotropic with the widest target width $v^2 = \alpha/h_{\min}$ (so no weight
+# has infinite variance): a Gaussian centred *exactly* at $\Delta\theta_*$ (the best a proposal's centre can be),
+# the gradient-guided Gaussian at $-\eta g$ with $\eta = 1/\bar h$ (the geometric mean curvature), and the MGS
+# mixture with $\lambda$ = `mgs_lambda`. The largest $d$, 2410, is the number of parameters of notebook 03's
+# digits classifier.
+
+# %%
+ESS_PROPS = ("Gaussian at Δθ*", "Gaussian at −ηg", "MGS mixture")
+
+
+def ess_problem(d, g_):
+    """Curvatures h [d], displacement r = θ − θ* [d] (one target sd per coordinate), target mean and sd."""
+    h = torch.logspace(math.log10(0.8), math.log10(1.25), d, dtype=f64, device=dev)
+    s = (ess_alpha / h).sqrt()
+    r = s * torch.randn(d, generator=g_, dtype=f64, device=dev)
+    return h, r, -r, s                                         # Newton's step −H⁻¹g = −r
+
+
+def log_second_moment(mu_p, s, nu, v):
+    """log E_q[w̄²] for p = Π N(μ_i, s_i²), q = Π N(ν_i, v²): the product formula above."""
+    k = 2 * v**2 - s**2
+    return float((torch.log(v**2 / (s * k.sqrt())) + (mu_p - nu) ** 2 / k).sum())
+
+
+# %%
+def ess_one(d, g_):
+    """Measured ESS of `ess_n` draws from each proposal, and the n → ∞ limits of ESS/n (nan for the mixture)."""
+    h, r, mu_p, s = ess_problem(d, g_)
+    v = (ess_alpha / h.min()).sqrt().expand(d)
+    guided = -(h * r) / h.log().mean().exp()                  # −ηg with g = Hr, η = 1/(geometric mean of h)
+    z = torch.randn(ess_n, d, generator=g_, dtype=f64, device=dev)
+    zero = torch.rand(ess_n, 1, generator=g_, dtype=f64, device=dev) < mgs_lambda
+    draws = {ESS_PROPS[0]: mu_p + v * z, ESS_PROPS[1]: guided + v * z,
+             ESS_PROPS[2]: torch.where(zero, torch.zeros_like(guided), guided) + v * z}
+    normal = lambda m: torch.distributions.Normal(m, v)      # noqa: E731  (the real library's log-density)
+    out = {}
+    for pname, x in draws.items():
+        lt = -((h * (r * x + 0.5 * x**2)).sum(-1)) / ess_alpha  # −[l(θ+Δ) − l(θ)]/α
+        if pname == ESS_PROPS[2]:
+            lq = torch.logaddexp(math.log(mgs_lambda) + normal(torch.zeros_like(guided)).log_prob(x).sum(-1),
+                                 math.log1p(-mgs_lambda) + normal(guided).log_prob(x).sum(-1))
+        else:
+            lq = normal(mu_p if pname == ESS_PROPS[0] else guided).log_prob(x).sum(-1)
+        nu = mu_p if pname == ESS_PROPS[0] else guided
+        limit = math.nan if pname == ESS_PROPS[2] else -log_second_moment(mu_p, s, nu, v)
+        out[pname] = (float(self_normalized_is(lt, lq, x).ess), limit)
+    return out
+
+
+# %%
+ess_meas = {p: np.zeros((ess_seeds, len(ess_dims))) for p in ESS_PROPS}
+ess_lim = {p: np.zeros((ess_seeds, len(ess_dims))) for p in ESS_PROPS}    # log of the ESS/n limit
+for j, d in enumerate(tqdm(ess_dims, desc="ESS vs dimension")):
+    for s_ in range(ess_seeds):
+        out = ess_one(d, torch.Generator(device=dev).manual_seed(10_000 * seed + 100 * s_ + j))
+        for p, (ess_, lim) in out.items():
+            ess_meas[p][s_, j], ess_lim[p][s_, j] = ess_, lim
+med = {p: np.median(ess_meas[p], 0) / ess_n for p in ESS_PROPS}
+for p in ESS_PROPS:
+    print(f"{p:16s} median ESS/n:", " ".join(f"{v:.3g}" for v in med[p]))
+for p in ESS_PROPS[:2]:
+    print(f"{p:16s} limit  ESS/n:", " ".join(f"{v:.3g}" for v in np.exp(np.median(ess_lim[p], 0))))
+
+# %%
+dims_a, j_max = np.array(ess_dims), len(ess_dims) - 1
+for p in ESS_PROPS[:2]:
+    lim = np.exp(np.median(ess_lim[p], 0))
+    ok = lim > 0.3                                              # where n = ess_n draws resolve the limit
+    assert ok.sum() >= 3 and np.all(np.abs(med[p][ok] - lim[ok]) < 0.05 + 0.2 * lim[ok]), (p, med[p], lim)
+    assert np.median(ess_meas[p][:, -1]) < 5                    # collapsed: a draw or two take all the weight
+mix_bound = (1 - mgs_lambda) * np.exp(np.median(ess_lim[ESS_PROPS[1]], 0))
+small = mix_bound > 0.3
+assert np.all(med[ESS_PROPS[2]][small] > 0.8 * mix_bound[small]), (med[ESS_PROPS[2]], mix_bound)
+assert np.median(ess_meas[ESS_PROPS[2]][:, -1]) < 5
+kappa = {p: -float(np.median(ess_lim[p][:, -1])) / ess_dims[-1] for p in ESS_PROPS[:2]}
+j_small = ess_dims.index(2) if 2 in ess_dims else 0
+run.record("ess_dim/kappa_centred", kappa[ESS_PROPS[0]])
+run.record("ess_dim/kappa_guided", kappa[ESS_PROPS[1]])
+for key, p in zip(("centred", "guided", "mgs"), ESS_PROPS):
+    run.record(f"ess_dim/ess_fraction_{key}_small_d", float(med[p][j_small]))
+    run.record(f"ess_dim/ess_{key}_dmax", float(np.median(ess_meas[p][:, -1])), headline=(key == "mgs"))
+_ = run.record("ess_dim/log10_ess_fraction_limit_guided_dmax", float(np.median(ess_lim[ESS_PROPS[1]][:, -1])) / math.log(10))
+
+# %%
+fig, ax = plt.subplots(figsize=(7.5, 4.6))
+for p, color in zip(ESS_PROPS, ("C0", "C1", "C2")):
+    median_band(ax, dims_a, ess_meas[p] / ess_n, label=f"{p}, measured (n = {ess_n})", color=color, marker="o", ms=3)
+    if p != ESS_PROPS[2]:
+        ax.plot(dims_a, np.exp(np.median(ess_lim[p], 0)), "--", color=color, label=f"{p}, limit 1/E_q[w̄²]")
+ax.axhline(1 / ess_n, color="k", lw=0.8, ls=":", label="ESS = 1: one draw takes all the weight")
+ax.axvline(ess_dims[-1], color="gray", lw=0.8, ls="-.", label=f"d = {ess_dims[-1]} (notebook 03's MLP)")
+ax.set(ylim=(0.3 / ess_n, 1.3))
+label_axes(ax, "dimension d", "ESS / n", f"ESS of guided proposals against dimension (α = {ess_alpha})",
+           lower_is_better=False, logx=True, logy=True)
+ax.legend(fontsize=7, loc="lower left")
+run.savefig(fig, "ess_vs_dimension.png")
+plt.show()
+
+# %% [markdown]
+# *What to see:* every proposal — even the one centred exactly on $\Delta\theta_*$ — loses ESS exponentially in
+# $d$ (the dashed limits fall off a cliff on these log axes), the measured ESS follows them while $n$ draws can
+# resolve them and stays above them afterwards (finite-$n$ ESS is optimistic, as in §5), and from a few hundred
+# dimensions on it is pinned at one or two draws. The MGS mixture stays within the factor $1-\lambda$ of its
+# guided component.
+# Notebook 02 §6 meets the same product formula as $c^{-d}$, and notebook 03 §2 measures the collapse on the
+# digits classifier itself.
+#
 # ## Results
 
 # %%
-run.record("alpha_limit/angle_argmin_deg", angle_deg(argmin, -g_k))
 summary = run.table()
 
 # %% [markdown]
-# **What the numbers say** (the asserts above hold for seeds 0–4; the printed values are this run's):
+# ## What the numbers say
 #
-# * **Sampling an update works without derivatives.** On the kinked loss, SNIS with any of the three
-#   proposals lands within 4% of ε of the quadrature answer; the MGS mixture, built from the gradient, does
-#   so from the same few thousand draws.
-# * **Temperature interpolates between two classical updates.** As $\alpha\to0$, $\Delta\theta_*$ reaches the
-#   best point of the ball (within 2% of ε), which for the kinked loss is tens of degrees off $-g$
-#   (`alpha_limit/angle_to_minus_g_small_alpha_deg`). As $\alpha\to\infty$ it shrinks like $1/\alpha$ along
-#   the *ball-smoothed* gradient, again not $-g$ — only for a linear loss are both ends along $-g$. The uniform
-#   proposal's ESS collapses below 1% of the draws at the smallest $\alpha$
-#   (`alpha_limit/uniform_proposal_ess_fraction_small_alpha`): sampling the sharp end needs a guided proposal.
-# * **First order = gradient descent, exactly.** $Z$ is rotation-invariant to quadrature precision, and
-#   $\Delta\theta_*=-\varepsilon\,\frac{I_{d/2+1}(x)}{I_{d/2}(x)}\frac{g}{\|g\|}$ agrees with slice-integral quadrature
-#   to $10^{-8}$ and with Monte Carlo to within the reported relative error
-#   (`first_order/zprime_over_z_mc_rel_error`, below 4%).
-# * **Second order = Newton.** For the quadratic, SNIS recovers the mean $-H^{-1}g$ within 2% and the
-#   covariance $\alpha H^{-1}$ within 10%; the covariance scales with $\alpha$ (ratio ≈ 10 between
-#   $\alpha=0.5$ and $0.05$), the mean does not.
-# * **SNIS.** Its bias is measurable at small $n$ (many standard errors at $n=4$), points toward the proposal
-#   and approaches the $1/n$ prediction for $n\ge32$ (within the noise, which grows as $n\cdot$SE); its MSE falls
-#   like $1/n$. ESS/n tracks $1/\mathbb E_q[\bar w^2]$ for shifts up to two standard deviations: half a standard
-#   deviation off keeps most of the draws (`snis/ess_fraction_good_proposal`), three off keeps a few percent
-#   (`snis/ess_fraction_bad_proposal`) with a much larger error (`snis/mse_ratio_bad_over_good`).
-#   **Not asymptotic at this size:** at three standard deviations the measured ESS/n at `n_is` draws is *above*
-#   its limit (`snis/ess_fraction_bad_proposal_limit`, printed next to it above) — with heavy-tailed
-#   weights the finite-sample ESS is optimistic, which is itself a warning about trusting ESS for bad
-#   proposals. A too-narrow proposal ($c<1/\sqrt2$, infinite-variance weights) does worse than a 2× too-wide one,
-#   and the MSE follows its large-$n$ formula within 30% for shifts up to 2 and widths $c\ge1$. ESS is not
-#   the whole story: it peaks at $c=1$ (the proposal *is* the target), but the MSE of the mean is smallest for a
-#   somewhat wider proposal ($c^2=3/2$ in theory) — the variance-optimal proposal for a mean is
-#   $\propto|f-\mu|\,p$, not $p$.
-#   This is the point of MGS: a proposal centred by the gradient of a differentiable surrogate makes a few
-#   samples enough.
+# Every sentence below is rendered from this run's recorded values; the asserts above hold for seeds 0–19 at
+# these defaults.
+
+# %%
+_ = run.say(
+    "* **Sampling an update works without derivatives — in two dimensions.** On the kinked loss every proposal "
+    "lands within {demo/err_over_eps_kinked_uniform:.3f}·ε (uniform), {demo/err_over_eps_kinked_gauss:.3f}·ε "
+    "(Gaussian at −ηg) and {demo/err_over_eps_kinked_mgs:.3f}·ε (MGS mixture) of the quadrature. Effective "
+    "sample sizes: ESS/n was {demo/ess_fraction_kinked_uniform:.3f} for the "
+    "uniform proposal, {demo/ess_fraction_kinked_gauss:.3f} for the Gaussian at −ηg and "
+    "{demo/ess_fraction_kinked_mgs:.3f} for the MGS mixture (highest: {best}, lowest: {worst}; {guidance}). "
+    "The mixture spends a fraction λ of its draws around Δθ = 0.\n"
+    "* **Temperature interpolates between two classical updates.** As α → 0, Δθ* reaches the best point of "
+    "the ball (distance {alpha_limit/dist_to_argmin_over_eps_small_alpha:.4f}·ε), "
+    "{alpha_limit/angle_to_minus_g_small_alpha_deg:.1f}° off −g; as α → ∞ it shrinks like 1/α "
+    "(‖Δθ*‖ = {alpha_limit/norm_over_eps_large_alpha:.4f}·ε at the largest α) along the ball-smoothed gradient, "
+    "{alpha_limit/angle_to_minus_g_large_alpha_deg:.1f}° off −g. The uniform proposal keeps "
+    "{alpha_limit/uniform_proposal_ess_fraction_large_alpha:.2f} of its draws at the largest α but only "
+    "{alpha_limit/uniform_proposal_ess_fraction_small_alpha:.1e} at the smallest.\n"
+    "* **First order = gradient descent, exactly.** The Bessel closed form agrees with slice quadrature to "
+    "{first_order/closed_form_vs_quadrature_rel_diff:.1e} and with Monte Carlo to "
+    "{first_order/zprime_over_z_mc_rel_error:.2%}.\n"
+    "* **Second order = Newton.** SNIS recovers the mean −H⁻¹g to {newton/mean_rel_error:.2%} and the covariance "
+    "αH⁻¹ to {newton/cov_rel_error:.1%}; the covariance grows {newton/cov_ratio_alpha_0.5_over_0.05:.2f}× "
+    "from α = 0.05 to 0.5 (αH⁻¹: 10×), the mean does not move.",
+    best=best_kinked, worst=worst_kinked, guidance=guidance)
+
+# %%
+_ = run.say(
+    "* **SNIS.** Its bias is {snis/bias_in_se_at_smallest_n:.0f} standard errors at n = {n0}, points toward the "
+    "proposal, and n·bias approaches the 1/n prediction ({snis/n_times_bias_theory:.3f}). Half a standard "
+    "deviation off keeps ESS/n = {snis/ess_fraction_good_proposal:.3f}; three off, "
+    "{snis/ess_fraction_bad_proposal:.4f} (its n → ∞ limit is lower still, "
+    "{snis/ess_fraction_bad_proposal_limit:.4f}: finite-n ESS is optimistic for heavy-tailed weights), with a "
+    "{snis/mse_ratio_bad_over_good:.0f}× larger MSE. ESS peaks when q = p, but the MSE of the mean is smallest "
+    "for a wider proposal (c = {snis/mse_optimal_width_c:.3f}, theory √1.5).\n"
+    "* **Whether a few samples are enough depends on the dimension.** With curvatures differing by only 1.56× "
+    "between coordinates, a Gaussian centred *exactly* on Δθ* loses a factor e^(−κ) per coordinate with "
+    "κ = {ess_dim/kappa_centred:.4f} (ESS/n ≈ e^(−κd)), the gradient-guided one κ = "
+    "{ess_dim/kappa_guided:.4f}. At d = {d0} the "
+    "MGS mixture keeps ESS/n = {ess_dim/ess_fraction_mgs_small_d:.2f}; at d = {dmax}, the size of notebook 03's "
+    "classifier, the guided proposal's limit is 10^({ess_dim/log10_ess_fraction_limit_guided_dmax:.0f}) and "
+    "the measured ESS of {n} draws is {ess_dim/ess_mgs_dmax:.2f} for the MGS mixture: one or two draws carry "
+    "all the weight, and the estimate is the best-weighted draw, not a mean. A proposal centred by the gradient "
+    "makes a few samples enough only while κ·d stays of order one — notebooks 02 (§6) and 03 (§2) take this up.",
+    n0=sample_sizes[0], d0=ess_dims[j_small], dmax=ess_dims[-1], n=ess_n)
+
+# %% [markdown]
+# ## Errata vs. the source
+#
+# The source essay (reference 000) is right in its main line; four statements need correcting or
+# qualifying, each checked above:
+
+# %%
+_ = run.say(
+    "> 1. **Newton's covariance is αH⁻¹, not H⁻¹.** The essay completes the square without the 1/α of the "
+    "exponent and writes p = N(−H⁻¹g, H⁻¹). With it, the covariance is αH⁻¹ (§4: the measured covariance grows "
+    "{newton/cov_ratio_alpha_0.5_over_0.05:.2f}× between α = 0.05 and 0.5). The mean −H⁻¹g is unaffected.\n"
+    "> 2. **α → 0 gives the best point of the allowed set, not the steepest-descent direction.** For a curved "
+    "or kinked loss that point lies off −g ({alpha_limit/angle_argmin_deg:.1f}° in §2); only for a linear loss "
+    "are they the same.\n"
+    "> 3. **α → ∞ gives Δθ* → 0 only on a bounded set.** Without the ball p is not normalizable for a linear "
+    "loss, and for a quadratic Δθ* = −H⁻¹g at every α (§4). On the ball it falls like 1/α along a ball-smoothed "
+    "gradient (§2), not along −g.\n"
+    "> 4. **\"With the gradient's guidance n need not be large\"** holds in a few dimensions only: the ESS of "
+    "any fixed proposal falls exponentially with the dimension (§6: {ess_dim/ess_mgs_dmax:.2f} of {n} draws at "
+    "d = {dmax}). The essay's evidence — n = 4 worked in the paper's text-generation experiments — is evidence "
+    "that the resulting *search step* helps, not that it estimates Δθ*.",
+    n=ess_n, dmax=ess_dims[-1])
+
+# %% [markdown]
+# ## Try this
+#
+# * `python -m taskloss.runner run 01 -p ess_n 10000` — ten times more draws in §6: the collapse moves to
+#   larger d only by about log(10)/κ dimensions.
+# * `python -m taskloss.runner run 01 -p alpha_demo 0.03` — a sharper target in §1: the uniform proposal's
+#   ESS drops and the gradient-guided proposals start to pay.
+# * `python -m taskloss.runner run 01 --grid seed=0,1,2,3,4 --out runs/01-seeds` — the Monte Carlo spread of
+#   every number above (`runs/01-seeds/SUMMARY.md` tables the headline values per seed).

@@ -18,11 +18,18 @@
 #
 # **Question.** Which q makes that estimate good with a handful of candidates, and what does the resulting
 # update — MLE-guided parameter search (MGS), which draws candidates around the step of the differentiable
-# surrogate loss l̃ (cross-entropy) — do when l̃ and l disagree?
+# surrogate loss l̃ (cross-entropy) — do when l̃ and l disagree? Is it cheaper than policy gradient for the same
+# result, as the source essay argues the other way round?
 #
 # Source: *MLE-guided parameter search for task loss minimization in neural sequence modeling* (Welleck & Cho,
-# AAAI 2021). Package code: `taskloss.search.mgs` (`MGS`, `mixture_log_density`, `mgs_weights`); the importance-
-# sampling machinery of notebook 01 lives in `taskloss.sampling.update`.
+# AAAI 2021) and the essay that introduces it (reference 000 of this repository); the "Errata" box at the end
+# lists where the numbers below correct the essay. Package code: `taskloss.search.mgs` (`MGS`),
+# `taskloss.search.mgs_density` (`mixture_log_density`, `mgs_weights`, `effective_sample_size`); the
+# importance-sampling machinery of notebook 01 lives in `taskloss.sampling.update`.
+#
+# Sections: 1 the update · 2 self-normalized importance sampling · 3 why the surrogate's step is a good
+# centre · 4 error against K · 5 the roles of α, σ, λ (and α → ∞) · 6 dimension · 7 MGS when l̃ and l disagree
+# · 8 MGS against policy gradient at equal compute.
 
 # %% tags=["parameters"]
 seed: int = 0
@@ -31,12 +38,19 @@ output_dir: str = ""
 dim: int = 10               # [> 0] dimension of the quadratic test problem
 alpha: float = 0.05         # [> 0] temperature of the update distribution
 sigma: float = 0.25         # [> 0] proposal noise scale (absolute)
-n_seeds: int = 20           # [> 0] repetitions of every Monte Carlo estimate
-max_log2_K: int = 10        # [>= 1] the error-vs-K curve doubles K from 2 up to 2^max_log2_K
+n_seeds: int = 20           # [>= 2] repetitions of every Monte Carlo estimate
+max_log2_K: int = 10        # [>= 3] the error-vs-K curve doubles K from 2 up to 2^max_log2_K
 sweep_K: int = 32           # [> 0] candidates per estimate in the α / σ / λ sweeps
 ess_draws: int = 20000      # [> 0] draws for the closed-form ESS checks
 toy_steps: int = 60         # [> 0] optimization steps on the 2-D problem
-toy_seeds: int = 5                    # [> 0]
+toy_seeds: int = 5          # [>= 2] MGS runs on the 2-D problem
+pg_budget: int = 1200       # [> 0] §8: compute per training run, in forward-pass equivalents of one minibatch
+pg_seeds: int = 5           # [>= 2] §8: training seeds per method
+pg_lrs: list[float] = [0.01, 0.03, 0.1]   # [> 0] §8: learning rates tuned per method on the validation split
+pg_tune_seeds: int = 2      # [> 0] §8: seeds per learning rate when tuning
+pg_samples: int = 4         # [>= 2] §8: REINFORCE labels per input (leave-one-out baseline)
+pg_mle_weight: float = 0.1  # [>= 0] §8: cross-entropy weight in "REINFORCE + MLE"
+mgs_K: int = 4              # [> 0] §8: MGS candidates per step (the paper's n = 4)
 
 # %%
 import math
@@ -45,14 +59,19 @@ import time
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+import torch.nn.functional as F
 from scipy.stats import norm
 from torch import nn
 from tqdm.auto import tqdm
 
 import taskloss.runner
+from taskloss.datasets import load_digits_splits
+from taskloss.losses import accuracy
+from taskloss.runner.plotting import comparison_forest, label_axes, median_band, seed_band
 from taskloss.sampling import GaussianMixtureProposal, gaussian_update_distribution, newton_update
-from taskloss.search import MGS, effective_sample_size, mgs_weights, mixture_log_density
+from taskloss.search import MGS, classification_reinforce, effective_sample_size, mgs_weights, mixture_log_density
 
+# %%
 run = taskloss.runner.start("02_importance_sampling_and_mgs", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 t_start = time.time()
@@ -89,14 +108,12 @@ H2 = torch.tensor([[1.3, 0.4], [0.4, 0.8]], dtype=D)
 star2, theta2 = torch.tensor([0.7, -0.4], dtype=D), torch.zeros(2, dtype=D)
 l2 = quadratic(H2, star2)
 g2 = H2 @ (theta2 - star2)
-a2 = 0.3
 grid = torch.linspace(-4, 4, 801, dtype=D)
 G = torch.stack(torch.meshgrid(grid, grid, indexing="ij"), -1).reshape(-1, 2)   # candidate steps Δ
-logp = -(l2(theta2 + G) - l2(theta2)) / a2
-w_grid = torch.softmax(logp, 0)
+w_grid = torch.softmax(-(l2(theta2 + G) - l2(theta2)) / 0.3, 0)
 quad_mean = w_grid @ G
 torch.testing.assert_close(quad_mean, newton_update(g2, H2), rtol=1e-6, atol=1e-8)
-torch.testing.assert_close(gaussian_update_distribution(g2, H2, a2).mean, -torch.linalg.solve(H2, g2))
+torch.testing.assert_close(gaussian_update_distribution(g2, H2, 0.3).mean, -torch.linalg.solve(H2, g2))
 print("grid mean", quad_mean.numpy(), " closed form -H^-1 g", newton_update(g2, H2).numpy())
 
 # %% [markdown]
@@ -136,8 +153,7 @@ torch.testing.assert_close(pkg_logq, torch.tensor(scipy_logq, dtype=D))
 torch.testing.assert_close(pkg_logq, GaussianMixtureProposal.mgs(-g_test, sig_test, lam_test).log_prob(deltas_test))
 L_test = torch.rand(7, generator=gen, dtype=D) * 1e4          # summed losses far beyond exp's range
 w_pkg = mgs_weights(L_test, 5e3, pkg_logq, 1e-3)
-w_hand = torch.softmax(-(L_test - 5e3) / 1e-3 - pkg_logq, 0)
-torch.testing.assert_close(w_pkg, w_hand)
+torch.testing.assert_close(w_pkg, torch.softmax(-(L_test - 5e3) / 1e-3 - pkg_logq, 0))
 assert bool(torch.isfinite(w_pkg).all())
 print("log q (package):", pkg_logq.numpy().round(2))
 
@@ -145,37 +161,35 @@ print("log q (package):", pkg_logq.numpy().round(2))
 # ## 3 · Why the surrogate's step is a good centre
 #
 # How many of K weighted draws are "worth" unweighted ones is measured by the effective sample size
-# ESS = 1/Σw_k² (between 1 and K). For large K, ESS/K → E_q[ρ/q]² / E_q[(ρ/q)²]. When target and proposal are
-# isotropic Gaussians with the *same* variance σ² and means μ_p, μ_q, the second moment is a Gaussian integral:
+# ESS = 1/Σw_k² (between 1 and K; notebook 01 §1). For large K, ESS/K → E_q[ρ/q]² / E_q[(ρ/q)²]. When target
+# and proposal are isotropic Gaussians with the *same* variance σ² and means μ_p, μ_q, the second moment is a
+# Gaussian integral:
 #
 # $$\frac{\mathrm{ESS}}{K} \;\to\; \exp\!\Big(-\frac{\lVert\mu_p-\mu_q\rVert^2}{\sigma^2}\Big).$$
 #
 # So the proposal's centre must sit within about one noise scale of Δθ* — in *every* coordinate at once. A
 # zero-centred proposal (pure random search around θ, λ = 1) pays exp(−‖Δθ*‖²/σ²); centring at −∇l̃ pays only
-# for the surrogate's error ‖Δθ* + ∇l̃‖. Check of the formula (H = (α/σ²)·I, so that the target variance is σ²):
+# for the surrogate's error ‖Δθ* + ∇l̃‖. First the estimator from scratch (draw from the mixture, weight,
+# average), then the check of the formula with H = (α/σ²)·I, so that the target variance is σ².
 
 # %%
 def snis(theta, loss, g_sur, alpha_, sigma_, lam, K, gen, density="mixture"):
     """One MGS estimate from scratch: draw from the mixture, weight, average. Returns (estimate [d], weights [K])."""
     d = theta.shape[0]
     zero = torch.rand(K, generator=gen) < lam                    # which component each candidate comes from
-    deltas = torch.where(zero[:, None], torch.zeros(d, dtype=D), -g_sur) + sigma_ * torch.randn(K, d, generator=gen,
-                                                                                                   dtype=D)
+    centre = torch.where(zero[:, None], torch.zeros(d, dtype=D), -g_sur)
+    deltas = centre + sigma_ * torch.randn(K, d, generator=gen, dtype=D)
     log_q = mixture_log_density(deltas, g_sur, sigma_, lam, density=density)
     w = mgs_weights(loss(theta + deltas), loss(theta), log_q, alpha_)
     return w @ deltas, w
 
 
 iso_H = torch.eye(dim, dtype=D) * (alpha / sigma**2)           # target N(-H⁻¹g, αH⁻¹) = N(μ_p, σ² I)
-theta_iso = torch.zeros(dim, dtype=D)
-offsets = [0.0, 0.5, 1.0, 1.5]                                  # ‖μ_p − μ_q‖ in units of σ
-for off in offsets:
-    star = torch.zeros(dim, dtype=D)
-    star[0] = 2.0
-    l_iso = quadratic(iso_H, star)
-    g_true = iso_H @ (theta_iso - star)
-    mu_p = newton_update(g_true, iso_H)
-    g_sur = -(mu_p + off * sigma * torch.nn.functional.normalize(torch.ones(dim, dtype=D), dim=0))
+theta_iso, star_iso = torch.zeros(dim, dtype=D), torch.zeros(dim, dtype=D)
+star_iso[0] = 2.0
+l_iso, g_iso = quadratic(iso_H, star_iso), iso_H @ (theta_iso - star_iso)
+for off in [0.0, 0.5, 1.0, 1.5]:                                # ‖μ_p − μ_q‖ in units of σ
+    g_sur = -(newton_update(g_iso, iso_H) + off * sigma * F.normalize(torch.ones(dim, dtype=D), dim=0))
     _, w = snis(theta_iso, l_iso, g_sur, alpha, sigma, 0.0, ess_draws, torch.Generator().manual_seed(seed))
     got, want = effective_sample_size(w) / ess_draws, math.exp(-off**2)
     print(f"offset {off:.1f}σ: ESS/K = {got:.3f}   closed form {want:.3f}")
@@ -191,10 +205,8 @@ for off in offsets:
 def make_problem(d, gen, g_scale=1.5):
     Q, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=D))
     H = Q @ torch.diag(torch.linspace(0.8, 1.25, d, dtype=D)) @ Q.T
-    theta = torch.zeros(d, dtype=D)
-    direction = torch.nn.functional.normalize(torch.randn(d, generator=gen, dtype=D), dim=0)
-    star = torch.linalg.solve(H, g_scale * direction)              # ‖g‖ = g_scale at θ = 0
-    return H, theta, star
+    direction = F.normalize(torch.randn(d, generator=gen, dtype=D), dim=0)
+    return H, torch.zeros(d, dtype=D), torch.linalg.solve(H, g_scale * direction)   # ‖g‖ = g_scale at θ = 0
 
 
 H, theta0, star = make_problem(dim, torch.Generator().manual_seed(seed))
@@ -209,79 +221,112 @@ def surrogate_grad(eps, gen):
     return g_true + eps * g_true.norm() * noise / noise.norm()
 
 
+# %%
 eps_values = [0.0, 0.1, 0.2, 0.4]
 proposals = {"MGS mixture (λ=½)": 0.5, "MLE-centred (λ=0)": 0.0, "zero-centred (λ=1)": 1.0}
-ess_table = {name: [] for name in proposals}
-for eps in eps_values:
+ess_table = {name: np.zeros((n_seeds, len(eps_values))) for name in proposals}   # [seeds, ε]
+for j, eps in enumerate(eps_values):
     for name, lam in proposals.items():
-        vals = []
         for s in range(n_seeds):
             gen = torch.Generator().manual_seed(100_000 * seed + 1000 * s + 7)
             _, w = snis(theta0, l_quad, surrogate_grad(eps, gen), alpha, sigma, lam, 256, gen)
-            vals.append(effective_sample_size(w))
-        ess_table[name].append(float(np.median(vals)))
+            ess_table[name][s, j] = effective_sample_size(w)
 for name, vals in ess_table.items():
-    print(f"{name:22s} median ESS (K=256) at ε = {eps_values}: {np.round(vals, 1)}")
+    print(f"{name:22s} median ESS (K=256) at ε = {eps_values}: {np.round(np.median(vals, 0), 1)}")
+c_ess = run.compare("ess/mgs_vs_zero_centred_eps0", ess_table["MGS mixture (λ=½)"][:, 0],
+                    ess_table["zero-centred (λ=1)"][:, 0], name="MGS mixture", baseline="zero-centred",
+                    metric="ESS of 256 draws (ε = 0)", lower_is_better=False)
+run.record("ess/mgs_over_zero_centred_at_eps0", float(np.median(ess_table["MGS mixture (λ=½)"][:, 0]) /
+                                                      np.median(ess_table["zero-centred (λ=1)"][:, 0])), headline=True)
+assert c_ess.verdict == "better" and np.median(ess_table["zero-centred (λ=1)"][:, 0]) < 3.0
 
-fig, ax = plt.subplots(figsize=(5.5, 3.5))
+# %%
+fig, ax = plt.subplots(figsize=(6, 3.8))
 for name, vals in ess_table.items():
-    ax.plot(eps_values, vals, "o-", label=name)
-ax.set(xlabel="surrogate gradient error ε (relative)", ylabel="median ESS of 256 draws", yscale="log",
-       title="Effective sample size of the proposals")
-ax.legend()
+    median_band(ax, eps_values, vals, label=name, marker="o")
+label_axes(ax, "surrogate gradient error ε (relative to ‖∇l‖)", "ESS of 256 draws",
+           "Effective sample size of the proposals", lower_is_better=False, logy=True)
 run.savefig(fig, "ess_vs_surrogate_error.png")
 plt.show()
-run.record("ess/mgs_over_zero_centred_at_eps0", ess_table["MGS mixture (λ=½)"][0] / ess_table["zero-centred (λ=1)"][0],
-           headline=True)
-assert ess_table["MGS mixture (λ=½)"][0] > 10 * ess_table["zero-centred (λ=1)"][0]
-assert ess_table["zero-centred (λ=1)"][0] < 3.0
 
 # %% [markdown]
-# ## 4 · The estimate approaches Δθ* as K grows
+# *What to see:* the MLE-centred proposals keep tens of effective draws out of 256 while the surrogate is
+# exact, and lose them as its error ε grows; the zero-centred proposal sits at ESS ≈ 1 throughout.
+#
+# ## 4 · The estimate approaches Δθ* as K grows — but not at K = 4
 #
 # Error ‖Δθ̂ − Δθ*‖ against K for the three proposals (surrogate error ε = 0.1), median and quartiles over
 # seeds. A fourth curve uses the density the reference implementation evaluates, which treats the Gaussians
 # as if σ were 1 (`density="unit_sigma"`): with σ ≠ 1 that is not the density the candidates were drawn from,
-# so the weights are systematically wrong and the error stops improving at some K.
+# so the weights are systematically wrong and the error stops improving at some K. The grey dashed line is
+# the error of the plain surrogate step −∇l̃, which costs no task-loss evaluation at all: the source essay's
+# "a handful of candidates is enough" (the paper used K = 4) is checked against it.
 
 # %%
 Ks = [2 ** i for i in range(1, max_log2_K + 1)]
 variants = {"MGS mixture (λ=½)": (0.5, "mixture"), "MLE-centred (λ=0)": (0.0, "mixture"),
             "zero-centred (λ=1)": (1.0, "mixture"), "MGS, unit-σ density": (0.5, "unit_sigma")}
 errors = {name: np.zeros((n_seeds, len(Ks))) for name in variants}
+step_error = np.zeros(n_seeds)                                  # ‖−∇l̃ − Δθ*‖, the plain surrogate step
 for s in tqdm(range(n_seeds), desc="error vs K"):
     g_sur = surrogate_grad(0.1, torch.Generator().manual_seed(100_000 * seed + 10_000 + s))
+    step_error[s] = float((-g_sur - target).norm())
     for name, (lam, dens) in variants.items():
         for j, K in enumerate(Ks):
             gen = torch.Generator().manual_seed(100_000 * seed + 97 * s + j)
             est, _ = snis(theta0, l_quad, g_sur, alpha, sigma, lam, K, gen, density=dens)
             errors[name][s, j] = float((est - target).norm())
 
-fig, ax = plt.subplots(figsize=(6, 4))
+# %%
+fig, ax = plt.subplots(figsize=(6.5, 4.2))
 for name, e in errors.items():
-    med = np.median(e, 0)
-    ax.plot(Ks, med, "o-", label=name)
-    ax.fill_between(Ks, np.quantile(e, 0.25, 0), np.quantile(e, 0.75, 0), alpha=0.2)
-ax.plot(Ks, np.median(errors["MGS mixture (λ=½)"], 0)[0] * (np.array(Ks) / Ks[0]) ** -0.5, "k:", label="∝ K^{-1/2}")
-ax.axhline(float(target.norm()), color="grey", lw=0.8, ls="--", label="‖Δθ*‖ (the zero update)")
-ax.set(xscale="log", yscale="log", xlabel="K candidates", ylabel="‖Δθ̂ − Δθ*‖", title=f"Estimation error, d={dim}")
-ax.legend(fontsize=8)
+    median_band(ax, Ks, e, label=name, marker="o", ms=3)
+mgs_med = np.median(errors["MGS mixture (λ=½)"], 0)
+ax.plot(Ks, mgs_med[0] * (np.array(Ks) / Ks[0]) ** -0.5, "k:", label=r"$\propto K^{-1/2}$")
+ax.axhline(float(target.norm()), color="grey", lw=0.8, label="‖Δθ*‖ (error of the zero update)")
+ax.axhline(float(np.median(step_error)), color="grey", lw=1.2, ls="--", label="plain surrogate step −∇l̃")
+label_axes(ax, "K candidates (task-loss evaluations per step)", "‖Δθ̂ − Δθ*‖ (parameter units)",
+           f"Estimation error, d = {dim}", lower_is_better=True, logx=True, logy=True)
+ax.legend(fontsize=7)
 run.savefig(fig, "error_vs_K.png")
 plt.show()
 
+# %% [markdown]
+# *What to see:* the MGS mixture falls at the Monte Carlo rate $K^{-1/2}$ and crosses the plain surrogate step
+# only after tens of candidates; the zero-centred proposal stays near ‖Δθ*‖ for a long time; the unit-σ density
+# flattens out at large K.
+
+# %%
 med = {name: np.median(e, 0) for name, e in errors.items()}
 for name, m in med.items():
     print(f"{name:22s}", " ".join(f"{v:.3f}" for v in m))
-i4, ilast = Ks.index(4), len(Ks) - 1
-run.record("error/mgs_K4", med["MGS mixture (λ=½)"][i4])
-run.record("error/mgs_Kmax", med["MGS mixture (λ=½)"][ilast], headline=True)
-run.record("error/zero_centred_Kmax", med["zero-centred (λ=1)"][ilast])
-run.record("error/unit_sigma_Kmax", med["MGS, unit-σ density"][ilast])
-# claims: MGS converges (≥ 4× smaller error from K=4 to K=max) and beats zero-centred search at every K ≥ 8
+i4, i8, ilast = Ks.index(4), Ks.index(8), len(Ks) - 1
+mgs_err = errors["MGS mixture (λ=½)"]
+below = [K for K, m in zip(Ks, med["MGS mixture (λ=½)"]) if m < np.median(step_error)]
+tenth = [K for K, m in zip(Ks, med["MGS mixture (λ=½)"]) if m < 0.1 * float(target.norm())]
+run.record("error/mgs_K4_over_target_norm", float(med["MGS mixture (λ=½)"][i4] / target.norm()), headline=True)
+run.record("error/surrogate_step_over_target_norm", float(np.median(step_error) / target.norm()))
+run.record("error/mgs_Kmax", float(med["MGS mixture (λ=½)"][ilast]))
+run.record("error/K_to_beat_surrogate_step", below[0] if below else math.inf)
+run.record("error/K_to_reach_tenth_of_target", tenth[0] if tenth else math.inf)
+_ = run.record("error/K_max", Ks[-1])
+
+# %%
+kw = dict(metric="‖Δθ̂ − Δθ*‖", lower_is_better=True)
+c_k4 = run.compare("error/mgs_K4_vs_surrogate_step", mgs_err[:, i4], step_error, name="MGS, K = 4",
+                   baseline="surrogate step −∇l̃", **kw)
+c_kmax = run.compare("error/mgs_Kmax_vs_surrogate_step", mgs_err[:, ilast], step_error,
+                     name=f"MGS, K = {Ks[-1]}", baseline="surrogate step −∇l̃", **kw)
+c_zero = run.compare("error/mgs_vs_zero_centred_K8", mgs_err[:, i8], errors["zero-centred (λ=1)"][:, i8],
+                     name="MGS, K = 8", baseline="zero-centred, K = 8", **kw)
+c_unit = run.compare("error/unit_sigma_vs_mixture_Kmax", errors["MGS, unit-σ density"][:, ilast], mgs_err[:, ilast],
+                     name=f"unit-σ density, K = {Ks[-1]}", baseline=f"true density, K = {Ks[-1]}", **kw)
+for c in (c_k4, c_kmax, c_zero, c_unit):
+    print(c.sentence())
+# claims: MGS converges (≥ 4× smaller error from K = 4 to K = max); at K = 4 it is worse than the plain step
 assert med["MGS mixture (λ=½)"][ilast] < med["MGS mixture (λ=½)"][i4] / 4
-assert all(med["MGS mixture (λ=½)"][j] < med["zero-centred (λ=1)"][j] for j in range(Ks.index(8), len(Ks)))
-# the unit-σ density does not converge to Δθ*: at the largest K it is worse than the true density
-assert med["MGS, unit-σ density"][ilast] > 1.5 * med["MGS mixture (λ=½)"][ilast]
+assert c_k4.verdict == "worse" and c_kmax.verdict == "better" and c_zero.verdict == "better"
+assert c_unit.verdict == "worse"     # the unit-σ density does not converge to Δθ*
 
 # %% [markdown]
 # ## 5 · The roles of α, σ and λ
@@ -302,6 +347,7 @@ assert med["MGS, unit-σ density"][ilast] > 1.5 * med["MGS mixture (λ=½)"][ila
 
 # %%
 def sweep(values, make_args, K=sweep_K):
+    """Errors and ESS [n_seeds, len(values)] of the from-scratch estimator over one knob."""
     err, ess = np.zeros((n_seeds, len(values))), np.zeros((n_seeds, len(values)))
     for s in range(n_seeds):
         for j, v in enumerate(values):
@@ -309,102 +355,144 @@ def sweep(values, make_args, K=sweep_K):
             gen = torch.Generator().manual_seed(100_000 * seed + 31 * s + j)
             est, w = snis(theta_, loss_, g_sur_, a_, sg_, lam_, K, gen)
             err[s, j], ess[s, j] = float((est - tgt_).norm()), effective_sample_size(w)
-    return np.median(err, 0), np.median(ess, 0)
+    return err, ess
 
 
 g_sweep = [surrogate_grad(0.1, torch.Generator().manual_seed(100_000 * seed + 20_000 + s)) for s in range(n_seeds)]
-alphas = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0]
+alphas = [1e-3, 3e-3, 1e-2, 3e-2, 1e-1, 3e-1, 1.0, 10.0, 100.0, 1e4]
 sigmas = [0.03, 0.06, 0.12, 0.25, 0.5, 1.0, 2.0]
 lams = [0.0, 0.25, 0.5, 0.75, 1.0]
+
+# %%
 res_alpha = sweep(alphas, lambda v, s: (theta0, l_quad, g_sweep[s], v, sigma, 0.5, target))
 res_sigma = sweep(sigmas, lambda v, s: (theta0, l_quad, g_sweep[s], alpha, v, 0.5, target))
 res_sigma_big = sweep(sigmas, lambda v, s: (theta0, l_quad, g_sweep[s], alpha, v, 0.5, target), K=2 ** max_log2_K)
 surrogate_step_error = float(np.median([(-gs - target).norm() for gs in g_sweep]))
 res_lam_a = sweep(lams, lambda v, s: (theta0, l_quad, g_sweep[s], alpha, sigma, v, target))
 l_at_min = quadratic(H, theta0)                                   # θ is the task minimum: Δθ* = 0
-g_pull = 2.0 * torch.nn.functional.normalize(g_true, dim=0)
+g_pull = 2.0 * F.normalize(g_true, dim=0)
 res_lam_b = sweep(lams, lambda v, s: (theta0, l_at_min, g_pull, alpha, sigma, v, torch.zeros(dim, dtype=D)))
+print("α sweep  error", np.median(res_alpha[0], 0).round(3), " ESS", np.median(res_alpha[1], 0).round(1))
+print(f"σ sweep  error K={sweep_K}", np.median(res_sigma[0], 0).round(3), f"\n         error K={2 ** max_log2_K}",
+      np.median(res_sigma_big[0], 0).round(3), f"\n         plain surrogate step {surrogate_step_error:.3f}")
+print("λ sweep A error", np.median(res_lam_a[0], 0).round(3), "   B error", np.median(res_lam_b[0], 0).round(3))
 
-fig, axes = plt.subplots(1, 3, figsize=(13, 3.6))
-axes[0].plot(alphas, res_alpha[0], "o-", color="C0", label="error ‖Δθ̂ − Δθ*‖")
-axes[0].set(xscale="log", xlabel="α", ylabel="median error", title=f"sweep of α (K={sweep_K})")
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(14, 3.9))
+median_band(axes[0], alphas, res_alpha[0], label="error ‖Δθ̂ − Δθ*‖", color="C0", marker="o", ms=3)
+label_axes(axes[0], "temperature α (loss units)", "error (parameter units)", f"sweep of α (K = {sweep_K})",
+           lower_is_better=True, logx=True, legend=False)
 ax2 = axes[0].twinx()
-ax2.plot(alphas, res_alpha[1], "s--", color="C1", label="ESS")
-ax2.set(ylabel="median ESS", ylim=(0, sweep_K))
-axes[0].legend(loc="upper left", fontsize=8)
-ax2.legend(loc="upper right", fontsize=8)
-axes[1].plot(sigmas, res_sigma[0], "o-", label=f"K = {sweep_K}")
-axes[1].plot(sigmas, res_sigma_big[0], "s-", label=f"K = {2 ** max_log2_K}")
+median_band(ax2, alphas, res_alpha[1], label="ESS", color="C1", marker="s", ms=3, ls="--")
+ax2.set(ylabel="ESS (of K)", ylim=(0, sweep_K))
+axes[0].legend(loc="upper left", fontsize=7)
+ax2.legend(loc="center right", fontsize=7)
+median_band(axes[1], sigmas, res_sigma[0], label=f"K = {sweep_K}", marker="o", ms=3)
+median_band(axes[1], sigmas, res_sigma_big[0], label=f"K = {2 ** max_log2_K}", marker="s", ms=3)
 axes[1].axhline(surrogate_step_error, color="grey", ls="--", lw=0.8, label="plain step −∇l̃")
-axes[1].set(xscale="log", yscale="log", xlabel="σ", ylabel="median error", title="sweep of σ")
-axes[1].legend(fontsize=8)
-axes[2].plot(lams, res_lam_a[0], "o-", label="A: surrogate ≈ task loss")
-axes[2].plot(lams, res_lam_b[0], "s-", label="B: θ at task minimum, surrogate pulls")
-axes[2].set(xlabel="λ (weight of the zero-centred component)", ylabel="median error", yscale="log",
-            title=f"sweep of λ (K={sweep_K})")
-axes[2].legend(fontsize=8)
+label_axes(axes[1], "proposal width σ (parameter units)", "error (parameter units)", "sweep of σ",
+           lower_is_better=True, logx=True, logy=True)
+median_band(axes[2], lams, res_lam_a[0], label="A: surrogate ≈ task loss", marker="o", ms=3)
+median_band(axes[2], lams, res_lam_b[0], label="B: θ at task minimum, surrogate pulls", marker="s", ms=3)
+label_axes(axes[2], "λ (weight of the zero-centred component)", "error (parameter units)",
+           f"sweep of λ (K = {sweep_K})", lower_is_better=True, logy=True)
 fig.tight_layout()
 run.savefig(fig, "sweeps_alpha_sigma_lambda.png")
 plt.show()
-print("α sweep  error", res_alpha[0].round(3), " ESS", res_alpha[1].round(1))
-print(f"σ sweep  error K={sweep_K}", res_sigma[0].round(3), f"\n         error K={2 ** max_log2_K}",
-      res_sigma_big[0].round(3), f"\n         plain surrogate step {surrogate_step_error:.3f}")
-print("λ sweep A error", res_lam_a[0].round(3), "   B error", res_lam_b[0].round(3))
+
+# %% [markdown]
+# *What to see:* left, the ESS climbs from 1 as α grows while the error first falls, then rises again once α
+# is far above the target's own scale; middle, with many candidates the error has an interior minimum in σ
+# well below the plain step; right, scenario B needs the zero-centred component, scenario A does not.
+
+# %%
+e_alpha, e_sig_big = np.median(res_alpha[0], 0), np.median(res_sigma_big[0], 0)
+best_sigma = int(np.argmin(e_sig_big))
+c_lam_b = run.compare("sweep/lambda_half_vs_zero_scenario_B", res_lam_b[0][:, lams.index(0.5)], res_lam_b[0][:, 0],
+                      name="λ = ½", baseline="λ = 0", metric="error, θ at the task minimum", lower_is_better=True)
+c_lam_a = run.compare("sweep/lambda_half_vs_one_scenario_A", res_lam_a[0][:, lams.index(0.5)], res_lam_a[0][:, -1],
+                      name="λ = ½", baseline="λ = 1", metric="error, surrogate ≈ task loss", lower_is_better=True)
 # claims: tiny α collapses the weights; with many candidates the best σ is interior and beats the surrogate
 # step; σ far above the target width is worse than the plain step; scenario B needs λ > 0, A prefers λ < 1
-assert res_alpha[1][0] < 2.0 and res_alpha[1][0] < res_alpha[1][-1]
-best_sigma = int(np.argmin(res_sigma_big[0]))
+assert np.median(res_alpha[1], 0)[0] < 2.0 and np.median(res_alpha[1], 0)[0] < np.median(res_alpha[1], 0)[-1]
 assert 0 < best_sigma < len(sigmas) - 1, sigmas[best_sigma]
-assert res_sigma_big[0][best_sigma] < 0.5 * surrogate_step_error
-assert res_sigma[0][-1] > 2 * surrogate_step_error
-assert res_lam_b[0][lams.index(0.5)] < 0.5 * res_lam_b[0][0]
-assert res_lam_a[0][lams.index(0.5)] < 0.5 * res_lam_a[0][-1]
+assert e_sig_big[best_sigma] < 0.5 * surrogate_step_error
+assert np.median(res_sigma[0], 0)[-1] > 2 * surrogate_step_error
+assert c_lam_b.verdict == "better" and c_lam_a.verdict == "better"
 run.record("sweep/best_sigma_Kmax", sigmas[best_sigma])
-run.record("sweep/error_best_sigma_Kmax_over_surrogate_step", res_sigma_big[0][best_sigma] / surrogate_step_error)
+run.record("sweep/error_best_sigma_Kmax_over_surrogate_step", e_sig_big[best_sigma] / surrogate_step_error)
+_ = run.record("sweep/best_alpha", alphas[int(np.argmin(e_alpha))])
+
+# %% [markdown]
+# **α → ∞.** The source essay says that as α → ∞ the update distribution becomes uniform and Δθ* → 0, "the
+# most stable" update. Two things happen instead. The *exact* Δθ* of this quadratic is −H⁻¹g for every α
+# (§1): without a bounded set of allowed steps, p never becomes uniform and Δθ* never shrinks (notebook 01 §2
+# shows the 1/α decay on a ball). And the *estimator* loses the task loss: log w_k = −Δl_k/α − log q(Δ_k) →
+# −log q(Δ_k), so the weights tend to softmax(−log q) — they favour the candidates the proposal found least
+# likely, whatever their loss — and the estimate tends to that 1/q-weighted mean of the draws, not to 0.
+
+# %%
+j_inf, norms_inf = len(alphas) - 1, []
+for s in range(n_seeds):
+    gen = torch.Generator().manual_seed(100_000 * seed + 50_000 + s)
+    zero = torch.rand(sweep_K, generator=gen) < 0.5
+    deltas = torch.where(zero[:, None], torch.zeros(dim, dtype=D), -g_sweep[s]) + sigma * torch.randn(
+        sweep_K, dim, generator=gen, dtype=D)
+    log_q = mixture_log_density(deltas, g_sweep[s], sigma, 0.5)
+    w_inf = mgs_weights(l_quad(theta0 + deltas), l_quad(theta0), log_q, alphas[-1])
+    torch.testing.assert_close(w_inf, torch.softmax(-log_q, 0), rtol=1e-3, atol=1e-6)   # the task loss drops out
+    norms_inf.append(float((w_inf @ deltas).norm() / target.norm()))
+run.record("alpha_inf/error_over_best_alpha_error", float(e_alpha[-1] / e_alpha.min()))
+run.record("alpha_inf/estimate_norm_over_target_norm", float(np.median(norms_inf)))
+assert e_alpha[-1] > 1.5 * e_alpha.min() and np.median(norms_inf) > 0.2
+print(f"α = {alphas[-1]:g}: weights = softmax(−log q) to 1e-3; median error {e_alpha[-1]:.3f} vs {e_alpha.min():.3f} at "
+      f"the best α; median ‖estimate‖/‖Δθ*‖ = {np.median(norms_inf):.2f} — not 0")
 
 # %% [markdown]
 # ## 6 · Dimension: where importance sampling in parameter space runs out
 #
 # The ESS formula above has the squared distance between means *summed over coordinates*, and the same holds
 # for any mismatch of widths: for a target N(0, s²) and proposal N(0, σ²) per coordinate the second moment of
-# the weight is a per-coordinate factor c = σ² / (s√(2σ² − s²)) > 1, so in d dimensions ESS/K → c^{−d}. With
-# the proposal only 20 % wider than the target, c ≈ 1.02 — harmless in 10 dimensions, but a 5 000-parameter
-# classifier has c^{−d} ≈ e^{−100}. Then one candidate takes essentially all of the weight, and MGS's update is
-# "the candidate with the largest −Δl/α − log q". With the true mixture density, −log q differs between
-# candidates by ≈ ½(‖z_k‖² − d) with spread √(d/2) ≈ 50 at d = 5 000 — unless α is small enough for the
-# task-loss term to dominate, the winner is chosen by its noise norm. Notebook 03 measures this on digits.
+# the weight is a per-coordinate factor c = σ² / (s√(2σ² − s²)) > 1, so in d dimensions ESS/K → c^{−d}
+# (notebook 01 §6 derives the general product). With the proposal only 20 % wider than the target, c ≈ 1.02 —
+# harmless in 10 dimensions, but a 5 000-parameter classifier has c^{−d} ≈ e^{−100}. Then one candidate takes
+# essentially all of the weight, and MGS's update is "the candidate with the largest −Δl/α − log q". With the
+# true mixture density, −log q differs between candidates by ≈ ½(‖z_k‖² − d) with spread √(d/2) ≈ 50 at
+# d = 5 000 — unless α is small enough for the task-loss term to dominate, the winner is chosen by its noise
+# norm. Notebook 03 measures this on digits.
 
 # %%
 dims = [2, 8, 32, 128, 512]
-ratio = 1.2 ** 0.5                                               # proposal std / target std
-s_t = 0.3
+ratio, s_t = 1.2 ** 0.5, 0.3                                    # proposal std / target std; target std
 c = ratio**2 / math.sqrt(2 * ratio**2 - 1)
-ess_dim = []
-for d in dims:
-    vals = []
+ess_dim = np.zeros((5, len(dims)))
+for j, d in enumerate(dims):
     for s in range(5):
         gen = torch.Generator().manual_seed(1000 * seed + 500 + s)
         x = ratio * s_t * torch.randn(4096, d, generator=gen, dtype=D)     # draws of q = N(0, (ratio·s)² I)
         log_p = torch.tensor(norm.logpdf(x.numpy(), 0, s_t).sum(1), dtype=D)
         log_q = torch.tensor(norm.logpdf(x.numpy(), 0, ratio * s_t).sum(1), dtype=D)
-        vals.append(effective_sample_size(torch.softmax(log_p - log_q, 0)) / 4096)
-    ess_dim.append(float(np.median(vals)))
+        ess_dim[s, j] = effective_sample_size(torch.softmax(log_p - log_q, 0)) / 4096
 theory = [c ** (-d) for d in dims]
-print("d", dims, "\nESS/K measured", np.round(ess_dim, 4), "\nc^-d          ", np.round(theory, 4))
-assert abs(ess_dim[0] - theory[0]) < 0.05
-assert ess_dim[-1] < 0.05 and ess_dim[-1] < ess_dim[0] / 10
-fig, ax = plt.subplots(figsize=(5, 3.4))
-ax.plot(dims, ess_dim, "o-", label="measured (K=4096)")
-ax.plot(dims, theory, "k:", label="c^{-d}")
+print("d", dims, "\nESS/K measured", np.round(np.median(ess_dim, 0), 4), "\nc^-d          ", np.round(theory, 4))
+assert abs(np.median(ess_dim, 0)[0] - theory[0]) < 0.05
+assert np.median(ess_dim, 0)[-1] < 0.05 and np.median(ess_dim, 0)[-1] < np.median(ess_dim, 0)[0] / 10
+_ = run.record("ess_over_K/d512", float(np.median(ess_dim, 0)[-1]))
+
+# %%
+fig, ax = plt.subplots(figsize=(5.5, 3.6))
+median_band(ax, dims, ess_dim, label="measured (K = 4096)", marker="o")
+ax.plot(dims, theory, "k:", label=r"closed form $c^{-d}$")
 ax.axhline(1 / 4096, color="grey", lw=0.8, ls="--", label="ESS = 1")
-ax.set(xscale="log", yscale="log", xlabel="dimension d", ylabel="ESS / K",
-       title="Proposal 20 % wider than the target")
-ax.legend(fontsize=8)
+label_axes(ax, "dimension d", "ESS / K", "Proposal 20 % wider than the target", lower_is_better=False,
+           logx=True, logy=True)
 run.savefig(fig, "ess_vs_dimension.png")
 plt.show()
-run.record("ess_over_K/d512", ess_dim[-1])
 
 # %% [markdown]
+# *What to see:* the measured fraction follows $c^{-d}$ down by orders of magnitude, until it meets the floor of
+# one effective draw.
+#
 # ## 7 · MGS against the plain surrogate step when l̃ and l disagree
 #
 # A 2-D problem where the surrogate is smooth and wrong and the task loss is right and non-differentiable:
@@ -444,6 +532,7 @@ def surrogate(model, batch=None):
     return 0.5 * ((model.theta - b_pt) ** 2).sum()
 
 
+# %%
 def mgs_for(model, lr, seed_, **kw):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
     return MGS(model, opt, surrogate, staircase, forward_fn=lambda call, batch: call(), sigma_mode="absolute",
@@ -452,8 +541,7 @@ def mgs_for(model, lr, seed_, **kw):
 
 start_pt = torch.tensor([-1.5, -1.5], dtype=D)
 pt = Point(start_pt)
-m = mgs_for(pt, 1.0, seed, K=6, alpha=0.1, sigma=0.3)
-st = m.step(None, return_deltas=True)
+st = mgs_for(pt, 1.0, seed, K=6, alpha=0.1, sigma=0.3).step(None, return_deltas=True)
 deltas_k = torch.stack([d["theta"] for d in st.deltas])
 lq = GaussianMixtureProposal.mgs(-(start_pt - b_pt), 0.3, 0.5).log_prob(deltas_k)
 w_scratch = torch.softmax(-(staircase(start_pt + deltas_k) - staircase(start_pt)) / 0.1 - lq, 0)
@@ -475,76 +563,301 @@ def run_mgs(steps, seed_, **kw):
     m = mgs_for(pt, 0.3, seed_, **kw)
     path, ess = [start_pt.clone()], []
     for _ in range(steps):
-        st = m.step(None)
-        ess.append(st.ess)
+        ess.append(m.step(None).ess)
         path.append(pt.theta.detach().clone())
     return torch.stack(path), ess
 
 
 gd_path = run_gd(toy_steps)
-mgs_runs = [run_mgs(toy_steps, 1000 * seed + 100 + s, K=8, alpha=0.05, sigma=0.3)
-            for s in tqdm(range(toy_seeds), desc="MGS 2-D")]
+mgs_runs = [run_mgs(toy_steps, 1000 * seed + 100 + s, K=8, alpha=0.05, sigma=0.3) for s in range(toy_seeds)]
 gd_final = float(staircase(gd_path[-1]))
 mgs_final = np.array([float(staircase(p[-1])) for p, _ in mgs_runs])
 print(f"task loss at the end: GD on l̃ {gd_final:.2f}; MGS {mgs_final} (start {float(staircase(start_pt)):.2f})")
 
+# %%
 fig, axes = plt.subplots(1, 2, figsize=(11, 4))
 xs = torch.linspace(-2, 2.5, 300, dtype=D)
 XX, YY = torch.meshgrid(xs, xs, indexing="xy")
-ZZ = staircase(torch.stack([XX, YY], -1))
-axes[0].contourf(XX, YY, ZZ, levels=20, cmap="Greys")
+cs = axes[0].contourf(XX, YY, staircase(torch.stack([XX, YY], -1)), levels=20, cmap="Greys")
+fig.colorbar(cs, ax=axes[0], label="task loss l(θ)")
 axes[0].plot(*gd_path.T, "o-", ms=2, color="C3", label="GD on surrogate")
 for s, (p, _) in enumerate(mgs_runs):
-    axes[0].plot(*p.T, "-", lw=1, color="C0", alpha=0.8, label="MGS" if s == 0 else None)
+    axes[0].plot(*p.T, "-", lw=1, color="C0", alpha=0.8, label="MGS (one line per seed)" if s == 0 else None)
 axes[0].plot(*a_pt, "k*", ms=12, label="task minimum a")
 axes[0].plot(*b_pt, "rx", ms=10, label="surrogate minimum b")
-axes[0].set(title="trajectories on the task loss (staircase)", xlabel="θ₁", ylabel="θ₂")
-axes[0].legend(fontsize=8, loc="lower right")
+label_axes(axes[0], "θ₁", "θ₂", "trajectories on the task loss (staircase)")
+axes[0].legend(fontsize=7, loc="lower right")
 axes[1].plot(staircase(gd_path).numpy(), color="C3", label="GD on surrogate")
-for s, (p, _) in enumerate(mgs_runs):
-    axes[1].plot(staircase(p).numpy(), color="C0", alpha=0.7, label="MGS" if s == 0 else None)
-axes[1].set(xlabel="step", ylabel="task loss l(θ)", title="task loss along the way")
-axes[1].legend()
+seed_band(axes[1], np.arange(toy_steps + 1), [staircase(p).numpy() for p, _ in mgs_runs], label="MGS", color="C0")
+label_axes(axes[1], "step", "task loss l(θ)", "task loss along the way", lower_is_better=True)
 fig.tight_layout()
 run.savefig(fig, "mgs_vs_surrogate_2d.png")
 plt.show()
 
+# %% [markdown]
+# *What to see:* gradient descent on the surrogate walks straight to b and stops on a high step of the
+# staircase; every MGS run keeps descending the staircase towards a.
+
+# %%
+c_toy = run.compare("toy/mgs_vs_gd_final_task_loss", mgs_final, np.full(toy_seeds, gd_final), name="MGS",
+                    baseline="GD on the surrogate", metric="final task loss (2-D staircase)", lower_is_better=True)
 run.record("toy/gd_final_task_loss", gd_final, headline=True)
 run.record("toy/mgs_final_task_loss_mean", float(mgs_final.mean()), headline=True)
 run.record("toy/mgs_final_task_loss_max", float(mgs_final.max()))
 run.record("toy/mgs_median_ess", float(np.median([np.median(e) for _, e in mgs_runs])))
+print(c_toy.sentence())
 assert gd_final >= 1.5                          # GD on l̃ stops at b, where the staircase is 2
 assert mgs_final.max() <= gd_final - 1.0        # every MGS seed ends at least one unit of task loss lower
+assert c_toy.verdict == "better"
+
+# %% [markdown]
+# ## 8 · MGS against policy gradient at equal compute
+#
+# The essay argues that policy gradient (REINFORCE: sample *outputs* from p_θ(y|x), reweight their
+# log-likelihood by the task reward; notebook 05) should be cheaper than MGS (sample *parameters*), while MGS
+# uses the surrogate's gradient to guide its search from the start. Here both train a linear softmax
+# classifier on the 8×8 digits (650 parameters) from the same random start to maximize accuracy, under the
+# **same compute budget**, counted in forward-pass equivalents of one minibatch of 128 digits:
+#
+# | method | per step | cost units |
+# |---|---|---|
+# | MLE (cross-entropy, Adam) — the reference | forward + backward (≈ 2 forwards) | 3 |
+# | REINFORCE (`classification_reinforce`, `pg_samples` labels per input, leave-one-out baseline, Adam) | forward + backward; sampling labels from the softmax needs no further forward for a classifier | 3 |
+# | REINFORCE + MLE (the same plus `pg_mle_weight` × cross-entropy) | same | 3 |
+# | MGS (`MGS`, AdamW, `mgs_K` candidates, the reference's α = 0.01, σ = 1 relative, λ = ½, clipping at norm 1, the package's true mixture density) | the surrogate's forward + backward, then K candidate forwards (l(θ) cancels and is not computed) | 3 + K |
+#
+# So at equal compute REINFORCE takes (3 + K)/3 times as many steps as MGS. Classification is the most
+# favourable case for policy gradient: for a sequence model each sampled output is a decoded sequence and costs
+# forwards of its own. Each method's learning rate is tuned on the validation split over `pg_lrs`
+# (`pg_tune_seeds` seeds each, full budget); the tuned runs then use `pg_seeds` fresh seeds and report
+# held-out test accuracy at six points of the budget — a budget sweep, so a verdict can be checked for having
+# settled.
+
+# %%
+splits = load_digits_splits(0)
+(Xtr, ytr), (Xva, yva), (Xte, yte) = [(X.to(dev), y.to(dev)) for X, y in (splits.train, splits.valid, splits.test)]
+METHODS = ["MLE", "REINFORCE", "REINFORCE + MLE", "MGS"]
+COST = {"MLE": 3, "REINFORCE": 3, "REINFORCE + MLE": 3, "MGS": 3 + mgs_K}
+MARKS = [round(pg_budget * (i + 1) / 6) for i in range(6)]     # budget sweep: accuracy at these costs
+
+
+def linear_model(s):
+    torch.manual_seed(s)
+    m = nn.Linear(64, 10).to(dev)
+    with torch.no_grad():
+        m.weight.mul_(0.1)
+        m.bias.zero_()
+    return m
+
+
+def ce(m, b):
+    return F.cross_entropy(m(b[0]), b[1])
+
+
+def zero_one(logits, b):
+    return 1.0 - accuracy(logits.argmax(-1), b[1])
+
+
+# %%
+def make_step(method, m, lr, s):
+    """A function batch → MGS's ESS (or None) doing one optimizer step of `method` on the model m."""
+    if method == "MGS":
+        mgs = MGS(m, torch.optim.AdamW(m.parameters(), lr=lr), ce, zero_one, K=mgs_K, alpha=0.01, sigma=1.0,
+                  mix=0.5, seed=s)
+        return lambda b: mgs.step(b).ess
+    opt, pg_gen = torch.optim.Adam(m.parameters(), lr=lr), torch.Generator(device=dev).manual_seed(s)
+    mle_w = pg_mle_weight if method == "REINFORCE + MLE" else 0.0
+
+    def step(b):
+        opt.zero_grad()
+        loss = ce(m, b) if method == "MLE" else classification_reinforce(
+            m(b[0]), b[1], pg_samples, mle_weight=mle_w, generator=pg_gen).loss
+        loss.backward()
+        opt.step()
+    return step
+
+
+# %%
+@torch.no_grad()
+def acc_on(m, X, y):
+    return float(accuracy(m(X).argmax(-1), y))
+
+
+def train_eq(method, lr, s, X, y):
+    """Spend pg_budget cost units; accuracy on (X, y) at each of MARKS, and MGS's per-step ESS."""
+    m, batch_gen = linear_model(s), torch.Generator().manual_seed(10_000 + s)
+    step, used, curve, ess = make_step(method, m, lr, s), 0, [], []
+    for mark in MARKS:
+        while used + COST[method] <= mark:
+            idx = torch.randint(0, len(ytr), (128,), generator=batch_gen).to(dev)
+            e = step((Xtr[idx], ytr[idx]))
+            used += COST[method]
+            if e is not None:
+                ess.append(e)
+        curve.append(acc_on(m, X, y))
+    return np.array(curve), ess
+
+
+# %%
+tuned = {}
+for method in tqdm(METHODS, desc="tuning learning rates"):
+    val = {lr: np.mean([train_eq(method, lr, 500 + t, Xva, yva)[0][-1] for t in range(pg_tune_seeds)]) for lr in pg_lrs}
+    tuned[method] = max(val, key=val.get)
+    print(f"{method:16s} validation accuracy per lr:", {k: round(float(v), 3) for k, v in val.items()}, f"→ lr {tuned[method]}")
+curves_eq, ess_eq = {m: [] for m in METHODS}, []
+for method in tqdm(METHODS, desc="equal-compute runs"):
+    for s in range(pg_seeds):
+        curve, ess = train_eq(method, tuned[method], 1000 * seed + s, Xte, yte)
+        curves_eq[method].append(curve)
+        ess_eq += ess
+curves_eq = {m: np.array(c) for m, c in curves_eq.items()}          # [seeds, len(MARKS)]
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 4.2))
+for method in METHODS:
+    seed_band(ax, MARKS, curves_eq[method], label=f"{method} (lr {tuned[method]}, "
+              f"{pg_budget // COST[method]} steps)", marker="o", ms=3)
+label_axes(ax, "compute (forward-pass equivalents of one minibatch)", "held-out test accuracy",
+           "Equal compute: digits, linear softmax, from scratch", lower_is_better=False)
+ax.legend(fontsize=7, loc="lower right")
+run.savefig(fig, "equal_compute.png")
+plt.show()
+
+# %% [markdown]
+# *What to see:* each curve is the test accuracy after the same amount of compute; the methods' order at the
+# right end is the verdict below, and whether the bands have stopped crossing tells whether it has settled.
+
+# %%
+half, kw = len(MARKS) // 2 - 1, dict(metric="test accuracy at equal compute", lower_is_better=False)
+eq = []
+for base, key in (("REINFORCE", "reinforce"), ("REINFORCE + MLE", "reinforce_mle"), ("MLE", "mle")):
+    eq.append(run.compare(f"equal_compute/mgs_vs_{key}", curves_eq["MGS"][:, -1], curves_eq[base][:, -1],
+                          name="MGS", baseline=base, **kw))
+    eq.append(run.compare(f"equal_compute/mgs_vs_{key}_half_budget", curves_eq["MGS"][:, half],
+                          curves_eq[base][:, half], name="MGS (half budget)", baseline=f"{base} (half budget)", **kw))
+KEY = {"MLE": "mle", "REINFORCE": "reinforce", "REINFORCE + MLE": "reinforce_mle", "MGS": "mgs"}
+for method in METHODS:
+    run.record(f"equal_compute/test_acc_{KEY[method]}", float(curves_eq[method][:, -1].mean()), headline=method == "MGS")
+run.record("equal_compute/mgs_median_ess", float(np.median(ess_eq)))
+assert all(curves_eq[m][:, -1].min() > 0.5 for m in METHODS)      # every method learns (chance: 0.1)
+
+# %%
+fig, ax = plt.subplots(figsize=(7.5, 3.2))
+comparison_forest(ax, eq)
+ax.set_title("MGS against each rival at equal compute (full and half budget)")
+run.savefig(fig, "equal_compute_verdicts.png")
+plt.show()
+
+# %% [markdown]
+# *What to see:* a row whose interval crosses the vertical line is inconclusive at this number of seeds; a row
+# whose colour differs between the half and the full budget has not settled.
 
 # %% [markdown]
 # ## Results
 
 # %%
 run.record("runtime_s", time.time() - t_start)
-run.table()
+_ = run.table()
 
 # %% [markdown]
-# **What the numbers say.** (Every claim below is asserted in the cells above with margins that hold across
-# seeds; the exact values are in the table.)
+# ### Verdicts (paired over seeds; 95 % t-intervals; "inconclusive" when the interval covers 0)
+
+# %%
+_ = run.comparison_table()
+
+# %% [markdown]
+# ## What the numbers say
 #
-# * Importance sampling recovers the update distribution's mean without any gradient of the task loss: on the
-#   quadratic test problem MGS's estimate approaches Newton's step at the Monte Carlo rate K^{−1/2}, with at
-#   least a 4× smaller error at the largest K than at K = 4.
-# * The surrogate's step is what makes a few candidates enough. Centred at −∇l̃, the proposal keeps a large
-#   effective sample size while a zero-centred proposal (random search around θ) has ESS ≈ 1 and a larger
-#   error at every K ≥ 8; the advantage shrinks as the surrogate's gradient error grows, as the
-#   exp(−‖μ_p − μ_q‖²/σ²) formula predicts.
-# * The knobs: α → 0 turns the update into "best of K" (ESS → 1). For σ, a very small value merely reproduces
-#   the surrogate step; with many candidates the best σ lies inside the sweep and halves the surrogate step's
-#   error at least, while a σ far above the target width is worse than the plain step. The zero-centred
-#   component (λ > 0) raises the error when the surrogate is right (half the draws are wasted), and it is
-#   what rescues the estimate when θ already sits at the task minimum and the surrogate still pulls.
-# * The density matters. The reference code's formula, which evaluates the Gaussians as if σ were 1, is not the
-#   density of the draws unless σ = 1: its estimate converges more slowly (at the largest K its error is more
-#   than 1.5× the true density's). It is offered as `density="unit_sigma"` to reproduce that code.
-# * In many dimensions any mismatch between proposal and target compounds per coordinate (ESS/K ≈ c^{−d});
-#   for a network with thousands of parameters the weights collapse onto one candidate, and MGS becomes a
-#   best-of-K search among surrogate-guided and random steps.
-# * When surrogate and task loss disagree, MGS follows the task loss: on the 2-D staircase problem gradient
-#   descent on l̃ stops at the surrogate's minimum, while MGS ends at least one unit of task loss lower in every
-#   seed.
+# Rendered from this run's recorded values; the asserts above hold for seeds 0–19 at these defaults.
+
+# %%
+def vs(key):
+    """'better than B (effect, interval)' / 'worse than …' / 'not distinguishable from …' for a recorded comparison."""
+    c = run.comparisons[key]
+    word = {"better": "better than", "worse": "worse than", "inconclusive": "not distinguishable from"}[c.verdict]
+    return (f"{word} {c.baseline} (effect {c.effect:+.3g}, {100 * c.confidence:.0f} % CI "
+            f"[{c.ci_low:.3g}, {c.ci_high:.3g}], {c.n} seeds)")
+
+
+def vs_short(key):
+    """The verdict word and effect only, for a second mention of the same pair."""
+    c = run.comparisons[key]
+    return f"{ {'inconclusive': 'not distinguishable'}.get(c.verdict, c.verdict)} ({c.effect:+.3g})"
+
+
+# %%
+_ = run.say(
+    "* **Importance sampling recovers Newton's step without a gradient of the task loss**, at the Monte Carlo "
+    "rate K^(−1/2): at K = {error/K_max:.0f} the MGS estimate's median error is {error/mgs_Kmax:.3f}.\n"
+    "* **A handful of candidates does not estimate Δθ*.** At K = 4 — the paper's choice — the median error is "
+    "{error/mgs_K4_over_target_norm:.0%} of ‖Δθ*‖, while the plain surrogate step −∇l̃ (no task-loss evaluation "
+    "at all) is off by {error/surrogate_step_over_target_norm:.0%}: MGS at K = 4 is {k4}. It needs K = "
+    "{error/K_to_beat_surrogate_step:.0f} to beat the plain step (at K = {error/K_max:.0f} it is {kmax}) and "
+    "K = {error/K_to_reach_tenth_of_target:.0f} to get within 10 % of ‖Δθ*‖. With four candidates MGS is a "
+    "randomized search step around the surrogate's, not an estimate of the mean.\n"
+    "* **The surrogate's step is what makes the proposal work.** Centred at −∇l̃, the mixture's median ESS is "
+    "{ess/mgs_over_zero_centred_at_eps0:.0f}× that of a zero-centred proposal; its error at K = 8 is {zero}.\n"
+    "* **The density matters.** The reference code's unit-σ density is not the density of the draws when σ ≠ 1: "
+    "at K = {error/K_max:.0f} its error is {unit}.",
+    k4=vs("error/mgs_K4_vs_surrogate_step"), kmax=vs("error/mgs_Kmax_vs_surrogate_step"),
+    zero=vs("error/mgs_vs_zero_centred_K8"), unit=vs("error/unit_sigma_vs_mixture_Kmax"))
+
+# %%
+_ = run.say(
+    "* **The knobs.** α → 0 turns the update into \"best of K\" (ESS → 1); the best α in the sweep is "
+    "{sweep/best_alpha:g}. **α → ∞** does not drive the update to 0: the weights become softmax(−log q), the "
+    "task loss drops out, the error grows to {alpha_inf/error_over_best_alpha_error:.1f}× the best α's and the "
+    "estimate's norm stays at {alpha_inf/estimate_norm_over_target_norm:.2f}·‖Δθ*‖. With many candidates the best "
+    "σ ({sweep/best_sigma_Kmax:g}) brings the error to {sweep/error_best_sigma_Kmax_over_surrogate_step:.2f}× the "
+    "plain step's. When θ already sits at the task minimum and the surrogate pulls, λ = ½ is {lam_b}; when the "
+    "surrogate is right, λ = ½ is {lam_a}.\n"
+    "* **Dimension.** A proposal only 20 % wider than the target keeps ESS/K = {ess_over_K/d512:.4f} at d = 512 "
+    "(c^(−d)); notebook 03 measures the collapse on a 2 410-parameter classifier.\n"
+    "* **When surrogate and task loss disagree, MGS follows the task loss**: on the 2-D staircase, gradient "
+    "descent on l̃ ends at task loss {toy/gd_final_task_loss:.2f}, MGS at {toy/mgs_final_task_loss_mean:.2f} on "
+    "average (worst seed {toy/mgs_final_task_loss_max:.2f}).",
+    lam_b=vs("sweep/lambda_half_vs_zero_scenario_B"), lam_a=vs("sweep/lambda_half_vs_one_scenario_A"))
+
+# %%
+_ = run.say(
+    "* **At equal compute** (§8: {budget} forward equivalents, learning rates tuned per method, {n} seeds) MGS "
+    "reaches test accuracy {equal_compute/test_acc_mgs:.3f}, REINFORCE {equal_compute/test_acc_reinforce:.3f}, "
+    "REINFORCE + MLE {equal_compute/test_acc_reinforce_mle:.3f} and MLE {equal_compute/test_acc_mle:.3f}. MGS "
+    "is {rf} (at half the budget: {rf_half}); {rfm} (half: {rfm_half}); {mle} (half: {mle_half}). Its median "
+    "ESS was {equal_compute/mgs_median_ess:.2f} of {K} candidates{collapse}.",
+    rf=vs("equal_compute/mgs_vs_reinforce"), rf_half=vs_short("equal_compute/mgs_vs_reinforce_half_budget"),
+    rfm=vs("equal_compute/mgs_vs_reinforce_mle"), rfm_half=vs_short("equal_compute/mgs_vs_reinforce_mle_half_budget"),
+    mle=vs("equal_compute/mgs_vs_mle"), mle_half=vs_short("equal_compute/mgs_vs_mle_half_budget"),
+    budget=pg_budget, n=pg_seeds, K=mgs_K, collapse=(
+        ": its weights pick one candidate per step, so each update is one surrogate-guided or random step "
+        "rather than a task-loss-weighted average"
+        if np.median(ess_eq) < 1.5 else ""))
+
+# %% [markdown]
+# ## Errata vs. the source
+
+# %%
+_ = run.say(
+    "> 1. **\"With the guidance of q, n need not be large\" (n = 4 in the paper).** As an estimator of Δθ*, "
+    "K = 4 leaves a median error of {error/mgs_K4_over_target_norm:.0%} of ‖Δθ*‖ here, and MGS at K = 4 is {k4}; "
+    "the paper's gains at n = 4 are those of a search step, not of an accurate mean (§4).\n"
+    "> 2. **α → ∞ does not give Δθ* → 0** unless the allowed steps are bounded: for a quadratic Δθ* = −H⁻¹g at "
+    "every α, and the estimator tends to the 1/q-weighted mean of its draws (§5; notebook 01 §2 has the ball).\n"
+    "> 3. **\"Policy gradient should be less intensive.\"** Per step, yes (3 cost units against 3 + K). Per unit "
+    "of accuracy on digits at equal compute (§8), MGS was {rf}, and {rfm}: the comparison that matters is with "
+    "policy gradient that also uses the cross-entropy, as the essay itself recommends for pre-training.\n"
+    "> 4. The essay writes the proposal as one Gaussian around −∇l̃; the paper and the reference code use the "
+    "mixture with the zero-centred component (λ), whose effect §5 isolates. The reference code also evaluates "
+    "the mixture at unit variance, which is not the density of its draws (§4).",
+    k4=vs("error/mgs_K4_vs_surrogate_step"), rf=vs("equal_compute/mgs_vs_reinforce"),
+    rfm=vs("equal_compute/mgs_vs_reinforce_mle"))
+
+# %% [markdown]
+# ## Try this
+#
+# * `python -m taskloss.runner run 02 -p mgs_K 16 -p pg_budget 2400` — more candidates per MGS step at twice
+#   the budget: does the equal-compute verdict against REINFORCE + MLE move?
+# * `python -m taskloss.runner run 02 -p dim 50` — a 50-dimensional quadratic: how much larger must K be before
+#   MGS beats the plain surrogate step?
+# * `python -m taskloss.runner run 02 --grid seed=0,1,2 --out runs/02-seeds` — the spread of every verdict over
+#   independent runs (`runs/02-seeds/SUMMARY.md`).
