@@ -72,7 +72,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="a flat YAML file 'name: value' (repeatable, applied in order, before -p), "
                             "e.g. params/NN_topic/full.yaml")
         p.add_argument("--jobs", type=int, default=1, metavar="N",
-                       help="runs at once (default 1); CPU threads are split between them. With "
+                       help="runs at once (default 1); CPU threads are split between them (at most OMP_NUM_THREADS each when "
+                            "it is set). With "
                             "--executor slurm: the most array tasks running at once")
         p.add_argument("--force", action="store_true", help="redo finished runs")
         p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="limit per cell")

@@ -52,7 +52,7 @@ from taskloss.runner.store import (
 )
 from taskloss.utils import REPO_ROOT
 
-__all__ = ["RunSpec", "SweepResult", "find_notebook", "list_notebooks", "plan_runs", "check_no_clobber",
+__all__ = ["RunSpec", "SweepResult", "threads_per_run", "find_notebook", "list_notebooks", "plan_runs", "check_no_clobber",
            "execute", "run_many", "environment_info"]
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
@@ -256,7 +256,7 @@ def run_many(specs: list[RunSpec], *, jobs: int = 1, force: bool = False, timeou
     for s in specs:
         if s not in todo:
             print(f"skip (finished): {s.out_dir}")
-    threads = max(1, (os.cpu_count() or 1) // jobs)
+    threads = threads_per_run(jobs)
     disable = None if progress else True  # None: tqdm shows bars on a terminal only
     overall = tqdm(total=len(todo), desc="runs", unit="run", position=0,
                    disable=True if not todo else disable)
@@ -275,6 +275,18 @@ def run_many(specs: list[RunSpec], *, jobs: int = 1, force: bool = False, timeou
         meta = metas.get(s.out_dir) or read_meta(s.out_dir) or {"status": "cancelled", "error": "not started"}
         out.append({"notebook": s.name, **meta, "out_dir": str(s.out_dir)})
     return SweepResult(out, interrupted)
+
+
+def threads_per_run(jobs: int, environ: dict | None = None) -> int:
+    """BLAS/OpenMP threads each kernel gets: the CPU cores split between ``jobs`` runs, capped by an
+    ``OMP_NUM_THREADS`` the caller set (``OMP_NUM_THREADS=1 … run NN`` means one thread per run, as it does for a
+    plain Python process); a value that is not a positive integer is ignored."""
+    environ = os.environ if environ is None else environ
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    given = str(environ.get("OMP_NUM_THREADS", "")).strip()
+    if given.isdigit() and int(given) > 0:
+        threads = min(threads, int(given))
+    return threads
 
 
 def _run_inline(todo, jobs, threads, force, timeout, disable, overall, metas) -> bool:

@@ -157,3 +157,14 @@ def test_read_only_out_fails_with_a_clear_message(nb, tmp_path, capsys):
     ro.mkdir(mode=0o555)
     assert main(["run", str(nb), "--out", str(ro)]) == 2
     assert "Permission denied" in capsys.readouterr().err
+
+
+def test_threads_per_run_splits_the_cores_and_respects_a_caller_omp_setting(monkeypatch):
+    from taskloss.runner.runs import threads_per_run
+
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert threads_per_run(1, {}) == 8 and threads_per_run(3, {}) == 2 and threads_per_run(16, {}) == 1
+    assert threads_per_run(1, {"OMP_NUM_THREADS": "1"}) == 1      # one thread asked for: one thread per kernel
+    assert threads_per_run(4, {"OMP_NUM_THREADS": "6"}) == 2      # never more than the cores split between runs
+    for junk in ("", "0", "-2", "two", "1.5"):
+        assert threads_per_run(2, {"OMP_NUM_THREADS": junk}) == 4  # not a positive integer: ignored
