@@ -581,11 +581,11 @@ run.table()
 # * **The empirical Fisher can point the wrong way.** On least squares the Fisher is the Hessian, so NGD
 #   aims exactly at the optimum from everywhere and one unit step lands there (asserted). Preconditioning
 #   with the empirical Fisher bends the direction away from the optimum — the asserted median angle is
-#   above 10° and larger than plain gradient descent's — and a unit step leaves a substantial fraction of
+#   above 30° and larger than plain gradient descent's — and a unit step leaves a substantial fraction of
 #   the distance (printed above), so its trajectories need many steps even with their best step size.
 # * **Hessian-free** solves the damped Gauss-Newton system with a handful of matrix-free products; per
-#   iteration it beats SGD on both problems (asserted), but each step costs tens of SGD steps, so in
-#   wall-clock it is not the winner at this size (numbers printed above).
+#   iteration it beats SGD on both problems (asserted), but each step costs the time of many SGD steps (the
+#   measured ratio is printed above), so in wall-clock it is not the winner at this size.
 # * **K-FAC** is exact for one example and block-diagonal-approximate for a batch; on the deep autoencoder —
 #   the problem it was designed for — it ends below Adam and SGD for every seed after the same number of
 #   steps (asserted). Whether it is also below Adam at equal training clock is printed for this run, not
