@@ -17,6 +17,8 @@ what it holds, each ``__init__`` naming its notebooks (``notebooks/NN_topic.py``
   the randomization sanity check (15)
 - :mod:`taskloss.dynamics`   — gradient clipping and (L0, L1)-smoothness probes, gradient-norm penalties, the modified
   loss of a finite step and its flows (11, 12)
+- :mod:`taskloss.harness`    — every update rule behind one interface, counted passes, the ideal update Δθ* with its
+  Monte Carlo error, training to an equal pass budget (16)
 - :mod:`taskloss.runner`     — the results API of notebooks, parameters, the rerun/sweep runner (every notebook)
 - :mod:`taskloss.utils`      — device resolution, seeding, input validation (everywhere)
 

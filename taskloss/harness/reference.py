@@ -10,10 +10,13 @@ minimizer m of l̃(θ+Δθ) (found by Newton's method with step halving; for a q
 exactly p, :func:`taskloss.sampling.update.gaussian_update_distribution`, so every weight inside the ball is
 equal) — and, with a ball, also the uniform ball
 (:class:`taskloss.sampling.proposals.UniformBallProposal`), keeping the estimate with the larger effective sample
-size. H is the dense Hessian of the surrogate (``torch.func.jacrev`` twice; small models only). Centring the
+size. With the uniform ball the draws' own mean, whose expectation is 0, is subtracted as a control variate:
+at large α, where Δθ* shrinks like 1/α, this removes the noise floor ε/√((d+2)n) that plain SNIS has there
+(notebook 01, §2). H is the dense Hessian of the surrogate (``torch.func.jacrev`` twice; small models only). Centring the
 Laplace proposal at θ's own Newton point instead fails as soon as the loss is not quadratic on the scale of that
 step: at α = 10⁻⁴ the cubic remainder over α dominates and the effective sample size drops to ~1. The Monte Carlo
-standard error is the delta-method one of SNIS, ``se_j² = Σ_i w_i² (Δθ_ij − Δθ*_j)²``.
+standard error is the delta-method one of SNIS, ``se_j² = Σ_i w_i² (Δθ_ij − Δθ*_j)²`` (with the control variate,
+``Σ_i (w_i (Δθ_ij − Δθ*_j) − Δθ_ij/n)²``).
 
 Limits that the tests check: for a quadratic without a ball Δθ* is Newton's step −H⁻¹g for every α; with a ball,
 α → ∞ gives Δθ* → −ε²g/((d+2)α) (gradient descent's direction), and α → 0 the minimizer in the ball.
@@ -100,13 +103,18 @@ def ideal_update(problem: Problem, alpha: float, *, radius: float | None = None,
                     raise
                 continue
             if best is None or float(res.ess) > best[1].ess:
-                resid = res.samples - res.estimate
-                se = torch.sqrt((res.weights.to(resid.dtype)[:, None] ** 2 * resid ** 2).sum(0))
-                best = (name, res, se)
+                w = res.weights.to(res.samples.dtype)[:, None]
+                if name == "ball":   # control variate E_q[Δ] = 0: subtract the draws' mean
+                    est = res.estimate - res.samples.mean(0)
+                    infl = w * (res.samples - est) - res.samples / res.samples.shape[0]
+                else:
+                    est = res.estimate
+                    infl = w * (res.samples - est)
+                best = (name, res, est, torch.sqrt((infl ** 2).sum(0)))
     if best is None:
         raise ValueError("no proposal put a draw inside the ball: raise n_samples or the radius")
-    name, res, se = best
-    return IdealUpdate(delta=res.estimate, stderr=se, ess=float(res.ess), proposal=name, grad=g, hessian=H,
+    name, res, est, se = best
+    return IdealUpdate(delta=est, stderr=se, ess=float(res.ess), proposal=name, grad=g, hessian=H,
                        newton=newton_update(g, H), alpha=alpha, radius=radius)
 
 
