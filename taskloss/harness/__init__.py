@@ -12,11 +12,11 @@ Modules:
 - :mod:`~taskloss.harness.measure`    — one proposed step, or a training run to an equal pass budget
 """
 from taskloss.harness.measure import StepRecord, TrainRecord, propose, train
-from taskloss.harness.problem import PassCount, PassCounter, Problem
+from taskloss.harness.problem import PassCount, PassCounter, Problem, grad_hessian
 from taskloss.harness.reference import IdealUpdate, ideal_update, step_agreement
 from taskloss.harness.rules import RULES, RuleSpec, make_rule, register
 
 __all__ = [
-    "Problem", "PassCounter", "PassCount", "RULES", "RuleSpec", "register", "make_rule", "IdealUpdate",
+    "Problem", "PassCounter", "PassCount", "grad_hessian", "RULES", "RuleSpec", "register", "make_rule", "IdealUpdate",
     "ideal_update", "step_agreement", "StepRecord", "TrainRecord", "propose", "train",
 ]

@@ -31,7 +31,7 @@ from torch.nn import functional as F
 from taskloss.curvature.fisher import LIKELIHOODS, nll_loss
 from taskloss.utils import check_finite, check_nonnegative
 
-__all__ = ["Problem", "PassCounter", "PassCount"]
+__all__ = ["Problem", "PassCounter", "PassCount", "grad_hessian"]
 
 TaskLossFn = Callable[[Tensor, Tensor], Tensor]
 
@@ -84,6 +84,21 @@ class Problem:
                 raise TypeError(f"{name} must be callable or None")
         if not any(p.requires_grad for p in self.model.parameters()):
             raise ValueError("model has no parameter with requires_grad=True")
+
+    def set_batch(self, inputs: Tensor, targets: Tensor) -> None:
+        """Swap in another batch (validated as at construction); rules read the batch at every step."""
+        old = self.inputs, self.targets
+        self.inputs, self.targets = inputs, targets
+        try:
+            self.__post_init__()
+        except (TypeError, ValueError):
+            self.inputs, self.targets = old
+            raise
+
+    def grad_hessian(self) -> tuple[Tensor, Tensor]:
+        """Gradient ``[P]`` and dense Hessian ``[P, P]`` (symmetrized) of the surrogate at the current parameters,
+        by ``torch.func.grad`` and ``torch.func.jacrev`` twice (P² memory: small models only)."""
+        return grad_hessian(self.flat_loss(), self.flat_params())
 
     @property
     def params(self) -> list[Tensor]:
@@ -149,6 +164,13 @@ class Problem:
             return self.surrogate_from_outputs(outputs, out.values())
 
         return f
+
+
+def grad_hessian(f: Callable[[Tensor], Tensor], theta: Tensor) -> tuple[Tensor, Tensor]:
+    """``(∇f(θ), ∇²f(θ))`` of a scalar function of a flat vector, both checked finite."""
+    g = check_finite("gradient", torch.func.grad(f)(theta))
+    H = torch.func.jacrev(torch.func.jacrev(f))(theta)
+    return g, check_finite("Hessian", 0.5 * (H + H.mT))
 
 
 @dataclass

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from taskloss.harness.problem import Problem
+from taskloss.harness.problem import Problem, grad_hessian
 from taskloss.sampling.proposals import GaussianProposal, UniformBallProposal
 from taskloss.sampling.update import expected_update, gaussian_update_distribution, newton_update, vmap_loss
 from taskloss.utils import check_finite, check_int, check_positive
@@ -84,7 +84,7 @@ def ideal_update(problem: Problem, alpha: float, *, radius: float | None = None,
         raise ValueError("proposal='ball' needs a radius")
     theta = problem.flat_params()
     f = problem.flat_loss()
-    g, H = _grad_hessian(f, theta)
+    g, H = grad_hessian(f, theta)
     loss_fn = vmap_loss(f, chunk_size=chunk_size)
     candidates = []
     if proposal in ("auto", "laplace"):
@@ -118,12 +118,6 @@ def ideal_update(problem: Problem, alpha: float, *, radius: float | None = None,
                        newton=newton_update(g, H), alpha=alpha, radius=radius)
 
 
-def _grad_hessian(f, theta: Tensor) -> tuple[Tensor, Tensor]:
-    g = check_finite("gradient", torch.func.grad(f)(theta))
-    H = torch.func.jacrev(torch.func.jacrev(f))(theta)
-    return g, check_finite("Hessian", 0.5 * (H + H.mT))
-
-
 def _minimizer(f, theta: Tensor, g: Tensor, H: Tensor, iters: int) -> tuple[Tensor, Tensor]:
     """m = argmin_Δ f(θ+Δ) by Newton with step halving (from Δ = 0), and H(θ+m)."""
     delta = torch.zeros_like(theta)
@@ -138,7 +132,7 @@ def _minimizer(f, theta: Tensor, g: Tensor, H: Tensor, iters: int) -> tuple[Tens
         if t <= 1e-6 or value - new <= 1e-14 * max(1.0, abs(value)):
             break
         delta, value = delta + t * step, new
-        g, H = _grad_hessian(f, theta + delta)
+        g, H = grad_hessian(f, theta + delta)
     return delta, H
 
 

@@ -9,8 +9,9 @@ Derived in notebook 16_update_rule_harness. Each wrapper *calls* the real implem
 :class:`~taskloss.search.mgs.MGS`, :func:`~taskloss.search.policy_gradient.classification_reinforce`,
 :func:`~taskloss.search.zeroth_order.gaussian_smoothing_grad`, :func:`~taskloss.search.zeroth_order.spsa_grad`,
 :class:`~taskloss.search.zeroth_order.MeZO`, :class:`~taskloss.dynamics.clipping.ClippedSGD` and
-:func:`~taskloss.dynamics.implicit.gradient_norm_penalty` — and Newton's step by a dense Hessian from
-``torch.func.hessian`` solved with :func:`~taskloss.sampling.update.newton_update`. Nothing is reimplemented.
+:func:`~taskloss.dynamics.implicit.gradient_norm_penalty` — and Newton's step by a dense Hessian
+(:meth:`~taskloss.harness.problem.Problem.grad_hessian`) solved with :func:`~taskloss.sampling.update.newton_update`.
+Nothing is reimplemented.
 
 Objectives: gradient and curvature rules descend the surrogate ``l̃``; MGS, the zeroth-order rules and REINFORCE
 use the task loss ``l`` (REINFORCE: the expected task loss of labels sampled from the softmax, so categorical
@@ -70,31 +71,39 @@ class _TorchOptim(_Rule):
 
 
 class SGD(_TorchOptim):
+    """``torch.optim.SGD``: θ ← θ − lr·∇l̃."""
+
     def __init__(self, problem, lr: float = 0.1):
         super().__init__(problem)
         self.opt = torch.optim.SGD(problem.params, lr=check_positive("lr", lr))
 
 
 class Momentum(_TorchOptim):
+    """``torch.optim.SGD`` with heavy-ball ``momentum`` (its first step equals SGD's)."""
+
     def __init__(self, problem, lr: float = 0.1, momentum: float = 0.9):
         super().__init__(problem)
         self.opt = torch.optim.SGD(problem.params, lr=check_positive("lr", lr), momentum=momentum)
 
 
 class Adam(_TorchOptim):
+    """``torch.optim.Adam`` with learning rate ``lr`` (its first step is ≈ −lr·sign(g))."""
+
     def __init__(self, problem, lr: float = 1e-2):
         super().__init__(problem)
         self.opt = torch.optim.Adam(problem.params, lr=check_positive("lr", lr))
 
 
 class Clipped(_TorchOptim):
+    """:class:`ClippedSGD`, hard global clipping: θ ← θ − min(lr, lr·γ/‖g‖)·g (``gamma`` = γ)."""
+
     def __init__(self, problem, lr: float = 0.1, gamma: float = 1.0):
         super().__init__(problem)
         self.opt = ClippedSGD(problem.params, lr=lr, gamma=gamma)
 
 
 class GradPenalty(_TorchOptim):
-    """SGD on ``l̃ + μ‖∇l̃‖²`` (the explicit gradient regularizer; double backward)."""
+    """SGD (``lr``) on ``l̃ + μ‖∇l̃‖²`` (``mu`` = μ; the explicit gradient regularizer, one double backward)."""
 
     def __init__(self, problem, lr: float = 0.1, mu: float = 0.05):
         super().__init__(problem)
@@ -111,7 +120,8 @@ class GradPenalty(_TorchOptim):
 
 
 class Newton(_Rule):
-    """``θ ← θ − lr (H + δI)⁻¹ g`` with the dense Hessian of the surrogate (``max_params`` guards the P² memory)."""
+    """``θ ← θ − lr (H + δI)⁻¹ g`` with the dense Hessian of the surrogate (``damping`` = δ; ``max_params``
+    guards the P² memory and raises ``ValueError`` above it)."""
 
     def __init__(self, problem, lr: float = 1.0, damping: float = 0.0, max_params: int = 5000):
         super().__init__(problem)
@@ -122,17 +132,16 @@ class Newton(_Rule):
 
     def step(self) -> None:
         theta = self.problem.flat_params()
-        f = self.problem.flat_loss()
-        g = torch.func.grad(f)(theta)
-        H = torch.func.hessian(f)(theta)
+        g, H = self.problem.grad_hessian()
         if self.damping:
             H = H + self.damping * torch.eye(H.shape[0], dtype=H.dtype, device=H.device)
-        self.problem.set_flat_params(theta + self.lr * newton_update(g, 0.5 * (H + H.mT)))
+        self.problem.set_flat_params(theta + self.lr * newton_update(g, H))
 
 
 class NaturalGradient(_TorchOptim):
     """:class:`NaturalGradientDescent` with the exact Fisher (= GGN) or the empirical Fisher of the batch.
-    The weight decay's curvature λ is added to the damping, so for a linear softmax model this is Newton."""
+    The weight decay's curvature λ is added to the damping, so for a linear softmax model this is Newton.
+    ``lr``, ``damping`` as in :class:`NaturalGradientDescent`; ``fisher``: ``"exact"`` or ``"empirical"``."""
 
     def __init__(self, problem, lr: float = 1.0, damping: float = 1e-4, fisher: str = "exact"):
         super().__init__(problem)
@@ -147,7 +156,8 @@ class NaturalGradient(_TorchOptim):
 
 
 class KFACRule(_Rule):
-    """SGD preconditioned by :class:`KFAC` (batch factors, inverses refreshed every step by default)."""
+    """SGD (``lr``) preconditioned by :class:`KFAC` (``damping``, ``fisher_type``, ``decay`` = 0: batch factors,
+    ``inverse_update_interval`` = 1: inverses refreshed every step; ``seed`` seeds its MC-label generator)."""
 
     def __init__(self, problem, lr: float = 0.1, damping: float = 1e-2, fisher_type: str = "exact",
                  decay: float = 0.0, inverse_update_interval: int = 1, seed: int = 0):
@@ -170,7 +180,8 @@ class KFACRule(_Rule):
 
 
 class DiagonalFisher(_Rule):
-    """SGD preconditioned by :class:`FisherDiagonalPreconditioner` (``"exact"``, ``"mc"`` or ``"empirical"``)."""
+    """SGD (``lr``) preconditioned by :class:`FisherDiagonalPreconditioner`: ``fisher_type`` ``"exact"``, ``"mc"``
+    or ``"empirical"``, ``p.grad ← p.grad / (D + damping)^power``, running average ``decay`` (0: this batch)."""
 
     def __init__(self, problem, lr: float = 0.1, damping: float = 1e-3, fisher_type: str = "exact",
                  power: float = 1.0, decay: float = 0.0, seed: int = 0):
@@ -188,21 +199,23 @@ class DiagonalFisher(_Rule):
 
 
 class HessianFreeRule(_Rule):
-    """:class:`HessianFree` (truncated CG on GGN-vector products); the weight decay's λ joins the damping."""
+    """:class:`HessianFree` (truncated CG on GGN-vector products of the current batch; ``cg_iters`` iterations,
+    ``adapt_damping``: Levenberg–Marquardt, undoing steps that raise the loss); weight decay's λ joins ``damping``."""
 
     def __init__(self, problem, lr: float = 1.0, damping: float = 1e-3, cg_iters: int = 10,
                  adapt_damping: bool = False):
         super().__init__(problem)
         self.opt = HessianFree(problem.named_params, problem.model, lr=lr, damping=damping + problem.weight_decay,
-                               cg_iters=cg_iters, likelihood=problem.likelihood, adapt_damping=adapt_damping,
-                               ggn_inputs=problem.inputs)
+                               cg_iters=cg_iters, likelihood=problem.likelihood, adapt_damping=adapt_damping)
 
     def step(self) -> None:
-        self.opt.step(self._closure)
+        self.opt.step(self._closure, self.problem.inputs)
 
 
 class MGSRule(_Rule):
-    """:class:`MGS` with SGD(lr=1) (θ ← θ + Δθ* exactly), candidates scored one after another."""
+    """:class:`MGS` with SGD(lr=1) (θ ← θ + Δθ* exactly), candidates scored one after another (exact counts).
+    ``K``, ``alpha``, ``sigma``, ``mix``, ``sigma_mode``, clipping norms and ``seed`` as in :class:`MGS`; the MLE
+    component is centred at −lr·∇l̃ (MGS is handed the surrogate scaled by ``lr``)."""
 
     objective = "task"
 
@@ -224,7 +237,9 @@ class MGSRule(_Rule):
 
 
 class Reinforce(_Rule):
-    """SGD on the REINFORCE surrogate of the expected task loss of labels drawn from ``softmax(outputs)``."""
+    """SGD (``lr``) on the REINFORCE surrogate of the expected task loss of ``num_samples`` label vectors drawn
+    from ``softmax(outputs)`` (leave-one-out baseline): per-example accuracy reward when the problem has no
+    ``task_labels_fn``, else the batch-level reward −task(labels); ``mle_weight`` adds cross-entropy."""
 
     objective = "task"
 
@@ -249,7 +264,9 @@ class Reinforce(_Rule):
 
 
 class ZerothOrder(_Rule):
-    """SGD with a zeroth-order gradient of the task loss: Gaussian smoothing (antithetic) or SPSA."""
+    """θ ← θ − lr·ĝ with a zeroth-order gradient ĝ of the task loss from ``num_samples`` directions: Gaussian
+    smoothing with antithetic pairs (``estimator="gaussian"``, scale ``sigma``) or SPSA (``"spsa"``, ε = ``sigma``);
+    perturbed points evaluated one after another (``vectorize=False``), so every forward is counted."""
 
     objective = "task"
 
@@ -280,7 +297,8 @@ class ZerothOrder(_Rule):
 
 
 class MeZORule(_Rule):
-    """:class:`MeZO` on the task loss (in-place perturbations, two forwards per perturbation)."""
+    """:class:`MeZO` on the task loss (in-place perturbations, two forwards per perturbation; ``lr``, ``eps``,
+    ``num_perturbations``, ``seed`` as there)."""
 
     objective = "task"
 
@@ -333,7 +351,7 @@ for _n, _c, _d, _t in [
     ("adam", Adam, {}, "torch.optim.Adam"),
     ("clipped_sgd", Clipped, {}, "taskloss.dynamics ClippedSGD (hard, global)"),
     ("grad_penalty", GradPenalty, {}, "SGD on l̃ + μ‖∇l̃‖² (taskloss.dynamics gradient_norm_penalty)"),
-    ("newton", Newton, {}, "dense Hessian (torch.func.hessian), newton_update"),
+    ("newton", Newton, {}, "dense Hessian (torch.func), newton_update"),
     ("natural_exact", NaturalGradient, {"fisher": "exact"}, "NaturalGradientDescent, exact Fisher"),
     ("natural_empirical", NaturalGradient, {"fisher": "empirical"}, "NaturalGradientDescent, empirical Fisher"),
     ("kfac", KFACRule, {}, "SGD preconditioned by KFAC (exact factors)"),

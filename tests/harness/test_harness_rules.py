@@ -206,3 +206,27 @@ def test_reported_stderr_matches_the_spread_of_independent_estimates(alpha, prop
     ratio = spread / reported
     # 40 replicates: the sample std is within ±35 % of the true one with overwhelming probability
     assert bool(((ratio > 0.6) & (ratio < 1.5)).all()), ratio
+
+
+def test_set_batch_is_validated_and_read_by_the_rules():
+    pb = softmax_regression()
+    other = softmax_regression(seed=1)
+    with pytest.raises(ValueError, match="empty batch"):
+        pb.set_batch(torch.zeros(0, 5, dtype=torch.float64), torch.zeros(0, dtype=torch.long))
+    assert pb.inputs.shape[0] == 40                                   # the old batch is kept on error
+    rule = make_rule("hessian_free", pb, cg_iters=3)
+    pb.set_batch(other.inputs, other.targets)
+    other.set_flat_params(pb.flat_params())
+    a = make_rule("hessian_free", other, cg_iters=3)
+    rule.step()
+    a.step()
+    torch.testing.assert_close(pb.flat_params(), other.flat_params(), rtol=0, atol=0)   # same batch, same step
+
+
+def test_grad_hessian_matches_autograd():
+    pb = softmax_regression()
+    g, H = pb.grad_hessian()
+    f = pb.flat_loss()
+    H_ref = torch.autograd.functional.hessian(f, pb.flat_params())
+    torch.testing.assert_close(H, H_ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(g, torch.autograd.functional.jacobian(f, pb.flat_params()), rtol=1e-10, atol=1e-12)
