@@ -230,3 +230,76 @@ def test_grad_hessian_matches_autograd():
     H_ref = torch.autograd.functional.hessian(f, pb.flat_params())
     torch.testing.assert_close(H, H_ref, rtol=1e-10, atol=1e-12)
     torch.testing.assert_close(g, torch.autograd.functional.jacobian(f, pb.flat_params()), rtol=1e-10, atol=1e-12)
+
+
+def _direct_kfac(pb):
+    from taskloss.curvature import KFAC
+    opt = torch.optim.SGD(pb.model.parameters(), lr=0.2)
+    kfac = KFAC(pb.model, damping=1e-2 + pb.weight_decay, fisher_type="exact", decay=0.0, inverse_update_interval=1,
+                generator=torch.Generator().manual_seed(0))
+
+    def step():
+        opt.zero_grad()
+        out = pb.model(pb.inputs)
+        pb.surrogate_from_outputs(out).backward(retain_graph=True)
+        kfac.update(out, pb.targets)
+        kfac.step()
+        opt.step()
+    return step
+
+
+def _direct_clipped(pb):
+    from taskloss.dynamics import ClippedSGD
+    opt = ClippedSGD(pb.model.parameters(), lr=0.5, gamma=0.1)
+
+    def closure():
+        opt.zero_grad()
+        loss = pb.surrogate()
+        loss.backward()
+        return loss
+    return lambda: opt.step(closure)
+
+
+def _direct_hf(pb):
+    from taskloss.curvature import HessianFree
+    opt = HessianFree(dict(pb.model.named_parameters()), pb.model, lr=1.0, damping=1e-2 + pb.weight_decay,
+                      cg_iters=4, adapt_damping=True)
+
+    def closure():
+        opt.zero_grad()
+        loss = pb.surrogate()
+        loss.backward()
+        return loss
+    return lambda: opt.step(closure, pb.inputs)
+
+
+def _direct_zo(pb):
+    from torch.func import functional_call
+
+    from taskloss.search import gaussian_smoothing_grad
+    gen = torch.Generator().manual_seed(4)
+
+    def step():
+        theta = {k: p.detach() for k, p in pb.model.named_parameters()}
+        f = lambda p: pb.surrogate_from_outputs(functional_call(pb.model, p, (pb.inputs,)), p.values())  # noqa: E731
+        g = gaussian_smoothing_grad(f, theta, 1e-2, 5, baseline="antithetic", generator=gen, vectorize=False)
+        with torch.no_grad():
+            for k, p in pb.model.named_parameters():
+                p.sub_(0.3 * g[k])
+    return step
+
+
+@pytest.mark.parametrize("name, hp, direct", [
+    ("kfac", dict(lr=0.2, damping=1e-2, seed=0), _direct_kfac),
+    ("clipped_sgd", dict(lr=0.5, gamma=0.1), _direct_clipped),
+    ("hessian_free", dict(lr=1.0, damping=1e-2, cg_iters=4, adapt_damping=True), _direct_hf),
+    ("zo_gaussian", dict(lr=0.3, sigma=1e-2, num_samples=5, seed=4), _direct_zo),
+])
+def test_more_wrapped_rules_equal_direct_use_bit_for_bit(name, hp, direct):
+    pb, other = softmax_regression(), softmax_regression()
+    rule, step = make_rule(name, pb, **hp), direct(other)
+    for _ in range(3):
+        rule.step()
+        step()
+    for a, b in zip(_params(pb.model), _params(other.model)):
+        assert torch.equal(a, b), name
