@@ -242,8 +242,10 @@ plt.show()
 
 # %% [markdown]
 # **Reading the two tables.** On the quadratic every rule's step is fixed while Δθ* moves with α: Newton's step
-# (and the exact natural gradient, identical here since Fisher = Hessian) is Δθ* at small α, gradient descent's
-# direction is Δθ* at large α, and the curvature approximations sit in between. On logistic regression the
+# is Δθ* at small α, and so are the exact natural gradient (Fisher = Hessian here), K-FAC (on one linear layer
+# its Kronecker factorization is exact) and Hessian-free (CG converges in d = 10 iterations); gradient descent's
+# direction — shared by momentum, clipped SGD and, nearly, the gradient penalty — is Δθ* at large α; the diagonal
+# Fisher sits in between, and Adam's first step (a signed gradient) agrees with neither limit. On logistic regression the
 # Hessian-aware rules (Newton, exact natural gradient, Hessian-free, K-FAC) point closest to Δθ* — which at small
 # α is the step to the minimizer, not the first Newton step — while the random-direction estimators (zeroth order,
 # MeZO, and MGS with its K candidates in 130 dimensions) are nearly orthogonal to it after one step: their *mean*

@@ -73,8 +73,9 @@ class Problem:
         if self.inputs.shape[0] != self.targets.shape[0]:
             raise ValueError(f"batch sizes differ: inputs {tuple(self.inputs.shape)}, targets "
                              f"{tuple(self.targets.shape)}")
-        if self.inputs.is_floating_point():
-            check_finite("inputs", self.inputs)
+        for name, t in (("inputs", self.inputs), ("targets", self.targets)):
+            if t.is_floating_point():
+                check_finite(name, t)
         if self.likelihood not in LIKELIHOODS:
             raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {self.likelihood!r}")
         self.weight_decay = check_nonnegative("weight_decay", self.weight_decay)

@@ -175,6 +175,8 @@ def test_bad_inputs_raise_clear_errors():
         Problem(nn.Linear(3, 2), torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
     with pytest.raises(ValueError, match="inputs"):
         Problem(nn.Linear(3, 2), torch.full((2, 3), math.nan), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="targets"):
+        Problem(nn.Linear(3, 1), torch.zeros(2, 3), torch.tensor([[0.0], [math.inf]]), likelihood="gaussian")
     with pytest.raises(ValueError, match="batch sizes"):
         Problem(nn.Linear(3, 2), torch.zeros(2, 3), torch.zeros(3, dtype=torch.long))
     with pytest.raises(ValueError, match="likelihood"):
