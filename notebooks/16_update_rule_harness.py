@@ -94,8 +94,9 @@ print("one surrogate backward:", c.count, "| one MGS step with K = 6:", mgs_coun
 #
 # Least squares $\tilde l(\theta)=\frac1{2N}\|y-X\theta\|^2$ is a quadratic with Hessian $H=X^\top X/N$, which is
 # also its Fisher (Gaussian likelihood). Without a ball, $p$ is exactly $\mathcal N(-H^{-1}g,\ \alpha H^{-1})$, so
-# Δθ* is Newton's step at every α; on the ball $\|\Delta\theta\|\le\varepsilon$ (we take ε = 2‖H⁻¹g‖, so the ball
-# holds the Newton point) the small-α limit is still Newton's step, while for large α the target tends to the
+# Δθ* is Newton's step at every α; on the ball $\|\Delta\theta\|\le\varepsilon$ (θ is put at distance 1 from
+# the minimizer in a random direction, so ‖H⁻¹g‖ = 1, and ε = 1.5: the ball holds the Newton point) the small-α
+# limit is still Newton's step, while for large α the target tends to the
 # uniform distribution tilted by the loss and, to first order in 1/α,
 # $\Delta\theta_*\approx-\frac1\alpha\mathbb E_U\big[\tfrac{\varepsilon^2-\|\Delta\|^2}2\nabla\tilde l(\theta+\Delta)\big]
 # = -\frac{\varepsilon^2}{(d+2)\alpha}\,g$ — for a quadratic the curvature term averages out exactly, so the limit
@@ -113,9 +114,13 @@ yq = torch.randn(Xq.shape[0], 1, generator=gq, dtype=f64)
 quad = Problem(nn.Linear(quad_dim, 1, bias=False).to(dev, f64), Xq.to(dev), yq.to(dev), likelihood="gaussian")
 Hq = Xq.T @ Xq / Xq.shape[0]
 torch.testing.assert_close(torch.linalg.eigvalsh(Hq), spectrum.flip(0))
+theta_star = torch.linalg.lstsq(Xq, yq).solution[:, 0]                # the minimizer
+v = torch.randn(quad_dim, generator=gq, dtype=f64)
+quad.set_flat_params((theta_star + v / v.norm()).to(dev))              # θ one unit from it: ‖H⁻¹g‖ = 1
 gq_ = torch.func.grad(quad.flat_loss())(quad.flat_params())
 newton_q = -torch.linalg.solve(Hq, gq_)
-eps_q = 2.0 * float(newton_q.norm())
+torch.testing.assert_close(newton_q.norm(), torch.tensor(1.0, dtype=f64))
+eps_q = 1.5
 print(f"‖g‖ = {float(gq_.norm()):.3f}, ‖H⁻¹g‖ = {float(newton_q.norm()):.3f}, ε = {eps_q:.3f}")
 
 # %% [markdown]
@@ -154,7 +159,9 @@ for a, r in refs_q.items():
 # %%
 cos_q = {n: np.array([d["cosine"] for d in v]) for n, v in agree_q.items()}
 lo, hi = quad_alphas[0], quad_alphas[-1]
-assert refs_q[lo].rel_stderr < 0.02 and refs_q[hi].rel_stderr < 0.1, "the reference is too noisy to judge"
+# the reference must be precise at both ends (at large α the curvature term left by the control variate sets
+# the noise: ~ε·λ_max/(‖g‖√n) relative, below 0.12 for this geometry at n = 20000)
+assert refs_q[lo].rel_stderr < 0.02 and refs_q[hi].rel_stderr < 0.12, "the reference is too noisy to judge"
 assert cos_q["newton"][0] > 0.999 and cos_q["sgd"][-1] > 0.99          # the two limits of notebook 01
 assert cos_q["sgd"][0] < cos_q["newton"][0] and cos_q["newton"][-1] < cos_q["sgd"][-1]   # each loses at the other end
 # the hand-over is monotone up to Monte Carlo noise (5 % covers the middle α, where the ESS is smallest)
