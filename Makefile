@@ -85,3 +85,35 @@ pretrained: $(STAMP)
 
 clean:
 	rm -rf runs .pytest_cache
+
+# The book: the committed notebooks (their outputs; EXECUTE=1 executes them instead) and the package reference as
+# one static site in docs/_build/html (Sphinx + MyST-NB, docs/conf.py). Warnings are errors: a broken link, an
+# unresolved taskloss reference or a markup error in a docstring or notebook fails the build. MathJax is installed
+# once from npm into docs/_build/mathjax and served from the site, so the math renders offline (Debian's npm is
+# installed here when npm is missing and running as root).
+.PHONY: book book-check
+EXECUTE ?= 0
+BOOK_OUT ?= docs/_build/html
+MATHJAX_COPY := docs/_build/mathjax/node_modules/mathjax/es5/tex-chtml.js
+book: $(STAMP)
+	@$(PY) -c "import sphinx, myst_nb, sphinx_book_theme" 2>/dev/null || $(PY) -m pip install -q -e ".[docs]"
+	@[ -n "$$TASKLOSS_MATHJAX" ] || [ -f $(MATHJAX_COPY) ] || command -v npm >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq npm >/dev/null; \
+	  else echo "make book needs npm once (MathJax): apt-get install npm, or set TASKLOSS_MATHJAX" >&2; \
+	    exit 2; fi; }
+	OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 MPLBACKEND=Agg TASKLOSS_BOOK_EXECUTE=$(EXECUTE) \
+	  $(PY) -m sphinx -b html -W --keep-going -j $(JOBS) -q docs $(BOOK_OUT)
+	@echo "The book: open $(BOOK_OUT)/index.html"
+
+# Opens every notebook page and an API page in headless Chromium (Debian's package; installed here when missing and
+# running as root) and checks math, figures, links and that nothing was fetched from outside the site; then runs the
+# tests of the built site (tests/docs/test_book.py, skipped in `make test`: the build takes minutes) on this site.
+book-check: book
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	  else echo "make book-check needs Chromium: apt-get install chromium" >&2; exit 2; fi; }
+	$(PY) docs/check_book.py --site $(BOOK_OUT) --all-notebooks
+	TASKLOSS_BOOK_SITE=$(abspath $(BOOK_OUT)) MPLBACKEND=Agg OMP_NUM_THREADS=1 \
+	  $(PY) -m pytest tests/docs -q -p no:cacheprovider

@@ -71,6 +71,45 @@ def bench_sections(text: str, key: str) -> dict[str, str]:
     return {m.group(1): m.group(0) for m in pattern.finditer(block)}
 
 
+def target_rows(section: str) -> list[tuple[str, str, str]]:
+    """(case, columns, verdicts) of every table row of one benchmark section that carries a ✓/✗ target mark.
+
+    ``case`` is the row's first three cells (what was measured), ``verdicts`` each marked cell as
+    ``header: value``, so the summary says which ratio met or missed which target.
+    """
+    rows, header = [], None
+    for line in section.splitlines():
+        if not line.startswith("|"):
+            header = None
+            continue
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if header is None:
+            header = cells
+            continue
+        if set("".join(cells)) <= set("-: "):
+            continue
+        marked = [(h, c) for h, c in zip(header, cells) if "✓" in c or "✗" in c]
+        if marked:
+            case = " · ".join(c for c in cells[:3] if c and "✓" not in c and "✗" not in c)
+            rows.append((case, "; ".join(f"{h}: {c}" for h, c in marked), "✗" if any("✗" in c for _, c in marked)
+                         else "✓"))
+    return rows
+
+
+def summary_table(sections: dict[str, str]) -> str:
+    """One table over every benchmark: each row with a target, its marked ratios, and ✓ (all met) or ✗."""
+    lines = ["### Summary: every ratio with a target", "",
+             "| benchmark | case | ratios against their targets | met |", "|---|---|---|---|"]
+    met = total = 0
+    for name in sorted(sections):
+        for case, verdicts, mark in target_rows(sections[name]):
+            lines.append(f"| {name.removeprefix('bench_')} | {case} | {verdicts} | {mark} |")
+            total, met = total + 1, met + (mark == "✓")
+    lines += ["", f"{met} of {total} rows meet every target they carry (each script's section says what the "
+              "target is and why)."]
+    return "<!-- bench: zz_summary -->\n" + "\n".join(lines) + "\n<!-- end bench: zz_summary -->"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
@@ -89,6 +128,7 @@ def main(argv=None) -> int:
     out = Path(args.output)
     previous = out.read_text() if out.exists() else ""
     sections, failed = bench_sections(previous, key), []
+    sections.pop("zz_summary", None)
     for script in scripts:
         print(f"running {script.name} …", flush=True)
         t0 = time.perf_counter()
@@ -104,7 +144,8 @@ def main(argv=None) -> int:
         note = f"_{script.name}: {time.perf_counter() - t0:.0f} s, measured {stamp}{' (--quick)' if args.quick else ''}_"
         sections[script.stem] = f"<!-- bench: {script.stem} -->\n{body}\n\n{note}\n<!-- end bench: {script.stem} -->"
     header = f"## Machine: {desc}\n"
-    out.write_text(replace_block(previous, key, "\n\n".join([header] + [sections[k] for k in sorted(sections)])))
+    blocks = [sections[k] for k in sorted(sections)]
+    out.write_text(replace_block(previous, key, "\n\n".join([header] + blocks + [summary_table(sections)])))
     print(f"wrote {out} (block {key})")
     return 1 if failed else 0
 

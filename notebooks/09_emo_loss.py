@@ -253,7 +253,7 @@ for mix in ("emo_mle_ratio", "mle_scaled_by_emo"):
         f = lambda x, r=r: (r * F.cross_entropy(x, t0, reduction="none")                          # noqa: E731
                             + emo_loss(x, t0, E_small, reduction="none")).mean()
     xg = x0.clone().requires_grad_()
-    emo_loss(xg, t0, E_small, mix=mix).backward()
+    emo_loss(xg, t0, E_small, combine=mix).backward()
     torch.testing.assert_close(xg.grad, fd_grad(f, x0), rtol=1e-6, atol=1e-9)
     frozen[mix] = float((xg.grad - fd_grad(f, x0)).abs().max())
 print("autograd vs finite differences (frozen ratio), max |diff|:", frozen)
@@ -391,8 +391,8 @@ def make_loss(name, model):
     head = model.output_embedding.detach()
     crit = {"EMO (LM head)": lambda: EMOLoss(head),
             "EMO (MiniLM)": lambda: EMOLoss(E_minilm),
-            "EMO+MLE (LM head)": lambda: EMOLoss(head, mix="emo_mle_ratio"),
-            "EMO+MLE (MiniLM)": lambda: EMOLoss(E_minilm, mix="emo_mle_ratio")}[name]().to(dev)
+            "EMO+MLE (LM head)": lambda: EMOLoss(head, combine="emo_mle_ratio"),
+            "EMO+MLE (MiniLM)": lambda: EMOLoss(E_minilm, combine="emo_mle_ratio")}[name]().to(dev)
     return crit                                       # the cost is frozen here, before any update
 
 

@@ -62,6 +62,7 @@ n_seeds: int = 3                            # seeds per (method, learning rate)
 # %%
 import math
 import time
+import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -71,7 +72,7 @@ import torch.nn.functional as F
 from tqdm.auto import tqdm
 
 import taskloss.runner
-from taskloss.datasets import get_tokenizer, lm_blocks
+from taskloss.datasets import UnknownTokenWarning, get_tokenizer, lm_blocks
 from taskloss.dynamics import (
     ClippedSGD,
     TrajectorySmoothness,
@@ -300,10 +301,14 @@ plt.show()
 # %%
 tok = get_tokenizer(min_count=min_count)
 V = tok.vocab_size
-train_blocks = lm_blocks("train", block_size, tok).to(dev)
-valid_blocks = lm_blocks("valid", block_size, tok)[:eval_blocks].to(dev)
+with warnings.catch_warnings():   # the small vocabulary is chosen for speed; its [UNK] rate is printed below
+    warnings.simplefilter("ignore", UnknownTokenWarning)
+    train_blocks = lm_blocks("train", block_size, tok).to(dev)
+    valid_blocks = lm_blocks("valid", block_size, tok)[:eval_blocks].to(dev)
+unk_rate = float((train_blocks == tok.unk_id).float().mean())
 probe_batch = train_blocks[torch.randint(0, len(train_blocks), (32,), generator=torch.Generator().manual_seed(10_000))]
-print(f"vocabulary {V}, {len(train_blocks)} training blocks of {block_size + 1} tokens")
+print(f"vocabulary {V}, {len(train_blocks)} training blocks of {block_size + 1} tokens, "
+      f"{unk_rate:.1%} of training tokens are [UNK] (a small vocabulary keeps the LMs fast)")
 
 
 def make_lm(kind: str, init_seed: int):

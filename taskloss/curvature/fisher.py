@@ -155,12 +155,12 @@ def curvature_scale(curvature: str, loss: str, reduction: str, n: int, c: int) -
     outputs each, as curvlinops defines it. For per-token outputs ``[N, T, C]``, ``n = N·T`` (every token is a
     loss term). The factors:
 
-    ================================================  =======  ======  ========  =======
-    curvature                                         CE mean  CE sum  MSE mean  MSE sum
-    ================================================  =======  ======  ========  =======
-    GGN type: ``"ggn"`` ``"fisher"`` ``"exact"`` ``"mc"``   1        n       2/c       2n
-    ``"empirical"`` (empirical Fisher)                    1        n       4/c       4n
-    ================================================  =======  ======  ========  =======
+    =====================================================  =======  ======  ========  =======
+    curvature                                              CE mean  CE sum  MSE mean  MSE sum
+    =====================================================  =======  ======  ========  =======
+    GGN type: ``"ggn"`` ``"fisher"`` ``"exact"`` ``"mc"``  1        n       2/c       2n
+    ``"empirical"`` (empirical Fisher)                     1        n       4/c       4n
+    =====================================================  =======  ======  ========  =======
 
     The K-FAC of :mod:`taskloss.curvature.kfac` follows the row of its ``fisher_type``.
     Why: ``reduction="sum"`` adds ``n`` terms where we average; ``MSELoss`` is ``(y − f)²`` = 2 × our

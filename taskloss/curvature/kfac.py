@@ -18,6 +18,7 @@ that take a loss module) — so ``G`` uses per-term gradients ``g`` (not the ``1
 ``n_terms`` loss terms: ``N`` for outputs ``[N, C]``, ``N·T`` for per-token outputs ``[N, T, C]``.
 
 Fisher types for ``G`` (explicit, ``fisher_type``):
+
 * ``"mc"``: ``g`` back-propagated from labels sampled from the model's predictive distribution ``p(y | f)``
   (``n_samples`` draws; K-FAC proper, unbiased for the true Fisher);
 * ``"empirical"``: ``g`` from the observed targets (the empirical Fisher — biased, see notebook 07);

@@ -200,8 +200,9 @@ def emo_and_mle_per_token(logits: torch.Tensor, targets: torch.Tensor, cost_embe
         ``(emo, mle, valid)`` with the targets' shape, float32 (float64 for float64 logits); ``emo``/``mle`` are
         0 where ``targets == ignore_index``.
     Raises:
-        TypeError: non-tensor or wrong-dtype inputs. ValueError: wrong shapes, empty logits, targets out of range,
-        NaN/+inf logits (padding rows included) or a row that is entirely -inf, NaN/inf cost embeddings.
+        TypeError: non-tensor or wrong-dtype inputs.
+        ValueError: wrong shapes, empty logits, targets out of range,
+            NaN/+inf logits (padding rows included) or a row that is entirely -inf, NaN/inf cost embeddings.
 
     Works inside ``torch.func`` transforms and supports double backward. Derived in notebook 09_emo_loss.
     """
@@ -234,8 +235,9 @@ def combine_emo_mle(emo: torch.Tensor, mle: torch.Tensor, combine: str = "emo", 
     Returns:
         The per-token loss, shape of ``emo``. ``sg`` is ``detach``.
     Raises:
-        TypeError: non-tensor or non-floating inputs. ValueError: unknown ``combine``, shape or dtype mismatch,
-        empty input, NaN/inf values, ``ratio_max``/``eps`` not > 0.
+        TypeError: non-tensor or non-floating inputs.
+        ValueError: unknown ``combine``, shape or dtype mismatch,
+            empty input, NaN/inf values, ``ratio_max``/``eps`` not > 0.
 
     Derived in notebook 09_emo_loss.
     """
@@ -337,8 +339,9 @@ def emo_soft_upper_bound(logits: torch.Tensor, target_probs: torch.Tensor, cost_
     Returns:
         The bound in float32 (float64 for float64 logits).
     Raises:
-        TypeError: non-tensor or non-floating inputs. ValueError: shape mismatch, NaN/negative ``τ``, rows not
-        summing to 1, NaN/+inf logits.
+        TypeError: non-tensor or non-floating inputs.
+        ValueError: shape mismatch, NaN/negative ``τ``, rows not
+            summing to 1, NaN/+inf logits.
 
     Derived in notebook 09_emo_loss.
     """

@@ -61,8 +61,8 @@ def normalize_cost_embeddings(cost_embeddings: torch.Tensor, dtype: torch.dtype 
     Returns:
         ``[V, d]`` detached; the input itself when it already has unit (or zero) rows in ``dtype``.
     Raises:
-        TypeError: not a floating tensor, or ``dtype`` not a floating dtype. ValueError: wrong ndim, empty, NaN or
-        inf.
+        TypeError: not a floating tensor, or ``dtype`` not a floating dtype.
+        ValueError: wrong ndim, empty, NaN or inf.
 
     Derived in notebook 09_emo_loss.
     """

@@ -112,39 +112,40 @@ class MGS(_CandidateScoring):
     ``optimizer.step()`` (the reference uses AdamW; SGD with lr=1 applies θ ← θ + Δθ* exactly). Not
     ``torch.optim``'s ``step(closure)``: MGS needs the batch for its two objectives, so ``step(batch)``.
 
-    Arguments
-      model: any ``nn.Module``; its parameters with ``requires_grad`` are searched (pass the plain module, not
-        a DDP wrapper). optimizer: any ``torch.optim.Optimizer`` over those parameters.
-      surrogate_loss_fn(model, batch) → scalar tensor l̃ (differentiable).
-      task_loss_fn(outputs, batch) → scalar l (lower is better; a 0-dim tensor, or a float in loop mode).
-      forward_fn(model_k, batch) → outputs (default :func:`default_forward`: ``model_k(batch[0])``). ``model_k``
-        runs the model with the candidate's parameters: in loop mode the module itself with θ+Δθ_k written
-        into its parameters (θ restored after the last candidate, also on error) — so anything that works on
-        the model (e.g. ``taskloss.lm.generate`` with early stopping) works there, and ``forward_fn`` may even
-        return ``model_k`` itself for a ``task_loss_fn`` that drives the model; in the vmap modes a callable
-        proxy (``functional_call``, other attributes from the module).
-      K ≥ 1 candidates; alpha > 0 temperature (reference: 1/β = 0.01); sigma > 0 noise scale with
+    Arguments:
+
+    - model: any ``nn.Module``; its parameters with ``requires_grad`` are searched (pass the plain module, not
+      a DDP wrapper). optimizer: any ``torch.optim.Optimizer`` over those parameters.
+    - surrogate_loss_fn(model, batch) → scalar tensor l̃ (differentiable).
+    - task_loss_fn(outputs, batch) → scalar l (lower is better; a 0-dim tensor, or a float in loop mode).
+    - forward_fn(model_k, batch) → outputs (default :func:`default_forward`: ``model_k(batch[0])``). ``model_k``
+      runs the model with the candidate's parameters: in loop mode the module itself with θ+Δθ_k written
+      into its parameters (θ restored after the last candidate, also on error) — so anything that works on
+      the model (e.g. ``taskloss.lm.generate`` with early stopping) works there, and ``forward_fn`` may even
+      return ``model_k`` itself for a ``task_loss_fn`` that drives the model; in the vmap modes a callable
+      proxy (``functional_call``, other attributes from the module).
+    - K ≥ 1 candidates; alpha > 0 temperature (reference: 1/β = 0.01); sigma > 0 noise scale with
       ``sigma_mode`` "relative" (σ_t = σ·mean|g_t|, reference default) or "absolute"; mix = λ ∈ [0, 1], the
       weight of the zero-centred component; ``assignment``: "random" (each candidate's component drawn with
       P(zero) = λ) or "stratified" (a fixed pattern with ⌈j(1−λ)⌉ MLE-centred among the first j candidates —
       for λ = ½ the reference's alternation MLE, zero, MLE, …; the mixture density is still the right weight: it is the
       balance heuristic of deterministic-mixture importance sampling); ``density`` "mixture" or "unit_sigma".
-      parallel: "auto" (default: the vmap modes for parameters on a GPU, the loop on a CPU — on a CPU, K
-        forwards one after another use the cores as well as one batched forward, while the vmap stacks K
-        parameter copies and K activation sets: 1.0–1.3× the time and 3–5× the peak memory of the loop for the
-        digits MLPs of ``benchmarks/bench_mgs.py``), True (vmap) or False (loop).
-      vmap_task_loss (vmap modes only): True (forward and task loss in one vmap), False (vmap the forward, score
-        each candidate's outputs in a Python loop — for decoding + edit distance and other non-vmappable
-        metrics), "auto" (try vmap, fall back to the forward-only vmap, then to the loop, with a warning).
-        chunk_size: candidates per vmap call (None = all at once). low_memory: regenerate the noise from its
-        seeds for the weighted sum instead of storing K parameter-sized rows. eval_mode: score candidates with
-        ``model.eval()``. eager_base_loss: compute l(θ) inside the step (one more forward) and raise if it is
-        not finite; otherwise :attr:`MGSStats.base_loss` computes it when read.
-      seed: base seed of the candidate noise (None: drawn from torch's global RNG). Under an initialized
-        ``torch.distributed`` process group (or ``process_group``) rank 0's seed is broadcast once, rank r scores
-        candidates r, r+W, …, the losses are all-gathered and every rank computes the same weights and update
-        from the same seeds. Every rank must pass the same batch and hold the same parameters (checked through
-        the surrogate loss l̃(θ), which every rank computes).
+    - parallel: "auto" (default: the vmap modes for parameters on a GPU, the loop on a CPU — on a CPU, K
+      forwards one after another use the cores as well as one batched forward, while the vmap stacks K
+      parameter copies and K activation sets: 1.0–1.3× the time and 3–5× the peak memory of the loop for the
+      digits MLPs of ``benchmarks/bench_mgs.py``), True (vmap) or False (loop).
+    - vmap_task_loss (vmap modes only): True (forward and task loss in one vmap), False (vmap the forward, score
+      each candidate's outputs in a Python loop — for decoding + edit distance and other non-vmappable
+      metrics), "auto" (try vmap, fall back to the forward-only vmap, then to the loop, with a warning).
+      chunk_size: candidates per vmap call (None = all at once). low_memory: regenerate the noise from its
+      seeds for the weighted sum instead of storing K parameter-sized rows. eval_mode: score candidates with
+      ``model.eval()``. eager_base_loss: compute l(θ) inside the step (one more forward) and raise if it is
+      not finite; otherwise :attr:`MGSStats.base_loss` computes it when read.
+    - seed: base seed of the candidate noise (None: drawn from torch's global RNG). Under an initialized
+      ``torch.distributed`` process group (or ``process_group``) rank 0's seed is broadcast once, rank r scores
+      candidates r, r+W, …, the losses are all-gathered and every rank computes the same weights and update
+      from the same seeds. Every rank must pass the same batch and hold the same parameters (checked through
+      the surrogate loss l̃(θ), which every rank computes).
 
     Raises ``TypeError``/``ValueError`` on bad arguments; ``ValueError`` when a candidate's task loss is NaN or
     every candidate's is infinite; ``RuntimeError`` when ranks disagree. Derived in notebook

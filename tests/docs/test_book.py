@@ -1,0 +1,391 @@
+"""The book (``make book``): its generators and link rules against small known inputs, then one real build of the
+site with warnings as errors, checked page by page (every internal link resolves, nothing loads from outside the
+site, each notebook page links the API entries it uses and each API entry its notebook), and finally two pages
+opened in headless Chromium (skipped where Debian's ``chromium`` is not installed; ``make book-check`` installs it).
+
+The first part takes seconds and runs in ``make test``, with a check that every docstring the reference shows
+parses as reST after napoleon without a warning (what ``-W`` would reject: a malformed table, a stray indent), so
+that a new subpackage's markup error shows in ``make test`` and not only in ``make book``. The build takes about
+1.5 min on 2 cores, so the tests of the built site are skipped there: ``make book-check`` builds the book and runs
+them on it (TASKLOSS_BOOK_SITE), and ``TASKLOSS_BOOK_BUILD=1`` makes them build one of their own.
+"""
+from __future__ import annotations
+
+import html
+import inspect
+import os
+import re
+import shutil
+import subprocess
+import sys
+import textwrap
+from functools import lru_cache
+from pathlib import Path
+from urllib.parse import unquote, urlparse
+
+import nbformat
+import pytest
+
+from taskloss.utils import REPO_ROOT
+
+DOCS = REPO_ROOT / "docs"
+sys.path[:0] = [str(DOCS / "_ext"), str(DOCS)]
+
+import book_links  # noqa: E402
+import book_sources  # noqa: E402
+import check_book  # noqa: E402
+
+STEMS = {"02": "02_importance_sampling_and_mgs", "05": "05_policy_gradient_vs_zeroth_order", "09": "09_emo_loss"}
+
+
+# -- generators and link rules -------------------------------------------------------------------------------------
+
+def test_readme_table_columns_and_order(tmp_path):
+    readme = tmp_path / "README.md"
+    readme.write_text(textwrap.dedent("""\
+        # x
+        | notebook | question | source | expected results (CI defaults) | runtime |
+        |---|---|---|---|---:|
+        | [`09_emo_loss`](notebooks/09_emo_loss.ipynb) | Why \\| EMO? | [Ren](https://arxiv.org/abs/1) | `a` 1 | 9 s |
+        | [`02_importance_sampling_and_mgs`](notebooks/02_importance_sampling_and_mgs.ipynb) | MGS? | | | |
+
+        | notebook | other table |
+        """))
+    header, rows = book_sources.readme_table(readme)
+    assert header == ["notebook", "question", "source", "expected results (CI defaults)", "runtime"]   # as written
+    assert list(rows) == ["09_emo_loss", "02_importance_sampling_and_mgs"]          # the table's order
+    assert rows["09_emo_loss"]["question"] == "Why | EMO?"
+    assert rows["09_emo_loss"]["runtime"] == "9 s" and rows["02_importance_sampling_and_mgs"]["source"] == ""
+
+
+def test_every_committed_notebook_has_a_readme_row():
+    _, rows = book_sources.readme_table()
+    stems = {p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    assert stems and stems <= set(rows), f"notebooks without a README row: {sorted(stems - set(rows))}"
+
+
+def test_readme_cells_keep_external_links_and_point_notebook_links_at_pages():
+    cell = "[Ren](https://arxiv.org/abs/1) see [`09`](notebooks/09_emo_loss.ipynb) and [data](data/README.md)"
+    assert book_sources._site_markdown(cell) == "[Ren](https://arxiv.org/abs/1) see [`09`](09_emo_loss.ipynb) and data"
+
+
+@pytest.mark.parametrize("line, expected", [
+    ("Notebooks: 02_importance_sampling_and_mgs, 09_emo_loss.",
+     "Notebooks: :doc:`02_importance_sampling_and_mgs </notebooks/02_importance_sampling_and_mgs>`, "
+     ":doc:`09_emo_loss </notebooks/09_emo_loss>`."),
+    ("Derived in notebook 05.", "Derived in notebook :doc:`05 </notebooks/05_policy_gradient_vs_zeroth_order>`."),
+    ("notebooks 02–09 and 5 more", "notebooks :doc:`02 </notebooks/02_importance_sampling_and_mgs>`–"
+                                   ":doc:`09 </notebooks/09_emo_loss>` and 5 more"),
+    ("notebooks 02, 05 and 09)", "notebooks :doc:`02 </notebooks/02_importance_sampling_and_mgs>`, "
+                                 ":doc:`05 </notebooks/05_policy_gradient_vs_zeroth_order>` and "
+                                 ":doc:`09 </notebooks/09_emo_loss>`)"),
+    # paths, literals, roles and names of notebooks that do not exist stay as written
+    ("``notebooks/09_emo_loss.py`` and notebooks/09_emo_loss.ipynb", None),
+    (":func:`taskloss.x` in 09_emo_loss.py, notebook 07, 31_nothing", None),
+])
+def test_docstring_notebook_names_become_links(line, expected):
+    assert book_links.link_notebooks_in_line(line, STEMS) == (expected or line)
+
+
+def test_docstring_links_skip_literal_blocks():
+    lines = ["Derived in notebook 09.", "", "Usage::", "", "    notebook 09 here", "", "After notebook 09."]
+    book_links.process_docstring(None, "function", "f", None, {}, lines)
+    assert lines[0].count(":doc:") == 1 and lines[4] == "    notebook 09 here" and lines[6].count(":doc:") == 1
+
+
+def test_summary_cuts_at_a_period_outside_literals():
+    def f():
+        """The solution ``δ`` of ``min gᵀδ  s.t.  ½ δᵀFδ ≤ ε``: a step. More text.
+
+        Body."""
+    assert book_sources.summary(f) == "The solution ``δ`` of ``min gᵀδ s.t. ½ δᵀFδ ≤ ε``: a step."
+
+
+def test_references_follow_reexports_to_the_public_entry():
+    assert book_sources.documented_target("taskloss.search.mgs.MGS") == ("taskloss.search.MGS", "class")
+    assert book_sources.documented_target("taskloss.search.MGS.step") == ("taskloss.search.MGS.step", "meth")
+    assert book_sources.documented_target("taskloss.losses.emo_kernel._FusedEMOLoss") is None   # private: no entry
+    assert book_sources.documented_target("taskloss.search.NoSuchThing") is None
+    assert book_sources.documented_target("taskloss.search.mgs.SIGMA_MODES") == ("taskloss.search.SIGMA_MODES", "data")
+    assert "taskloss.curvature.natural_gradient" in book_sources.all_collided_modules()   # module and function
+
+
+def test_notebook_uses_reads_imports_calls_and_prose():
+    nb = nbformat.v4.new_notebook(cells=[
+        nbformat.v4.new_markdown_cell("# T\n\nThe step is `taskloss.losses.emo_loss`; modules such as "
+                                      "`taskloss.curvature.fisher` and `taskloss.curvature.natural_gradient` "
+                                      "(also a function's name) are linked in place."),
+        nbformat.v4.new_code_cell("%matplotlib inline\nimport taskloss.runner\nfrom taskloss import curvature\n"
+                                  "from taskloss.search import MGS as Search\n"
+                                  "run = taskloss.runner.start('x')\nF = curvature.ggn_matrix(m, x, y)"),
+    ])
+    assert book_sources.notebook_uses(nb) == sorted([
+        ("taskloss.losses.emo_loss", "func"), ("taskloss.runner.start", "func"),
+        ("taskloss.curvature.ggn_matrix", "func"), ("taskloss.search.MGS", "class")])
+
+
+def _report(**changes) -> dict:
+    clean = {"mathjax": True, "math_elements": 2, "math_unrendered": 0, "mjx_containers": 2, "mjx_errors": [],
+             "raw_tex": [], "images": [{"src": "file:///a.png", "width": 640}], "links": [], "uses_links": [],
+             "requests": ["file:///x/_static/mathjax/tex-chtml.js"], "failed_requests": [], "script_errors": [],
+             "console_errors": []}
+    return {**clean, **changes}
+
+
+def test_browser_check_rules_flag_each_failure(tmp_path):
+    assert check_book.problems(tmp_path, "search.html", _report()) == []
+    found = check_book.problems(tmp_path, "api/x.html", _report(
+        math_unrendered=1, mjx_containers=1, raw_tex=["$$"], mjx_errors=["Undefined control sequence \\foo"],
+        images=[{"src": "file:///gone.png", "width": 0}], requests=["https://cdn.example/mathjax.js"],
+        links=[{"href": (tmp_path / "missing.html").as_uri(), "text": "", "cls": ""}]))
+    text = "\n".join(found)
+    for expected in ("1 of 2 math elements were not rendered", "raw TeX", "TeX errors", "image did not load",
+                     "request outside the site", "no such file", "links no notebook page"):
+        assert expected in text, (expected, found)
+
+
+# -- one real build ------------------------------------------------------------------------------------------------
+
+def _has_mathjax_source() -> bool:
+    return bool(os.environ.get("TASKLOSS_MATHJAX") or shutil.which("npm")
+                or (DOCS / "_build" / "mathjax" / "node_modules" / "mathjax" / "es5" / "tex-chtml.js").is_file())
+
+
+BUILT_SITE = os.environ.get("TASKLOSS_BOOK_SITE", "")
+BUILD = os.environ.get("TASKLOSS_BOOK_BUILD") == "1"
+
+
+@pytest.fixture(scope="module")
+def site(tmp_path_factory) -> Path:
+    """The built site: the one ``make book-check`` has just built (TASKLOSS_BOOK_SITE), or a fresh build into a
+    temporary folder with TASKLOSS_BOOK_BUILD=1; otherwise the tests below are skipped."""
+    if BUILT_SITE:
+        path = Path(BUILT_SITE)
+        assert (path / "index.html").is_file(), f"TASKLOSS_BOOK_SITE={BUILT_SITE} holds no built book"
+        return path
+    if not BUILD:
+        pytest.skip("a full build of the book takes about 1.5 min on 2 cores, too long for make test: "
+                    "`make book-check` runs these tests on the site it builds (or set TASKLOSS_BOOK_BUILD=1)")
+    if not _has_mathjax_source():
+        pytest.skip("the book serves MathJax from npm: needs npm (or TASKLOSS_MATHJAX)")
+    out = tmp_path_factory.mktemp("book") / "html"
+    env = {**os.environ, "TASKLOSS_BOOK_EXECUTE": "0", "MPLBACKEND": "Agg"}
+    proc = subprocess.run([sys.executable, "-m", "sphinx", "-b", "html", "-W", "--keep-going", "-j", "2", "-q",
+                           str(DOCS), str(out)], capture_output=True, text=True, env=env, cwd=REPO_ROOT)
+    assert proc.returncode == 0, f"the book does not build cleanly:\n{proc.stderr[-6000:]}"
+    return out
+
+
+def test_every_notebook_and_subpackage_has_a_page(site):
+    import pkgutil
+
+    import taskloss
+    stems = {p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
+    pages = {p.stem for p in (site / "notebooks").glob("[0-9][0-9]_*.html")}
+    assert stems and pages == stems, (sorted(stems - pages), sorted(pages - stems))
+    packages = {f"taskloss.{m.name}" for m in pkgutil.iter_modules(taskloss.__path__) if not m.name.startswith("_")}
+    api = {p.stem for p in (site / "api").glob("taskloss.*.html")}
+    assert api == packages, (sorted(packages - api), sorted(api - packages))
+    index = (site / "api" / "index.html").read_text(encoding="utf-8") + \
+        (site / "notebooks" / "index.html").read_text(encoding="utf-8")
+    assert all(f'href="{name}.html"' in index for name in api | stems)        # and each is in its table of contents
+
+
+def _hrefs(page: Path) -> list[str]:
+    return [html.unescape(h) for h in re.findall(r'<a [^>]*href="([^"]+)"', page.read_text(encoding="utf-8"))]
+
+
+def test_every_internal_link_of_the_site_resolves(site):
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) > 10
+    broken = []
+    for page in pages:
+        links = [(page.parent / unquote(urlparse(h).path)).resolve().as_uri() + (f"#{urlparse(h).fragment}"
+                 if urlparse(h).fragment else "") for h in _hrefs(page)
+                 if not urlparse(h).scheme and not h.startswith("#") and urlparse(h).path]
+        links += [page.as_uri() + h for h in _hrefs(page) if h.startswith("#") and len(h) > 1]
+        broken += [f"{page.relative_to(site)}: {b}" for b in check_book.broken_internal_links(site, links)]
+    assert not broken, "\n".join(broken[:20])
+
+
+def test_nothing_loads_from_outside_the_site(site):
+    for page in site.rglob("*.html"):
+        text = page.read_text(encoding="utf-8")
+        remote = re.findall(r'<(?:script|img|link|iframe)\b[^>]*(?:src|href)="((?:https?:)?//[^"]+)"', text)
+        assert not remote, f"{page.relative_to(site)} loads {remote}"
+    assert (site / "_static" / "mathjax" / "tex-chtml.js").is_file()
+    assert "_static/mathjax/tex-chtml.js" in (site / "notebooks" / "06_natural_gradient.html").read_text()
+
+
+def test_notebook_pages_follow_the_readme_with_its_row_and_their_uses(site):
+    header, rows = book_sources.readme_table()
+    index = (site / "notebooks" / "index.html").read_text(encoding="utf-8")
+    positions = [index.find(f'href="{stem}.html"') for stem in rows]
+    assert all(p >= 0 for p in positions) and positions == sorted(positions)
+    for stem, row in rows.items():
+        page = (site / "notebooks" / f"{stem}.html").read_text(encoding="utf-8")
+        glance = re.search(r'taskloss-glance.*?</div>', page, re.S)
+        assert glance and "Question." in glance.group(0), stem
+        words = re.sub(r"[`*$\\]|\[|\]\([^)]*\)", "", row["question"]).split()[:4]
+        shown = html.unescape(re.sub(r"<[^>]+>", "", glance.group(0)))
+        shown = shown.translate(str.maketrans("’‘“”", "''\"\""))                  # Sphinx's smart quotes undone
+        assert " ".join(words) in shown, (stem, words)
+        uses = re.search(r'taskloss-uses.*?</ul>', page, re.S)
+        assert uses and re.search(r'href="\.\./api/taskloss\.\w+\.html#taskloss\.', uses.group(0)), stem
+
+
+def test_api_entries_link_the_notebook_that_derives_them(site):
+    page = (site / "api" / "taskloss.search.html").read_text(encoding="utf-8")
+    start = page.index('id="taskloss.search.MGS"')
+    entry = page[start:page.index('id="taskloss.search.', start + 1)]        # the class docstring, up to its members
+    assert 'href="../notebooks/02_importance_sampling_and_mgs.html"' in entry
+    stems = [p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")]
+    for api_page in (site / "api").glob("taskloss.*.html"):
+        text = api_page.read_text(encoding="utf-8")
+        text = text[text.index('<article'):text.index('</article>')]
+        # what is left once links, code and attributes are gone: a notebook named there was not turned into a link
+        plain = re.sub(r"<a\b.*?</a>|<code\b.*?</code>|<pre\b.*?</pre>|<[^>]+>", " ", text, flags=re.S)
+        unlinked = sorted({s for s in stems if re.search(rf"\b{s}\b", plain)})
+        assert not unlinked, f"{api_page.name} names notebooks without a link: {unlinked}"
+    assert 'href="../notebooks/' in (site / "api" / "taskloss.curvature.html").read_text(encoding="utf-8")
+
+
+# -- in a browser --------------------------------------------------------------------------------------------------
+
+needs_chromium = pytest.mark.skipif(check_book.find_browser() is None,
+                                    reason="Debian's chromium is not installed (make book-check installs it)")
+
+
+@needs_chromium
+def test_pages_render_in_chromium(site, tmp_path):
+    results = check_book.check(site, list(check_book.DEFAULT_PAGES), tmp_path)
+    assert results == {page: [] for page in check_book.DEFAULT_PAGES}, results
+    assert all((tmp_path / f"{p.replace('/', '__').removesuffix('.html')}.png").stat().st_size > 10_000
+               for p in check_book.DEFAULT_PAGES)
+
+
+@needs_chromium
+@pytest.mark.skipif(not (BUILT_SITE or BUILD), reason="~12 s in Chromium (it waits out the MathJax timeout): run by "
+                    "`make book-check` with the other browser tests")
+def test_chromium_check_fails_on_a_broken_page(tmp_path):
+    site = tmp_path / "site"
+    (site / "notebooks").mkdir(parents=True)
+    (site / "notebooks" / "broken.html").write_text(
+        '<html><body><p>Raw math $$x^2$$ and <span class="math">\\(y\\)</span></p>'
+        '<img src="missing.png"><a href="gone.html">gone</a></body></html>')
+    results = check_book.check(site, ["notebooks/broken.html"], tmp_path / "check")
+    text = "\n".join(results["notebooks/broken.html"])
+    for expected in ("MathJax did not load", "not rendered", "raw TeX", "image did not load", "no such file",
+                     "Uses"):
+        assert expected in text, (expected, text)
+
+
+# -- docstring markup without a build (runs in make test) ----------------------------------------------------------
+
+def _documented_docstrings():
+    """(dotted name, what, object, docstring) of every docstring the reference shows: subpackages, modules, public
+    names and the public members of public classes (autodoc's ``:members:``)."""
+    import importlib
+    import inspect
+    seen: set[str] = set()
+    for page in book_sources.api_pages():
+        for m in page.modules:
+            mod = importlib.import_module(m.name)
+            for name, what, obj in ([(page.name, "module", importlib.import_module(page.name)), (m.name, "module", mod)]
+                                    + [(f"{m.name}.{n}", "", getattr(mod, n)) for n in m.public + m.own]):
+                if name in seen or book_sources._role(obj) == "data":
+                    continue
+                seen.add(name)
+                what = what or ("class" if inspect.isclass(obj) else "function")
+                yield name, what, obj, inspect.getdoc(obj)
+                if inspect.isclass(obj):
+                    for attr, value in vars(obj).items():
+                        value = getattr(value, "__func__", value)
+                        if attr.startswith("_") or not (callable(value) or isinstance(value, property)):
+                            continue
+                        kind = "property" if isinstance(value, property) else "method"
+                        yield f"{name}.{attr}", kind, value, inspect.getdoc(value)
+
+
+@lru_cache(maxsize=1)
+def _rst_parser():
+    """docutils' reST parser and settings, with Sphinx's roles and directives stubbed (whether a reference resolves
+    is the full build's job) and napoleon configured as docs/conf.py does."""
+    from docutils import nodes
+    from docutils.frontend import get_default_settings
+    from docutils.parsers.rst import Directive, Parser, directives, roles
+    from sphinx.ext.napoleon import Config
+
+    def any_role(name, rawtext, text, lineno, inliner, options=None, content=None):
+        return [nodes.literal(rawtext, text)], []
+
+    class AnyDirective(Directive):
+        optional_arguments, final_argument_whitespace, has_content = 10, True, True
+        option_spec = None
+
+        def run(self):
+            return []
+
+    for role in ("func", "class", "meth", "attr", "mod", "data", "exc", "obj", "doc", "ref", "term", "any",
+                 "py:func", "py:class", "py:meth", "py:attr", "py:mod", "py:data", "py:exc", "py:obj"):
+        roles.register_local_role(role, any_role)
+    for name in ("seealso", "versionadded", "versionchanged", "deprecated", "code-block", "autosummary", "todo"):
+        directives.register_directive(name, AnyDirective)
+    settings = get_default_settings(Parser)
+    settings.report_level, settings.halt_level, settings.warning_stream = 5, 5, False
+    config = Config(napoleon_google_docstring=True, napoleon_numpy_docstring=False, napoleon_use_rtype=False,
+                    napoleon_use_ivar=True)
+    return Parser(), settings, config
+
+
+def docstring_markup_problems(dotted: str, what: str, obj, doc: str | None) -> list[str]:
+    """docutils' warnings and errors on a docstring after napoleon and the book's notebook links, as Sphinx's
+    build raises them under -W."""
+    from docutils.utils import new_document
+    from sphinx.ext.napoleon import GoogleDocstring
+
+    if not doc:
+        return []
+    parser, settings, config = _rst_parser()
+    lines = str(GoogleDocstring(doc, config, what=what, name=dotted, obj=obj)).splitlines()
+    book_links.process_docstring(None, what, dotted, obj, {}, lines)
+    document = new_document(dotted, settings)
+    found: list[str] = []
+    document.reporter.attach_observer(
+        lambda msg: found.append(f"{dotted} (docstring line {msg.get('line')}): {msg.astext()}")
+        if msg["level"] >= 2 else None)
+    parser.parse("\n".join(lines), document)
+    return found
+
+
+def test_docstring_markup_check_flags_what_the_build_rejects():
+    def bad():
+        """A table whose first column is narrower than a cell.
+
+        =====  ====
+        name   x
+        =====  ====
+        much longer  1
+        =====  ====
+
+        Args:
+            x: *unclosed emphasis.
+        """
+    found = "\n".join(docstring_markup_problems("bad", "function", bad, inspect.getdoc(bad)))
+    assert "Malformed table" in found and "emphasis" in found, found
+
+    def good():
+        """Fine: :func:`taskloss.search.mgs_weights`, ``code``, :math:`x^2`. Derived in notebook 09_emo_loss.
+
+        Args:
+            x: a value.
+
+        Returns:
+            its square.
+        """
+    assert docstring_markup_problems("good", "function", good, inspect.getdoc(good)) == []
+
+
+def test_every_documented_docstring_parses_cleanly():
+    found = [p for args in _documented_docstrings() for p in docstring_markup_problems(*args)]
+    assert not found, "\n".join(found[:20])
