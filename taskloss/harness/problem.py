@@ -1,0 +1,224 @@
+"""A problem for the update-rule harness, and the counting of forward and backward passes.
+
+Derived in notebook 16_update_rule_harness.
+
+A :class:`Problem` is what every rule sees: a model, a batch ``(inputs [N, ...], targets [N, ...])``, the
+differentiable surrogate ``l̃`` (the batch-mean negative log-likelihood of :func:`taskloss.curvature.fisher.nll_loss`
+plus ``weight_decay/2 · ‖θ‖²``) and a task loss ``l`` (lower is better) that search rules (MGS, zeroth order,
+REINFORCE) optimize instead. When no task loss is given the task loss *is* the surrogate: that is the setting in
+which the ideal update Δθ* of :mod:`taskloss.harness.reference` is the update every rule estimates.
+
+:class:`PassCounter` counts, with module hooks, what a step really does to the model:
+
+* ``forward`` — calls of the model's ``forward`` outside ``torch.func`` transforms (one call = one pass over the
+  batch it is given; ``functional_call`` with swapped parameters counts too);
+* ``backward`` — gradients propagated back through the model's output by autograd (a tensor hook on the output
+  fires once per ``backward``/``autograd.grad`` that reaches it, also for the second backward of a
+  Hessian-vector product);
+* ``functional`` — calls of ``forward`` inside ``torch.func`` transforms (``vmap``, ``jvp``, ``vjp``,
+  ``jacrev``, ``hessian``): one such call evaluates a whole transformed computation (e.g. a GGN-vector product,
+  or K vmapped parameter sets), so it is counted apart from plain passes, never converted by a guess.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import Tensor, nn
+from torch.nn import functional as F
+
+from taskloss.curvature.fisher import LIKELIHOODS, nll_loss
+from taskloss.utils import check_finite, check_nonnegative
+
+__all__ = ["Problem", "PassCounter", "PassCount", "grad_hessian"]
+
+TaskLossFn = Callable[[Tensor, Tensor], Tensor]
+
+
+@dataclass
+class Problem:
+    """The model, one batch and the two losses a rule is judged on.
+
+    Args:
+        model: an ``nn.Module`` mapping ``inputs [N, ...]`` to outputs ``[N, C]`` (logits for ``"categorical"``,
+            means for ``"gaussian"``); its parameters that require grad are the ones updated.
+        inputs, targets: the batch (``N ≥ 1`` rows, finite inputs).
+        likelihood: ``"categorical"`` or ``"gaussian"``, as in :mod:`taskloss.curvature.fisher`.
+        weight_decay: ``λ ≥ 0``; the surrogate is ``nll + λ/2 ‖θ‖²`` (makes a linear model's Hessian definite).
+        task_loss_fn: ``(outputs [N, C], targets) → 0-d tensor`` (lower is better); ``None``: the surrogate itself.
+        task_labels_fn: ``(labels [..., N], targets) → [...]`` the task loss of predicted class ids (batched over
+            leading dims), used by REINFORCE as ``reward = −task``; categorical problems only.
+
+    Raises ``TypeError``/``ValueError`` on a non-module model, an empty batch, NaN/inf inputs, mismatched
+    batch sizes, an unknown likelihood or a negative weight decay.
+    """
+
+    model: nn.Module
+    inputs: Tensor
+    targets: Tensor
+    likelihood: str = "categorical"
+    weight_decay: float = 0.0
+    task_loss_fn: TaskLossFn | None = None
+    task_labels_fn: Callable[[Tensor, Tensor], Tensor] | None = None
+
+    def __post_init__(self):
+        if not isinstance(self.model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(self.model).__name__}")
+        for name, t in (("inputs", self.inputs), ("targets", self.targets)):
+            if not isinstance(t, Tensor):
+                raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+            if t.ndim < 1 or t.shape[0] == 0:
+                raise ValueError(f"{name} is an empty batch (shape {tuple(t.shape)}): need N >= 1 rows")
+        if self.inputs.shape[0] != self.targets.shape[0]:
+            raise ValueError(f"batch sizes differ: inputs {tuple(self.inputs.shape)}, targets "
+                             f"{tuple(self.targets.shape)}")
+        for name, t in (("inputs", self.inputs), ("targets", self.targets)):
+            if t.is_floating_point():
+                check_finite(name, t)
+        if self.likelihood not in LIKELIHOODS:
+            raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {self.likelihood!r}")
+        self.weight_decay = check_nonnegative("weight_decay", self.weight_decay)
+        for name in ("task_loss_fn", "task_labels_fn"):
+            fn = getattr(self, name)
+            if fn is not None and not callable(fn):
+                raise TypeError(f"{name} must be callable or None")
+        if not any(p.requires_grad for p in self.model.parameters()):
+            raise ValueError("model has no parameter with requires_grad=True")
+
+    def set_batch(self, inputs: Tensor, targets: Tensor) -> None:
+        """Swap in another batch (validated as at construction); rules read the batch at every step."""
+        old = self.inputs, self.targets
+        self.inputs, self.targets = inputs, targets
+        try:
+            self.__post_init__()
+        except (TypeError, ValueError):
+            self.inputs, self.targets = old
+            raise
+
+    def grad_hessian(self) -> tuple[Tensor, Tensor]:
+        """Gradient ``[P]`` and dense Hessian ``[P, P]`` (symmetrized) of the surrogate at the current parameters,
+        by ``torch.func.grad`` and ``torch.func.jacrev`` twice (P² memory: small models only)."""
+        return grad_hessian(self.flat_loss(), self.flat_params())
+
+    @property
+    def params(self) -> list[Tensor]:
+        """The trained parameters, in ``named_parameters`` order."""
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+    @property
+    def named_params(self) -> dict[str, Tensor]:
+        return {k: p for k, p in self.model.named_parameters() if p.requires_grad}
+
+    def surrogate_from_outputs(self, outputs: Tensor, params=None) -> Tensor:
+        """``nll(outputs, targets) + λ/2 ‖θ‖²`` (``params``: the θ to penalize, default the model's)."""
+        if torch._C._functorch.peek_interpreter_stack() is None:
+            loss = nll_loss(outputs, self.targets, self.likelihood)   # validated
+        elif self.likelihood == "categorical":                          # the same, traceable by vmap
+            loss = F.cross_entropy(outputs, self.targets)
+        else:
+            loss = 0.5 * (outputs - self.targets).pow(2).sum(-1).mean()
+        if self.weight_decay > 0:
+            ps = self.params if params is None else list(params)
+            loss = loss + 0.5 * self.weight_decay * sum(p.pow(2).sum() for p in ps)
+        return loss
+
+    def surrogate(self, model: nn.Module | None = None, batch=None) -> Tensor:
+        """The surrogate at the model's current parameters (signature ``(model, batch)`` as MGS wants it)."""
+        return self.surrogate_from_outputs((model or self.model)(self.inputs))
+
+    def task_from_outputs(self, outputs: Tensor, params=None) -> Tensor:
+        """The task loss of ``outputs`` (the surrogate when no task loss was given)."""
+        if self.task_loss_fn is None:
+            return self.surrogate_from_outputs(outputs, params)
+        return torch.as_tensor(self.task_loss_fn(outputs, self.targets), device=outputs.device)
+
+    def task_loss(self) -> float:
+        """The task loss at the model's current parameters (no gradient)."""
+        with torch.no_grad():
+            value = float(self.task_from_outputs(self.model(self.inputs)))
+        if value != value:
+            raise ValueError("the task loss is NaN at the current parameters")
+        return value
+
+    def flat_params(self) -> Tensor:
+        return torch.cat([p.detach().reshape(-1) for p in self.params])
+
+    def set_flat_params(self, flat: Tensor) -> None:
+        with torch.no_grad():
+            i = 0
+            for p in self.params:
+                p.copy_(flat[i:i + p.numel()].view_as(p))
+                i += p.numel()
+
+    def flat_loss(self) -> Callable[[Tensor], Tensor]:
+        """``θ [P] ↦ l̃(θ)``: the surrogate as a pure function of the flat parameters (for ``torch.func``)."""
+        named = self.named_params
+        shapes = [(k, p.shape, p.numel()) for k, p in named.items()]
+
+        def f(theta: Tensor) -> Tensor:
+            out, i = {}, 0
+            for k, shape, n in shapes:
+                out[k] = theta[i:i + n].view(shape)
+                i += n
+            outputs = torch.func.functional_call(self.model, out, (self.inputs,))
+            return self.surrogate_from_outputs(outputs, out.values())
+
+        return f
+
+
+def grad_hessian(f: Callable[[Tensor], Tensor], theta: Tensor) -> tuple[Tensor, Tensor]:
+    """``(∇f(θ), ∇²f(θ))`` of a scalar function of a flat vector, both checked finite."""
+    g = check_finite("gradient", torch.func.grad(f)(theta))
+    H = torch.func.jacrev(torch.func.jacrev(f))(theta)
+    return g, check_finite("Hessian", 0.5 * (H + H.mT))
+
+
+@dataclass
+class PassCount:
+    """Counted passes of one step (see the module docstring)."""
+
+    forward: int = 0
+    backward: int = 0
+    functional: int = 0
+
+    @property
+    def total(self) -> int:
+        """``forward + backward + functional`` (a functional call counts as one; it is at least one pass)."""
+        return self.forward + self.backward + self.functional
+
+
+class PassCounter:
+    """Context manager that counts the model's passes: ``with PassCounter(model) as c: ...; c.count``."""
+
+    def __init__(self, model: nn.Module):
+        if not isinstance(model, nn.Module):
+            raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+        self.model, self.count, self._handles = model, PassCount(), []
+
+    def _bump_backward(self, grad):
+        self.count.backward += 1
+        return None
+
+    def _pre(self, module, args):
+        if torch._C._functorch.peek_interpreter_stack() is not None:  # inside vmap / grad / jvp / vjp
+            self.count.functional += 1
+            self._transformed = True
+        else:
+            self.count.forward += 1
+            self._transformed = False
+
+    def _post(self, module, args, output):
+        if not self._transformed and isinstance(output, Tensor) and output.requires_grad:
+            output.register_hook(self._bump_backward)
+
+    def __enter__(self) -> PassCounter:
+        self._transformed = False
+        self._handles = [self.model.register_forward_pre_hook(self._pre),
+                         self.model.register_forward_hook(self._post)]
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for h in self._handles:
+            h.remove()
+        self._handles = []

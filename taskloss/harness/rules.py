@@ -1,0 +1,369 @@
+"""Every update rule of the package behind one interface: ``rule = make_rule(name, problem, **hp)``;
+``rule.step()`` updates ``problem.model`` in place, exactly as the wrapped implementation does.
+
+Derived in notebook 16_update_rule_harness. Each wrapper *calls* the real implementation — ``torch.optim``
+(SGD, momentum, Adam), :class:`~taskloss.curvature.natural_gradient.NaturalGradientDescent` with the exact Fisher
+(:func:`~taskloss.curvature.fisher.fisher_matrix`) or the empirical one
+(:func:`~taskloss.curvature.fisher.empirical_fisher`), :class:`~taskloss.curvature.kfac.KFAC`,
+:class:`~taskloss.curvature.diagonal.FisherDiagonalPreconditioner`, :class:`~taskloss.curvature.hessian_free.HessianFree`,
+:class:`~taskloss.search.mgs.MGS`, :func:`~taskloss.search.policy_gradient.classification_reinforce`,
+:func:`~taskloss.search.zeroth_order.gaussian_smoothing_grad`, :func:`~taskloss.search.zeroth_order.spsa_grad`,
+:class:`~taskloss.search.zeroth_order.MeZO`, :class:`~taskloss.dynamics.clipping.ClippedSGD` and
+:func:`~taskloss.dynamics.implicit.gradient_norm_penalty` — and Newton's step by a dense Hessian
+(:meth:`~taskloss.harness.problem.Problem.grad_hessian`) solved with :func:`~taskloss.sampling.update.newton_update`.
+Nothing is reimplemented.
+
+Objectives: gradient and curvature rules descend the surrogate ``l̃``; MGS, the zeroth-order rules and REINFORCE
+use the task loss ``l`` (REINFORCE: the expected task loss of labels sampled from the softmax, so categorical
+problems only). Add a rule with :func:`register`: a class whose ``__init__(problem, **hp)`` builds the wrapped
+optimizer and whose ``step()`` takes one step.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import torch
+
+from taskloss.curvature.diagonal import FisherDiagonalPreconditioner
+from taskloss.curvature.fisher import empirical_fisher, fisher_matrix
+from taskloss.curvature.hessian_free import HessianFree
+from taskloss.curvature.kfac import KFAC
+from taskloss.curvature.natural_gradient import NaturalGradientDescent
+from taskloss.dynamics.clipping import ClippedSGD
+from taskloss.dynamics.implicit import gradient_norm_penalty
+from taskloss.harness.problem import Problem
+from taskloss.sampling.update import newton_update
+from taskloss.search.mgs import MGS
+from taskloss.search.policy_gradient import classification_reinforce
+from taskloss.search.zeroth_order import MeZO, gaussian_smoothing_grad, spsa_grad
+from taskloss.utils import check_int, check_positive
+
+__all__ = ["RuleSpec", "RULES", "register", "make_rule"]
+
+
+class _Rule:
+    """Base: ``self.problem``; ``_backward()`` sets ``.grad`` of the surrogate at the current parameters."""
+
+    objective = "surrogate"
+
+    def __init__(self, problem: Problem):
+        if not isinstance(problem, Problem):
+            raise TypeError(f"problem must be a taskloss.harness Problem, got {type(problem).__name__}")
+        self.problem = problem
+
+    def _closure(self):
+        for p in self.problem.params:
+            p.grad = None
+        loss = self.problem.surrogate()
+        loss.backward()
+        return loss
+
+    def step(self) -> None:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class _TorchOptim(_Rule):
+    """A ``torch.optim``-style optimizer stepped with the surrogate closure."""
+
+    def step(self) -> None:
+        self.opt.step(self._closure)
+
+
+class SGD(_TorchOptim):
+    """``torch.optim.SGD``: θ ← θ − lr·∇l̃."""
+
+    def __init__(self, problem, lr: float = 0.1):
+        super().__init__(problem)
+        self.opt = torch.optim.SGD(problem.params, lr=check_positive("lr", lr))
+
+
+class Momentum(_TorchOptim):
+    """``torch.optim.SGD`` with heavy-ball ``momentum`` (its first step equals SGD's)."""
+
+    def __init__(self, problem, lr: float = 0.1, momentum: float = 0.9):
+        super().__init__(problem)
+        self.opt = torch.optim.SGD(problem.params, lr=check_positive("lr", lr), momentum=momentum)
+
+
+class Adam(_TorchOptim):
+    """``torch.optim.Adam`` with learning rate ``lr`` (its first step is ≈ −lr·sign(g))."""
+
+    def __init__(self, problem, lr: float = 1e-2):
+        super().__init__(problem)
+        self.opt = torch.optim.Adam(problem.params, lr=check_positive("lr", lr))
+
+
+class Clipped(_TorchOptim):
+    """:class:`ClippedSGD`, hard global clipping: θ ← θ − min(lr, lr·γ/‖g‖)·g (``gamma`` = γ)."""
+
+    def __init__(self, problem, lr: float = 0.1, gamma: float = 1.0):
+        super().__init__(problem)
+        self.opt = ClippedSGD(problem.params, lr=lr, gamma=gamma)
+
+
+class GradPenalty(_TorchOptim):
+    """SGD (``lr``) on ``l̃ + μ‖∇l̃‖²`` (``mu`` = μ; the explicit gradient regularizer, one double backward)."""
+
+    def __init__(self, problem, lr: float = 0.1, mu: float = 0.05):
+        super().__init__(problem)
+        self.mu = check_positive("mu", mu)
+        self.opt = torch.optim.SGD(problem.params, lr=check_positive("lr", lr))
+
+    def _closure(self):
+        for p in self.problem.params:
+            p.grad = None
+        loss = self.problem.surrogate()
+        total = loss + self.mu * gradient_norm_penalty(loss, self.problem.params)
+        total.backward()
+        return loss
+
+
+class Newton(_Rule):
+    """``θ ← θ − lr (H + δI)⁻¹ g`` with the dense Hessian of the surrogate (``damping`` = δ; ``max_params``
+    guards the P² memory and raises ``ValueError`` above it)."""
+
+    def __init__(self, problem, lr: float = 1.0, damping: float = 0.0, max_params: int = 5000):
+        super().__init__(problem)
+        self.lr, self.damping = check_positive("lr", lr), float(damping)
+        n = problem.flat_params().numel()
+        if n > check_int("max_params", max_params, minimum=1):
+            raise ValueError(f"Newton needs the dense [P, P] Hessian: P = {n} > max_params = {max_params}")
+
+    def step(self) -> None:
+        theta = self.problem.flat_params()
+        g, H = self.problem.grad_hessian()
+        if self.damping:
+            H = H + self.damping * torch.eye(H.shape[0], dtype=H.dtype, device=H.device)
+        self.problem.set_flat_params(theta + self.lr * newton_update(g, H))
+
+
+class NaturalGradient(_TorchOptim):
+    """:class:`NaturalGradientDescent` with the exact Fisher (= GGN) or the empirical Fisher of the batch.
+    The weight decay's curvature λ is added to the damping, so for a linear softmax model this is Newton.
+    ``lr``, ``damping`` as in :class:`NaturalGradientDescent`; ``fisher``: ``"exact"`` or ``"empirical"``."""
+
+    def __init__(self, problem, lr: float = 1.0, damping: float = 1e-4, fisher: str = "exact"):
+        super().__init__(problem)
+        if fisher not in ("exact", "empirical"):
+            raise ValueError(f"fisher must be 'exact' or 'empirical', got {fisher!r}")
+        pb = problem
+        if fisher == "exact":
+            fn = lambda: fisher_matrix(pb.model, None, pb.inputs, pb.likelihood)  # noqa: E731
+        else:
+            fn = lambda: empirical_fisher(pb.model, None, pb.inputs, pb.targets, pb.likelihood)  # noqa: E731
+        self.opt = NaturalGradientDescent(problem.params, fn, lr=lr, damping=damping + problem.weight_decay)
+
+
+class KFACRule(_Rule):
+    """SGD (``lr``) preconditioned by :class:`KFAC` (``damping``, ``fisher_type``, ``decay`` = 0: batch factors,
+    ``inverse_update_interval`` = 1: inverses refreshed every step; ``seed`` seeds its MC-label generator)."""
+
+    def __init__(self, problem, lr: float = 0.1, damping: float = 1e-2, fisher_type: str = "exact",
+                 decay: float = 0.0, inverse_update_interval: int = 1, seed: int = 0):
+        super().__init__(problem)
+        self.opt = torch.optim.SGD(problem.params, lr=check_positive("lr", lr))
+        self.kfac = KFAC(problem.model, damping=damping + problem.weight_decay, fisher_type=fisher_type,
+                         likelihood=problem.likelihood, decay=decay,
+                         inverse_update_interval=inverse_update_interval,
+                         generator=torch.Generator(device=problem.inputs.device).manual_seed(seed))
+
+    def step(self) -> None:
+        pb = self.problem
+        for p in pb.params:
+            p.grad = None
+        outputs = pb.model(pb.inputs)
+        pb.surrogate_from_outputs(outputs).backward(retain_graph=True)
+        self.kfac.update(outputs, pb.targets)
+        self.kfac.step()
+        self.opt.step()
+
+
+class DiagonalFisher(_Rule):
+    """SGD (``lr``) preconditioned by :class:`FisherDiagonalPreconditioner`: ``fisher_type`` ``"exact"``, ``"mc"``
+    or ``"empirical"``, ``p.grad ← p.grad / (D + damping)^power``, running average ``decay`` (0: this batch)."""
+
+    def __init__(self, problem, lr: float = 0.1, damping: float = 1e-3, fisher_type: str = "exact",
+                 power: float = 1.0, decay: float = 0.0, seed: int = 0):
+        super().__init__(problem)
+        self.opt = torch.optim.SGD(problem.params, lr=check_positive("lr", lr))
+        self.pre = FisherDiagonalPreconditioner(
+            problem.model, fisher_type, likelihood=problem.likelihood, damping=damping + problem.weight_decay,
+            decay=decay, power=power, generator=torch.Generator(device=problem.inputs.device).manual_seed(seed))
+
+    def step(self) -> None:
+        self._closure()
+        self.pre.update(self.problem.inputs, self.problem.targets)
+        self.pre.step()
+        self.opt.step()
+
+
+class HessianFreeRule(_Rule):
+    """:class:`HessianFree` (truncated CG on GGN-vector products of the current batch; ``cg_iters`` iterations,
+    ``adapt_damping``: Levenberg–Marquardt, undoing steps that raise the loss); weight decay's λ joins ``damping``."""
+
+    def __init__(self, problem, lr: float = 1.0, damping: float = 1e-3, cg_iters: int = 10,
+                 adapt_damping: bool = False):
+        super().__init__(problem)
+        self.opt = HessianFree(problem.named_params, problem.model, lr=lr, damping=damping + problem.weight_decay,
+                               cg_iters=cg_iters, likelihood=problem.likelihood, adapt_damping=adapt_damping)
+
+    def step(self) -> None:
+        self.opt.step(self._closure, self.problem.inputs)
+
+
+class MGSRule(_Rule):
+    """:class:`MGS` with SGD(lr=1) (θ ← θ + Δθ* exactly), candidates scored one after another (exact counts).
+    ``K``, ``alpha``, ``sigma``, ``mix``, ``sigma_mode``, clipping norms and ``seed`` as in :class:`MGS`; the MLE
+    component is centred at −lr·∇l̃ (MGS is handed the surrogate scaled by ``lr``)."""
+
+    objective = "task"
+
+    def __init__(self, problem, K: int = 8, alpha: float = 0.01, sigma: float = 1.0, mix: float = 0.5,
+                 lr: float = 0.1, sigma_mode: str = "relative", max_update_norm: float | None = None,
+                 max_grad_norm: float | None = None, seed: int = 0):
+        super().__init__(problem)
+        pb = problem
+        self.opt = torch.optim.SGD(pb.params, lr=1.0)
+        # the MLE component is centred at −lr·∇l̃ (MGS centres it at −g of the surrogate it is handed)
+        scaled = lambda model, batch: lr * pb.surrogate(model)  # noqa: E731
+        task = lambda outputs, batch: pb.task_from_outputs(outputs)  # noqa: E731
+        self.mgs = MGS(pb.model, self.opt, scaled, task, K=K, alpha=alpha, sigma=sigma, mix=mix,
+                       sigma_mode=sigma_mode, max_grad_norm=max_grad_norm, max_update_norm=max_update_norm,
+                       parallel=False, eval_mode=False, seed=seed)
+
+    def step(self) -> None:
+        self.last_stats = self.mgs.step((self.problem.inputs, self.problem.targets))
+
+
+class Reinforce(_Rule):
+    """SGD (``lr``) on the REINFORCE surrogate of the expected task loss of ``num_samples`` label vectors drawn
+    from ``softmax(outputs)`` (leave-one-out baseline): per-example accuracy reward when the problem has no
+    ``task_labels_fn``, else the batch-level reward −task(labels); ``mle_weight`` adds cross-entropy."""
+
+    objective = "task"
+
+    def __init__(self, problem, lr: float = 0.1, num_samples: int = 8, mle_weight: float = 0.0, seed: int = 0):
+        super().__init__(problem)
+        if problem.likelihood != "categorical":
+            raise ValueError("REINFORCE samples class labels: it needs a categorical problem")
+        self.opt = torch.optim.SGD(problem.params, lr=check_positive("lr", lr))
+        self.S, self.mle_weight = num_samples, mle_weight
+        self.gen = torch.Generator(device=problem.inputs.device).manual_seed(seed)
+
+    def step(self) -> None:
+        pb = self.problem
+        task = pb.task_labels_fn
+        reward = "accuracy" if task is None else (lambda s, t: -task(s, t))
+        for p in pb.params:
+            p.grad = None
+        res = classification_reinforce(pb.model(pb.inputs), pb.targets, self.S, reward=reward,
+                                       mle_weight=self.mle_weight, generator=self.gen)
+        res.loss.backward()
+        self.opt.step()
+
+
+class ZerothOrder(_Rule):
+    """θ ← θ − lr·ĝ with a zeroth-order gradient ĝ of the task loss from ``num_samples`` directions: Gaussian
+    smoothing with antithetic pairs (``estimator="gaussian"``, scale ``sigma``) or SPSA (``"spsa"``, ε = ``sigma``);
+    perturbed points evaluated one after another (``vectorize=False``), so every forward is counted."""
+
+    objective = "task"
+
+    def __init__(self, problem, lr: float = 0.1, sigma: float = 1e-2, num_samples: int = 8,
+                 estimator: str = "gaussian", seed: int = 0):
+        super().__init__(problem)
+        if estimator not in ("gaussian", "spsa"):
+            raise ValueError(f"estimator must be 'gaussian' or 'spsa', got {estimator!r}")
+        self.lr, self.sigma, self.n, self.estimator = check_positive("lr", lr), sigma, num_samples, estimator
+        self.gen = torch.Generator(device=problem.inputs.device).manual_seed(seed)
+
+    def step(self) -> None:
+        pb = self.problem
+        theta = {k: p.detach() for k, p in pb.named_params.items()}
+
+        def g_of(params):
+            outputs = torch.func.functional_call(pb.model, params, (pb.inputs,))
+            return pb.task_from_outputs(outputs, params.values())
+
+        if self.estimator == "gaussian":
+            g = gaussian_smoothing_grad(g_of, theta, self.sigma, self.n, baseline="antithetic",
+                                        generator=self.gen, vectorize=False)
+        else:
+            g = spsa_grad(g_of, theta, self.sigma, self.n, generator=self.gen, vectorize=False)
+        with torch.no_grad():
+            for k, p in pb.named_params.items():
+                p.sub_(self.lr * g[k])
+
+
+class MeZORule(_Rule):
+    """:class:`MeZO` on the task loss (in-place perturbations, two forwards per perturbation; ``lr``, ``eps``,
+    ``num_perturbations``, ``seed`` as there)."""
+
+    objective = "task"
+
+    def __init__(self, problem, lr: float = 0.1, eps: float = 1e-2, num_perturbations: int = 4, seed: int = 0):
+        super().__init__(problem)
+        self.opt = MeZO(problem.params, lr=lr, eps=eps, num_perturbations=num_perturbations, seed=seed)
+
+    def step(self) -> None:
+        self.opt.step(lambda: self.problem.task_from_outputs(self.problem.model(self.problem.inputs)))
+
+
+@dataclass
+class RuleSpec:
+    """A registered rule: its class, default hyperparameters and a one-line description."""
+
+    name: str
+    cls: Callable[..., Any]
+    defaults: dict = field(default_factory=dict)
+    description: str = ""
+
+    @property
+    def objective(self) -> str:
+        return getattr(self.cls, "objective", "surrogate")
+
+
+RULES: dict[str, RuleSpec] = {}
+
+
+def register(name: str, cls, defaults: dict | None = None, description: str = "") -> RuleSpec:
+    """Add (or replace) a rule in :data:`RULES`; ``cls(problem, **hp)`` must build it and ``.step()`` apply it."""
+    if not isinstance(name, str) or not name:
+        raise ValueError("rule name must be a non-empty string")
+    if not callable(cls):
+        raise TypeError("cls must be callable (problem, **hp) -> rule with .step()")
+    RULES[name] = RuleSpec(name, cls, dict(defaults or {}), description)
+    return RULES[name]
+
+
+def make_rule(name: str, problem: Problem, **hp):
+    """Build the registered rule ``name`` on ``problem`` (``hp`` overrides its defaults)."""
+    if name not in RULES:
+        raise ValueError(f"unknown rule {name!r}; registered: {sorted(RULES)}")
+    spec = RULES[name]
+    return spec.cls(problem, **{**spec.defaults, **hp})
+
+
+for _n, _c, _d, _t in [
+    ("sgd", SGD, {}, "torch.optim.SGD"),
+    ("momentum", Momentum, {}, "torch.optim.SGD(momentum=0.9)"),
+    ("adam", Adam, {}, "torch.optim.Adam"),
+    ("clipped_sgd", Clipped, {}, "taskloss.dynamics ClippedSGD (hard, global)"),
+    ("grad_penalty", GradPenalty, {}, "SGD on l̃ + μ‖∇l̃‖² (taskloss.dynamics gradient_norm_penalty)"),
+    ("newton", Newton, {}, "dense Hessian (torch.func), newton_update"),
+    ("natural_exact", NaturalGradient, {"fisher": "exact"}, "NaturalGradientDescent, exact Fisher"),
+    ("natural_empirical", NaturalGradient, {"fisher": "empirical"}, "NaturalGradientDescent, empirical Fisher"),
+    ("kfac", KFACRule, {}, "SGD preconditioned by KFAC (exact factors)"),
+    ("diag_fisher", DiagonalFisher, {"fisher_type": "exact"}, "SGD / exact GGN diagonal"),
+    ("diag_empirical", DiagonalFisher, {"fisher_type": "empirical", "power": 0.5},
+     "SGD / sqrt of the empirical Fisher diagonal"),
+    ("hessian_free", HessianFreeRule, {}, "HessianFree, truncated CG on the GGN"),
+    ("mgs", MGSRule, {}, "MGS, SNIS with the MLE-guided mixture proposal"),
+    ("reinforce", Reinforce, {}, "SGD on classification_reinforce"),
+    ("zo_gaussian", ZerothOrder, {"estimator": "gaussian"}, "Gaussian smoothing, antithetic"),
+    ("spsa", ZerothOrder, {"estimator": "spsa"}, "SPSA"),
+    ("mezo", MeZORule, {}, "MeZO"),
+]:
+    register(_n, _c, _d, _t)
+

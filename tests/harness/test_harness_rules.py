@@ -1,0 +1,307 @@
+"""The harness against closed forms (Newton = Δθ* of a quadratic; gradient descent = its large-α limit on the
+ball), exact pass counts, and bit-identity of each wrapped rule with the implementation used directly."""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from torch import nn
+
+from taskloss.harness import RULES, PassCounter, Problem, ideal_update, make_rule, propose, step_agreement, train
+from taskloss.sampling import ball_expected_update, newton_update
+from taskloss.search import MGS, MeZO
+
+
+def quadratic(d: int = 4, n: int = 32, seed: int = 0) -> Problem:
+    """Least squares ½·mean‖y − Xθ‖²: a quadratic whose Hessian XᵀX/n is also its Fisher (Gaussian likelihood)."""
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, d, generator=g, dtype=torch.float64)
+    y = torch.randn(n, 1, generator=g, dtype=torch.float64)
+    model = nn.Linear(d, 1, bias=False).double()
+    with torch.no_grad():
+        model.weight.copy_(torch.randn(1, d, generator=g, dtype=torch.float64))
+    return Problem(model, X, y, likelihood="gaussian")
+
+
+def softmax_regression(seed: int = 0, wd: float = 1e-2) -> Problem:
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(40, 5, generator=g, dtype=torch.float64)
+    y = torch.randint(0, 3, (40,), generator=g)
+    torch.manual_seed(seed)
+    return Problem(nn.Linear(5, 3).double(), X, y, weight_decay=wd)
+
+
+def closed_form(pb: Problem):
+    X, y, th = pb.inputs, pb.targets, pb.flat_params()
+    H = X.T @ X / X.shape[0]
+    g = X.T @ (X @ th - y[:, 0]) / X.shape[0]
+    return g, H
+
+
+def test_quadratic_newton_is_ideal_update_for_every_alpha():
+    pb = quadratic()
+    g, H = closed_form(pb)
+    newton = newton_update(g, H)
+    step = propose("newton", pb).delta
+    torch.testing.assert_close(step, newton, rtol=1e-10, atol=1e-12)   # the rule is Newton's step
+    for alpha in (1e-4, 1e-2, 1.0):   # no ball: p = N(−H⁻¹g, αH⁻¹), mean −H⁻¹g whatever α
+        ref = ideal_update(pb, alpha, n_samples=20000, generator=torch.Generator().manual_seed(1))
+        torch.testing.assert_close(ref.newton, newton, rtol=1e-10, atol=1e-12)
+        assert ref.ess > 0.99 * 20000                                    # the proposal is p itself
+        err = (ref.delta - newton).abs()
+        assert bool((err <= 5 * ref.stderr + 1e-12).all()), (alpha, err, ref.stderr)   # within 5 MC std errors
+        assert step_agreement(step, ref.delta)["cosine"] > 1 - 1e-3 if alpha < 1 else True
+
+
+def test_gradient_descent_is_the_first_order_limit_on_the_ball():
+    # a ball small enough that the loss is linear on it (ε²λ_max/α ≈ 1e-3): Δθ* is the linear loss's closed form
+    # −ε r_{d/2}(x) g/‖g‖ (ball_expected_update), i.e. along −g, with x = ‖g‖ε/α = 0.3
+    pb = quadratic(d=3)
+    g, H = closed_form(pb)
+    eps = 0.01
+    alpha = float(g.norm()) * eps / 0.3
+    ref = ideal_update(pb, alpha, radius=eps, n_samples=200000, generator=torch.Generator().manual_seed(2))
+    assert ref.proposal == "ball"
+    assert ref.rel_stderr < 0.05
+    linear = ball_expected_update(g, alpha, eps)
+    torch.testing.assert_close(ref.delta, linear, rtol=0, atol=float(5 * ref.stderr.max()))
+    sgd = propose("sgd", pb, lr=0.1).delta
+    torch.testing.assert_close(sgd, -0.1 * g, rtol=1e-10, atol=1e-12)
+    assert step_agreement(sgd, ref.delta)["cosine"] > 0.99
+    # Newton's direction is not the first-order limit: it is further from Δθ* than gradient descent's
+    assert step_agreement(ref.newton, ref.delta)["cosine"] < step_agreement(sgd, ref.delta)["cosine"] - 0.01
+
+
+def test_natural_gradient_is_newton_for_a_linear_softmax_model():
+    pb = softmax_regression()   # GGN = Hessian of the cross-entropy for a linear model; λ from weight decay
+    a = propose("natural_exact", pb, lr=1.0, damping=0.0).delta
+    b = propose("newton", pb).delta
+    torch.testing.assert_close(a, b, rtol=1e-8, atol=1e-10)
+
+
+@pytest.mark.parametrize("name, hp, expected", [
+    ("sgd", {}, (1, 1, 0)),
+    ("adam", {}, (1, 1, 0)),
+    ("grad_penalty", {}, (1, 2, 0)),                         # double backward: the penalty's graph is traversed
+    ("mgs", {"K": 4}, (5, 1, 0)),                            # surrogate forward + K candidate forwards
+    ("zo_gaussian", {"num_samples": 3}, (6, 0, 0)),          # antithetic: 2n forwards
+    ("spsa", {"num_samples": 2}, (4, 0, 0)),
+    ("mezo", {"num_perturbations": 3}, (6, 0, 0)),
+    ("reinforce", {}, (1, 1, 0)),
+])
+def test_pass_counts_are_exact(name, hp, expected):
+    pb = softmax_regression()
+    c = propose(name, pb, **hp).passes
+    assert (c.forward, c.backward, c.functional) == expected
+
+
+def test_functional_calls_are_counted_apart():
+    pb = softmax_regression()
+    c = propose("hessian_free", pb, cg_iters=3).passes
+    assert c.forward == 1 and c.backward == 1 and c.functional >= 2
+    with PassCounter(pb.model) as counter:
+        torch.func.vmap(lambda w: torch.func.functional_call(pb.model, {"weight": w, "bias": pb.model.bias},
+                                                             (pb.inputs,)).sum())(torch.randn(4, 3, 5).double())
+    assert (counter.count.forward, counter.count.functional) == (0, 1)
+
+
+def _params(m):
+    return [p.detach().clone() for p in m.parameters()]
+
+
+def test_wrapped_rules_equal_direct_use_bit_for_bit():
+    # Adam
+    pb = softmax_regression()
+    direct = softmax_regression()
+    rule = make_rule("adam", pb, lr=0.05)
+    opt = torch.optim.Adam(direct.model.parameters(), lr=0.05)
+    for _ in range(3):
+        rule.step()
+        opt.zero_grad()
+        direct.surrogate().backward()
+        opt.step()
+    for a, b in zip(_params(pb.model), _params(direct.model)):
+        assert torch.equal(a, b)
+    # MGS (loop mode, SGD(lr=1))
+    pb, direct = softmax_regression(wd=0.0), softmax_regression(wd=0.0)
+    rule = make_rule("mgs", pb, K=4, alpha=0.05, lr=1.0, seed=3)
+    sgd = torch.optim.SGD(direct.model.parameters(), lr=1.0)
+    mgs = MGS(direct.model, sgd, lambda m, b: direct.surrogate(m), lambda out, b: direct.surrogate_from_outputs(out),
+              K=4, alpha=0.05, sigma=1.0, max_grad_norm=None, max_update_norm=None, parallel=False,
+              eval_mode=False, seed=3)
+    for _ in range(3):
+        rule.step()
+        mgs.step((direct.inputs, direct.targets))
+    for a, b in zip(_params(pb.model), _params(direct.model)):
+        assert torch.equal(a, b)
+    # MeZO
+    pb, direct = softmax_regression(), softmax_regression()
+    rule = make_rule("mezo", pb, lr=0.1, eps=1e-2, num_perturbations=2, seed=5)
+    mezo = MeZO(direct.model.parameters(), lr=0.1, eps=1e-2, num_perturbations=2, seed=5)
+    for _ in range(3):
+        rule.step()
+        mezo.step(lambda: direct.surrogate())
+    for a, b in zip(_params(pb.model), _params(direct.model)):
+        assert torch.equal(a, b)
+
+
+def test_every_registered_rule_steps_and_restores():
+    pb = softmax_regression()
+    before = pb.flat_params().clone()
+    for name in RULES:
+        rec = propose(name, pb)
+        assert torch.equal(pb.flat_params(), before), name
+        assert rec.delta.shape == before.shape and float(rec.delta.norm()) > 0, name
+        assert rec.passes.total >= 1 and rec.seconds >= 0
+
+
+def test_train_reaches_budget_and_lowers_the_loss():
+    pb = softmax_regression()
+    rec = train("sgd", pb, budget=20, lr=0.5)
+    assert rec.passes.total >= 20 and rec.steps == 10     # 2 passes per SGD step
+    assert rec.final["task_loss"] < rec.history[0]["task_loss"]
+
+
+def test_bad_inputs_raise_clear_errors():
+    pb = quadratic()
+    with pytest.raises(ValueError, match="alpha"):
+        ideal_update(pb, 0.0)
+    with pytest.raises(ValueError, match="alpha"):
+        ideal_update(pb, -1.0)
+    with pytest.raises(ValueError, match="radius"):
+        ideal_update(pb, 1.0, radius=0.0)
+    with pytest.raises(ValueError, match="empty batch"):
+        Problem(nn.Linear(3, 2), torch.zeros(0, 3), torch.zeros(0, dtype=torch.long))
+    with pytest.raises(ValueError, match="inputs"):
+        Problem(nn.Linear(3, 2), torch.full((2, 3), math.nan), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match="targets"):
+        Problem(nn.Linear(3, 1), torch.zeros(2, 3), torch.tensor([[0.0], [math.inf]]), likelihood="gaussian")
+    with pytest.raises(ValueError, match="batch sizes"):
+        Problem(nn.Linear(3, 2), torch.zeros(2, 3), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="likelihood"):
+        Problem(nn.Linear(3, 2), torch.zeros(2, 3), torch.zeros(2, dtype=torch.long), likelihood="poisson")
+    with pytest.raises(ValueError, match="unknown rule"):
+        make_rule("lbfgs", pb)
+    with pytest.raises(ValueError, match="zero step"):
+        step_agreement(torch.zeros(3), torch.ones(3))
+    with pytest.raises(ValueError, match="NaN|finite"):
+        step_agreement(torch.tensor([1.0, math.nan]), torch.ones(2))
+    with pytest.raises(ValueError, match="lr"):
+        propose("sgd", pb, lr=-1.0)
+    with pytest.raises(ValueError, match="categorical"):
+        propose("reinforce", pb)
+    with pytest.raises(ValueError, match="budget"):
+        train("sgd", pb, budget=0)
+
+
+@pytest.mark.parametrize("alpha, proposal", [(1e-2, "laplace"), (0.5, "ball")])
+def test_reported_stderr_matches_the_spread_of_independent_estimates(alpha, proposal):
+    pb = quadratic(d=3)
+    g, H = closed_form(pb)
+    eps = 2.0 * float(newton_update(g, H).norm())
+    reps = [ideal_update(pb, alpha, radius=eps, n_samples=2000, proposal=proposal,
+                         generator=torch.Generator().manual_seed(100 + i)) for i in range(40)]
+    est = torch.stack([r.delta for r in reps])
+    spread = est.std(0)
+    reported = torch.stack([r.stderr for r in reps]).mean(0)
+    ratio = spread / reported
+    # 40 replicates: the sample std is within ±35 % of the true one with overwhelming probability
+    assert bool(((ratio > 0.6) & (ratio < 1.5)).all()), ratio
+
+
+def test_set_batch_is_validated_and_read_by_the_rules():
+    pb = softmax_regression()
+    other = softmax_regression(seed=1)
+    with pytest.raises(ValueError, match="empty batch"):
+        pb.set_batch(torch.zeros(0, 5, dtype=torch.float64), torch.zeros(0, dtype=torch.long))
+    assert pb.inputs.shape[0] == 40                                   # the old batch is kept on error
+    rule = make_rule("hessian_free", pb, cg_iters=3)
+    pb.set_batch(other.inputs, other.targets)
+    other.set_flat_params(pb.flat_params())
+    a = make_rule("hessian_free", other, cg_iters=3)
+    rule.step()
+    a.step()
+    torch.testing.assert_close(pb.flat_params(), other.flat_params(), rtol=0, atol=0)   # same batch, same step
+
+
+def test_grad_hessian_matches_autograd():
+    pb = softmax_regression()
+    g, H = pb.grad_hessian()
+    f = pb.flat_loss()
+    H_ref = torch.autograd.functional.hessian(f, pb.flat_params())
+    torch.testing.assert_close(H, H_ref, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(g, torch.autograd.functional.jacobian(f, pb.flat_params()), rtol=1e-10, atol=1e-12)
+
+
+def _direct_kfac(pb):
+    from taskloss.curvature import KFAC
+    opt = torch.optim.SGD(pb.model.parameters(), lr=0.2)
+    kfac = KFAC(pb.model, damping=1e-2 + pb.weight_decay, fisher_type="exact", decay=0.0, inverse_update_interval=1,
+                generator=torch.Generator().manual_seed(0))
+
+    def step():
+        opt.zero_grad()
+        out = pb.model(pb.inputs)
+        pb.surrogate_from_outputs(out).backward(retain_graph=True)
+        kfac.update(out, pb.targets)
+        kfac.step()
+        opt.step()
+    return step
+
+
+def _direct_clipped(pb):
+    from taskloss.dynamics import ClippedSGD
+    opt = ClippedSGD(pb.model.parameters(), lr=0.5, gamma=0.1)
+
+    def closure():
+        opt.zero_grad()
+        loss = pb.surrogate()
+        loss.backward()
+        return loss
+    return lambda: opt.step(closure)
+
+
+def _direct_hf(pb):
+    from taskloss.curvature import HessianFree
+    opt = HessianFree(dict(pb.model.named_parameters()), pb.model, lr=1.0, damping=1e-2 + pb.weight_decay,
+                      cg_iters=4, adapt_damping=True)
+
+    def closure():
+        opt.zero_grad()
+        loss = pb.surrogate()
+        loss.backward()
+        return loss
+    return lambda: opt.step(closure, pb.inputs)
+
+
+def _direct_zo(pb):
+    from torch.func import functional_call
+
+    from taskloss.search import gaussian_smoothing_grad
+    gen = torch.Generator().manual_seed(4)
+
+    def step():
+        theta = {k: p.detach() for k, p in pb.model.named_parameters()}
+        f = lambda p: pb.surrogate_from_outputs(functional_call(pb.model, p, (pb.inputs,)), p.values())  # noqa: E731
+        g = gaussian_smoothing_grad(f, theta, 1e-2, 5, baseline="antithetic", generator=gen, vectorize=False)
+        with torch.no_grad():
+            for k, p in pb.model.named_parameters():
+                p.sub_(0.3 * g[k])
+    return step
+
+
+@pytest.mark.parametrize("name, hp, direct", [
+    ("kfac", dict(lr=0.2, damping=1e-2, seed=0), _direct_kfac),
+    ("clipped_sgd", dict(lr=0.5, gamma=0.1), _direct_clipped),
+    ("hessian_free", dict(lr=1.0, damping=1e-2, cg_iters=4, adapt_damping=True), _direct_hf),
+    ("zo_gaussian", dict(lr=0.3, sigma=1e-2, num_samples=5, seed=4), _direct_zo),
+])
+def test_more_wrapped_rules_equal_direct_use_bit_for_bit(name, hp, direct):
+    pb, other = softmax_regression(), softmax_regression()
+    rule, step = make_rule(name, pb, **hp), direct(other)
+    for _ in range(3):
+        rule.step()
+        step()
+    for a, b in zip(_params(pb.model), _params(other.model)):
+        assert torch.equal(a, b), name
