@@ -498,9 +498,10 @@ plt.show()
 
 # %% [markdown]
 # *Figure: bars start at 0; error bars are t-intervals of the mean over the seeds, 68 % with fewer than
-# four seeds (with two, a 95 % interval spans about ±9 standard deviations), dots are single seeds. EMO alone (orange, green)
-# raises held-out perplexity and lowers the predictive entropy; mixed with MLE (red) it stays within about
-# 20 % of MLE's (blue) perplexity. The frontier-MiniLM differences are within the seed spread at this size.*
+# four seeds (with two, a 95 % interval spans about ±9 standard deviations), dots are single seeds.
+# EMO alone (orange, green) raises held-out perplexity and lowers the predictive entropy; mixed with MLE
+# (red) it stays within about 20 % of MLE's (blue) perplexity. The frontier-MiniLM differences are within
+# the seed spread at this size.*
 
 # %% [markdown]
 # ## 4 · Experiment: from scratch
