@@ -59,6 +59,7 @@ from taskloss import curvature as C
 from taskloss.curvature import KFAC
 from taskloss.datasets import load_digits_splits
 from taskloss.models import MLP
+from taskloss.runner.plotting import label_axes, median_band
 
 run = taskloss.runner.start("07_fisher_approximations", output_dir, device=device, seed=seed)
 dev = run.device
@@ -142,16 +143,19 @@ print("S:", sample_sizes, "\nrelative error:", [f"{e:.3f}" for e in mc_err], f"\
 assert -0.65 < slope < -0.35, slope
 run.record("mc_fisher/error_slope", float(slope))
 
-fig, ax = plt.subplots(figsize=(4.2, 3))
+fig, ax = plt.subplots(figsize=(5, 3.6))
 ax.loglog(sample_sizes, mc_err, "o-", label="MC Fisher")
 ax.loglog(sample_sizes, mc_err[0] * np.sqrt(sample_sizes[0] / np.array(sample_sizes)), "k--",
           label=r"$\propto 1/\sqrt{S}$")
-ax.axhline(ef_gap, color="C3", ls=":", label="empirical Fisher (any S)")
-ax.set_xlabel("sampled labels per example $S$")
-ax.set_ylabel(r"$\|\hat F - F\|_F / \|F\|_F$")
-ax.legend(fontsize=8)
+ax.axhline(ef_gap, color="C3", ls=":", label="empirical Fisher (any $S$)")
+label_axes(ax, "sampled labels per example $S$", r"relative error $\|\hat F - F\|_F / \|F\|_F$",
+           lower_is_better=True)
 run.savefig(fig, "mc_fisher_error.png")
 plt.show()
+
+# %% [markdown]
+# *Figure: the Monte-Carlo Fisher's error (root-mean-square over 6 draws per $S$) follows the $1/\sqrt S$
+# line; the empirical Fisher's gap (dotted) is a fixed bias that no $S$ removes.*
 
 # %% [markdown]
 # The empirical Fisher does not converge to $F$ with more computation: its gap is a bias, not noise.
@@ -267,20 +271,26 @@ for k, (lr, _) in best.items():
     print(f"{k:>22}: best lr {lr:<5} steps to reach ‖θ − θ̂‖ < {TOL} from each start "
           f"(None: not within 100): {steps_to_opt[k]}")
 
+# %%
 fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), sharey=True)
 for ax, (k, d) in zip(axes, directions.items()):
     u = d / d.norm(dim=-1, keepdim=True)
     quiv = ax.quiver(grid[:, 0], grid[:, 1], u[:, 0], u[:, 1], angles[k], cmap="viridis", clim=(0, 180),
                      scale=25, width=0.004)
-    for p in best[k][1]:
-        ax.plot(p[:, 0], p[:, 1], "-", color="C3", lw=1.2, marker=".", ms=3)
-    ax.plot(*theta_hat, "k*", ms=12)
-    ax.set_title(f"{k}\nbest lr {best[k][0]}, median angle {angles[k].median():.0f}°")
-    ax.set_xlabel(r"$\theta_1$ (slope)")
-axes[0].set_ylabel(r"$\theta_2$ (intercept)")
-fig.colorbar(quiv, ax=axes, label="angle between step and direction to optimum (°)", shrink=0.85)
+    for i, p in enumerate(best[k][1]):
+        ax.plot(p[:, 0], p[:, 1], "-", color="C3", lw=1.2, marker=".", ms=3,
+                label="trajectories from 4 starts (best lr)" if i == 0 else None)
+    ax.plot(*theta_hat, "k*", ms=12, label=r"optimum $\hat\theta$")
+    label_axes(ax, r"$\theta_1$ (slope, dimensionless)", r"$\theta_2$ (intercept, dimensionless)" if ax is axes[0]
+               else "", f"{k}\nbest lr {best[k][0]}, median angle {angles[k].median():.0f}°", legend=ax is axes[0])
+fig.colorbar(quiv, ax=axes, label="angle between step and direction to $\\hat\\theta$ (°)", shrink=0.85)
 run.savefig(fig, "regression_vector_fields.png")
 plt.show()
+
+# %% [markdown]
+# *Figure: arrows are unit step directions coloured by their angle to the optimum (dark = aimed at it).
+# NGD's arrows all point at $\hat\theta$ and its trajectories arrive in one step; the empirical-Fisher
+# arrows bend away (bright), and its trajectories wander.*
 
 # %%
 # NGD: every direction points at the optimum and one unit step lands on it.
@@ -456,25 +466,60 @@ for task, m, s in tqdm(jobs, desc="training runs"):
     results[task][m].append(train(task, m, s))
 
 # %%
-fig, axes = plt.subplots(2, 2, figsize=(12, 8))
-for row, task in enumerate(TASKS):
-    for col, xkey in enumerate(["iteration", "seconds"]):
-        ax = axes[row, col]
-        for i, m in enumerate(METHODS):
-            for j, h in enumerate(results[task][m]):
-                h = np.array(h)
-                ax.plot(h[:, 0 if xkey == "iteration" else 1], h[:, 2], color=f"C{i}", alpha=0.85,
-                        lw=1.2, label=m if j == 0 else None, marker="." if m == "Hessian-free" else None)
-        ax.set_yscale("log")
-        ax.set_xlabel(xkey if xkey == "iteration" else "training seconds (evaluation excluded)")
-        ax.set_ylabel(f"{task}: full-train loss")
-        if xkey == "iteration":
-            ax.set_xscale("symlog", linthresh=10)
-axes[0, 0].legend(fontsize=8)
-fig.suptitle(f"digits, {n_seeds} seeds (one line each)")
-fig.tight_layout()
-run.savefig(fig, "training_curves.png")
-plt.show()
+FAMILIES = {"first-order": ["SGD", "Adam"], "diagonal curvature": ["diag Fisher", "diag emp. Fisher"],
+            "structured curvature": ["K-FAC", "Hessian-free"]}
+COLOR = {m: f"C{i}" for i, m in enumerate(METHODS)}
+YLABEL = {"classifier": "full-train cross-entropy\n(nats per example)",
+          "autoencoder": r"full-train $\frac{1}{2}\|x - f(x)\|^2$" + "\n(per example)"}
+
+
+def curve_panel(ax, task, members, xcol):
+    """One task, one method family: each member's median over seeds with its min–max band (for the clock,
+    x is the median over seeds); the other methods' medians in light grey for reference."""
+    for m in METHODS:
+        h = np.array(results[task][m])                       # [seeds, evals, (step, seconds, loss)]
+        x = h[0, :, 0] if xcol == 0 else np.median(h[:, :, 1], 0)
+        if m in members:
+            median_band(ax, x, h[:, :, 2], label=m, color=COLOR[m], quantiles=(0.0, 1.0), lw=1.5,
+                        marker="." if m == "Hessian-free" else None)
+        else:
+            ax.plot(x, np.median(h[:, :, 2], 0), color="0.8", lw=0.9, zorder=0)
+    if xcol == 0:
+        ax.set_xscale("symlog", linthresh=10)
+
+
+# %%
+def curve_grid(xcol, xlabel, filename):
+    """Rows: tasks; columns: method families; one shared legend below."""
+    fig, axes = plt.subplots(len(TASKS), len(FAMILIES), figsize=(13, 8), sharex="row", sharey="row")
+    for row, task in enumerate(TASKS):
+        for col, (family, members) in enumerate(FAMILIES.items()):
+            curve_panel(axes[row, col], task, members, xcol)
+            label_axes(axes[row, col], xlabel if row == len(TASKS) - 1 else "",
+                       YLABEL[task] if col == 0 else "", f"{task} · {family}",
+                       lower_is_better=True if col == 0 else None, logy=True, legend=False)
+    handles = [plt.Line2D([], [], color=COLOR[m], lw=2, label=m) for m in METHODS]
+    handles.append(plt.Line2D([], [], color="0.8", lw=1, label="other families (median)"))
+    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=9, frameon=False)
+    fig.suptitle(f"digits: median over {n_seeds} seeds, shaded band = min–max over seeds")
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    run.savefig(fig, filename)
+    plt.show()
+
+curve_grid(0, "iteration (symlog)", "training_curves.png")
+
+# %% [markdown]
+# *Figure: one panel per problem and method family, the other families in grey. Per iteration, Hessian-free
+# falls fastest over its few steps and K-FAC ends lowest on both problems; the diagonal preconditioners end
+# between SGD/Adam and K-FAC on the classifier and level with SGD/Adam on the autoencoder.*
+
+# %%
+curve_grid(1, "training seconds (median over seeds)", "training_curves_seconds.png")
+
+# %% [markdown]
+# *Figure: the same runs against training clock on this machine (evaluation excluded). Hessian-free's
+# expensive steps stretch it to the right; how K-FAC compares with Adam at equal clock depends on the machine
+# and its load (printed below; `benchmarks/bench_curvature.py` measures it in one quiet process).*
 
 # %%
 summary = {}

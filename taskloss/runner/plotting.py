@@ -57,7 +57,7 @@ def bars_with_interval(ax, labels: Sequence[str], values: Sequence[Sequence[floa
     the axis, never silently cut). Returns the bar container."""
     if len(labels) != len(values) or not labels:
         raise ValueError("bars_with_interval needs one sequence of values per label")
-    stats = [mean_interval(np.asarray(v, dtype=np.float64)) for v in values]
+    stats = [mean_interval(np.asarray(v, dtype=np.float64), confidence) for v in values]
     means = np.array([float(m) for m, _, _ in stats])
     err = np.array([[float(m - lo) for m, lo, _ in stats], [float(hi - m) for m, _, hi in stats]])
     bars = ax.bar(range(len(labels)), means, yerr=err, capsize=4, color=colors)

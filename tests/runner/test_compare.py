@@ -113,3 +113,22 @@ def test_plotting_helpers():
     with pytest.raises(ValueError, match="shape"):
         seed_band(ax, [0, 1, 2], [[1.0, 2.0]])
     plt.close(fig)
+
+
+def test_bars_with_interval_draws_the_interval_at_the_confidence_asked_for():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    values = [[1.0, 1.5, 0.7, 1.2]]
+    half_width = {}
+    for conf in (0.68, 0.95):
+        fig, ax = plt.subplots()
+        bars = bars_with_interval(ax, ["a"], values, confidence=conf)
+        segments = bars.errorbar.lines[2][0].get_segments()
+        half_width[conf] = float(segments[0][1][1] - segments[0][0][1]) / 2
+        m, lo, hi = mean_interval(np.asarray(values[0]), conf)
+        assert np.isclose(half_width[conf], float(hi - m))
+        plt.close(fig)
+    assert half_width[0.68] < half_width[0.95]
