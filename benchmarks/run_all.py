@@ -74,7 +74,7 @@ def bench_sections(text: str, key: str) -> dict[str, str]:
 def target_rows(section: str) -> list[tuple[str, str, str]]:
     """(case, columns, verdicts) of every table row of one benchmark section that carries a ✓/✗ target mark.
 
-    ``case`` is the row's first three cells (what was measured), ``verdicts`` each marked cell as
+    ``case`` is the row's first four cells (what was measured), ``verdicts`` each marked cell as
     ``header: value``, so the summary says which ratio met or missed which target.
     """
     rows, header = [], None
@@ -90,7 +90,7 @@ def target_rows(section: str) -> list[tuple[str, str, str]]:
             continue
         marked = [(h, c) for h, c in zip(header, cells) if "✓" in c or "✗" in c]
         if marked:
-            case = " · ".join(c for c in cells[:3] if c and "✓" not in c and "✗" not in c)
+            case = " · ".join(c for c in cells[:4] if c and "✓" not in c and "✗" not in c)
             rows.append((case, "; ".join(f"{h}: {c}" for h, c in marked), "✗" if any("✗" in c for _, c in marked)
                          else "✓"))
     return rows
