@@ -14,9 +14,11 @@
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from typing import Callable
@@ -94,3 +96,18 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
     totals = [e["args"]["Total Allocated"] for e in events
               if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
     return (max(totals) - totals[0]) if totals else 0
+
+
+@contextlib.contextmanager
+def quiet_stderr():
+    """Silence file descriptor 2 for the block: the CPU profiler behind :func:`peak_bytes` logs start/stop lines
+    from its C++ side there, which would bury a benchmark's report."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 2)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)

@@ -26,8 +26,6 @@ baseline). Target: Gauss–Legendre needs at most half the steps of the best Rie
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import statistics
 import sys
 import time
@@ -37,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import peak_bytes, sync  # noqa: E402
+from _timing import peak_bytes, quiet_stderr, sync  # noqa: E402
 
 from taskloss.attribution import METHODS, EmbeddingIntegratedGradients, IntegratedGradients  # noqa: E402
 from taskloss.lm import load_pretrained_lm  # noqa: E402
@@ -47,18 +45,6 @@ from taskloss.utils import resolve_device  # noqa: E402
 SPEED_TARGET, STEPS_TARGET, TOL = 1.5, 0.5, 1e-3
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """The CPU profiler behind peak_bytes logs start/stop lines on fd 2; keep the report readable."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 def _interleaved(fns: dict, device, repeats: int) -> dict:
@@ -146,7 +132,7 @@ def speed(device, quick: bool, repeats: int):
         _, fns, a, b = build()
         rel = float((a - b).abs().max() / a.abs().max())
         t = _interleaved(fns, device, repeats)
-        with _quiet_stderr():
+        with quiet_stderr():
             mem = {k: peak_bytes(fns[k], device) for k in ("ours", "captum")}
         rows.append(dict(label=label, method=method, n_steps=n_steps, batch=a.shape[0], rel=rel, **t,
                          mem_ours=mem["ours"], mem_captum=mem["captum"]))

@@ -31,7 +31,6 @@ embeddings and B×B scores; against the cached sentence-transformers loss: not s
 from __future__ import annotations
 
 import argparse
-import contextlib
 import functools
 import os
 import statistics
@@ -46,7 +45,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import peak_bytes, sync  # noqa: E402
+from _timing import peak_bytes, quiet_stderr, sync  # noqa: E402
 
 from taskloss.contrastive import accumulated_backward, info_nce, paragraph_pairs  # noqa: E402
 from taskloss.utils import resolve_device  # noqa: E402
@@ -55,18 +54,6 @@ TIME_TARGET = 1.25
 TAU = 0.05
 
 
-@contextlib.contextmanager
-def _quiet_stderr():
-    """The CPU profiler's C++ side logs start/stop lines on fd 2; keep the report readable."""
-    sys.stderr.flush()
-    saved = os.dup(2)
-    with open(os.devnull, "w") as null:
-        os.dup2(null.fileno(), 2)
-        try:
-            yield
-        finally:
-            os.dup2(saved, 2)
-            os.close(saved)
 
 
 def build_st_model(encoder: str, max_tokens: int, device, folder: str):
@@ -157,7 +144,7 @@ def flops(fn) -> int:
 
 def peak(fn, model, device) -> int:
     model.zero_grad(set_to_none=False)
-    with _quiet_stderr():
+    with quiet_stderr():
         return peak_bytes(fn, device)
 
 
