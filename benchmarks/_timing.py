@@ -14,6 +14,7 @@
 """
 from __future__ import annotations
 
+import argparse
 import contextlib
 import json
 import os
@@ -111,3 +112,14 @@ def quiet_stderr():
         finally:
             os.dup2(saved, 2)
             os.close(saved)
+
+
+def add_timing_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options every interleaved-timing benchmark shares: device, --quick, --repeats, --statistic, --clock."""
+    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
+    ap.add_argument("--quick", action="store_true", help="one small configuration, few repeats")
+    ap.add_argument("--repeats", type=int, default=None)
+    ap.add_argument("--statistic", default="median", choices=["median", "min"],
+                    help="median of the interleaved rounds (default) or the fastest one (a busy machine)")
+    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
+                    help="wall clock (default) or the thread's CPU time (a busy machine; CPU device, 1 thread)")

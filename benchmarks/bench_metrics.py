@@ -32,7 +32,7 @@ from rapidfuzz.distance import Levenshtein
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import interleaved_median_times, peak_bytes  # noqa: E402
+from _timing import add_timing_arguments, interleaved_median_times, peak_bytes  # noqa: E402
 
 from taskloss.losses import edit_distance  # noqa: E402
 from taskloss.utils import resolve_device  # noqa: E402
@@ -107,13 +107,7 @@ def format_markdown(rows, device, repeats, statistic="median", clock="wall") -> 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--quick", action="store_true", help="one small configuration, few repeats")
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--statistic", default="median", choices=["median", "min"],
-                    help="median of the interleaved rounds (default) or the fastest one (a busy machine)")
-    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
-                    help="wall clock (default) or the thread's CPU time (a busy machine; CPU device, 1 thread)")
+    add_timing_arguments(ap)
     args = ap.parse_args(argv)
     device = resolve_device(args.device)
     if args.quick:

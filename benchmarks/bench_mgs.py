@@ -36,7 +36,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _timing import interleaved_median_times, peak_bytes  # noqa: E402
+from _timing import add_timing_arguments, interleaved_median_times, peak_bytes  # noqa: E402
 
 from taskloss.datasets import load_digits_splits  # noqa: E402
 from taskloss.models import MLP  # noqa: E402
@@ -157,13 +157,7 @@ def format_markdown(rows, device, repeats, rate, statistic="median", clock="wall
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--device", default="auto", choices=["auto", "cpu", "cuda"])
-    ap.add_argument("--quick", action="store_true", help="one small configuration, few repeats")
-    ap.add_argument("--repeats", type=int, default=None)
-    ap.add_argument("--statistic", default="median", choices=["median", "min"],
-                    help="median of the interleaved rounds (default) or the fastest one (a busy machine)")
-    ap.add_argument("--clock", default="wall", choices=["wall", "cpu"],
-                    help="wall clock (default) or the thread's CPU time (a busy machine; CPU device, 1 thread)")
+    add_timing_arguments(ap)
     ap.add_argument("--no-memory", action="store_true", help="skip the (slow) profiler memory measurement")
     args = ap.parse_args(argv)
     device = resolve_device(args.device)

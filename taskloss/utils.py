@@ -5,6 +5,7 @@ uniform and clear (``ValueError`` for bad values, ``TypeError`` for bad types) a
 """
 from __future__ import annotations
 
+import importlib
 import math
 import os
 import random
@@ -21,6 +22,7 @@ __all__ = [
     "resolve_device", "seed_everything",
     "check_positive", "check_nonnegative", "check_probability", "check_int", "check_finite",
     "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids", "count_parameters",
+    "resolve_name",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -207,3 +209,25 @@ def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
+
+
+def resolve_name(dotted: str):
+    """The object a dotted name such as ``taskloss.search.mgs.MGS`` denotes: the longest importable module prefix,
+    then attribute access for the rest. Raises ``LookupError`` when no prefix imports or an attribute is missing
+    (the docstring-link checks of the layout tests and the book use it)."""
+    if not isinstance(dotted, str):
+        raise TypeError(f"dotted must be a str, got {type(dotted).__name__}")
+    parts = dotted.split(".")
+    if not dotted or not all(parts):
+        raise ValueError(f"dotted must be a non-empty dotted name, got {dotted!r}")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for attr in parts[i:]:
+            if not hasattr(obj, attr):
+                raise LookupError(f"{dotted}: {'.'.join(parts[:i])} has no attribute path {'.'.join(parts[i:])}")
+            obj = getattr(obj, attr)
+        return obj
+    raise LookupError(f"{dotted}: no prefix of it is an importable module")

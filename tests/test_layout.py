@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from taskloss.utils import REPO_ROOT
+from taskloss.utils import REPO_ROOT, resolve_name
 
 PKG = REPO_ROOT / "taskloss"
 NOTEBOOK_IDS = {p.stem[:2]: p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py")}
@@ -146,18 +146,11 @@ _REF = re.compile(r"\btaskloss(?:\.[A-Za-z_]\w*)+")
 
 
 def _resolves(ref: str) -> bool:
-    parts = ref.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for attr in parts[i:]:
-            if not hasattr(obj, attr):
-                return False
-            obj = getattr(obj, attr)
-        return True
-    return False
+    try:
+        resolve_name(ref)
+    except LookupError:
+        return False
+    return True
 
 
 def _prose_files():
@@ -190,3 +183,17 @@ def test_docstring_notebook_references_exist(module):
         if full[:2] in NOTEBOOK_IDS:
             assert full == NOTEBOOK_IDS[full[:2]] or NOTEBOOK_IDS[full[:2]].startswith(full), \
                 f"{module} names {full}, but notebook {full[:2]} is {NOTEBOOK_IDS[full[:2]]}"
+
+
+def test_resolve_name_finds_modules_and_attributes_and_refuses_the_rest():
+    import taskloss.search.mgs as mgs_module
+
+    assert resolve_name("taskloss.search.mgs") is mgs_module
+    assert resolve_name("taskloss.search.mgs.MGS") is mgs_module.MGS
+    for missing in ("taskloss.search.no_such_name", "no_such_package.x"):
+        with pytest.raises(LookupError, match="no"):
+            resolve_name(missing)
+    with pytest.raises(ValueError, match="dotted name"):
+        resolve_name("taskloss..search")
+    with pytest.raises(TypeError, match="str"):
+        resolve_name(3)

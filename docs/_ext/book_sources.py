@@ -33,6 +33,8 @@ from sphinx.config import Config
 from sphinx.pycode import ModuleAnalyzer
 from sphinx.util import logging
 
+from taskloss.utils import resolve_name
+
 logger = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -204,18 +206,10 @@ def _role(obj) -> str:
 
 def resolve(dotted: str):
     """The object a dotted ``taskloss`` name denotes (import the longest module prefix, then getattr), or None."""
-    parts = dotted.split(".")
-    for i in range(len(parts), 0, -1):
-        try:
-            obj = importlib.import_module(".".join(parts[:i]))
-        except ImportError:
-            continue
-        for attr in parts[i:]:
-            if not hasattr(obj, attr):
-                return None
-            obj = getattr(obj, attr)
-        return obj
-    return None
+    try:
+        return resolve_name(dotted)
+    except LookupError:
+        return None
 
 
 def documented_target(dotted: str) -> tuple[str, str] | None:
