@@ -544,7 +544,7 @@ _ = run.say("**Experiment (this run: {n_seeds} seeds, {n_epochs} epoch(s) of {n_
 # that batch size does not matter. all-MiniLM-L6-v2 was itself trained contrastively with very large batches, so
 # fine-tuning it is a harder place for a batch-size effect to show than training from scratch (GradCache's
 # setting). `params/10_contrastive_accumulation/full.yaml` is the real run: all 1920 training pairs, 32-token
-# texts, two epochs, B = 8 against B = 64, five seeds, the whole held-out pool (about 12 CPU-minutes).
+# texts, two epochs, B = 8 against B = 64, ten seeds, the whole held-out pool (about 25 CPU-minutes).
 #
 # **Try this.**
 #

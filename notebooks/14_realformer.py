@@ -472,7 +472,7 @@ between models of which the Post-LN layouts have not left the unigram level, so 
 paper's sparser-attention claim at this budget. With {seeds} seeds the paired comparisons decide only large,
 consistent effects: RealFormer against Post-LN reads **{best_nll/realformer_vs_post.verdict}** on the best
 validation NLL and **{entropy/realformer_vs_post.verdict}** on attention entropy (lower = sparser) here; the full
-run's five seeds decide more.""",
+run's ten seeds decide more.""",
         rf_ratio=float(norms_rf[0] / norms_post[0]), deep_layers=deep_layers, steps=steps, lrs=lrs, seeds=seeds,
         unigram=unigram, p_post=np.round(ppl["post"], 1).tolist(), p_pre=np.round(ppl["pre"], 1).tolist(),
         p_rf=np.round(ppl["realformer"], 1).tolist())
