@@ -302,8 +302,8 @@ for k, mk in zip(kinds, "osD^"):
     for ax, x in zip(axes, (np.array(grid[k]), np.array([evals[k](n) for n in grid[k]]))):
         ax.plot(x, m, mk + "-", label=k)
         ax.fill_between(x, lo, hi, alpha=0.25, color=ax.lines[-1].get_color(), linewidth=0)
-for ax, xl in zip(axes, ("directions n (log scale)", "function evaluations (log scale)")):
-    ax.plot(n_grid, closed, "k:", label="antithetic closed form $(d+1)/n$")
+for ax, xl, per in zip(axes, ("directions n (log scale)", "function evaluations (log scale)"), (1, 2)):
+    ax.plot(per * np.array(n_grid), closed, "k:", label="antithetic closed form $(d+1)/n$")
     label_axes(ax, xl, "$E\\|\\hat g - g\\|^2 / \\|g\\|^2$", logx=True, logy=True, lower_is_better=True)
 axes[0].set_title(f"variance vs n (d = {dim}, σ = {sigma}, f(θ) ≈ {np.mean(f_levels):.0f})")
 axes[1].set_title("same, per function evaluation")
