@@ -330,7 +330,10 @@ print(f"closed form inside the antithetic curve's 95 % interval at {covered.sum(
 for k in kinds:
     assert -1.2 < slopes[k] < -0.8, (k, slopes[k])
 assert (ratio_value > 5).all() and (ratio_loo > 3).all()
-assert (np.abs(ratio_closed - 1) < 0.15).all()   # 500 pooled draws per n: the mean is within a few % of (d+1)/n
+# The closed form must sit within ~4 standard errors of the pooled mean at every n. A fixed 15 % bound failed at
+# n = 1 on seed 5 (0.822): one-direction squared errors are heavy-tailed, so 300 draws leave ~9 % standard error.
+half = mse["antithetic"][2] - mse["antithetic"][0]                 # 95 % half-width = 1.96 standard errors
+assert (np.abs(mse["antithetic"][0] - closed) < 2.2 * half).all(), ratio_closed
 j16 = n_grid.index(16)
 _ = run.record("baselines/variance_reduction_value_baseline_n16", float(ratio_value[j16]), headline=True)
 _ = run.record("baselines/variance_reduction_loo_n16", float(ratio_loo[j16 - 1]))
