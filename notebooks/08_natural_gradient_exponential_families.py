@@ -113,7 +113,7 @@ print("device:", dev)
 # $\sqrt2$ (`sym_to_vec`). It preserves inner products, $\langle A, B\rangle = \operatorname{tr}(AB) =
 # \mathrm{vec}_s(A)\cdot\mathrm{vec}_s(B)$, so gradients and Fisher matrices in these coordinates are the honest
 # ones (a plain $d^2$ vectorization would make $F$ singular along antisymmetric directions). A Gaussian in $d$
-# dimensions thus has $p = d + d(d+1)/2$ natural coordinates.
+# dimensions thus has $n_\lambda = d + d(d+1)/2$ natural coordinates.
 #
 # First the 1-D case from scratch: $A(\lambda_1,\lambda_2) = -\lambda_1^2/(4\lambda_2) - \tfrac12\log(-2\lambda_2) +
 # \tfrac12\log 2\pi$, whose Hessian should be $\operatorname{Cov}[(z, z^2)] = \begin{pmatrix} v & 2mv\\ 2mv & 2v^2+4m^2v
@@ -352,9 +352,10 @@ plt.show()
 # on the same draws $\varepsilon_1,\dots,\varepsilon_S$, and the estimate is $\hat F^{-1}\hat g$. It needs only
 # first derivatives of $f$, but two things set it apart from the direct Bonnet/Price route of section 3:
 #
-# * it is a **ratio** of two noisy estimates, hence biased at finite $S$ (the bias shrinks like $1/S$);
+# * it is a **ratio** of two noisy estimates, hence biased at finite $S$ (to first order the bias of a ratio
+#   shrinks like $1/S$);
 # * each sample's Jacobian $\partial T(z_s)/\partial\lambda$ passes through the $d$-dimensional $z_s$, so it has rank
-#   at most $d$ while $F$ is $p\times p$ with $p = d + d(d+1)/2$: $\hat F$ is singular for $S < p/d$ and
+#   at most $d$ while $F$ is $n_\lambda\times n_\lambda$: $\hat F$ is singular for $S < n_\lambda/d$ and
 #   ill-conditioned a little above.
 #
 # The implementation uses the chain rule through $\theta = (m, L)$: $\partial\theta/\partial\lambda$ is
@@ -362,27 +363,27 @@ plt.show()
 # with respect to $\theta$ are taken with `torch.func.jacfwd` for all `n_reps` replications at once.
 
 # %%
-p = d + d * (d + 1) // 2
+n_lam = d + d * (d + 1) // 2
 rows_s = torch.cat([torch.arange(d), torch.triu_indices(d, d, offset=1)[0]]).to(dev)   # the vec_s layout
 cols_s = torch.cat([torch.arange(d), torch.triu_indices(d, d, offset=1)[1]]).to(dev)
 scale_s = torch.where(rows_s == cols_s, 1.0, math.sqrt(2.0)).to(D)
 
 
 def theta_of_lam(v):
-    """Natural coordinates [p] → θ = (m, L) flattened [d + d²], with LLᵀ = V (package conversion)."""
+    """Natural coordinates [n_lam] → θ = (m, L) flattened [d + d²], with LLᵀ = V (package conversion)."""
     m_, V_ = gaussian_from_natural(v[:d], vec_to_sym(v[d:]))
     return torch.cat([m_, torch.linalg.cholesky(V_).reshape(-1)])
 
 
 def sample_means(theta, eps):
-    """Means over the draws eps [..., S, d] of (f(z), T(z)) with z = m + Lε → [..., 1 + p]."""
+    """Means over the draws eps [..., S, d] of (f(z), T(z)) with z = m + Lε → [..., 1 + n_lam]."""
     z = theta[:d] + eps @ theta[d:].reshape(d, d).T
     T = torch.cat([z, z[..., rows_s] * z[..., cols_s] * scale_s], -1)
     return torch.cat([vmap(vmap(f2))(z).mean(-1, keepdim=True), T.mean(-2)], -1)
 
 
 lam2d = flat(gaussian_to_natural(m, V))
-dtheta_dlam = torch.autograd.functional.jacobian(theta_of_lam, lam2d)          # [d + d², p], deterministic
+dtheta_dlam = torch.autograd.functional.jacobian(theta_of_lam, lam2d)          # [d + d², n_lam], deterministic
 z_chk = gaussian_samples(m, V, 3, gen)
 eps_of_z = torch.linalg.solve_triangular(torch.linalg.cholesky(V), (z_chk - m).T, upper=False).T
 torch.testing.assert_close(sample_means(theta_of_lam(lam2d), eps_of_z[None])[0, 1:],   # T in the vec_s layout
@@ -390,13 +391,13 @@ torch.testing.assert_close(sample_means(theta_of_lam(lam2d), eps_of_z[None])[0, 
 
 # %%
 def solve_route(eps):
-    """The essay's route: F̂⁻¹ ĝ from draws eps [R, S, d] → [R, p] (one estimate per replication)."""
-    J = jacfwd(sample_means)(theta_of_lam(lam2d), eps) @ dtheta_dlam           # [R, 1 + p, p]
+    """The essay's route: F̂⁻¹ ĝ from draws eps [R, S, d] → [R, n_lam] (one estimate per replication)."""
+    J = jacfwd(sample_means)(theta_of_lam(lam2d), eps) @ dtheta_dlam           # [R, 1 + n_lam, n_lam]
     return torch.linalg.solve(J[:, 1:], J[:, 0])
 
 
 def direct_route(eps):
-    """Bonnet + Price on the same draws: (E[∇f] − E[∇²f]m, ½E[∇²f]) → [R, p]."""
+    """Bonnet + Price on the same draws: (E[∇f] − E[∇²f]m, ½E[∇²f]) → [R, n_lam]."""
     z = m + eps @ torch.linalg.cholesky(V).T
     g, H = vmap(vmap(grad(f2)))(z), vmap(vmap(hessian(f2)))(z)
     return torch.cat([(g - H @ m).mean(-2), sym_to_vec(0.5 * H.mean(-3))], -1)
@@ -406,7 +407,7 @@ def direct_route(eps):
 eps_chk = torch.randn(1, 64, d, dtype=D, device=dev, generator=torch.Generator(device=dev).manual_seed(7))
 pkg = gaussian_natural_gradient(f2, m, V, 64, torch.Generator(device=dev).manual_seed(7))
 torch.testing.assert_close(direct_route(eps_chk)[0], flat((pkg[0].mean, pkg[1].mean)))
-print(f"p = {p} natural coordinates; each sample's ∂T/∂λ has rank ≤ d = {d}")
+print(f"n_λ = {n_lam} natural coordinates; each sample's ∂T/∂λ has rank ≤ d = {d}")
 
 # %%
 exact_nat = nat_grad_exact["2-D"]
@@ -414,7 +415,7 @@ sq_err, bias_rel, bias_z = {"solve": [], "direct": []}, {"solve": [], "direct": 
 for S in tqdm(mc_sizes, desc="samples per estimate", leave=False):
     eps = torch.randn(n_reps, S, d, dtype=D, device=dev, generator=gen)
     for route, fn in (("solve", solve_route), ("direct", direct_route)):
-        err = fn(eps) - exact_nat                                                  # [R, p]
+        err = fn(eps) - exact_nat                                                  # [R, n_lam]
         sq_err[route].append(err.square().sum(-1).cpu().numpy())
         bias_rel[route].append(float(err.mean(0).norm() / exact_nat.norm()))
         bias_z[route].append(float((err.mean(0) / (err.std(0) / math.sqrt(n_reps))).abs().max()))
@@ -497,7 +498,8 @@ for d_e in (1, 2, 3):
     ent = lambda v: MultivariateNormal(*gaussian_from_natural(v[:d_e], vec_to_sym(v[d_e:]))).entropy()  # noqa: E731
     nat = torch.linalg.solve(gaussian_natural_fisher(le1, le2), torch.autograd.functional.jacobian(ent, lam_e))
     torch.testing.assert_close(nat, -lam_e)
-    ent_mu = lambda v: MultivariateNormal(*gaussian_from_expectation(v[:d_e], vec_to_sym(v[d_e:]))).entropy()  # noqa: E731
+    ent_mu = lambda v: MultivariateNormal(  # noqa: E731
+        *gaussian_from_expectation(v[:d_e], vec_to_sym(v[d_e:]))).entropy()
     torch.testing.assert_close(torch.autograd.functional.jacobian(ent_mu, mu_e), -lam_e)
     print(f"d={d_e}: F⁻¹∇_λH = -λ and ∇_μH = -λ (max deviation {float((nat + lam_e).abs().max()):.1e})")
 
@@ -562,8 +564,8 @@ print("one natural-gradient VI step: scratch == taskloss")
 # **Exact ELBO and references.** Each term $\log\sigma(y_n x_n^\top z)$ depends on $z$ only through the scalar
 # $a_n = y_n x_n^\top z \sim N(y_n x_n^\top m,\ x_n^\top V x_n)$, so $\mathbb E_q[f]$ is a sum of 1-D Gaussian
 # integrals, which 40-point Gauss–Hermite quadrature evaluates deterministically (cross-checked below against a
-# Monte-Carlo ELBO); the other two terms are closed form. This deterministic ELBO is used to *evaluate* every iterate, and, maximized with L-BFGS over $m$ and a
-# Cholesky factor of $V$, gives the reference optimum $q^* = N(m^*, V^*)$. A second reference is the Laplace
+# Monte-Carlo ELBO); the other two terms are closed form. This deterministic ELBO is used to *evaluate* every
+# iterate, and, maximized with L-BFGS over $m$ and a Cholesky factor of $V$, gives the reference optimum $q^* = N(m^*, V^*)$. A second reference is the Laplace
 # approximation (Newton to the MAP, $V = (-\nabla^2\log p(z\mid y))^{-1}$); being a Gaussian, its ELBO can only be
 # lower. The **gap** of an iterate is $\mathrm{ELBO}(q^*) - \mathrm{ELBO}(q)$ in nats (0 at the optimum).
 
@@ -715,12 +717,11 @@ def chol_of(raw):
 
 # %%
 def adam_race(lrs, n_runs, n_samples, gen_k):
-    """Reparameterization-gradient VI with Adam, every (lr, seed) at once (one parameter group per lr; Adam acts
-    elementwise, so the runs are independent) → gaps [len(lrs), n_runs, len(checkpoints)], final (m, V)."""
+    """Reparameterization VI with Adam for every (lr, seed) at once → gaps [len(lrs), n_runs, len(checkpoints)]."""
     raw0 = torch.diag(torch.full((d,), 0.5 * math.log(prior_var), dtype=D, device=dev))
     params = [(torch.zeros(n_runs, d, dtype=D, device=dev).requires_grad_(),
                raw0.expand(n_runs, d, d).clone().requires_grad_()) for _ in lrs]
-    adam = torch.optim.Adam([dict(params=list(pr), lr=lr) for pr, lr in zip(params, lrs)])
+    adam = torch.optim.Adam([dict(params=list(pr), lr=lr) for pr, lr in zip(params, lrs)])  # runs independent
     def state():
         return torch.stack([pr[0] for pr in params]), chol_of(torch.stack([pr[1] for pr in params]))
 
@@ -849,7 +850,7 @@ plt.show()
 #   $-\nabla\mathcal L$. The cell below estimates eq. (12) by Monte Carlo from $p^* = N(0, I)$ at the essay's start
 #   $\theta_0 = (1, -1)$ and takes one natural step of each sign (notebook 06 treats this example in full).
 # - **"Both terms can be approximated by Monte Carlo" (the general route).** True, and section 4 does it; but the
-#   estimate $\hat F^{-1}\hat g$ is a ratio, biased at finite $S$, and needs $S \ge p/d$ draws before $\hat F$ is
+#   estimate $\hat F^{-1}\hat g$ is a ratio, biased at finite $S$, and needs $S \ge n_\lambda/d$ draws before $\hat F$ is
 #   even invertible — the essay does not say so. Where Bonnet/Price-type identities exist (the Gaussian), the direct
 #   route is unbiased; section 4 measures the difference.
 
@@ -924,7 +925,7 @@ _ = run.say(
 #
 # - A longer budget — does tuned Adam catch up once it has settled?
 #   `python -m taskloss.runner run 08 -p vi_steps 600`
-# - All ten features ($d$ = 11, $p$ = 77 natural coordinates): the per-sample Hessian grows like $d^2$.
+# - All ten features ($d$ = 11, $n_\lambda$ = 77 natural coordinates): the per-sample Hessian grows like $d^2$.
 #   `python -m taskloss.runner run 08 -p n_features 10`
-# - The solve route in its ill-conditioned regime, just above $S = p/d$:
-#   `python -m taskloss.runner run 08 -p mc_sizes "[3, 4, 6, 12, 48]"`
+# - The Monte-Carlo-route sweep with five times the replications and a larger top sample count (sharper bias
+#   estimates): `python -m taskloss.runner run 08 -p n_reps 1000 -p mc_sizes "[8, 32, 128, 512, 2048, 8192]"`
