@@ -414,8 +414,9 @@ exact_nat = nat_grad_exact["2-D"]
 sq_err, bias_rel, bias_z = {"solve": [], "direct": []}, {"solve": [], "direct": []}, {"solve": [], "direct": []}
 for S in tqdm(mc_sizes, desc="samples per estimate", leave=False):
     eps = torch.randn(n_reps, S, d, dtype=D, device=dev, generator=gen)
+    chunks = eps.split(max(1, 2 ** 19 // S))                  # at most ~0.5 M draws per batch bounds the memory
     for route, fn in (("solve", solve_route), ("direct", direct_route)):
-        err = fn(eps) - exact_nat                                                  # [R, n_lam]
+        err = torch.cat([fn(e) for e in chunks]) - exact_nat                       # [R, n_lam]
         sq_err[route].append(err.square().sum(-1).cpu().numpy())
         bias_rel[route].append(float(err.mean(0).norm() / exact_nat.norm()))
         bias_z[route].append(float((err.mean(0) / (err.std(0) / math.sqrt(n_reps))).abs().max()))
