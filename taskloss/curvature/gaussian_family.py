@@ -285,33 +285,64 @@ def gaussian_natural_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torc
 
 
 # ------------------------------------------------------------------------ Gaussian variational inference
+def _step_size(lr, batch_shape: torch.Size):
+    """ρ in (0, 1] as a float, or a tensor of them broadcastable to ``batch_shape``."""
+    if isinstance(lr, torch.Tensor):
+        _tensor("lr", lr, 0)
+        if bool((lr <= 0).any()) or bool((lr > 1).any()):
+            raise ValueError(f"lr must lie in (0, 1] for the natural-parameter update, got values in "
+                             f"[{float(lr.min()):.3g}, {float(lr.max()):.3g}]")
+        try:
+            torch.broadcast_shapes(lr.shape, batch_shape)
+        except RuntimeError as e:
+            raise ValueError(f"lr of shape {tuple(lr.shape)} does not broadcast to the batch shape "
+                             f"{tuple(batch_shape)}") from e
+        return lr
+    rho = check_positive("lr", lr)
+    if rho > 1:
+        raise ValueError(f"lr must lie in (0, 1] for the natural-parameter update, got {lr}")
+    return rho
+
+
 def gaussian_vi_natural_update(m: torch.Tensor, precision: torch.Tensor, grad_mean: torch.Tensor,
-                               hess_mean: torch.Tensor, lr: float, prior_mean: torch.Tensor,
+                               hess_mean: torch.Tensor, lr: float | torch.Tensor, prior_mean: torch.Tensor,
                                prior_precision: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """One natural-gradient ascent step on ``ELBO = E_q[f] + E_q[log N(z; m₀, P₀⁻¹)] + H(q)``, q = N(m, P⁻¹).
 
     In natural parameters ``λ ← (1-ρ)λ + ρ(λ_prior + ∇_μ E_q[f])``, i.e.
-    ``P' = (1-ρ)P + ρ(P₀ - E[∇²f])`` and ``m' = m + ρ P'⁻¹ (E[∇f] - P₀(m - m₀))``, where ``grad_mean`` [d] and
-    ``hess_mean`` [d, d] estimate ``E_q[∇f]``, ``E_q[∇²f]``. ``lr`` ρ in (0, 1]. Returns ``(m', P')``.
-    Derived in notebook 08_natural_gradient_exponential_families.
+    ``P' = (1-ρ)P + ρ(P₀ - E[∇²f])`` and ``m' = m + ρ P'⁻¹ (E[∇f] - P₀(m - m₀))``.
+
+    Args:
+        m, precision: the current q, [..., d] and [..., d, d] (leading batch dimensions update independent
+            runs at once).
+        grad_mean, hess_mean: estimates of ``E_q[∇f]`` [..., d] and ``E_q[∇²f]`` [..., d, d], same shapes.
+        lr: ρ in (0, 1], a float or a tensor broadcastable to the batch shape ``m.shape[:-1]``.
+        prior_mean, prior_precision: ``m₀`` [d] and ``P₀`` [d, d] (or batch-broadcastable).
+
+    Returns ``(m', P')`` with the shapes of ``(m, precision)``. Raises ``ValueError`` on mismatched shapes,
+    ρ outside (0, 1] or a ``P'`` that is not positive definite. Derived in notebook
+    08_natural_gradient_exponential_families.
     """
-    rho = check_positive("lr", lr)
-    if rho > 1:
-        raise ValueError(f"lr must lie in (0, 1] for the natural-parameter update, got {lr}")
     _tensor("m", m)
+    rho = _step_size(lr, m.shape[:-1])
     _cholesky("precision", _square("precision", precision))
-    if m.ndim != 1 or precision.shape != (m.shape[0], m.shape[0]):
-        raise ValueError(f"m must be [d] and precision [d, d], got {tuple(m.shape)} and {tuple(precision.shape)}")
-    for name, x in (("grad_mean", grad_mean), ("prior_mean", prior_mean)):
-        if _tensor(name, x).shape != m.shape:
-            raise ValueError(f"{name} must have shape {tuple(m.shape)}, got {tuple(x.shape)}")
-    for name, x in (("hess_mean", hess_mean), ("prior_precision", prior_precision)):
-        if _tensor(name, x).shape != precision.shape:
-            raise ValueError(f"{name} must have shape {tuple(precision.shape)}, got {tuple(x.shape)}")
-    new_prec = (1 - rho) * precision + rho * (prior_precision - 0.5 * (hess_mean + hess_mean.T))
+    if precision.shape != m.shape + m.shape[-1:]:
+        raise ValueError(f"m must be [..., d] and precision [..., d, d], got {tuple(m.shape)} and "
+                         f"{tuple(precision.shape)}")
+    for name, x, want in (("grad_mean", grad_mean, m.shape), ("hess_mean", hess_mean, precision.shape)):
+        if _tensor(name, x).shape != want:
+            raise ValueError(f"{name} must have shape {tuple(want)}, got {tuple(x.shape)}")
+    _square("prior_precision", prior_precision)
+    _matching("prior_mean", _tensor("prior_mean", prior_mean), "prior_precision", prior_precision)
+    if prior_mean.shape[-1] != m.shape[-1]:
+        raise ValueError(f"prior_mean must have last dimension {m.shape[-1]}, got shape {tuple(prior_mean.shape)}")
+    r = rho.unsqueeze(-1) if isinstance(rho, torch.Tensor) else rho                    # [..., 1]
+    R = r.unsqueeze(-1) if isinstance(rho, torch.Tensor) else rho                      # [..., 1, 1]
+    new_prec = (1 - R) * precision + R * (prior_precision - 0.5 * (hess_mean + hess_mean.transpose(-1, -2)))
     L = _cholesky("updated precision (E[hessian of f] not negative semi-definite? lower lr)", new_prec)
-    step = torch.cholesky_solve((grad_mean - prior_precision @ (m - prior_mean)).unsqueeze(-1), L).squeeze(-1)
-    return m + rho * step, 0.5 * (new_prec + new_prec.T)
+    resid = grad_mean - (prior_precision @ (m - prior_mean).unsqueeze(-1)).squeeze(-1)
+    step = torch.cholesky_solve(resid.unsqueeze(-1), L).squeeze(-1)
+    return m + r * step, 0.5 * (new_prec + new_prec.transpose(-1, -2))
 
 
 class NaturalGaussianVI:

@@ -426,6 +426,29 @@ def test_vi_bad_input():
         NaturalGaussianVI(f, m0, P0, n_samples=0)
 
 
+
+def test_vi_update_batched_equals_loop():
+    """Leading batch dimensions (independent runs, one ρ each) give what a loop over the runs gives."""
+    d, batch = 3, (4, 2)
+    m, P, g, H = vec(d, 11, batch), spd(d, 12, batch), vec(d, 13, batch), -spd(d, 14, batch)
+    m0, P0 = vec(d, 15), spd(d, 16)
+    rho = torch.tensor([0.05, 0.3, 0.7, 1.0], dtype=D).unsqueeze(-1).expand(batch)
+    m_new, P_new = gaussian_vi_natural_update(m, P, g, H, rho, m0, P0)
+    assert m_new.shape == m.shape and P_new.shape == P.shape
+    for i in range(batch[0]):
+        for j in range(batch[1]):
+            ref = gaussian_vi_natural_update(m[i, j], P[i, j], g[i, j], H[i, j], float(rho[i, j]), m0, P0)
+            torch.testing.assert_close((m_new[i, j], P_new[i, j]), ref)
+    with pytest.raises(ValueError, match="lr"):
+        gaussian_vi_natural_update(m, P, g, H, torch.full(batch, 1.5, dtype=D), m0, P0)
+    with pytest.raises(ValueError, match="lr"):
+        gaussian_vi_natural_update(m, P, g, H, torch.full((3,), 0.5, dtype=D), m0, P0)     # does not broadcast
+    with pytest.raises(ValueError, match="precision"):
+        gaussian_vi_natural_update(m, P[0], g, H, 0.5, m0, P0)
+    with pytest.raises(ValueError, match="prior_mean"):
+        gaussian_vi_natural_update(m, P, g, H, 0.5, vec(d + 1, 0), P0)
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_follows_inputs():
