@@ -22,7 +22,9 @@ CPU, in one ``torch.func.vmap`` over stacked parameters on a GPU — see :mod:`t
 split across ranks under ``torch.distributed``).
 
 Cost of a step: one surrogate forward + backward and one optimizer step (an MLE step), K candidate forwards,
-and K draws of P normal numbers (P = number of searched parameters) with a few float64 passes over P each. The
+K draws of P normal numbers (P = number of searched parameters) and a few passes over the K×P noise, done for
+all candidates together in cache-sized chunks (:meth:`taskloss.search.mgs_noise.CandidateDraws.draw_all`); the
+update Σ_k w_k Δθ_k is one matrix-vector product. The
 task loss at the current parameters, l(θ), cancels in the normalized weights, so the step does not compute it:
 :attr:`MGSStats.base_loss` evaluates it on first access (``eager_base_loss=True`` computes it inside the step
 and refuses a non-finite value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor.
