@@ -383,7 +383,9 @@ class KFAC:
         groups = self.optimizer.param_groups
         lrs = [check_positive("optimizer learning rate (for kl_clip)", g["lr"]) for g in groups]
         if len(set(lrs)) == 1:  # one learning rate: lr² Σ vᵀg
-            total = float(torch.stack([(new[k] * ms[k]).sum() for k in new]).sum()) * lrs[0]**2
+            # one dot product per layer (a fused multiply-add reduction, no [out, D] temporary)
+            total = float(torch.stack([torch.dot(new[k].reshape(-1), ms[k].reshape(-1)) for k in new]).sum()) \
+                * lrs[0]**2
         else:
             lr_of = {id(p): lr for g, lr in zip(groups, lrs) for p in g["params"]}
             terms = []

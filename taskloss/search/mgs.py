@@ -22,7 +22,9 @@ CPU, in one ``torch.func.vmap`` over stacked parameters on a GPU — see :mod:`t
 split across ranks under ``torch.distributed``).
 
 Cost of a step: one surrogate forward + backward and one optimizer step (an MLE step), K candidate forwards,
-and K draws of P normal numbers (P = number of searched parameters) with a few float64 passes over P each. The
+K draws of P normal numbers (P = number of searched parameters) and a few passes over the K×P noise, done for
+all candidates together in cache-sized chunks (:meth:`taskloss.search.mgs_noise.CandidateDraws.draw_all`); the
+update Σ_k w_k Δθ_k is one matrix-vector product. The
 task loss at the current parameters, l(θ), cancels in the normalized weights, so the step does not compute it:
 :attr:`MGSStats.base_loss` evaluates it on first access (``eager_base_loss=True`` computes it inside the step
 and refuses a non-finite value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor.
@@ -296,11 +298,11 @@ class MGS(_CandidateScoring):
         return _uniform_from_seed(seed) >= self.mix
 
     def _score_candidates(self, draws: CandidateDraws, theta: Tensor, batch, own: list[int]):
-        """Phase 3: task losses of this rank's candidates ``own`` ({k: float64 0-dim}), the rows Δθ_k kept for
-        the weighted sum ({k: [P]}, none with ``low_memory``) and, with ``eager_base_loss``, l(θ)."""
-        n, P = len(draws.seeds), theta.numel()
+        """Phase 3: task losses of this rank's candidates ``own`` ({k: float64 0-dim}), the ``[n, P]`` rows Δθ_k for
+        the weighted sum (None with ``low_memory``) and, with ``eager_base_loss``, l(θ). Every rank draws every
+        candidate (the weights need all statistics) and scores its own."""
         local: dict[int, Tensor] = {}
-        rows: dict[int, Tensor] = {}
+        rows = None if self.low_memory else draws.draw_all(theta.new_empty(len(draws.seeds), theta.numel()))
         scratch = torch.empty_like(theta) if self.low_memory else None
         base = None
         was_training = self.model.training
@@ -310,29 +312,34 @@ class MGS(_CandidateScoring):
             with torch.no_grad():
                 if self.eager_base_loss:
                     base = self._score_one(self.model, batch)
-                views = [p.view(-1) for p in self.params] if all(p.is_contiguous() for p in self.params) else None
-                if self.mode == "loop" and views is not None:
-                    for k in own:       # draw Δθ_k and write θ + Δθ_k into the module in one cache-blocked pass
-                        d = draws.draw(k, scratch if scratch is not None else torch.empty_like(theta), stats=True,
-                                       load=(theta, views))
+                if self.low_memory:      # statistics of the candidates other ranks score
+                    for k in range(len(draws.seeds)):
+                        if k not in own:
+                            draws.draw(k, scratch)
+                if self.mode == "loop":
+                    contiguous = all(p.is_contiguous() for p in self.params)
+                    views = [p.view(-1) for p in self.params] if contiguous else None
+                    parts = theta.split(self._numels)
+                    for k in own:       # write θ + Δθ_k into the module: one elementwise add per tensor
+                        d = draws.draw(k, scratch) if rows is None else rows[k]
+                        if views is None:
+                            self._load(theta, d)
+                        else:
+                            for v, x, y in zip(views, parts, d.split(self._numels)):
+                                torch.add(x, y, out=v)
                         local[k] = self._score_one(self.model, batch)
-                        if not self.low_memory:
-                            rows[k] = d
-                    own = []
-                chunk = 1 if self.mode == "loop" else (self.chunk_size or max(len(own), 1))
-                for i in range(0, len(own), chunk):
-                    ks = own[i:i + chunk]
-                    D = scratch[None] if scratch is not None and len(ks) == 1 else theta.new_empty(len(ks), P)
-                    for j, k in enumerate(ks):
-                        draws.draw(k, D[j], stats=True)
-                    local.update(zip(ks, self._score(D, theta, batch)))
-                    if not self.low_memory:
-                        rows.update(zip(ks, D.unbind(0)))
-                for k in range(n):  # candidates scored by other ranks: their statistics (and rows) only
-                    if k not in local:
-                        d = draws.draw(k, scratch if scratch is not None else torch.empty_like(theta), stats=True)
-                        if not self.low_memory:
-                            rows[k] = d
+                else:
+                    chunk = self.chunk_size or max(len(own), 1)
+                    for i in range(0, len(own), chunk):
+                        ks = own[i:i + chunk]
+                        if rows is None:
+                            D = theta.new_empty(len(ks), theta.numel())
+                            for j, k in enumerate(ks):
+                                draws.draw(k, D[j])
+                        else:
+                            D = rows[torch.tensor(ks, device=rows.device)] if len(own) < len(draws.seeds) \
+                                else rows[ks[0]:ks[-1] + 1]
+                        local.update(zip(ks, self._score(D, theta, batch)))
         finally:
             if self.mode == "loop":      # the module holds the last candidate scored in loop mode
                 self._load(theta)
@@ -341,33 +348,33 @@ class MGS(_CandidateScoring):
             raise ValueError(f"task loss at the current parameters is not finite: l(θ) = {float(base)}")
         return local, rows, base
 
-    def _weighted_sum(self, w: Tensor, draws: CandidateDraws, rows: dict[int, Tensor], theta: Tensor,
-                      keep: bool):
-        """Phase 4: Δθ* = Σ_k w_k Δθ_k accumulated in candidate order k = 0, 1, … — the same arithmetic on every
-        rank and in every memory mode (stored rows or regenerated noise), so ranks stay bit-identical."""
+    def _weighted_sum(self, w: Tensor, draws: CandidateDraws, rows: Tensor | None, theta: Tensor, keep: bool):
+        """Phase 4: Δθ* = Σ_k w_k Δθ_k: one matrix-vector product over the stored rows, or (``low_memory``) the
+        rows regenerated one by one and accumulated in candidate order. Every rank runs the same arithmetic, so
+        ranks stay bit-identical; the two memory modes agree to float rounding."""
+        if rows is not None:
+            update = w.to(device=rows.device, dtype=rows.dtype) @ rows
+            return update, ([self._unflat(d.clone()) for d in rows] if keep else None)
         update = torch.zeros_like(theta)
         kept = [] if keep else None
-        scratch = None
+        scratch = torch.empty_like(theta)
         for k in range(len(draws.seeds)):
-            if k in rows:
-                d = rows.pop(k)
-            else:
-                scratch = torch.empty_like(theta) if scratch is None else scratch
-                d = draws.draw(k, scratch)
+            d = draws.draw(k, scratch)
             update.add_(d, alpha=float(w[k]))
             if kept is not None:
                 kept.append(self._unflat(d.clone()))
-            del d
         return update, kept
 
     def _apply(self, update: Tensor) -> float:
-        """Phase 5: ``p.grad = −Δθ*`` (clipped to ``max_update_norm``) and ``optimizer.step()``; returns ‖Δθ*‖."""
+        """Phase 5: ``p.grad = −Δθ*`` (clipped to ``max_update_norm`` as ``clip_grad_norm_`` does, with the norm
+        taken once in float64) and ``optimizer.step()``; returns ‖Δθ*‖."""
         update_norm = float(torch.linalg.vector_norm(update, dtype=torch.float64))
-        with torch.no_grad():
-            for p, u in zip(self.params, self._unflat(update.neg_()).values()):
-                p.grad = u
-            if self.max_update_norm is not None:
-                torch.nn.utils.clip_grad_norm_(self.params, self.max_update_norm)
+        scale = -1.0
+        if self.max_update_norm is not None:
+            scale = -min(1.0, self.max_update_norm / (update_norm + 1e-6))
+        update.mul_(scale)
+        for p, u in zip(self.params, self._unflat(update).values()):
+            p.grad = u
         self.optimizer.step()
         return update_norm
 

@@ -8,11 +8,13 @@ per tensor t,
     Δθ_{k,t} = σ_t z_{k,t}   (zero-centred component),     Δθ_{k,t} = σ_t z_{k,t} − g_t   (MLE-centred component)
 
 (candidate 0 is −g exactly with ``include_mle``). Its log-density needs only ‖z_{k,t}‖² and ⟨z_{k,t}, g_t⟩,
-accumulated in float64 from the float32 noise (:meth:`CandidateDraws.draw`), so log q is the same whether Δθ_k
-is stored or regenerated, on every rank. Per candidate this costs one ``randn`` of P numbers plus a few passes
-over P, block by block while the block is in cache (no allocation beyond the output row). On a CPU the ``randn``
-alone is a sizeable part of a step (torch's generator draws ~10⁸ normals per second and core, about a sixth of
-an MLP forward over 1 000 examples per parameter): ``benchmarks/bench_mgs.py`` counts it in the step's floor.
+accumulated in float64 from the float32 noise, so log q is the same (up to float64 rounding) whether Δθ_k is
+stored (:meth:`CandidateDraws.draw_all`) or regenerated (:meth:`CandidateDraws.draw`), and bit-identical on every
+rank. Per step this costs K ``randn`` of P numbers plus about four passes over the K×P noise (float64 copy by
+cache-sized blocks, ⟨z, g⟩ and ‖z‖², the scaling), for all candidates at once. On a CPU the ``randn`` alone is a
+sizeable part of a step (torch's generator draws ~3·10⁸ normals per second on one core, which cannot be split
+over threads: about an eighth of an MGS step's floor for the 1M-parameter MLP of ``benchmarks/bench_mgs.py``,
+which reports it beside the floor).
 """
 from __future__ import annotations
 
@@ -28,12 +30,11 @@ __all__: list[str] = []
 
 @dataclass
 class StepProposal:
-    """q = λ·N(0, σ_t²I) + (1−λ)·N(−g, σ_t²I) of one step. ``g``, ``neg_g``: flat ``[P]`` in the parameters'
-    dtype and device; ``g64``: its float64 copy; ``sigma``, ``gg``, ``numel``: CPU float64 ``[T]`` (σ_t,
+    """q = λ·N(0, σ_t²I) + (1−λ)·N(−g, σ_t²I) of one step. ``g``: flat ``[P]`` in the parameters' dtype and
+    device; ``g64``: its float64 copy; ``sigma``, ``gg``, ``numel``: CPU float64 ``[T]`` (σ_t,
     ‖g_t‖², number of entries); ``numels``: entries per tensor."""
 
     g: Tensor
-    neg_g: Tensor
     g64: Tensor
     sigma: Tensor
     gg: Tensor
@@ -52,75 +53,125 @@ def build_proposal(g: Tensor, numels: list[int], sigma: float, sigma_mode: str) 
         sig = sigma * torch.stack([torch.linalg.vector_norm(x, ord=1) for x in parts]).cpu() / numel
     else:
         sig = torch.full((len(numels),), float(sigma), dtype=torch.float64)
-    return StepProposal(g, -g, g64, sig, gg, numel, list(numels))
+    return StepProposal(g, g64, sig, gg, numel, list(numels))
 
 
 class CandidateDraws:
-    """Δθ_k of the candidates k = 0..n−1 of one step, regenerated on demand from ``seeds[k]``; ``mle[k]`` says
-    whether candidate k comes from the MLE-centred component. :meth:`draw` fills the float64 statistics
-    ``zz[k, t] = ‖z_{k,t}‖²``, ``zg[k, t] = ⟨z_{k,t}, g_t⟩`` when asked; :meth:`log_q` turns them into log q(Δθ_k).
+    """Δθ_k of the candidates k = 0..n−1 of one step, from their seeds; ``mle[k]`` says whether candidate k comes
+    from the MLE-centred component. :meth:`draw_all` writes every Δθ_k into the rows of one ``[n, P]`` buffer (the
+    default path), :meth:`draw` one of them (``low_memory``, regenerated on demand); both fill the float64
+    statistics ``zz[k, t] = ‖z_{k,t}‖²`` and ``zg[k, t] = ⟨z_{k,t}, g_t⟩`` that :meth:`log_q` turns into log q(Δθ_k).
 
-    On a CPU the statistics and the scaling σ_t z (− g_t) run over blocks of ``CPU_BLOCK`` entries that stay in
-    cache (a float64 copy of the whole noise vector and a separate scaling pass cost about as much again as
-    drawing it); on a GPU each tensor is one block."""
+    Candidate k's noise z_k comes from its own generator, seeded with ``seeds[k]``, as a sequence of ``randn``
+    calls whose concatenation is the same stream as one call per parameter tensor: on a CPU consecutive tensors
+    are merged into one call while the sizes before the last are multiples of 16, and a long call is split at
+    multiples of 16 (torch's CPU generator fills 16 numbers at a time, so such cuts and merges leave the numbers
+    unchanged); on a GPU one call per tensor. The flat vector is processed in column chunks of at most
+    ``CPU_BLOCK`` float64 numbers over all rows (a whole GPU tensor per chunk): every row's noise of the chunk is
+    drawn, its float64 statistics taken and it is scaled to Δθ while the chunk is in cache — a few kernel calls
+    per chunk for all candidates together instead of a few per candidate and tensor."""
 
     CPU_BLOCK = 1 << 16
 
     def __init__(self, proposal: StepProposal, seeds: list[int], mle: list[bool], include_mle: bool):
         self.p, self.seeds, self.mle, self.include_mle = proposal, seeds, mle, include_mle
         n, T, dev = len(seeds), len(proposal.numels), proposal.g.device
+        self.device, self.n = dev, n
         self.zz = torch.zeros(n, T, dtype=torch.float64, device=dev)
         self.zg = torch.zeros(n, T, dtype=torch.float64, device=dev)
         self.sig = proposal.sigma.tolist()
-        block = self.CPU_BLOCK if dev.type == "cpu" else max(proposal.numels)
-        self._blocks = []          # (tensor index t, start, stop) over the flat vector
-        self._offsets = []         # where tensor t starts in the flat vector
-        start = 0
+        self._segs, self._runs, start = [], [], 0      # (t, start, stop) per tensor; randn runs
         for t, nt in enumerate(proposal.numels):
-            self._blocks += [(t, a, min(a + block, start + nt)) for a in range(start, start + nt, block)]
-            self._offsets.append(start)
+            self._segs.append((t, start, start + nt))
+            a, b = self._runs[-1] if self._runs else (0, 0)
+            if dev.type == "cpu" and self._runs and (b - a) >= 16 and (b - a) % 16 == 0 and nt >= 16:
+                self._runs[-1] = (a, start + nt)
+            elif nt > 0:
+                self._runs.append((start, start + nt))
             start += nt
-        self._buf = torch.empty(min(block, max(proposal.numels)), dtype=torch.float64, device=dev)
+        self._layouts: dict[int, list] = {}
+        self._gens: list[torch.Generator] = []
 
-    def draw(self, k: int, out: Tensor, stats: bool = False, load: tuple[Tensor, list[Tensor]] | None = None
-             ) -> Tensor:
-        """Write Δθ_k into ``out`` (flat ``[P]``, the parameters' dtype/device) and return it; with ``stats``
-        also record row k of ``zz``/``zg`` (float64 sums per block, added per tensor in a fixed order: the same
-        arithmetic in every memory mode and on every rank). ``load = (θ, views)`` also writes θ + Δθ_k into
-        ``views`` (one flat tensor per parameter, e.g. ``p.view(-1)``) block by block while the block is in
-        cache — the same elementwise sum as a separate pass would compute."""
-        p = self.p
-        if self.include_mle and k == 0:
-            out.copy_(p.neg_g)
-            if load is not None:
-                for t, a, b in self._blocks:
-                    self._write(load, t, a, b, out)
-            return out
-        gen = torch.Generator(device=out.device).manual_seed(self.seeds[k])
-        mle = self.mle[k]
-        zz: list[list[Tensor]] = [[] for _ in self.sig]
-        zg: list[list[Tensor]] = [[] for _ in self.sig]
-        for t, a, b in self._blocks:
-            z = torch.randn(b - a, generator=gen, device=out.device, dtype=out.dtype, out=out[a:b])
-            if stats:
-                z64 = self._buf[:b - a].copy_(z)
-                zz[t].append(torch.dot(z64, z64))
-                zg[t].append(torch.dot(z64, p.g64[a:b]))
-            if mle:
-                torch.add(p.neg_g[a:b], z, alpha=self.sig[t], out=z)
-            else:
-                z.mul_(self.sig[t])
-            if load is not None:
-                self._write(load, t, a, b, out)
-        if stats:
-            self.zz[k] = torch.stack([torch.stack(x).sum() if x else self._buf.new_zeros(()) for x in zz])
-            self.zg[k] = torch.stack([torch.stack(x).sum() if x else self._buf.new_zeros(()) for x in zg])
+    def _layout(self, m: int) -> list[tuple[int, int, list[tuple[int, int]], list[tuple[int, int, int]]]]:
+        """Chunks (start, stop, randn pieces, per-tensor portions) of the flat vector for ``m`` rows."""
+        if m in self._layouts:
+            return self._layouts[m]
+        cpu = self.device.type == "cpu"
+        width = max(16, self.CPU_BLOCK // m // 16 * 16) if cpu else 0
+        pieces = []
+        for a, b in self._runs:
+            if not cpu:
+                pieces.append((a, b))
+                continue
+            cuts = list(range(a, b, width)) + [b]
+            if len(cuts) > 2 and cuts[-1] - cuts[-2] < 16:     # no piece under 16 numbers: merge the remainder
+                del cuts[-2]
+            pieces += list(zip(cuts[:-1], cuts[1:]))
+        chunks, cur = [], []
+        for a, b in pieces:
+            if cur and (b - cur[0][0] > width):
+                chunks.append(cur)
+                cur = []
+            cur.append((a, b))
+        if cur:
+            chunks.append(cur)
+        out = []
+        for ch in chunks:
+            c, e = ch[0][0], ch[-1][1]
+            portions = [(t, max(a, c), min(b, e)) for t, a, b in self._segs if a < e and b > c]
+            out.append((c, e, ch, portions))
+        self._layouts[m] = out
         return out
 
-    def _write(self, load: tuple[Tensor, list[Tensor]], t: int, a: int, b: int, out: Tensor) -> None:
-        theta, views = load
-        o = self._offsets[t]
-        torch.add(theta[a:b], out[a:b], out=views[t][a - o:b - o])
+    def _fill(self, Z: Tensor, ks: list[int]) -> Tensor:
+        """Rows ``Z[j]`` ← Δθ of candidates ``ks[j]`` (noise from their seeds, scaled by σ_t, −g for MLE-centred
+        ones; exactly −g for candidate 0 with ``include_mle``), recording their float64 statistics."""
+        m, dev = Z.shape[0], self.device
+        while len(self._gens) < m:
+            self._gens.append(torch.Generator(device=dev))
+        gens = [None if self.include_mle and k == 0 else self._gens[j].manual_seed(self.seeds[k])
+                for j, k in enumerate(ks)]
+        M = torch.tensor([float(self.mle[k]) for k in ks], dtype=Z.dtype, device=dev) if any(
+            self.mle[k] for k in ks) else None
+        layout = self._layout(m)
+        cols = max(e - c for c, e, _, _ in layout)
+        buf = torch.empty(m * cols, dtype=torch.float64) if dev.type == "cpu" else None
+        g64, g = self.p.g64, self.p.g
+        zz: list[list[Tensor]] = [[] for _ in self.sig]
+        zg: list[list[Tensor]] = [[] for _ in self.sig]
+        for c, e, pieces, portions in layout:
+            for j, gen in enumerate(gens):
+                if gen is None:
+                    Z[j, c:e].zero_()
+                    continue
+                for a, b in pieces:
+                    torch.randn(b - a, generator=gen, device=dev, dtype=Z.dtype, out=Z[j, a:b])
+            z64 = Z[:, c:e].to(torch.float64) if buf is None else buf[:m * (e - c)].view(m, e - c).copy_(Z[:, c:e])
+            for t, a, b in portions:
+                zg[t].append(z64[:, a - c:b - c] @ g64[a:b])
+            z64.square_()
+            for t, a, b in portions:
+                zz[t].append(z64[:, a - c:b - c].sum(1))
+                Z[:, a:b].mul_(self.sig[t])
+            if M is not None:
+                Z[:, c:e].addr_(M, g[c:e], alpha=-1)
+        zero = torch.zeros(m, dtype=torch.float64, device=dev)
+        cat = lambda x: zero if not x else x[0] if len(x) == 1 else torch.stack(x).sum(0)  # noqa: E731
+        idx = torch.tensor(ks, device=dev)
+        self.zz[idx] = torch.stack([cat(x) for x in zz], 1)
+        self.zg[idx] = torch.stack([cat(x) for x in zg], 1)
+        return Z
+
+    def draw_all(self, Z: Tensor) -> Tensor:
+        """Write Δθ_k of every candidate into row k of ``Z`` ``[n, P]`` (the parameters' dtype and device), record
+        the statistics, return ``Z``."""
+        return self._fill(Z, list(range(self.n)))
+
+    def draw(self, k: int, out: Tensor) -> Tensor:
+        """Write Δθ_k into ``out`` (flat ``[P]``) and record row k of the statistics: the same numbers per element
+        as :meth:`draw_all` (the float64 sums may differ in the last bits: other reduction shapes)."""
+        self._fill(out[None], [k])
+        return out
 
     def log_q(self, mix: float, density: str) -> Tensor:
         """log q(Δθ_k) for every candidate, CPU float64 ``[n]``, from the recorded statistics:
