@@ -17,52 +17,57 @@
 # token when moving mass between similar tokens is cheap — with similarity measured by fixed token embeddings.
 #
 # **Question.** What is the EMO loss exactly (and when is the cheap formula the true earth mover distance),
-# how does it behave as a training signal next to MLE, and which of the paper's claims survive at the scale of
-# this repository?
+# in which *direction* does its gradient push next to MLE's, and which of the paper's claims survive at the
+# scale of this repository once every comparison carries its confidence interval?
 #
 # Source: *EMO: Earth Mover Distance Optimization for Auto-Regressive Language Modeling* (Ren et al., ICLR
-# 2024); the quality score follows the recipe of *MAUVE: Measuring the Gap Between Neural Text and Human Text
-# using Divergence Frontiers*. The package code is `taskloss.losses.emo` (the chunked, memory-lean loss and its MLE
-# mixes); the distribution-level quality scores are `taskloss.losses.text_quality`; `benchmarks/bench_emo.py` measures
-# the loss's time and memory against cross-entropy.
+# 2024; code github.com/DRSY/EMO and the PyPI package `emoloss`); the quality score follows the recipe of
+# *MAUVE: Measuring the Gap Between Neural Text and Human Text using Divergence Frontiers* (Pillutla et al.,
+# NeurIPS 2021). The package code is `taskloss.losses.emo` (the chunked, memory-lean loss, its two variants and
+# its MLE mixes); the distribution-level scores are `taskloss.losses.text_quality`; `benchmarks/bench_emo.py`
+# measures the loss's time and memory against cross-entropy.
 
 # %% tags=["parameters"]
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-seeds: int = 2                 # [> 0] seeds of the continued-training experiment
+seeds: int = 3                 # [> 1] seeds of the continued-training experiment (paired comparisons)
 corpus_path: str = ""          # empty: default corpus; else a WikiText raw folder holding wiki.train.raw etc.
 pretrained_folder: str = ""    # empty: the committed small LM in data/pretrained/small_lm
-lm_d_model: int = 0            # [>= 0] 0: continue training the committed LM; positive: first pretrain an LM this wide
+lm_d_model: int = 0            # [>= 0] 0: continue training the committed LM; positive: first pretrain one this wide
 lm_layers: int = 2             # [> 0] (used when lm_d_model > 0)
 lm_heads: int = 4              # [> 0] (used when lm_d_model > 0)
 pretrain_steps: int = 0        # [>= 0] MLE pretraining steps of that LM (used when lm_d_model > 0)
-pretrain_lr: float = 0.001            # [> 0]
-block_size: int = 64                  # [> 0]
-batch_size: int = 8                   # [> 0]
+pretrain_lr: float = 0.001     # [> 0]
+block_size: int = 64           # [> 0]
+batch_size: int = 8            # [> 0]
 finetune_steps: int = 12       # [> 0] continued-training steps per method and seed
-finetune_lr: float = 0.0003           # [> 0]
+finetune_eval_every: int = 6   # [> 0] held-out perplexity every this many steps (the budget curve)
+finetune_lr: float = 0.0003    # [> 0]
 eval_blocks: int = 32          # [> 0] held-out blocks for perplexity
-n_prompts: int = 32            # [> 0] prompts for sampled continuations (the quality score)
-prefix_len: int = 16                  # [> 0]
-cont_len: int = 24                    # [> 0]
-scratch_steps: int = 40        # [> 0] from-scratch training steps per loss
-scratch_eval_every: int = 10          # [> 0]
-scratch_d_model: int = 64             # [> 0]
-scratch_lr: float = 0.003             # [> 0]
-scratch_seeds: int = 1                # [> 0]
+n_prompts: int = 200           # [> 0] prompts for sampled continuations (the quality score)
+prefix_len: int = 8            # [> 0]
+cont_len: int = 12             # [> 0]
+n_clusters: int = 0            # [>= 0] k-means clusters of the quality score; 0: MAUVE's rule n/10
+cluster_seeds: int = 5         # [> 0] k-means seeds per pair of sets (the score is their mean)
+scratch_steps: int = 40        # [> 0] from-scratch training steps per run
+scratch_eval_every: int = 10   # [> 0]
+scratch_d_model: int = 64      # [> 0]
+scratch_lr: float = 0.003      # [> 0] AdamW learning rate from scratch
+scratch_sgd_lr: float = 0.3    # [> 0] plain-SGD learning rate of MLE from scratch (EMO's is scaled, section 4)
+scratch_seeds: int = 1         # [> 0]
 
 # %%
 import copy
 import math
 import time
 
+import emo as emoloss  # the authors' PyPI package emoloss 0.0.3 (import name `emo`)
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import torch.nn.functional as F
-from matplotlib.lines import Line2D
-from matplotlib.patches import Patch
+import transformers
 from scipy.optimize import linprog
 from tqdm.auto import tqdm
 
@@ -82,8 +87,11 @@ from taskloss.losses import (
 from taskloss.models import TransformerLM
 from taskloss.runner.plotting import label_axes, mean_interval, seed_band
 
+# %%
 run = taskloss.runner.start("09_emo_loss", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
+transformers.utils.logging.disable_progress_bar()   # no "Loading weights" bar when MiniLM loads
+torch.set_flush_denormal(True)     # a collapsed softmax underflows to denormals, which crawl on some CPUs
 t_start = time.time()
 print("device:", dev)
 
@@ -194,10 +202,10 @@ same = emo_soft_upper_bound(tau_soft.log(), tau_soft, E_small, reduction="none")
 lp_same = np.array([emd_lp(tau_soft[n].numpy(), tau_soft[n].numpy(), C_small.numpy()) for n in range(5)])
 print("p = τ:  bound", same.numpy().round(4), "  EMD", lp_same.round(6))
 assert np.allclose(lp_same, 0, atol=1e-9) and (same.numpy() > 1e-3).all()
-run.record("derivation/soft_bound_gap_mean", float((bound.numpy() - lp_soft).mean()))
+_ = run.record("derivation/soft_bound_gap_mean", float((bound.numpy() - lp_soft).mean()))
 
 # %% [markdown]
-# ## 2 · Gradients, and why EMO alone starts slowly
+# ## 2 · Gradients: size and direction
 #
 # Differentiating $\mathrm{EMO} = \sum_i p_i c_{it}$ through the softmax ($\partial p_i/\partial x_k =
 # p_i(\delta_{ik} - p_k)$):
@@ -206,27 +214,26 @@ run.record("derivation/soft_bound_gap_mean", float((bound.numpy() - lp_soft).mea
 #   \frac{\partial(-\log p_t)}{\partial x_k} = p_k - \delta_{kt}.$$
 #
 # Every EMO gradient entry carries a factor $p_k$: logits of tokens the model already ignores get almost no
-# push, and at a uniform initialization ($p_k = 1/V$) the whole gradient is $O(1/\sqrt V)$ of MLE's, whose
-# $-\delta_{kt}$ term pulls the target up with unit force however small $p_t$ is. The essay's worry — a loss
-# that does not blow up in the wrong direction converges slowly from scratch — is visible in this formula.
+# push, while MLE's $-\delta_{kt}$ term pulls the target up with unit force however small $p_t$ is. And EMO's
+# push is not aimed at the target alone: it raises every token cheaper than the current expected cost
+# ($c_{kt} < \mathrm{EMO}$) and lowers every dearer one — a ranking by similarity to the target. How large and
+# how aligned with MLE's that is at a uniform start is computed below with a real cost.
 #
 # The reference code does not use EMO alone; it mixes it with MLE through a *stop-gradient* ratio
 # ($\mathrm{sg}$), per token:
 #
 # * `emo_mle_ratio`: $\tfrac12\bigl(\mathrm{sg}(\mathrm{MLE}/\mathrm{EMO})\cdot\mathrm{EMO} + \mathrm{MLE}\bigr)$ —
 #   value $=\mathrm{MLE}$, gradient $\tfrac12(\nabla\mathrm{MLE} + \tfrac{\mathrm{MLE}}{\mathrm{EMO}}\nabla\mathrm{EMO})$:
-#   EMO rescaled to MLE's magnitude (the language-modeling script; capped at 3 in the packaged loss's `mode=1`);
+#   EMO rescaled to MLE's magnitude (the language-modeling script; capped at 3 in the `emoloss` package's `mode=1`,
+#   section 3a);
 # * `mle_scaled_by_emo`: $\mathrm{sg}(\mathrm{EMO}/\mathrm{MLE})\cdot\mathrm{MLE} + \mathrm{EMO}$ — gradient
-#   $\nabla\mathrm{EMO} + \tfrac{\mathrm{EMO}}{\mathrm{MLE}}\nabla\mathrm{MLE}$ (the packaged loss's `mode=2`).
+#   $\nabla\mathrm{EMO} + \tfrac{\mathrm{EMO}}{\mathrm{MLE}}\nabla\mathrm{MLE}$ (`emoloss`'s `mode=2`).
 #
 # A mix's gradient is not the gradient of its value; it is the gradient of the objective with the ratio
-# frozen at the current point. Check both against central finite differences in float64.
+# frozen at the current point. Check the plain EMO gradient formula, then both mixes, against central finite
+# differences in float64.
 
 # %%
-x0 = torch.randn(3, V_small, generator=g, dtype=D)
-t0 = t_small[:3]
-
-
 def fd_grad(f, x, h=1e-6):
     out = torch.zeros_like(x)
     for idx in np.ndindex(*x.shape):
@@ -236,25 +243,25 @@ def fd_grad(f, x, h=1e-6):
     return out
 
 
-emo_of = lambda x: emo_loss(x, t0, E_small)                          # noqa: E731
+x0 = torch.randn(3, V_small, generator=g, dtype=D)
+t0 = t_small[:3]
 xg = x0.clone().requires_grad_()
 emo_loss(xg, t0, E_small).backward()
-torch.testing.assert_close(xg.grad, fd_grad(emo_of, x0), rtol=1e-6, atol=1e-9)
+torch.testing.assert_close(xg.grad, fd_grad(lambda x: emo_loss(x, t0, E_small), x0), rtol=1e-6, atol=1e-9)
 pk = x0.softmax(-1)
 e_per = emo_loss(x0, t0, E_small, reduction="none")
 torch.testing.assert_close(xg.grad, pk * (C_small[:, t0].T - e_per[:, None]) / 3)   # p_k (c_kt - EMO), mean
+print("∂EMO/∂x_k = p_k (c_kt − EMO): matches autograd and finite differences")
+
+# %%
+m_tok = F.cross_entropy(x0, t0, reduction="none")
+frozen_objective = {                                   # the objectives with the per-token ratio frozen at x0
+    "emo_mle_ratio": lambda x: (0.5 * ((m_tok / e_per) * emo_loss(x, t0, E_small, reduction="none")
+                                       + F.cross_entropy(x, t0, reduction="none"))).mean(),
+    "mle_scaled_by_emo": lambda x: ((e_per / m_tok) * F.cross_entropy(x, t0, reduction="none")
+                                    + emo_loss(x, t0, E_small, reduction="none")).mean()}
 frozen = {}
-for mix in ("emo_mle_ratio", "mle_scaled_by_emo"):
-    e_tok = emo_loss(x0, t0, E_small, reduction="none")
-    m_tok = F.cross_entropy(x0, t0, reduction="none")
-    if mix == "emo_mle_ratio":
-        r = m_tok / e_tok
-        f = lambda x, r=r: (0.5 * (r * emo_loss(x, t0, E_small, reduction="none")                 # noqa: E731
-                                   + F.cross_entropy(x, t0, reduction="none"))).mean()
-    else:
-        r = e_tok / m_tok
-        f = lambda x, r=r: (r * F.cross_entropy(x, t0, reduction="none")                          # noqa: E731
-                            + emo_loss(x, t0, E_small, reduction="none")).mean()
+for mix, f in frozen_objective.items():
     xg = x0.clone().requires_grad_()
     emo_loss(xg, t0, E_small, combine=mix).backward()
     torch.testing.assert_close(xg.grad, fd_grad(f, x0), rtol=1e-6, atol=1e-9)
@@ -290,12 +297,21 @@ print("argmin CE  p :", fits["CE"].numpy().round(3))
 assert fits["EMO"][m_cost.argmin()] > 0.95                    # collapses onto the cheapest token
 torch.testing.assert_close(fits["CE"], q_true, atol=1e-3, rtol=0)
 assert (fits["EMO"] * m_cost).sum() < (q_true * m_cost).sum()  # q itself is not EMO-optimal
-run.record("derivation/emo_optimum_mass_on_one_token", float(fits["EMO"].max()))
-
+_ = run.record("derivation/emo_optimum_mass_on_one_token", float(fits["EMO"].max()))
 # %% [markdown]
-# How small is EMO's push at initialization, with a real cost? Load the tokenizer and the two costs used below:
-# the pretrained LM's own output layer (as in the paper) and MiniLM's pretrained token embeddings, restricted to
-# our vocabulary. At uniform logits, compare the gradient norms per token.
+# **Size and direction at a uniform start, with a real cost.** At uniform logits ($p_k = 1/V$, the start of
+# training from scratch) the two logit gradients are $g^{\mathrm{EMO}}_k = (c_{kt} - \bar c_t)/V$ with
+# $\bar c_t = \frac1V\sum_k c_{kt}$, and $g^{\mathrm{MLE}}_k = 1/V - \delta_{kt}$. With $c_{tt} = 0$ and
+# $s_t = \mathrm{sd}_k(c_{kt})$ (population standard deviation over the vocabulary) this gives, exactly,
+#
+# $$\frac{\lVert g^{\mathrm{EMO}}\rVert}{\lVert g^{\mathrm{MLE}}\rVert} = \frac{s_t}{\sqrt V\,\sqrt{1-1/V}},\qquad
+#   \cos\bigl(g^{\mathrm{EMO}}, g^{\mathrm{MLE}}\bigr) = \frac{\bar c_t}{\sqrt V\, s_t\,\sqrt{1-1/V}},\qquad
+#   \frac{(g^{\mathrm{EMO}}_t)^2}{\lVert g^{\mathrm{EMO}}\rVert^2} = \frac{\bar c_t^{\,2}}{V s_t^2}.$$
+#
+# So the size is not $1/\sqrt V$ but $s_t/\sqrt V$: it depends on how *spread* the costs are. The last ratio is
+# the share of EMO's push that lands on the target logit; the rest ranks the other tokens by their similarity
+# to the target. Load the tokenizer, the corpus and MiniLM's token embeddings (the cost used from scratch), and
+# check the three closed forms on real targets.
 
 # %%
 if lm_d_model > 0 and pretrain_steps < 1:
@@ -312,61 +328,49 @@ train_blocks = lm_blocks("train", block_size, tok, path=corpus)
 valid_blocks = lm_blocks("valid", block_size, tok, path=corpus)[:eval_blocks]
 print(f"vocabulary {V}, train blocks {tuple(train_blocks.shape)}, eval blocks {tuple(valid_blocks.shape)}")
 
+# %%
 targets0 = train_blocks[:4, 1:].reshape(-1)
-x_unif = torch.zeros(len(targets0), V, requires_grad=True)
+x_unif = torch.zeros(len(targets0), V, dtype=D, requires_grad=True)
 emo_loss(x_unif, targets0, E_minilm, reduction="sum").backward()
-g_emo = x_unif.grad.norm(dim=1).mean().item()
-x_unif.grad = None
+g_e, x_unif.grad = x_unif.grad.clone(), None
 F.cross_entropy(x_unif, targets0, reduction="sum").backward()
-g_mle = x_unif.grad.norm(dim=1).mean().item()
-print(f"per-token gradient norm at uniform logits: EMO {g_emo:.2e}, MLE {g_mle:.3f}, ratio {g_emo / g_mle:.2e}")
-run.record("gradient/emo_over_mle_at_uniform", g_emo / g_mle, headline=True)
-assert g_emo / g_mle < 0.05
+g_m = x_unif.grad.clone()
+e_hat = E_minilm.double() / E_minilm.double().norm(dim=1, keepdim=True)   # MiniLM has no zero rows
+cost_t = 1 - e_hat @ e_hat[targets0].T                                   # [V, N]: c_kt for each target
+s_t, cbar_t, root = cost_t.std(0, unbiased=False), cost_t.mean(0), math.sqrt(V * (1 - 1 / V))
+torch.testing.assert_close(g_e.norm(dim=1) / g_m.norm(dim=1), s_t / root)
+cos_t = F.cosine_similarity(g_e, g_m, dim=1)
+torch.testing.assert_close(cos_t, cbar_t / (root * s_t))
+share_t = g_e.gather(1, targets0[:, None]).squeeze(1) ** 2 / g_e.norm(dim=1) ** 2
+torch.testing.assert_close(share_t, cbar_t ** 2 / (V * s_t ** 2))
+ratio_unif = float(g_e.norm(dim=1).mean() / g_m.norm(dim=1).mean())
+print(f"‖∇EMO‖/‖∇MLE‖ = {ratio_unif:.3g}; 1/√V = {1 / math.sqrt(V):.3g}; mean s_t = {s_t.mean():.3f}, "
+      f"mean c̄_t = {cbar_t.mean():.3f}; cos = {cos_t.mean():.3f}; share on the target {share_t.mean():.3f}")
+
+# %%
+run.record("gradient/emo_over_mle_at_uniform", ratio_unif, headline=True)
+run.record("gradient/one_over_sqrt_V", 1 / math.sqrt(V))
+run.record("gradient/cost_sd_mean", float(s_t.mean()))
+run.record("gradient/cost_mean", float(cbar_t.mean()))
+run.record("gradient/cos_emo_mle_at_uniform", float(cos_t.mean()))
+run.record("gradient/target_share_at_uniform", float(share_t.mean()))
+assert ratio_unif < 0.05 and float(cos_t.max()) < 0.9
+
+# %%
+_ = run.say(
+    "The measured ratio is {gradient/emo_over_mle_at_uniform:.3g}, not 1/√V = {gradient/one_over_sqrt_V:.3g}: "
+    "MiniLM's cosine costs are bunched, with spread s_t = {gradient/cost_sd_mean:.3f} over the vocabulary around "
+    "a mean of {gradient/cost_mean:.3f}. The two gradients are far from parallel (cosine "
+    "{gradient/cos_emo_mle_at_uniform:.3f}), and only {gradient/target_share_at_uniform:.1%} of EMO's squared push "
+    "lands on the target logit. Whether size or direction matters from scratch is tested in section 4.")
 
 # %% [markdown]
 # ## 3 · Experiment: continued training of a pretrained LM
 #
-# Start from the small LM pretrained by MLE (`taskloss.lm.pretrained.load_pretrained_lm`) and continue training it on
-# the training split with four objectives for the same number of AdamW steps and batches:
-#
-# * **MLE** — cross-entropy;
-# * **EMO (LM head)** — pure EMO, cost from a frozen copy of the LM's own output layer (the paper's choice);
-# * **EMO (MiniLM)** — pure EMO, cost from MiniLM's pretrained token embeddings (an external semantic cost);
-# * **EMO+MLE (LM head)** — the `emo_mle_ratio` mix of the reference language-modeling script.
-#
-# Then measure, per seed:
-#
-# * held-out **perplexity** on `eval_blocks` validation blocks;
-# * a **distribution-level quality score** of sampled continuations against the human continuations of the
-#   same prompts. MAUVE itself needs GPT-2-large features that cannot be loaded offline, so we follow MAUVE's
-#   own recipe on a different featurizer: MiniLM sentence embeddings of the generated and the reference
-#   continuations (pooled, L2-normalized) → PCA keeping 90 % of the variance → k-means with $k = n/10$
-#   clusters on the union → cluster histograms $P$ (reference) and $Q$ (model) → the divergence frontier
-#   $\bigl(e^{-5\,\mathrm{KL}(Q\|R_\lambda)}, e^{-5\,\mathrm{KL}(P\|R_\lambda)}\bigr)$, $R_\lambda = \lambda P +
-#   (1-\lambda)Q$, $\lambda \in (0,1)$, and its area (1 = indistinguishable). We call it **frontier-MiniLM**;
-#   its values are *not* comparable with published MAUVE numbers. As a calibration, the same score between two
-#   disjoint sets of human continuations is reported: the level two independent human samples reach at this
-#   sample size (a model can land above it by chance — the score is that noisy at small n). A second, simpler
-#   distance: the unbiased MMD² with an RBF kernel (median bandwidth) on the same embeddings (0 = same);
-# * **repetition** of the sampled continuations: seq-rep-4 (`taskloss.losses.metrics.repetition`), the fraction of
-#   repeated 4-grams;
-# * the mean **entropy** of the predicted next-token distributions on the held-out blocks (section 2 predicts
-#   that pure EMO lowers it).
-
-# %%
-prefixes, refs = prefix_continuations("valid", prefix_len, cont_len, tok, max_items=2 * n_prompts, path=corpus)
-n_p = min(n_prompts, len(refs) // 2)
-prompts = prefixes[:n_p]
-ref_text = [tok.decode(r) for r in refs[:n_p]]
-ref_emb = embed_texts(ref_text + [tok.decode(r) for r in refs[n_p:2 * n_p]], device=dev)
-ref_a, ref_b = ref_emb[:n_p], ref_emb[n_p:2 * n_p]
-assert abs(frontier_score(ref_a.numpy(), ref_a.numpy(), seed=seed) - 1.0) < 1e-9   # identical sets → 1
-far = frontier_score(ref_a.numpy(), -ref_a.numpy() + 5.0, seed=seed)                  # disjoint clouds → ~0
-assert far < 0.05, far
-ceiling = frontier_score(ref_a.numpy(), ref_b.numpy(), seed=seed)
-print(f"{n_p} prompts; frontier-MiniLM between two sets of human continuations: {ceiling:.3f}, "
-      f"MMD² {mmd2(ref_a, ref_b):.4f}")
-run.record("quality/human_vs_human", ceiling)
+# Training helpers first: batches drawn by a seeded generator, held-out statistics of a model (mean NLL in
+# nats/token — perplexity is $e^{\mathrm{NLL}}$ —, the mean entropy of its predictions, top-1 accuracy, the
+# share of its argmax predictions taken by its single most predicted token, and optionally the EMO value), and
+# one training loop for AdamW (gradients clipped at norm 1) and plain SGD (unclipped).
 
 # %%
 def lm_batches(blocks, steps, bs, gen):
@@ -375,59 +379,52 @@ def lm_batches(blocks, steps, bs, gen):
 
 
 @torch.no_grad()
-def perplexity(model, blocks, bs=32, with_entropy=False):
-    """exp(mean next-token NLL) on ``blocks``; optionally also the mean entropy (nats) of the predictions."""
+def heldout(model, bs=32, cost=None):
     model.eval()
-    nll, ent, n = 0.0, 0.0, 0
-    for i in range(0, len(blocks), bs):
-        b = blocks[i:i + bs].to(dev)
-        logits = model(b[:, :-1]).reshape(-1, V).double()
-        nll += F.cross_entropy(logits, b[:, 1:].reshape(-1), reduction="sum").item()
-        ent += -(logits.softmax(-1) * logits.log_softmax(-1)).sum().item()
-        n += b[:, 1:].numel()
-    return (math.exp(nll / n), ent / n) if with_entropy else math.exp(nll / n)
+    tot, counts = {"nll": 0.0, "entropy": 0.0, "acc": 0.0, "emo": 0.0}, torch.zeros(V, dtype=torch.long)
+    for i in range(0, len(valid_blocks), bs):
+        b = valid_blocks[i:i + bs].to(dev)
+        x, y = model(b[:, :-1]).reshape(-1, V).double(), b[:, 1:].reshape(-1)
+        tot["nll"] += F.cross_entropy(x, y, reduction="sum").item()
+        tot["entropy"] += -(x.softmax(-1) * x.log_softmax(-1)).sum().item()
+        tot["acc"] += (x.argmax(-1) == y).sum().item()
+        tot["emo"] += emo_loss(x, y, cost, reduction="sum").item() if cost is not None else 0.0
+        counts += torch.bincount(x.argmax(-1).cpu(), minlength=V)
+    n = valid_blocks[:, 1:].numel()
+    return {**{k: v / n for k, v in tot.items()}, "top_share": counts.max().item() / n}
 
 
+# %%
 def make_loss(name, model):
     if name == "MLE":
         return lambda logits, y: F.cross_entropy(logits.reshape(-1, V), y.reshape(-1))
-    head = model.output_embedding.detach()
-    crit = {"EMO (LM head)": lambda: EMOLoss(head),
-            "EMO (MiniLM)": lambda: EMOLoss(E_minilm),
-            "EMO+MLE (LM head)": lambda: EMOLoss(head, combine="emo_mle_ratio"),
-            "EMO+MLE (MiniLM)": lambda: EMOLoss(E_minilm, combine="emo_mle_ratio")}[name]().to(dev)
-    return crit                                       # the cost is frozen here, before any update
+    cost = E_minilm if "MiniLM" in name else model.output_embedding.detach()   # frozen before any update
+    combine = "emo_mle_ratio" if "+MLE" in name else "emo"
+    return EMOLoss(cost, combine=combine, variant="patch" if "patch" in name else "plain").to(dev)
 
-
-def train(model, loss_name, steps, lr, gen, eval_every=0, desc="", warmup=0):
+# %%
+def train(model, loss_name, steps, lr, gen, optimizer="adamw", eval_every=0, probe=None, warmup=0, desc=""):
     loss_fn = make_loss(loss_name, model)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    opt = (torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0) if optimizer == "adamw"
+           else torch.optim.SGD(model.parameters(), lr=lr))
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: min(1.0, (i + 1) / warmup) if warmup else 1.0)
-    curve = []
-    for step, b in enumerate(tqdm(lm_batches(train_blocks, steps, batch_size, gen), total=steps, desc=desc,
-                                  leave=False), start=1):
+    curve = [(0, probe(model))] if eval_every else []
+    batches = lm_batches(train_blocks, steps, batch_size, gen)
+    for step, b in enumerate(tqdm(batches, total=steps, desc=desc, leave=False), start=1):
         model.train()
         b = b.to(dev)
         loss = loss_fn(model(b[:, :-1]), b[:, 1:])
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        if optimizer == "adamw":          # plain SGD stays unclipped: its step is exactly lr × gradient
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
         if eval_every and (step % eval_every == 0 or step == steps):
-            curve.append((step, perplexity(model, valid_blocks)))
+            curve.append((step, probe(model)))
     return curve
 
-
-def evaluate(model, s):
-    gen = torch.Generator(device=dev).manual_seed(1000 + s)
-    out = generate(model, prompts.to(dev), cont_len, eos_id=None, pad_id=tok.pad_id, greedy=False, generator=gen)
-    gen_emb = embed_texts([tok.decode(r) for r in out.cpu().tolist()], device=dev)
-    ppl, entropy = perplexity(model, valid_blocks, with_entropy=True)
-    return {"ppl": ppl, "entropy": entropy, "frontier": frontier_score(ref_a.numpy(), gen_emb.numpy(), seed=s),
-            "mmd2": mmd2(ref_a, gen_emb), "rep4": float(repetition(out.cpu(), n=4).mean())}
-
-
+# %%
 if base_lm is None:                                      # pretrain an LM of the requested size by MLE first
     torch.manual_seed(seed)
     base_lm = TransformerLM(V, d_model=lm_d_model, n_layers=lm_layers, n_heads=lm_heads,
@@ -436,198 +433,456 @@ if base_lm is None:                                      # pretrain an LM of the
           warmup=max(1, pretrain_steps // 20))
 base_lm = base_lm.to(dev)
 
-# %%
-methods = ["MLE", "EMO (LM head)", "EMO (MiniLM)", "EMO+MLE (LM head)"]
-results = {m: [] for m in methods}
-start = {}
-for s in range(seeds):
-    start.setdefault("pretrained", []).append(evaluate(base_lm, s))
-    for m in methods:
-        torch.manual_seed(seed * 100 + s)
-        model = copy.deepcopy(base_lm)
-        train(model, m, finetune_steps, finetune_lr, torch.Generator().manual_seed(seed * 100 + s), desc=f"{m} s{s}")
-        results[m].append(evaluate(model, s))
-results = {"pretrained": start["pretrained"], **results}
-
-
-KEYS = {"pretrained": "pretrained", "MLE": "mle", "EMO (LM head)": "emo_lm_head", "EMO (MiniLM)": "emo_minilm",
-        "EMO+MLE (LM head)": "emo_mle_lm_head"}
-
-
-def agg(rows, key):
-    v = np.array([r[key] for r in rows])
-    return v.mean(), v.std(ddof=1) if len(v) > 1 else 0.0
-
-
-METRICS = ("ppl", "entropy", "frontier", "mmd2", "rep4")
-print(f"{'method':18s}" + "".join(f"{h:>19s}" for h in ("perplexity", "entropy (nats)", "frontier-MiniLM",
-                                                      "MMD²", "seq-rep-4")))
-for m, rows in results.items():
-    cells = [f"{agg(rows, k)[0]:8.3f} ± {agg(rows, k)[1]:.3f}" for k in METRICS]
-    print(f"{m:18s}" + "".join(f"{c:>19s}" for c in cells))
-    for k in METRICS:
-        run.record(f"continued/{KEYS[m]}/{k}", agg(rows, k)[0])
-print(f"(mean ± sd over {seeds} seeds; frontier score of human vs human at n={n_p}: {ceiling:.3f})")
+# %% [markdown]
+# ### 3a · The two variants of the reference code, and the cap of 3
+#
+# The official repository (github.com/DRSY/EMO) holds two forms of the EMO term:
+#
+# * **plain**, $\sum_i p_i c_{it}$ — `language_modeling/gpt2.py` mode `emo` as released with the paper
+#   (October 2023; `run_lm_gpt2.sh` selects it), and the PyPI package `emoloss`;
+# * **patch**, $q = p - \mathrm{sg}(p\odot\mathbb 1_t)$ in place of $p$ — introduced by the commit "fix emo
+#   implementation" (b6a7d7a, 21 November 2023, after the paper's first arXiv version) into `emo_patch.py`
+#   (`emo1_adaptive`, `emo2_adaptive`, `emo2_fixed`), the LLaMA scripts and gpt2.py.
+#
+# The patch subtracts a *detached* term, so EMO's own gradient is unchanged while its value grows by
+# $\mathrm{sg}(p_t)\lVert\hat e_t\rVert^2 = p_t$. The mixes' detached ratios see that value, so their gradients
+# change: the weight on $\nabla\mathrm{EMO}$ in `emo_mle_ratio` drops from $\mathrm{MLE}/\mathrm{EMO}$ to
+# $\mathrm{MLE}/(\mathrm{EMO}+p_t)$. **The paper's language-modeling results used the plain form** (the code
+# that accompanied them predates the patch; the repository does not say whether any later numbers were rerun).
+# `taskloss.losses.emo.emo_loss` offers both as `variant="plain"` (default) and `variant="patch"`. Their
+# gradient difference, measured on the pretrained LM's logits for one training batch:
 
 # %%
-PANELS = [("ppl", "held-out perplexity\n(effective choices/token)", True, "perplexity"),
-          ("entropy", "predictive entropy\n(nats/token)", None, "entropy (a drop = sharper)"),
-          ("frontier", "frontier-MiniLM\n(area, 0 to 1)", False, "frontier-MiniLM vs human text"),
-          ("rep4", "seq-rep-4\n(fraction of 4-grams)", True, "repetition in samples")]
-names, CI = list(results), (0.68 if seeds < 4 else 0.95)   # 2 seeds: a 95 % t-interval is ±9 sd wide
-fig, axes = plt.subplots(1, 4, figsize=(16, 4.4))
-for ax, (k, ylabel, lower, title) in zip(axes, PANELS):
-    per_seed = [np.array([r[k] for r in results[m]]) for m in names]
-    mean, lo, hi = (np.array(v) for v in zip(*(mean_interval(v, CI) for v in per_seed)))
-    ax.bar(range(len(names)), mean, yerr=[mean - lo, hi - mean], capsize=4,
-           color=["0.6", "C0", "C1", "C2", "C3"][:len(names)])       # bars start at 0
-    for i, v in enumerate(per_seed):
-        ax.scatter([i] * len(v), v, color="k", s=10, zorder=3)
-    if k == "frontier":
-        ax.axhline(ceiling, ls="--", color="k", lw=0.8)
-    ax.set_xticks(range(len(names)), [n.replace(" (", "\n(") for n in names], fontsize=8)
-    label_axes(ax, "", ylabel, title, lower_is_better=lower, legend=False)
-fig.legend(handles=[Patch(color="0.6", label=f"mean over {seeds} seeds, {100 * CI:.0f} % t-interval"),
-                    Line2D([], [], ls="", marker="o", color="k", ms=4, label="one seed"),
-                    Line2D([], [], ls="--", color="k", lw=0.8, label="human vs human (frontier ceiling)")],
-           loc="lower center", ncol=3, fontsize=9, frameon=False)
-fig.suptitle(f"continued training, {finetune_steps} steps × {batch_size}×{block_size} tokens, {seeds} seeds")
-fig.tight_layout(rect=(0, 0.07, 1, 1))
-run.savefig(fig, "continued_training.png")
+xb = train_blocks[:batch_size].to(dev)
+with torch.no_grad():
+    logits_b = base_lm(xb[:, :-1]).reshape(-1, V).double()
+y_b, head = xb[:, 1:].reshape(-1), base_lm.output_embedding.detach()
+p_t = logits_b.softmax(-1).gather(1, y_b[:, None]).squeeze(1)
+shift = emo_loss(logits_b, y_b, head, variant="patch", reduction="none") - emo_loss(logits_b, y_b, head,
+                                                                                        reduction="none")
+torch.testing.assert_close(shift, p_t)                         # patch value = plain value + p_t (unit ê_t)
+
+
+def logit_grad(combine, variant):
+    x = logits_b.clone().requires_grad_()
+    emo_loss(x, y_b, head, combine=combine, variant=variant).backward()
+    return x.grad
+
+
+for combine in ("emo", "emo_mle_ratio", "mle_scaled_by_emo"):
+    a, b = logit_grad(combine, "plain"), logit_grad(combine, "patch")
+    per_tok = (b - a).norm(dim=1) / a.norm(dim=1)
+    run.record(f"variants/{combine}/grad_rel_diff", float((b - a).norm() / a.norm()))
+    run.record(f"variants/{combine}/grad_rel_diff_token_max", float(per_tok.max()))
+    print(f"{combine:18s} ‖∇patch − ∇plain‖/‖∇plain‖: batch {(b - a).norm() / a.norm():.3f}, "
+          f"median token {per_tok.median():.3f}, max token {per_tok.max():.3f}")
+assert run.results["variants/emo/grad_rel_diff"] < 1e-12          # EMO's own gradient: identical
+_ = run.record("variants/mean_p_t", float(p_t.mean()))
+
+# %% [markdown]
+# **"Capped at 3".** The authors' PyPI package `emoloss` (version 0.0.3, `from emo import EMOLoss`) computes,
+# in its default `mode=1`, $\tfrac12\bigl(\min(\mathrm{sg}(\mathrm{MLE}/\mathrm{EMO}), 3)\cdot\mathrm{EMO} +
+# \mathrm{MLE}\bigr)$; the same cap sat in the repository's `emo_patch.py` and LLaMA code between 31 October
+# ("fix abnormal loss curve when using Deepspeed") and 21 November 2023. `mode=2` is `mle_scaled_by_emo`. Checked
+# against the package itself (it takes unshifted `[B, T+1, V]` logits and shifts them), and how often the cap
+# binds on this batch:
+
+# %%
+with torch.no_grad():
+    full = base_lm(xb).double()                                           # [B, T+1, V]
+for mode, kw in ((1, {"combine": "emo_mle_ratio", "ratio_max": 3.0}), (2, {"combine": "mle_scaled_by_emo"})):
+    reference = emoloss.EMOLoss(full, xb, head.double(), mode=mode)
+    torch.testing.assert_close(emo_loss(full[:, :-1], xb[:, 1:], head, **kw), reference, rtol=1e-6, atol=1e-9)
+ratio_b = F.cross_entropy(logits_b, y_b, reduction="none") / emo_loss(logits_b, y_b, head, reduction="none")
+cap_share = run.record("variants/cap_binds_share", float((ratio_b > 3).double().mean()))
+print(f"emoloss mode=1 = emo_mle_ratio with ratio_max=3, mode=2 = mle_scaled_by_emo: equal. "
+      f"MLE/EMO > 3 on {cap_share:.1%} of tokens (median ratio {ratio_b.median():.2f})")
+
+# %% [markdown]
+# ### 3b · Five objectives, 200 prompts, paired over seeds
+#
+# Starting from the small LM pretrained by MLE (`taskloss.lm.pretrained.load_pretrained_lm`), continue training on
+# the training split with five objectives, the same number of AdamW steps and the same batches per seed:
+# **MLE**; **EMO (LM head)** — pure EMO, cost from a frozen copy of the LM's own output layer (the paper's choice);
+# **EMO (MiniLM)** — pure EMO, cost from MiniLM's pretrained token embeddings (an *external* cost, the essay's
+# Word2Vec worry); **EMO+MLE (LM head)** — the `emo_mle_ratio` mix, plain variant, as in the paper's
+# language-modeling runs; **EMO+MLE patch (LM head)** — the same with the patch variant.
+#
+# Measured per seed: held-out **perplexity**, mean predictive **entropy**, and the quality of sampled
+# continuations of $n$ prompts against the human continuations. MAUVE itself needs GPT-2-large features that
+# cannot be loaded offline, so MAUVE's recipe runs on MiniLM sentence embeddings — PCA to 90 % of the variance,
+# k-means with $k$ clusters on the union (MAUVE's rule $k = n/10$), cluster histograms $P$ (human) and $Q$
+# (model), and the area under the divergence frontier $\bigl(e^{-5\,\mathrm{KL}(Q\|R_\lambda)},
+# e^{-5\,\mathrm{KL}(P\|R_\lambda)}\bigr)$, $R_\lambda = \lambda P + (1-\lambda)Q$ (1 = indistinguishable).
+# We call it **frontier-MiniLM**; it is *not* comparable with published MAUVE numbers. Because k-means itself is
+# random, every pair of sets is scored with `cluster_seeds` k-means seeds (the same for every method) and the
+# score is their mean. Also the unbiased **MMD²** with an RBF kernel on the same embeddings (0 = same
+# distribution; no clustering), and seq-rep-4, the fraction of repeated 4-grams in the samples.
+# Calibration: the same scores between the prompts' human continuations and other human text (the test split).
+
+# %%
+prefixes, refs = prefix_continuations("valid", prefix_len, cont_len, tok, max_items=n_prompts, path=corpus)
+_, refs_test = prefix_continuations("test", prefix_len, cont_len, tok, max_items=n_prompts, path=corpus)
+n_p = min(len(refs), len(refs_test))
+prompts = prefixes[:n_p]
+ref_a = embed_texts([tok.decode(r) for r in refs[:n_p]], device=dev)       # human continuations of the prompts
+ref_b = embed_texts([tok.decode(r) for r in refs_test[:n_p]], device=dev)  # other human text (test split)
+k_q = n_clusters or None
+
+
+def frontier(gen_emb):
+    """frontier-MiniLM of ``gen_emb`` against the prompts' human continuations: one value per k-means seed."""
+    return np.array([frontier_score(ref_a.numpy(), np.asarray(gen_emb), n_clusters=k_q, seed=c)
+                     for c in range(cluster_seeds)])
+
+
+assert abs(frontier(ref_a).min() - 1.0) < 1e-9                            # identical sets → 1
+assert frontier(-ref_a.numpy() + 5.0).max() < 0.05                        # disjoint clouds → ~0
+human = frontier(ref_b)
+run.record("quality/n_prompts", n_p)
+run.record("quality/human_vs_human", float(human.mean()))
+run.record("quality/human_vs_human_cluster_range", [float(human.min()), float(human.max())])
+run.record("quality/human_vs_human_mmd2", mmd2(ref_a, ref_b))
+print(f"{n_p} prompts; human vs human: frontier-MiniLM {human.round(3)} over {cluster_seeds} k-means seeds, "
+      f"MMD² {run.results['quality/human_vs_human_mmd2']:.4f}")
+
+# %% [markdown]
+# How many prompts does the score need? Two sets of human text, scored at growing sample size with the same
+# k-means seeds (MAUVE's rule sets $k = n/10$ at each size):
+
+# %%
+sizes = [n for n in (32, 64, 128) if n < n_p] + [n_p]
+by_n = {n: np.array([frontier_score(ref_a[:n].numpy(), ref_b[:n].numpy(), n_clusters=k_q, seed=c)
+                     for c in range(cluster_seeds)]) for n in sizes}
+_ = run.record("quality/human_by_n", {str(n): [float(v.min()), float(v.mean()), float(v.max())] for n, v in by_n.items()})
+fig, ax = plt.subplots(figsize=(6, 3.6))
+for n, v in by_n.items():
+    ax.scatter(np.full(len(v), n), v, color="C0", s=14)
+ax.plot(sizes, [v.mean() for v in by_n.values()], color="C0", label=f"mean of {cluster_seeds} k-means seeds")
+ax.set_xscale("log", base=2)
+ax.set_xticks(sizes, [str(n) for n in sizes])
+ax.set_ylim(0, 1.02)
+label_axes(ax, "texts per set, n (log scale)", "frontier-MiniLM, human vs human", "the score's own noise",
+           lower_is_better=None)
+run.savefig(fig, "human_vs_human_by_n.png")
 plt.show()
 
 # %% [markdown]
-# *Figure: bars start at 0; error bars are t-intervals of the mean over the seeds, 68 % with fewer than
-# four seeds (with two, a 95 % interval spans about ±9 standard deviations), dots are single seeds.
-# EMO alone (orange, green) raises held-out perplexity and lowers the predictive entropy; mixed with MLE
-# (red) it stays within about 20 % of MLE's (blue) perplexity. The frontier-MiniLM differences are within
-# the seed spread at this size.*
+# *Figure: the quality score between two sets of human text (the best a model can expect), one dot per k-means
+# seed, at each sample size; the axis starts at 0. What to see: at 32 texts per set the k-means seed alone
+# moves the score across a wide range; at 200 the range narrows but does not vanish, which is why every score
+# below is a mean over k-means seeds and every comparison an interval over training seeds.*
+
+# %%
+def evaluate(model, s):
+    gen = torch.Generator(device=dev).manual_seed(1000 + s)
+    out = generate(model, prompts.to(dev), cont_len, eos_id=None, pad_id=tok.pad_id, greedy=False, generator=gen)
+    gen_emb = embed_texts([tok.decode(r) for r in out.cpu().tolist()], device=dev)
+    h, fr = heldout(model), frontier(gen_emb)
+    return {"ppl": math.exp(h["nll"]), "entropy": h["entropy"], "frontier": float(fr.mean()), "frontier_k": fr,
+            "mmd2": mmd2(ref_a, gen_emb), "rep4": float(repetition(out.cpu(), n=4).mean())}
+
+
+METHODS = ["MLE", "EMO (LM head)", "EMO (MiniLM)", "EMO+MLE (LM head)", "EMO+MLE patch (LM head)"]
+results, curves = {m: [] for m in ["pretrained"] + METHODS}, {m: [] for m in METHODS}
+for s in range(seeds):
+    results["pretrained"].append(evaluate(base_lm, s))
+    for m in METHODS:
+        torch.manual_seed(seed * 100 + s)
+        model = copy.deepcopy(base_lm)
+        curve = train(model, m, finetune_steps, finetune_lr, torch.Generator().manual_seed(seed * 100 + s),
+                      eval_every=finetune_eval_every, probe=lambda mod: math.exp(heldout(mod)["nll"]), desc=f"{m} s{s}")
+        curves[m].append([v for _, v in curve])
+        results[m].append(evaluate(model, s))
+budget_steps = [st for st, _ in curve]
+
+# %%
+KEYS = {"pretrained": "pretrained", "MLE": "mle", "EMO (LM head)": "emo_lm_head", "EMO (MiniLM)": "emo_minilm",
+        "EMO+MLE (LM head)": "emo_mle_lm_head", "EMO+MLE patch (LM head)": "emo_mle_patch_lm_head"}
+METRICS = {"ppl": "perplexity", "entropy": "entropy (nats)", "frontier": "frontier-MiniLM", "mmd2": "MMD²",
+           "rep4": "seq-rep-4"}
+per_seed = {m: {k: np.array([r[k] for r in rows]) for k in METRICS} for m, rows in results.items()}
+print(f"{'method':24s}" + "".join(f"{h:>24s}" for h in METRICS.values()))
+for m in results:
+    cells = []
+    for k in METRICS:
+        mu, lo, hi = mean_interval(per_seed[m][k])
+        cells.append(f"{mu:.3f} [{lo:.3f}, {hi:.3f}]")
+        run.record(f"continued/{KEYS[m]}/{k}", float(mu))
+    print(f"{m:24s}" + "".join(f"{c:>24s}" for c in cells))
+print(f"mean [95 % t-interval] over {seeds} seeds; human vs human frontier-MiniLM {human.mean():.3f}")
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 4))
+for i, m in enumerate(METHODS):
+    seed_band(ax, budget_steps, np.array(curves[m]), label=m, color=f"C{i}", marker="o")
+label_axes(ax, f"continued-training step (batches of {batch_size}×{block_size} tokens)",
+           "held-out perplexity (choices/token)", f"budget curve, {seeds} seeds", lower_is_better=True, logy=True)
+run.savefig(fig, "continued_budget.png")
+plt.show()
 
 # %% [markdown]
-# ## 4 · Experiment: from scratch
+# *Figure: held-out perplexity (log scale) against the number of continued-training steps, mean over seeds with
+# its 95 % band (the budget behind the verdicts below). What to see: the ranking of the five objectives is
+# the same at every evaluation; pure EMO climbs away from MLE from the first steps on and is still climbing.*
+
+# %%
+SHORT = {"pretrained": "pre-\ntrained", "MLE": "MLE", "EMO (LM head)": "EMO\nLM head", "EMO (MiniLM)": "EMO\nMiniLM",
+         "EMO+MLE (LM head)": "EMO+MLE\nplain", "EMO+MLE patch (LM head)": "EMO+MLE\npatch"}
+
+
+def strip_with_interval(ax, names):
+    """Every (training seed, k-means seed) frontier score as a dot, coloured by training seed, and the mean over
+    training seeds with its 95 % t-interval in black."""
+    for i, m in enumerate(names):
+        for s, row in enumerate(np.array([r["frontier_k"] for r in results[m]])):      # [cluster_seeds]
+            ax.scatter(np.full(len(row), i + 0.08 * (s - (seeds - 1) / 2)), row, s=9, color=f"C{s}", alpha=0.7)
+        mu, lo, hi = mean_interval(per_seed[m]["frontier"])
+        ax.errorbar(i + 0.35, mu, yerr=[[mu - lo], [hi - mu]], fmt="o", color="k", capsize=4)
+    ax.axhspan(human.min(), human.max(), color="0.85", zorder=0, label="human vs human (range over k-means seeds)")
+    ax.set_xticks(range(len(names)), [SHORT[n] for n in names], fontsize=8)
+    ax.set_ylim(0, 1.02)
+
+# %%
+fig, axes = plt.subplots(1, 3, figsize=(16, 4.6), gridspec_kw={"width_ratios": [2.2, 1, 1]})
+strip_with_interval(axes[0], list(results))
+label_axes(axes[0], "", "frontier-MiniLM (area, 0 to 1)", "quality of samples: dots = seed × k-means seed",
+           lower_is_better=False)
+for ax, k, ylabel, lower in ((axes[1], "mmd2", "MMD² (0 = same as human)", True),
+                             (axes[2], "entropy", "predictive entropy (nats/token)", None)):
+    for i, m in enumerate(results):
+        mu, lo, hi = mean_interval(per_seed[m][k])
+        ax.errorbar(i, mu, yerr=[[mu - lo], [hi - mu]], fmt="o", color="k", capsize=4)
+    ax.set_xticks(range(len(results)), [SHORT[n] for n in results], fontsize=7)
+    label_axes(ax, "", ylabel, METRICS[k], lower_is_better=lower)
+axes[1].axhline(run.results["quality/human_vs_human_mmd2"], ls="--", color="0.5", lw=0.8, label="human vs human")
+axes[1].legend(fontsize="small")
+fig.tight_layout()
+run.savefig(fig, "continued_quality.png")
+plt.show()
+
+# %% [markdown]
+# *Figure: left, frontier-MiniLM of every training seed (colour) and k-means seed (dots in a column), with the
+# mean over seeds and its 95 % t-interval (black; the axis starts at 0); the grey band is the range two sets of
+# human text reach. Middle and right: MMD² (dashed: human vs human) and predictive entropy, mean and 95 %
+# interval over seeds. What to see: the spread within one column (k-means alone) is as wide as the differences
+# between MLE and the two mixes, while pure EMO falls clearly below — and sharpens its predictions (lower
+# entropy), most with MiniLM's cost.*
+
+# %%
+within = np.mean([np.std(r["frontier_k"], ddof=1) for rows in results.values() for r in rows])
+between = np.mean([np.std(per_seed[m]["frontier"], ddof=1) for m in METHODS])
+run.record("quality/kmeans_seed_sd", float(within))          # sd over k-means seeds, one pair of sets
+run.record("quality/training_seed_sd", float(between))       # sd over training seeds of the mean score
+PAIRS = [("EMO+MLE (LM head)", "MLE"), ("EMO (LM head)", "MLE"), ("EMO (MiniLM)", "EMO (LM head)"),
+         ("EMO+MLE patch (LM head)", "EMO+MLE (LM head)")]
+for a, b in PAIRS:
+    for k, lower in (("frontier", False), ("mmd2", True), ("ppl", True)):
+        run.compare(f"continued/{KEYS[a]}_vs_{KEYS[b]}/{k}", per_seed[a][k], per_seed[b][k], name=a, baseline=b,
+                    metric=METRICS[k], lower_is_better=lower, headline=(a, b) == PAIRS[0] and k != "mmd2")
+worst = {k: max(METHODS, key=lambda m: per_seed[m][k].mean() * (1 if lower else -1))
+         for k, lower in (("ppl", True), ("frontier", False), ("mmd2", True))}
+_ = run.record("continued/minilm_worst_on", [METRICS[k] for k, m in worst.items() if m == "EMO (MiniLM)"])
+
+# %% [markdown]
+# ## 4 · From scratch: slow, or heading elsewhere?
 #
-# The essay's caveat: without a term that grows without bound on wrong predictions, EMO alone should converge
-# slowly from a random initialization (section 2: its gradient is $O(1/\sqrt V)$ of MLE's at a uniform
-# start), so a mix with MLE is what one would use. A small Transformer is trained from scratch with MLE, pure
-# EMO and the `emo_mle_ratio` mix, cost from MiniLM's token embeddings (there is no trained output layer yet),
-# same batches and learning rate; held-out perplexity is tracked.
+# The essay expects pure EMO to *converge slowly* from a random start. Section 2 gives two candidate reasons —
+# the gradient is small ($\approx 10^{-3}$ of MLE's) and it points elsewhere (cosine ≈ 0.2) — and section 1's
+# scoring-rule argument predicts where it leads: for a model that ignored the context, the expected EMO is
+# $\sum_i p_i m_i$ with $m_i = \sum_t q_t c_{it}$ ($q$ the unigram frequencies), minimized by a point mass on
+# the single token $i^\star = \arg\min_i m_i$. Compute that token and its EMO value on the held-out blocks:
 
 # %%
-scratch = {}
-for name in ["MLE", "EMO (MiniLM)", "EMO+MLE (MiniLM)"]:
-    curves = []
-    for s in range(scratch_seeds):
-        torch.manual_seed(seed * 100 + s)
-        model = TransformerLM(V, d_model=scratch_d_model, n_layers=1, n_heads=2, max_len=block_size).to(dev)
-        curve = [(0, perplexity(model, valid_blocks))]
-        curve += train(model, name, scratch_steps, scratch_lr, torch.Generator().manual_seed(seed * 100 + s),
-                       eval_every=scratch_eval_every, desc=f"scratch {name}")
-        curves.append(curve)
-    scratch[name] = np.array([[p for _, p in c] for c in curves])       # [seeds, evals]
-    steps_axis = [st for st, _ in curves[0]]
+q_uni = torch.bincount(train_blocks[:, 1:].reshape(-1), minlength=V).double()
+m_cost = 1 - e_hat @ (e_hat.T @ (q_uni / q_uni.sum()))          # m_i = Σ_t q_t c_it
+i_star = int(m_cost.argmin())
+y_valid = valid_blocks[:, 1:].reshape(-1)
+point_mass_emo = run.record("scratch/point_mass_emo", float((1 - e_hat[y_valid] @ e_hat[i_star]).mean()))
+run.record("scratch/point_mass_token", tok.decode([i_star]))
+print(f"i* = {i_star} ({tok.decode([i_star])!r}); always predicting it scores EMO {point_mass_emo:.4f} held out")
 
+# %% [markdown]
+# To separate size from direction, five runs from the same random initialization and batches, cost from
+# MiniLM (there is no trained output layer yet): MLE, pure EMO and the `emo_mle_ratio` mix with **AdamW**
+# (whose per-coordinate normalization already removes most of a gradient's scale), and MLE and pure EMO with
+# **plain SGD**, where EMO's learning rate is MLE's times $\lVert\nabla_\theta\mathrm{MLE}\rVert /
+# \lVert\nabla_\theta\mathrm{EMO}\rVert$ measured at the initialization — so both take first steps of the same
+# length, each along its own gradient. At every evaluation: held-out NLL, EMO value, top-1 accuracy, the share
+# of the most predicted token, and the cosine between the two *parameter* gradients on a held-out batch.
 
 # %%
-fig, ax = plt.subplots(figsize=(6, 3.8))
-for i, (name, ppl) in enumerate(scratch.items()):
-    seed_band(ax, steps_axis, ppl, label=name, color=f"C{i}", marker="o")
-label_axes(ax, f"training step (batches of {batch_size}×{block_size} tokens)",
-           "held-out perplexity\n(effective choices/token)",
-           f"from scratch (d={scratch_d_model}, V={V}, {scratch_seeds} seed{'s' if scratch_seeds > 1 else ''})",
-           lower_is_better=True, logy=True)
+mle_fn, emo_fn, probe_batch = make_loss("MLE", None), make_loss("EMO (MiniLM)", None), valid_blocks[:8].to(dev)
+
+
+def param_grad(model, loss_fn, b):
+    model.zero_grad(set_to_none=True)
+    loss_fn(model(b[:, :-1]), b[:, 1:]).backward()
+    return torch.cat([p.grad.reshape(-1) for p in model.parameters() if p.grad is not None])
+
+
+def scratch_probe(model):
+    out = heldout(model, cost=E_minilm)
+    ge, gm = param_grad(model, emo_fn, probe_batch), param_grad(model, mle_fn, probe_batch)
+    model.zero_grad(set_to_none=True)
+    return {**out, "cos": float(F.cosine_similarity(ge, gm, dim=0)), "norm_ratio": float(ge.norm() / gm.norm())}
+
+# %%
+RUNS = [("MLE", "adamw"), ("EMO (MiniLM)", "adamw"), ("EMO+MLE (MiniLM)", "adamw"), ("MLE", "sgd"),
+        ("EMO (MiniLM)", "sgd")]
+scratch, lr_scale = {f"{n} · {o}": [] for n, o in RUNS}, []
+for s in range(scratch_seeds):
+    torch.manual_seed(seed * 100 + s)
+    init = TransformerLM(V, d_model=scratch_d_model, n_layers=1, n_heads=2, max_len=block_size).to(dev)
+    b0 = train_blocks[:batch_size].to(dev)
+    lr_scale.append(float(param_grad(init, mle_fn, b0).norm() / param_grad(init, emo_fn, b0).norm()))
+    for name, opt_name in RUNS:
+        lr = scratch_lr if opt_name == "adamw" else scratch_sgd_lr * (lr_scale[-1] if name.startswith("EMO (") else 1)
+        curve = train(copy.deepcopy(init), name, scratch_steps, lr, torch.Generator().manual_seed(seed * 100 + s),
+                      optimizer=opt_name, eval_every=scratch_eval_every, probe=scratch_probe, desc=f"{name} {opt_name}")
+        scratch[f"{name} · {opt_name}"].append(curve)
+steps_axis = [st for st, _ in curve]
+run.record("scratch/sgd_lr_scale", float(np.mean(lr_scale)))
+
+
+def traj(key, stat):                         # [seeds, evaluations] of one statistic
+    return np.array([[pt[stat] for _, pt in c] for c in scratch[key]])
+
+# %%
+PANELS = [("nll", "held-out NLL (nats/token)", True), ("emo", "held-out EMO value (cost units)", True),
+          ("acc", "held-out top-1 accuracy (fraction)", False), ("cos", "cos(∇θ EMO, ∇θ MLE)", None)]
+fig, axes = plt.subplots(1, 4, figsize=(18, 4.2))
+for ax, (stat, ylabel, lower) in zip(axes, PANELS):
+    for i, key in enumerate(scratch):
+        seed_band(ax, steps_axis, traj(key, stat), label=key, color=f"C{i}", marker="o",
+                  ls="-" if "adamw" in key else "--")
+    if stat == "emo":
+        ax.axhline(point_mass_emo, color="k", lw=0.8, ls=":", label=f"point mass on {tok.decode([i_star])!r}")
+    label_axes(ax, "training step from scratch", ylabel, None, lower_is_better=lower, legend=False,
+               logy=stat == "nll")
+axes[3].axhline(0, color="k", lw=0.6)
+fig.legend(*axes[1].get_legend_handles_labels(), loc="lower center", ncol=6, fontsize=8, frameon=False)
+fig.suptitle(f"from scratch (d={scratch_d_model}, V={V}, {scratch_seeds} seed{'s' * (scratch_seeds > 1)}; "
+             "solid AdamW, dashed plain SGD with EMO's step matched at the start)")
+fig.tight_layout(rect=(0, 0.08, 1, 1))
 run.savefig(fig, "from_scratch.png")
 plt.show()
 
 # %% [markdown]
-# *Figure: held-out perplexity (log scale) while training from a random start. MLE and the EMO+MLE mix
-# fall together; pure EMO falls more slowly (its gradient is $O(1/\sqrt V)$ of MLE's at a uniform start,
-# section 2) and at the default settings turns back up above its starting perplexity. With several seeds
-# the line is the mean and the band its 95 % interval.*
+# *Figure: the same five runs seen through four statistics (log-scale NLL; EMO's own objective with the value of
+# the best constant prediction dotted; top-1 accuracy; the cosine between the EMO and MLE parameter gradients).
+# What to see: pure EMO ends with the lowest value of its own objective, close to the point-mass value, while
+# its NLL climbs and its gradient turns against MLE's — and with SGD at a matched step it does the same, faster.*
 
 # %%
-final = {k: float(v[:, -1].mean()) for k, v in scratch.items()}
-print("final perplexity:", {k: round(v, 1) for k, v in final.items()}, " (start:", round(float(scratch['MLE'][:, 0].mean()), 1), ")")
-run.record("scratch/mle_ppl", final["MLE"], headline=True)
-run.record("scratch/emo_ppl", final["EMO (MiniLM)"], headline=True)
-run.record("scratch/emo_mle_ppl", final["EMO+MLE (MiniLM)"])
+def final(key, stat):
+    return float(traj(key, stat)[:, -1].mean())
+
+
+SKEYS = {"MLE · adamw": "mle_adamw", "EMO (MiniLM) · adamw": "emo_adamw", "EMO+MLE (MiniLM) · adamw": "emo_mle_adamw",
+         "MLE · sgd": "mle_sgd", "EMO (MiniLM) · sgd": "emo_sgd"}
+for key, tag in SKEYS.items():
+    for stat in ("nll", "emo", "acc", "top_share", "cos"):
+        run.record(f"scratch/{tag}/{stat}", final(key, stat))
+run.record("scratch/start_nll", float(traj("MLE · adamw", "nll")[:, 0].mean()))
+run.record("scratch/mle_ppl", math.exp(final("MLE · adamw", "nll")))     # one seed at CI defaults: no interval,
+run.record("scratch/emo_ppl", math.exp(final("EMO (MiniLM) · adamw", "nll")))   # so not headlines
+run.record("scratch/emo_mle_ppl", math.exp(final("EMO+MLE (MiniLM) · adamw", "nll")))
+run.record("scratch/emo_peak_ppl_drop", math.exp(traj("EMO (MiniLM) · adamw", "nll").min(1).mean()))
+if scratch_seeds > 1:
+    for opt_name in ("adamw", "sgd"):
+        for stat, lower in (("nll", True), ("emo", True)):
+            run.compare(f"scratch/emo_vs_mle_{opt_name}/{stat}", traj(f"EMO (MiniLM) · {opt_name}", stat)[:, -1],
+                        traj(f"MLE · {opt_name}", stat)[:, -1], name=f"EMO {opt_name}", baseline=f"MLE {opt_name}",
+                        metric=f"from-scratch held-out {stat}", lower_is_better=lower)
+
+# %%
+rose = "rose above" if run.results["scratch/emo_adamw/nll"] > run.results["scratch/start_nll"] else "stayed below"
+_ = run.say(
+    "**What the from-scratch numbers show.** With AdamW, pure EMO's perplexity fell from {start:.0f} to "
+    "{scratch/emo_peak_ppl_drop:.0f} at best and then {rose} its start, ending at {scratch/emo_ppl:.0f} against "
+    "{scratch/mle_ppl:.0f} for MLE — yet its own held-out objective ended at {scratch/emo_adamw/emo:.3f}, *below* "
+    "MLE's {scratch/mle_adamw/emo:.3f} and near the {scratch/point_mass_emo:.3f} of always predicting "
+    "{scratch/point_mass_token!r} ({scratch/emo_adamw/top_share:.0%} of its argmax predictions were one token), at "
+    "top-1 accuracy {scratch/emo_adamw/acc:.3f} (MLE {scratch/mle_adamw/acc:.3f}). With plain SGD and EMO's "
+    "learning rate multiplied by {scratch/sgd_lr_scale:.0f} so that its first step is as long as MLE's, EMO reached "
+    "EMO {scratch/emo_sgd/emo:.3f} at NLL {scratch/emo_sgd/nll:.1f} nats/token (MLE with SGD: EMO "
+    "{scratch/mle_sgd/emo:.3f}, NLL {scratch/mle_sgd/nll:.2f}); the gradient cosine ended at "
+    "{scratch/emo_sgd/cos:.2f}. EMO is not converging slowly: it converges quickly, towards a different optimum — "
+    "a sharp, low-entropy prediction of 'cheap' tokens that a calibrated distribution is not. Scale is not the "
+    "issue (a step as long as MLE's ends at a far higher NLL, not a lower one); direction is. The `emo_mle_ratio` "
+    "mix ended at "
+    "perplexity {scratch/emo_mle_ppl:.0f}, because its MLE half keeps the prediction a proper distribution.",
+    start=math.exp(run.results["scratch/start_nll"]), rose=rose)
+
+# %%
+MAIN, PATCH = "continued/emo_mle_lm_head_vs_mle", "continued/emo_mle_patch_lm_head_vs_emo_mle_lm_head"
+_ = run.say(
+    "**What the continued-training numbers show** ({quality/n_prompts} prompts, {n} seeds, {k} k-means seeds per "
+    "pair). The k-means seed alone moves the quality score by sd {quality/kmeans_seed_sd:.3f} on a fixed pair of "
+    "sets, against sd {quality/training_seed_sd:.3f} of the seed-mean across training seeds; two sets of human "
+    "text score {quality/human_vs_human:.3f} (range {lo:.3f}–{hi:.3f}). The paper's objective (EMO+MLE, LM head, "
+    "plain) against MLE: frontier-MiniLM {M/frontier.mean_a:.3f} vs {M/frontier.mean_b:.3f}, difference "
+    "{M/frontier.effect:+.3f} (95 % CI [{M/frontier.ci_low:.3f}, {M/frontier.ci_high:.3f}]): "
+    "**{M/frontier.verdict}**; perplexity {M/ppl.mean_a:.1f} vs {M/ppl.mean_b:.1f} (CI of the difference "
+    "[{M/ppl.ci_low:.1f}, {M/ppl.ci_high:.1f}]): **{M/ppl.verdict}**. The patch variant against the plain one: "
+    "perplexity difference {P/ppl.effect:+.2f} (CI [{P/ppl.ci_low:.2f}, {P/ppl.ci_high:.2f}]), **{P/ppl.verdict}**; "
+    "frontier **{P/frontier.verdict}** — the patch lowers the weight on EMO's gradient (a {g1:.1%} change of the "
+    "mix's gradient, section 3a). EMO with MiniLM's embeddings does worst of the five objectives on {worst} "
+    "(perplexity {continued/emo_minilm/ppl:.0f} vs {continued/emo_lm_head/ppl:.0f} with the LM head's own cost, "
+    "frontier {continued/emo_minilm/frontier:.3f} vs {continued/emo_lm_head/frontier:.3f}): the essay's warning "
+    "that an external embedding may cap what EMO can reach is borne out here.".replace("{M/", "{" + MAIN + "/")
+    .replace("{P/", "{" + PATCH + "/"),
+    n=seeds, k=cluster_seeds, lo=human.min(), hi=human.max(), g1=run.results["variants/emo_mle_ratio/grad_rel_diff"],
+    worst=", ".join(run.results["continued/minilm_worst_on"]) or "none of perplexity, frontier and MMD²")
 
 # %% [markdown]
-# ## 5 · Which claims held at this scale
+# **Reading the rest.** The derivation checks are exact and asserted: for a one-hot target the EMO loss *is* the
+# earth mover distance, computed in $O(Vd)$; the soft-target formula is an upper bound, tight for one-hot targets
+# and separable costs; $c = 1-\delta$ gives $1-p_t$; the mixes' gradients are those of the objective with the
+# ratio frozen; the size, direction and target share of EMO's gradient at a uniform start match their closed
+# forms. Differences from the paper's setting that matter: a ~1M-parameter LM instead of GPT-2, continued
+# training on the corpus it was pretrained on (no domain shift to adapt to), twelve steps, short continuations,
+# and MiniLM instead of GPT-2-large features. An "inconclusive" verdict is a measurement at this scale, not a
+# refutation; `full.yaml` reruns the same code with 10 seeds and more steps, `gpu.yaml` with a GPT-2-small-sized
+# LM on WikiText-103.
 #
-# The table is computed from the numbers above; "held" requires the difference of seed means to exceed the
-# larger seed standard deviation (with one seed, any difference counts — read it as anecdotal).
+# > **Errata vs. the source essay.**
+# > * *"From scratch, pure EMO probably converges too slowly"* — measured, it does not converge slowly: its own
+# >   objective falls fast while perplexity rises above its starting value, towards a point mass on one cheap
+# >   token. EMO is linear in $p$ and so not a proper scoring rule (section 1); the failure is the optimum it
+# >   heads for, not the pace. Matching the step length with SGD makes it worse, not better.
+# > * The loss the essay presents as EMO's final training loss is not what the paper's language-modeling runs
+# >   trained: the reference code uses $\tfrac12(\mathrm{MLE} + \mathrm{sg}(\mathrm{MLE}/\mathrm{EMO})\,
+# >   \mathrm{EMO})$, whose *value* is MLE; the pure loss alone raises perplexity even from a pretrained start.
+# > * *"The token embeddings must stay fixed during training"* — the reference code also has "adaptive" forms
+# >   that use the *current* output layer (detached) at every step (`emo1_adaptive`, `emo2_adaptive`).
 
 # %%
-def better(a, b, key, higher=True):
-    (ma, sa), (mb, sb) = agg(results[a], key), agg(results[b], key)
-    diff = (ma - mb) if higher else (mb - ma)
-    return diff > max(sa, sb), ma, mb
-
-
-claims = []
-for m in ["EMO (LM head)", "EMO+MLE (LM head)", "EMO (MiniLM)"]:
-    ok, ma, mb = better(m, "MLE", "frontier")
-    claims.append((f"{m} beats MLE on the distribution-quality score (paper: MAUVE)", ok,
-                   f"{ma:.3f} vs {mb:.3f}"))
-    ok, ma, mb = better(m, "MLE", "ppl", higher=False)
-    claims.append((f"{m} reaches lower perplexity than MLE", ok, f"{ma:.2f} vs {mb:.2f}"))
-ok, ma, mb = better("MLE", "EMO (LM head)", "entropy")
-claims.append(("pure EMO (LM head) lowers the predictive entropy vs MLE (section 2: EMO is mode-seeking)", ok,
-               f"{mb:.2f} vs {ma:.2f} nats"))
-slow = final["EMO (MiniLM)"] > 1.5 * final["MLE"]
-claims.append(("pure EMO converges more slowly than MLE from scratch (essay caveat)", slow,
-               f"ppl {final['EMO (MiniLM)']:.0f} vs {final['MLE']:.0f} after {scratch_steps} steps"))
-mix_ok = final["EMO+MLE (MiniLM)"] < 0.5 * final["EMO (MiniLM)"]
-claims.append(("mixing with MLE restores from-scratch convergence", mix_ok,
-               f"ppl {final['EMO+MLE (MiniLM)']:.0f} vs pure EMO {final['EMO (MiniLM)']:.0f}"))
-print(f"{'claim':80s} {'held':6s} numbers")
-for c, ok, nums in claims:
-    print(f"{c:80s} {'yes' if ok else 'no':6s} {nums}")
-run.record("claims/held", [c for c, ok, _ in claims if ok])
-run.record("claims/not_held", [c for c, ok, _ in claims if not ok])
-# the paper's language-modeling "EMO" is the emo_mle_ratio mix: its differences to MLE are the headline numbers
-run.record("continued/emo_mle_minus_mle_frontier",
-           agg(results["EMO+MLE (LM head)"], "frontier")[0] - agg(results["MLE"], "frontier")[0], headline=True)
-run.record("continued/emo_mle_over_mle_ppl",
-           agg(results["EMO+MLE (LM head)"], "ppl")[0] / agg(results["MLE"], "ppl")[0], headline=True)
-run.record("runtime_s", time.time() - t_start)
-run.table()
-
-# %% [markdown]
-# **Reading the numbers.** The derivation checks are exact and asserted: for a one-hot target the EMO loss *is*
-# the earth mover distance, computed in $O(Vd)$ without a $V\times V$ matrix; the soft-target formula is an
-# upper bound, equal to the distance for one-hot targets and separable costs, strictly above it when both
-# distributions are spread; $c = 1-\delta$ gives $1 - p_t$; the mixes' gradients are those of the objective
-# with the ratio frozen.
-#
-# Two structural facts explain most of what the experiments show, and both are asserted below.
-# (1) Every EMO gradient entry is scaled by $p_k$, so at a uniform start EMO's gradient is a tiny fraction of
-# MLE's (the recorded ratio, asserted < 0.05): trained from scratch, pure EMO is asserted to end with at least
-# 1.5× MLE's perplexity — the essay's caveat holds — while the stop-gradient mix, which keeps
-# $\tfrac12\nabla\mathrm{MLE}$ at full strength, converges like MLE. (2) EMO is linear in $p$, hence not a
-# proper scoring rule: its optimum is a point mass on the cheapest token. Continued training with pure EMO is
-# asserted to lower the predictive entropy relative to MLE; how much that costs in perplexity and in the
-# quality of *sampled* text is in the table for this run.
-#
-# The paper's headline claims concern continued training (its language-modeling "EMO" is the
-# `emo_mle_ratio` mix, so the relevant row is *EMO+MLE (LM head)*): a higher MAUVE and a lower perplexity
-# than MLE. The claims table prints which comparisons came out in EMO's favour beyond seed noise. Differences
-# from the paper's setting that matter: a ~1M-parameter LM instead of GPT-2, continued training on the corpus
-# it was pretrained on (no domain shift to adapt to), a few dozen steps, tens of prompts (the human-vs-human
-# level of the quality score shows how coarse it is at this sample size), and MiniLM instead of GPT-2-large
-# features. A claim reported as not held is a measurement at this scale, not a refutation; `full.yaml` and
-# `gpu.yaml` rerun the same code with more prompts, steps and seeds, and (gpu) a GPT-2-small-sized LM on
-# WikiText-103.
-
-# %%
-# Assertions at CI scale (margins that hold across seeds)
-assert g_emo / g_mle < 0.05
-assert final["EMO (MiniLM)"] > 1.5 * final["MLE"], final          # EMO alone is slow from scratch
-assert final["EMO+MLE (MiniLM)"] < final["EMO (MiniLM)"], final    # the mix converges faster than EMO alone
+# Assertions at CI scale (they hold for seeds 0–19; see the README for the sweep)
+fin = {key: {st: final(key, st) for st in ("nll", "emo")} for key in scratch}
+assert fin["EMO (MiniLM) · adamw"]["nll"] > fin["MLE · adamw"]["nll"] + math.log(1.5), fin   # ≥ 1.5× MLE's ppl
+assert fin["EMO (MiniLM) · adamw"]["emo"] < fin["MLE · adamw"]["emo"], fin          # …at a lower EMO value
+assert fin["EMO (MiniLM) · sgd"]["nll"] > fin["MLE · sgd"]["nll"], fin              # matched step: still worse
+assert fin["EMO+MLE (MiniLM) · adamw"]["nll"] < fin["EMO (MiniLM) · adamw"]["nll"], fin
 # pure EMO is mode-seeking: continued training sharpens the predictions relative to MLE (≥ 0.3 nats)
-assert agg(results["EMO (LM head)"], "entropy")[0] < agg(results["MLE"], "entropy")[0] - 0.3
+assert per_seed["EMO (LM head)"]["entropy"].mean() < per_seed["MLE"]["entropy"].mean() - 0.3
+assert per_seed["EMO (MiniLM)"]["ppl"].mean() > per_seed["EMO (LM head)"]["ppl"].mean()
 for m, rows in results.items():
     for r in rows:
-        assert all(math.isfinite(v) for v in r.values()), (m, r)
+        assert all(math.isfinite(v) for k, v in r.items() if k != "frontier_k"), (m, r)
         assert 0.0 <= r["frontier"] <= 1.0 + 1e-9 and 0.0 <= r["rep4"] < 1.0
+run.record("runtime_s", time.time() - t_start)
 print(f"all assertions passed; notebook runtime {time.time() - t_start:.0f} s")
+
+# %%
+table = run.comparison_table()
+
+# %% [markdown]
+# **Try this.**
+# - More seeds, steps and k-means seeds (10 seeds, 240 prompts, 200 continued-training steps; about an hour on a CPU):
+#   `python -m taskloss.runner run 09 -f params/09_emo_loss/full.yaml`
+# - Longer from-scratch training, to see where pure EMO settles (three seeds, with paired verdicts):
+#   `python -m taskloss.runner run 09 -p scratch_steps 200 -p scratch_eval_every 20 -p scratch_seeds 3`
+# - A longer continued-training budget, to see whether the patch and plain variants separate:
+#   `python -m taskloss.runner run 09 -p finetune_steps 100 -p finetune_eval_every 20 -p seeds 5`
