@@ -16,8 +16,13 @@ which the ideal update Δθ* of :mod:`taskloss.harness.reference` is the update 
   fires once per ``backward``/``autograd.grad`` that reaches it, also for the second backward of a
   Hessian-vector product);
 * ``functional`` — calls of ``forward`` inside ``torch.func`` transforms (``vmap``, ``jvp``, ``vjp``,
-  ``jacrev``, ``hessian``): one such call evaluates a whole transformed computation (e.g. a GGN-vector product,
-  or K vmapped parameter sets), so it is counted apart from plain passes, never converted by a guess.
+  ``jacrev``, ``hessian``), counted apart from plain passes. The convention: a call under ``vmap`` counts the
+  product of the enclosing vmap batch sizes, so K candidates scored by one vmapped forward count K, exactly as
+  K forwards one after another would; a call under ``grad``/``vjp``/``jvp`` alone counts one. What the hooks
+  cannot see are the backward sweeps *inside* a transform (``jacrev`` vmaps its vector-Jacobian products over
+  the P basis vectors after one forward): a dense Hessian or a GGN-vector product therefore counts one
+  functional call although it costs up to ~P backward sweeps. For such rules the pass count is a lower bound
+  and the CPU seconds are the comparable axis.
 """
 from __future__ import annotations
 
@@ -174,6 +179,16 @@ def grad_hessian(f: Callable[[Tensor], Tensor], theta: Tensor) -> tuple[Tensor, 
     return g, check_finite("Hessian", 0.5 * (H + H.mT))
 
 
+def _vmap_width() -> int:
+    """Product of the batch sizes of the ``vmap`` levels on functorch's interpreter stack (1 when none)."""
+    fc = torch._C._functorch
+    width = 1
+    for interp in fc.get_interpreter_stack() or []:
+        if interp.key() == fc.TransformType.Vmap:
+            width *= int(fc.CVmapInterpreterPtr(interp).batchSize())
+    return width
+
+
 @dataclass
 class PassCount:
     """Counted passes of one step (see the module docstring)."""
@@ -184,7 +199,7 @@ class PassCount:
 
     @property
     def total(self) -> int:
-        """``forward + backward + functional`` (a functional call counts as one; it is at least one pass)."""
+        """``forward + backward + functional`` (see the module docstring for how functional calls are counted)."""
         return self.forward + self.backward + self.functional
 
 
@@ -202,7 +217,7 @@ class PassCounter:
 
     def _pre(self, module, args):
         if torch._C._functorch.peek_interpreter_stack() is not None:  # inside vmap / grad / jvp / vjp
-            self.count.functional += 1
+            self.count.functional += _vmap_width()
             self._transformed = True
         else:
             self.count.forward += 1
