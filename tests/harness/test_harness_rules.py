@@ -115,6 +115,15 @@ def test_functional_calls_are_counted_apart():
             lambda out, b: pb3.surrogate_from_outputs(out), K=5, alpha=0.05, parallel=True,
             eval_mode=False, seed=0).step((pb3.inputs, pb3.targets))
     assert c_loop.forward + c_loop.functional == counter.count.forward + counter.count.functional == 1 + 5
+    # per-example vmaps (a Fisher) over N rows one at a time count one pass over the batch when N is known
+    pb4 = softmax_regression()
+    from taskloss.curvature import fisher_matrix
+    for n_known, expected in ((None, 40), (40, 1.0)):
+        with PassCounter(pb4.model, n_known) as counter:
+            fisher_matrix(pb4.model, None, pb4.inputs, pb4.likelihood)
+        assert counter.count.functional == pytest.approx(expected), n_known   # float sum of 1/N weights
+    with pytest.raises(ValueError, match="batch_size"):
+        PassCounter(pb4.model, 0)
 
 
 def _params(m):
