@@ -70,15 +70,18 @@ print("device:", dev, "| rules:", ", ".join(RULES))
 # ## 1 · One interface, counted cost
 #
 # A **rule** is built as `make_rule(name, problem, **hyperparameters)` and `rule.step()` updates the model in
-# place exactly as the wrapped implementation would (a test checks Adam, MGS and MeZO bit for bit against direct
-# use). Gradient and curvature rules descend the differentiable **surrogate** $\tilde l$ (mean negative
+# place exactly as the wrapped implementation would (a test checks every registered rule bit for bit against
+# direct use). Gradient and curvature rules descend the differentiable **surrogate** $\tilde l$ (mean negative
 # log-likelihood plus $\tfrac\lambda2\|\theta\|^2$); MGS, the zeroth-order rules and REINFORCE use the **task
 # loss** $l$. Where no task loss is given, $l=\tilde l$, and then all rules estimate the same Δθ*.
 #
 # Cost is **counted** by hooks on the model, not estimated: a *forward* is a call of the model, a *backward* a
 # gradient that autograd propagates through the model's output, and a *functional* call one evaluation inside a
-# `torch.func` transform (a GGN-vector product, a per-example Jacobian, a Hessian) — counted apart because its
-# price depends on the transform; CPU seconds (`time.process_time`, one thread) give the other axis.
+# `torch.func` transform (a GGN-vector product, a per-example Jacobian, a Hessian), counted apart. The convention
+# that keeps rules comparable: a forward under `vmap` over K parameter sets counts K (as K forwards one after
+# another would), and one that sees r of the batch's N rows counts r/N, so a vmap over the N examples one at a
+# time counts one pass. Backward sweeps inside a transform are invisible to the hooks, so a Hessian counts one
+# call: CPU seconds (`time.process_time`, one thread) are the other axis, and the fair one for such rules.
 
 # %%
 X_all, y_all = load_digits_splits(seed).train
