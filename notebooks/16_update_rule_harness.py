@@ -43,7 +43,8 @@ n_seeds: int = 5                      # [> 1] seeds of the training comparison
 hidden: int = 32                      # [> 0] hidden width of the digits MLP
 n_train: int = 1078                   # [> 0] training examples used (≤ 1078)
 tune_grid: list[float] = [0.316, 1.0, 3.16]   # [> 0] multipliers of each rule's base learning rate tried
-tune_budget: int = 300                # [> 0] counted passes per tuning run (one seed, held-out 20 % of train)
+tune_budget: int = 300                # [> 0] counted passes per tuning run (held-out 20 % of train)
+tune_seeds: int = 2                   # [> 0] tuning initializations; a step size is scored by its worst one
 logit_budget: int = 24                # [> 0] counted passes per run of the logistic-regression race
 
 # %%
@@ -275,13 +276,15 @@ plt.show()
 # shows what they really take.
 #
 # **Tuned against tuned.** Each rule's step size is tuned before it is compared: the grid is its base learning
-# rate times `tune_grid` (log-spaced, factor ≈ √10), each value trained once — on the first 80 % of the train
-# split, from an initialization (seed 9000) that no comparison seed uses, for `tune_budget` passes — and scored on the held-out last 20 % of the train split by the task loss
-# the rule is judged on (ties go to the value nearest the base rate). The validation split, on which the
-# comparison is made, is never seen by the tuning. The other hyperparameters keep their hand-set values. The
-# saving is in seeds (one instead of `n_seeds`), not in the horizon: `tune_budget` defaults to the comparison
-# budget because a shorter tuning horizon favours larger steps (in a trial at a third of the budget it picked
-# step sizes three times larger for clipped SGD and MGS, which then did worse at the full budget).
+# rate times `tune_grid` (log-spaced, factor ≈ √10), each value trained from `tune_seeds` initializations
+# (seeds 9000, 9001, …, none of them a comparison seed) on the first 80 % of the train split for `tune_budget`
+# passes, and scored by its *worst* task loss on the held-out last 20 % of the train split (ties go to the value
+# nearest the base rate). The worst case guards against a step size at the edge of stability: scored on one
+# seed, SGD's 1.58 won the tuning on one split and then failed on some comparison seeds. The validation split,
+# on which the comparison is made, is never seen by the tuning, and the other hyperparameters keep their
+# hand-set values. The saving is in seeds (`tune_seeds` instead of `n_seeds`), not in the horizon: `tune_budget`
+# defaults to the comparison budget because a shorter horizon favours larger steps (in a trial at a third of
+# the budget it picked step sizes three times larger for clipped SGD and MGS, which then did worse).
 
 # %%
 (Xtr, ytr), (Xva, yva), _ = load_digits_splits(seed)
@@ -324,12 +327,13 @@ TUNE_DATA = (Xtr[:n_fit], ytr[:n_fit], Xtr[n_fit:], ytr[n_fit:])   # held out fr
 
 
 def tune(name, task, budget_=tune_budget, **kw):
-    """The learning rate of ``base × tune_grid`` with the lowest held-out task loss (one tuning seed)."""
+    """The learning rate of ``base × tune_grid`` whose worst held-out task loss over the tuning seeds is lowest."""
     base = kw.get("hps", HP_B)[name]["lr"]
     scores = {}
     for m in tune_grid:
         try:
-            scores[m] = run_rule(name, task, 9000, m * base, data=TUNE_DATA, budget_=budget_, **kw).final[task]
+            scores[m] = max(run_rule(name, task, 9000 + j, m * base, data=TUNE_DATA, budget_=budget_, **kw).final[task]
+                            for j in range(tune_seeds))
         except ValueError:           # the parameters diverged: this value is out
             scores[m] = math.inf
     m_best = min(scores, key=lambda m: (scores[m], abs(math.log(m))))
@@ -522,7 +526,7 @@ run.say("""
 # > backward sweeps inside a transform are invisible: a dense Hessian or a GGN-vector product counts one call
 # > although it costs up to ~P backward sweeps, so the pass axis flatters Newton, natural gradient and
 # > Hessian-free, and the CPU-seconds axis is the one to read for them. Only the step size is tuned, on a
-# > three-point grid with one seed and a shorter budget; a rule's other hyperparameters (K, α, σ, damping)
+# > three-point grid with two tuning seeds (worst case) at the full budget; a rule's other hyperparameters (K, α, σ, damping)
 # > keep hand-set values, and a rule whose best value sits at the edge of the grid may gain from a wider one
 # > (the tuned values are printed above). The language-model comparison with a sequence task loss (notebooks 04
 # > and 05) is not part of this notebook yet: its surrogate is per-token and its task loss needs greedy decoding,
