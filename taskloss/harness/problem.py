@@ -16,8 +16,16 @@ which the ideal update Δθ* of :mod:`taskloss.harness.reference` is the update 
   fires once per ``backward``/``autograd.grad`` that reaches it, also for the second backward of a
   Hessian-vector product);
 * ``functional`` — calls of ``forward`` inside ``torch.func`` transforms (``vmap``, ``jvp``, ``vjp``,
-  ``jacrev``, ``hessian``): one such call evaluates a whole transformed computation (e.g. a GGN-vector product,
-  or K vmapped parameter sets), so it is counted apart from plain passes, never converted by a guess.
+  ``jacrev``, ``hessian``), counted apart from plain passes. The convention: a call under ``vmap`` counts the
+  product of the enclosing vmap batch sizes, so K candidates scored by one vmapped forward count K, exactly as
+  K forwards one after another would; a call under ``grad``/``vjp``/``jvp`` alone counts one. When the counter
+  is given the problem's ``batch_size`` N, each such call is further weighted by the rows it sees over N, so a
+  vmap over the N examples one at a time (per-example gradients, a Fisher) counts one pass over the batch, not
+  N (``functional`` is then a float). What the hooks
+  cannot see are the backward sweeps *inside* a transform (``jacrev`` vmaps its vector-Jacobian products over
+  the P basis vectors after one forward): a dense Hessian or a GGN-vector product therefore counts one
+  functional call although it costs up to ~P backward sweeps. For such rules the pass count is a lower bound
+  and the CPU seconds are the comparable axis.
 """
 from __future__ import annotations
 
@@ -174,27 +182,41 @@ def grad_hessian(f: Callable[[Tensor], Tensor], theta: Tensor) -> tuple[Tensor, 
     return g, check_finite("Hessian", 0.5 * (H + H.mT))
 
 
+def _vmap_width() -> int:
+    """Product of the batch sizes of the ``vmap`` levels on functorch's interpreter stack (1 when none)."""
+    fc = torch._C._functorch
+    width = 1
+    for interp in fc.get_interpreter_stack() or []:
+        if interp.key() == fc.TransformType.Vmap:
+            width *= int(fc.CVmapInterpreterPtr(interp).batchSize())
+    return width
+
+
 @dataclass
 class PassCount:
     """Counted passes of one step (see the module docstring)."""
 
     forward: int = 0
     backward: int = 0
-    functional: int = 0
+    functional: float = 0
 
     @property
-    def total(self) -> int:
-        """``forward + backward + functional`` (a functional call counts as one; it is at least one pass)."""
+    def total(self) -> float:
+        """``forward + backward + functional`` (see the module docstring for how functional calls are counted)."""
         return self.forward + self.backward + self.functional
 
 
 class PassCounter:
-    """Context manager that counts the model's passes: ``with PassCounter(model) as c: ...; c.count``."""
+    """Context manager that counts the model's passes: ``with PassCounter(model) as c: ...; c.count``.
 
-    def __init__(self, model: nn.Module):
+    ``batch_size``: the problem's N, to weight functional calls by the rows they see (module docstring)."""
+
+    def __init__(self, model: nn.Module, batch_size: int | None = None):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-        self.model, self.count, self._handles = model, PassCount(), []
+        if batch_size is not None and (not isinstance(batch_size, int) or batch_size < 1):
+            raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
+        self.model, self.count, self._handles, self.batch_size = model, PassCount(), [], batch_size
 
     def _bump_backward(self, grad):
         self.count.backward += 1
@@ -202,7 +224,11 @@ class PassCounter:
 
     def _pre(self, module, args):
         if torch._C._functorch.peek_interpreter_stack() is not None:  # inside vmap / grad / jvp / vjp
-            self.count.functional += 1
+            weight = _vmap_width()
+            if self.batch_size is not None and args and isinstance(args[0], Tensor):
+                rows = args[0].shape[0] if args[0].ndim >= 2 else 1   # logical rows of one vmapped call
+                weight = weight * rows / self.batch_size
+            self.count.functional += weight
             self._transformed = True
         else:
             self.count.forward += 1

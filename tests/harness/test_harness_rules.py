@@ -103,7 +103,27 @@ def test_functional_calls_are_counted_apart():
     with PassCounter(pb.model) as counter:
         torch.func.vmap(lambda w: torch.func.functional_call(pb.model, {"weight": w, "bias": pb.model.bias},
                                                              (pb.inputs,)).sum())(torch.randn(4, 3, 5).double())
-    assert (counter.count.forward, counter.count.functional) == (0, 1)
+    assert (counter.count.forward, counter.count.functional) == (0, 4)   # a vmap over K = 4 counts 4 forwards
+    with PassCounter(pb.model) as counter:                              # nested vmaps multiply: 2 × 3 = 6
+        torch.func.vmap(torch.func.vmap(lambda w: torch.func.functional_call(
+            pb.model, {"weight": w, "bias": pb.model.bias}, (pb.inputs,)).sum()))(torch.randn(2, 3, 3, 5).double())
+    assert counter.count.functional == 6
+    pb2, pb3 = softmax_regression(), softmax_regression()             # MGS: vmapped candidates = looped ones
+    c_loop = propose("mgs", pb2, K=5).passes
+    with PassCounter(pb3.model) as counter:
+        MGS(pb3.model, torch.optim.SGD(pb3.model.parameters(), lr=1.0), lambda m, b: pb3.surrogate(m),
+            lambda out, b: pb3.surrogate_from_outputs(out), K=5, alpha=0.05, parallel=True,
+            eval_mode=False, seed=0).step((pb3.inputs, pb3.targets))
+    assert c_loop.forward + c_loop.functional == counter.count.forward + counter.count.functional == 1 + 5
+    # per-example vmaps (a Fisher) over N rows one at a time count one pass over the batch when N is known
+    pb4 = softmax_regression()
+    from taskloss.curvature import fisher_matrix
+    for n_known, expected in ((None, 40), (40, 1.0)):
+        with PassCounter(pb4.model, n_known) as counter:
+            fisher_matrix(pb4.model, None, pb4.inputs, pb4.likelihood)
+        assert counter.count.functional == pytest.approx(expected), n_known   # float sum of 1/N weights
+    with pytest.raises(ValueError, match="batch_size"):
+        PassCounter(pb4.model, 0)
 
 
 def _params(m):
@@ -305,3 +325,118 @@ def test_more_wrapped_rules_equal_direct_use_bit_for_bit(name, hp, direct):
         step()
     for a, b in zip(_params(pb.model), _params(other.model)):
         assert torch.equal(a, b), name
+
+
+def _closure_of(pb, opt, extra=None):
+    def closure():
+        opt.zero_grad()
+        loss = pb.surrogate()
+        (loss if extra is None else loss + extra(loss)).backward()
+        return loss
+    return closure
+
+
+def _direct_sgd(pb, **kw):
+    opt = torch.optim.SGD(pb.model.parameters(), lr=0.3, **kw)
+    return lambda: opt.step(_closure_of(pb, opt))
+
+
+def _direct_penalty(pb):
+    from taskloss.dynamics import gradient_norm_penalty
+    opt = torch.optim.SGD(pb.model.parameters(), lr=0.3)
+    return lambda: opt.step(_closure_of(pb, opt, lambda loss: 0.05 * gradient_norm_penalty(loss, list(
+        pb.model.parameters()))))
+
+
+def _direct_newton(pb):
+    from taskloss.harness import grad_hessian
+
+    def step():
+        theta = pb.flat_params()
+        g, H = grad_hessian(pb.flat_loss(), theta)
+        pb.set_flat_params(theta + 0.5 * newton_update(g, H + 1e-3 * torch.eye(H.shape[0], dtype=H.dtype)))
+    return step
+
+
+def _direct_natural(fisher):
+    def build(pb):
+        from taskloss.curvature import NaturalGradientDescent, empirical_fisher, fisher_matrix
+        fn = ((lambda: fisher_matrix(pb.model, None, pb.inputs, pb.likelihood)) if fisher == "exact" else
+              (lambda: empirical_fisher(pb.model, None, pb.inputs, pb.targets, pb.likelihood)))
+        opt = NaturalGradientDescent(list(pb.model.parameters()), fn, lr=0.5, damping=1e-3 + pb.weight_decay)
+        return lambda: opt.step(_closure_of(pb, opt))
+    return build
+
+
+def _direct_diag(fisher_type, power):
+    def build(pb):
+        from taskloss.curvature import FisherDiagonalPreconditioner
+        opt = torch.optim.SGD(pb.model.parameters(), lr=0.2)
+        pre = FisherDiagonalPreconditioner(pb.model, fisher_type, likelihood=pb.likelihood,
+                                           damping=1e-2 + pb.weight_decay, decay=0.0, power=power,
+                                           generator=torch.Generator().manual_seed(2))
+
+        def step():
+            _closure_of(pb, opt)()
+            pre.update(pb.inputs, pb.targets)
+            pre.step()
+            opt.step()
+        return step
+    return build
+
+
+def _direct_reinforce(pb):
+    from taskloss.search import classification_reinforce
+    opt, gen = torch.optim.SGD(pb.model.parameters(), lr=0.3), torch.Generator().manual_seed(6)
+
+    def step():
+        opt.zero_grad()
+        classification_reinforce(pb.model(pb.inputs), pb.targets, 5, reward="accuracy", mle_weight=0.0,
+                                 generator=gen).loss.backward()
+        opt.step()
+    return step
+
+
+def _direct_spsa(pb):
+    from torch.func import functional_call
+
+    from taskloss.search import spsa_grad
+    gen = torch.Generator().manual_seed(7)
+
+    def step():
+        theta = {k: p.detach() for k, p in pb.model.named_parameters()}
+        f = lambda p: pb.surrogate_from_outputs(functional_call(pb.model, p, (pb.inputs,)), p.values())  # noqa: E731
+        g = spsa_grad(f, theta, 1e-2, 3, generator=gen, vectorize=False)
+        with torch.no_grad():
+            for k, p in pb.model.named_parameters():
+                p.sub_(0.3 * g[k])
+    return step
+
+
+@pytest.mark.parametrize("name, hp, direct", [
+    ("sgd", dict(lr=0.3), _direct_sgd),
+    ("momentum", dict(lr=0.3, momentum=0.9), lambda pb: _direct_sgd(pb, momentum=0.9)),
+    ("grad_penalty", dict(lr=0.3, mu=0.05), _direct_penalty),
+    ("newton", dict(lr=0.5, damping=1e-3), _direct_newton),
+    ("natural_exact", dict(lr=0.5, damping=1e-3), _direct_natural("exact")),
+    ("natural_empirical", dict(lr=0.5, damping=1e-3), _direct_natural("empirical")),
+    ("diag_fisher", dict(lr=0.2, damping=1e-2, seed=2), _direct_diag("exact", 1.0)),
+    ("diag_empirical", dict(lr=0.2, damping=1e-2, seed=2), _direct_diag("empirical", 0.5)),
+    ("reinforce", dict(lr=0.3, num_samples=5, seed=6), _direct_reinforce),
+    ("spsa", dict(lr=0.3, sigma=1e-2, num_samples=3, seed=7), _direct_spsa),
+])
+def test_remaining_wrapped_rules_equal_direct_use_bit_for_bit(name, hp, direct):
+    pb, other = softmax_regression(), softmax_regression()
+    rule, step = make_rule(name, pb, **hp), direct(other)
+    for _ in range(3):
+        rule.step()
+        step()
+    for a, b in zip(_params(pb.model), _params(other.model)):
+        assert torch.equal(a, b), name
+
+
+def test_every_registered_rule_has_a_bit_for_bit_test():
+    covered = {"adam", "mgs", "mezo", "kfac", "clipped_sgd", "hessian_free", "zo_gaussian", "sgd", "momentum",
+               "grad_penalty", "newton", "natural_exact", "natural_empirical", "diag_fisher", "diag_empirical",
+               "reinforce", "spsa"}
+    assert set(RULES) <= covered, f"rules without a bit-for-bit test: {sorted(set(RULES) - covered)}"
