@@ -24,7 +24,9 @@
 # advantages of the Fisher over the Hessian), "Optimizing Neural Networks with Kronecker-factored Approximate
 # Curvature" (Martens & Grosse, ICML 2015), "Limitations of the empirical Fisher approximation for natural
 # gradient descent" (Kunstner, Balles & Hennig, NeurIPS 2019), "Deep learning via Hessian-free optimization"
-# (Martens, ICML 2010) and AdaGrad (Duchi, Hazan & Singer, JMLR 2011). Everything is implemented in
+# (Martens, ICML 2010), AdaGrad (Duchi, Hazan & Singer, JMLR 2011), and for the plateau of §3 "On-line learning in
+# soft committee machines" (Saad & Solla, Phys. Rev. E 1995) and "Adaptive method of realizing natural gradient
+# learning for multilayer perceptrons" (Amari, Park & Fukumizu, Neural Computation 2000). Everything is implemented in
 # `taskloss.curvature.fisher`, `taskloss.curvature.kfac` and `taskloss.curvature.hessian_free`; this notebook
 # derives, checks and compares them.
 
@@ -418,7 +420,7 @@ PL_DAMPING = 1e-4
 
 def plateau_run(kind, lr, W0, X, y, spectra=False):
     """Full-batch steps; returns losses [steps+1, S] (inf after a divergence), the final W, and (``spectra``)
-    λ_min/λ_max of F and of EF along the way [steps+1, S]."""
+    the eigenvalue ratio μ_min/μ_max of F and of EF along the way [steps+1, S]."""
     W, eye = W0.clone(), torch.eye(W0[0].numel(), dtype=W0.dtype)
     diverged = torch.zeros(len(W0), dtype=torch.bool)
     losses, ratio_F, ratio_EF = [], [], []
@@ -515,21 +517,23 @@ for i, m in enumerate(PL_GRIDS):
     L = pl_runs[m][0].clamp(max=1e3).numpy().T                  # [S, steps+1]; a divergence is drawn at 1e3
     median_band(axes[0], steps_axis, L, label=f"{m} (η = {pl_lr[m]})", color=f"C{i}")
 axes[0].axhline(float(height.median()), color="k", ls="--", lw=1, label="plateau loss (median)")
-label_axes(axes[0], "step", r"training loss $\frac{1}{2}\overline{r^2}$ (per example)", "loss",
+label_axes(axes[0], "step", r"training loss $\frac{1}{2}\overline{r^2}$ (per example)", "loss (axis cut at 1e-8)",
            lower_is_better=True, logx=True, logy=True)
+axes[0].set_ylim(1e-8, 2.0)
 for M_name, idx, ls in (("F", 2, "-"), ("empirical Fisher", 3, ":")):
     median_band(axes[1], steps_axis, pl_runs["GD"][idx].clamp(min=1e-20).numpy().T, label=f"{M_name} along GD",
                 color="C0", ls=ls)
-label_axes(axes[1], "step of GD", r"$\lambda_{\min}/\lambda_{\max}$", "conditioning along GD's path",
+label_axes(axes[1], "step of GD", r"eigenvalue ratio $\mu_{\min}/\mu_{\max}$", "conditioning along GD's path",
            logx=True, logy=True)
 run.savefig(fig, "plateau.png")
 plt.show()
 
 # %% [markdown]
-# *Figure: left, median loss over the problems (band: interquartile range) — gradient descent sits on the
-# plateau (dashed) before it drops, the natural gradient leaves it within a few steps; right, along gradient
-# descent's path both $F$ and the empirical Fisher are nearly singular ($\lambda_{\min}/\lambda_{\max}$ tiny) while
-# it crosses the plateau — the singularity is the symmetry's, shared by both matrices.*
+# *Figure: left, median loss over the problems (band: interquartile range; axis cut at 1e-8) — gradient descent
+# sits on the plateau (dashed) before it drops, the natural gradient leaves it within a few steps (empirical-Fisher
+# NGD: see the comparisons above); right, along gradient descent's path both $F$ and the empirical Fisher are nearly
+# singular (smallest over largest eigenvalue tiny) while it crosses the plateau — the singularity is the symmetry's,
+# shared by both matrices.*
 
 # %% [markdown]
 # ## 4 · Hessian-free: the natural gradient without the matrix
@@ -554,9 +558,9 @@ print(f"CG converged in {info['iterations']} products (P = {P}); matches torch.l
 #
 # For a linear layer $s = Wa$ (bias folded in as $a\leftarrow[a,1]$) the per-example weight gradient is
 # $e a^\top$ with $e=\partial\ell/\partial s$, so the layer's Fisher block is
-# $\mathbb{E}[(aa^\top)\otimes(ee^\top)]$. K-FAC factorizes the expectation, $\approx A\otimes E$ with
-# $A=\mathbb{E}[aa^\top]$, $E=\mathbb{E}[ee^\top]$, ignores cross-layer blocks, and inverts two small matrices
-# per layer: $(A\otimes E)^{-1}\mathrm{vec}(\nabla W) = \mathrm{vec}(E^{-1}\nabla W A^{-1})$. For a single
+# $\mathbb{E}[(aa^\top)\otimes(ee^\top)]$. K-FAC factorizes the expectation, $\approx A\otimes \Gamma$ with
+# $A=\mathbb{E}[aa^\top]$, $\Gamma=\mathbb{E}[ee^\top]$, ignores cross-layer blocks, and inverts two small matrices
+# per layer: $(A\otimes \Gamma)^{-1}\mathrm{vec}(\nabla W) = \mathrm{vec}(\Gamma^{-1}\nabla W A^{-1})$. For a single
 # example nothing is lost: with the output curvature's square-root columns back-propagated for $e$
 # (`fisher_type="exact"`) the Kronecker block equals the exact Fisher block.
 
@@ -641,6 +645,8 @@ for ax, b in zip(axes, ada_b):
     ax.loglog(D_ef.cpu(), ada_b[b]["acc"].cpu(), ".", ms=2, alpha=0.4, label="parameters")
     lim = [float(D_ef[D_ef > 0].min()), float(D_ef.max())]
     ax.loglog(lim, lim, "k--", lw=1, label="AdaGrad = diag F̃")
+    if b > 1:
+        ax.loglog(lim, [x / b for x in lim], "k:", lw=1, label=f"diag F̃ / {b}")
     label_axes(ax, r"diag $\widetilde F$ (nats² per parameter unit²)", r"AdaGrad $G_T/T$ (same units)",
                f"mini-batches of b = {b}, T = {adagrad_draws}")
 run.savefig(fig, "adagrad_vs_diag_ef.png")
@@ -649,7 +655,7 @@ plt.show()
 # %% [markdown]
 # *Figure: each dot is one parameter. With single-example batches AdaGrad's averaged accumulator lies on the
 # diagonal empirical Fisher (dashed line, up to Monte-Carlo scatter); with batches of `curv_batch` it falls below
-# it by about a factor $b$ wherever the per-example spread dominates the squared mean gradient.*
+# it by about a factor $b$ (dotted line) wherever the per-example spread dominates the squared mean gradient.*
 
 # %% [markdown]
 # ## 7 · Mini-batch noise: the Fisher against the Hessian
@@ -658,9 +664,9 @@ plt.show()
 # mini-batch. Both are averages of per-example terms, but the Hessian's terms also carry
 # $\sum_c \partial_{f_c}\ell_n\,\nabla^2_\theta f_{n,c}$, which depends on the observed label and changes sign from
 # example to example, while the Fisher's terms $J_n^\top\Lambda_n J_n$ are all positive semi-definite. Notebook 06
-# measures this on a linear softmax model with dense matrices; here the tanh classifier of §6/§8 ($P$ = 8,906) is too
-# big for dense Hessians, so the relative error $\|C_B - C\|_F/\|C\|_F$ of a mini-batch estimate $C_B$ of
-# $C\in\{F, \nabla^2\mathcal L\}$ is estimated matrix-free with Hutchinson's identity
+# measures this on a linear softmax model with dense matrices; here the tanh classifier of §6 and §8 is too big for
+# dense Hessians, so the relative error $\|M_B - M\|_F/\|M\|_F$ of a mini-batch estimate $M_B$ of a preconditioner
+# $M\in\{F, \nabla^2\mathcal L\}$ is estimated matrix-free with Hutchinson's identity
 # $\|A\|_F^2 = \mathbb{E}_v\|Av\|^2$, $v\sim\mathcal N(0, I)$, from `n_probes` probes shared by both matrices and
 # `n_noise_batches` mini-batches of `noise_batch` examples (the same batches for both). First, the Hessian-vector
 # product against the dense Hessian of the tiny model:
@@ -696,7 +702,8 @@ for _ in range(n_noise_batches):
         ref = full_products[name]
         noise_err[name].append(float((Cv - ref).norm() / ref.norm()))
 for name, errs in noise_err.items():
-    print(f"{name:>8}: relative error of the {noise_batch}-example estimate, median {np.median(errs):.3f} "
+    print(f"{name:>8} (P = {theta_ada.numel()}): relative error of the {noise_batch}-example estimate, "
+          f"median {np.median(errs):.3f} "
           f"(range {min(errs):.3f}–{max(errs):.3f})")
 cmp_noise = run.compare("minibatch/relative_error", noise_err["Fisher"], noise_err["Hessian"], name="Fisher (GGN)",
                         baseline="Hessian", metric=f"relative error of a {noise_batch}-example estimate",
@@ -708,7 +715,7 @@ _ = run.record("minibatch/hessian_median_rel_err", float(np.median(noise_err["He
 # %%
 fig, ax = plt.subplots(figsize=(5, 3.6))
 bars_with_interval(ax, list(noise_err), list(noise_err.values()), colors=["tab:blue", "tab:red"])
-label_axes(ax, "curvature matrix $C$", r"$\|C_B - C\|_F\,/\,\|C\|_F$ (Hutchinson estimate)",
+label_axes(ax, "curvature matrix $M$", r"$\|M_B - M\|_F\,/\,\|M\|_F$ (Hutchinson estimate)",
            f"mini-batches of {noise_batch}, {n_noise_batches} draws", lower_is_better=True)
 run.savefig(fig, "minibatch_noise.png")
 plt.show()
@@ -728,8 +735,10 @@ plt.show()
 # * **diagonal Fisher** (MC labels) and **diagonal empirical Fisher**: $g/(\mathrm{diag}+\lambda)$, the
 #   diagonal re-estimated on `curv_batch` examples every `curv_every` steps (running average), then SGD with
 #   momentum;
-# * **K-FAC** (MC labels, π-damping, KL-clipped step, factors every step for the classifier and every 5 for
-#   the autoencoder, inverses every 10), then SGD with momentum;
+# * **K-FAC** (MC labels, π-damping, factors every step for the classifier and every 5 for the autoencoder,
+#   inverses every 10), then SGD with momentum; its step is KL-clipped (rescaled so that
+#   $\eta^2 g^\top \hat F^{-1} g \le 10^{-2}$ with K-FAC's $\hat F$), so above some η the clip, not η, sets the
+#   step length;
 # * **Hessian-free** with `hf_cg_iters` CG iterations on a `curv_batch` curvature batch — far fewer, far more
 #   expensive steps; its step is the damped Gauss-Newton step (η = 1) with λ adapted each step, so it has no step
 #   size to tune.
@@ -995,7 +1004,9 @@ _ = run.record("train/autoencoder/kfac_final_loss", float(np.median(final[("auto
 fig, axes = plt.subplots(1, 2, figsize=(14, 5))
 for ax, t in zip(axes, TASKS):
     cs = [c for k, c in run.comparisons.items() if k.startswith(f"train/{t}/")]
-    comparison_forest(ax, cs, labels=[f"{c.name.replace(f' ({t})', '')} vs {c.baseline}" for c in cs])
+    comparison_forest(ax, cs, labels=[f"{c.name.replace(f' ({t})', '')} vs {c.baseline}" for c in cs],
+                      xlabel=f"difference in full-train {'cross-entropy (nats)' if t == 'classifier' else 'loss'}, "
+                             "a − b (negative = a better)")
     ax.set_title(f"{t}: paired differences over {n_seeds} seeds (tuned η)")
 fig.tight_layout()
 run.savefig(fig, "training_comparisons.png")
@@ -1093,5 +1104,5 @@ _ = run.comparison_table()
 # - A longer plateau for gradient descent (the symmetry must grow from a smaller seed); does NGD's step count move?
 #   `python -m taskloss.runner run 07 -p plateau_eps 1e-12`
 # - Larger mini-batches for the Fisher-vs-Hessian noise check: `python -m taskloss.runner run 07 -p noise_batch 256`
-# - A longer training budget with more seeds — do the classifier verdicts settle?
-#   `python -m taskloss.runner run 07 -p clf_steps 400 -p ae_steps 600 -p n_seeds 10`
+# - The full-scale run (10 seeds, 6× longer training, η re-tuned at that budget) — do the inconclusive verdicts
+#   settle? `python -m taskloss.runner run 07 -f params/07_fisher_approximations/full.yaml`
