@@ -977,16 +977,18 @@ for t in TASKS:
 # %% [markdown]
 # ### What holds at this scale
 #
-# The assertions below are the verdicts that hold for seeds 0–19 at the default (CI) size; every other verdict
-# is in the comparison table at the end, whatever it says.
+# The assertions below are the claims that hold for seeds 0–19 at the default (CI) size; every verdict is in the
+# comparison table at the end, whatever it says. Where SGD at its tuned η spikes on one seed (seen on the
+# autoencoder at seed 2: a loss of ~10⁶ at step 20), a paired t-interval over 5 seeds covers 0 even though every
+# seed favours the other method, so those claims are asserted per seed rather than as a verdict.
 
 # %%
 verdict = {k: c.verdict for k, c in run.comparisons.items()}
 assert verdict["train/autoencoder/K-FAC vs Adam"] == "better", run.comparisons["train/autoencoder/K-FAC vs Adam"]
-assert verdict["train/classifier/K-FAC vs SGD"] == "better", run.comparisons["train/classifier/K-FAC vs SGD"]
-for t in TASKS:
-    key = next(k for k in verdict if k.startswith(f"train/{t}/Hessian-free vs SGD"))
-    assert verdict[key] == "better", run.comparisons[key]
+assert all(k < s for k, s in zip(final[("classifier", "K-FAC")], final[("classifier", "SGD")]))
+hf_keys = {t: next(k for k in verdict if k.startswith(f"train/{t}/Hessian-free vs SGD")) for t in TASKS}
+for t, key in hf_keys.items():   # per iteration, Hessian-free is below SGD on every seed
+    assert all(a < b for a, b in zip(run.results[key]["a"], run.results[key]["b"])), run.comparisons[key]
 ms_ratio = {t: (seconds[(t, "Hessian-free")] / results[t]["Hessian-free"][0][-1][0])
             / (seconds[(t, "SGD")] / results[t]["SGD"][0][-1][0]) for t in TASKS}
 kfac_at_adam_clock = loss_at_time("autoencoder", "K-FAC", seconds[("autoencoder", "Adam")])
@@ -1056,7 +1058,7 @@ _ = run.say(
     "at its best step size it needs {regression/ef_steps_to_optimum_min}–{regression/ef_steps_to_optimum_max} steps "
     "(101 = not within 100) where NGD needs 1.\n\n"
     "On the symmetric plateau (height {plateau/plateau_loss_median:.3f}, median over {n_pl} problems) the Fisher and "
-    "the empirical Fisher both have rank {plateau/rank_F_symmetric} and {plateau/rank_EF_symmetric} of {P_pl}. With "
+    "the empirical Fisher have rank {plateau/rank_F_symmetric} and {plateau/rank_EF_symmetric} of {P_pl}. With "
     "tuned step sizes, gradient descent needs a median of {plateau/GD/median_steps_to_leave:.0f} steps to leave it, "
     "NGD {plateau/NGD/median_steps_to_leave:.0f} and empirical-Fisher NGD "
     "{plateau/EF-NGD/median_steps_to_leave:.0f} (censored at {cap}); in $\\log_{{10}}$ steps NGD − GD is "
@@ -1069,25 +1071,29 @@ _ = run.say(
 # %%
 _ = run.say(
     "AdaGrad's accumulator divided by the number of steps matches its expectation "
-    "$g^2 + (\\mathrm{{diag}}\\,\\widetilde F - g^2)/b$ to {adagrad/b1/rel_err_vs_expectation:.3f} (b = 1) and "
-    "{b_big_err:.3f} (b = {b_big}); it is the diagonal empirical Fisher to {adagrad/b1/rel_err_vs_diag_ef:.3f} for "
-    "b = 1 but only to {b_big_ef:.3f} for b = {b_big}. On mini-batches of {noise_batch}, the Fisher's relative error "
+    "$g^2 + (\\mathrm{{diag}}\\,\\widetilde F - g^2)/b$ within a relative error of "
+    "{adagrad/b1/rel_err_vs_expectation:.3f} (b = 1) and {b_big_err:.3f} (b = {b_big}); its relative distance to the "
+    "diagonal empirical Fisher is {adagrad/b1/rel_err_vs_diag_ef:.3f} for b = 1 but {b_big_ef:.3f} for b = {b_big}. "
+    "On mini-batches of {noise_batch}, the Fisher's relative error "
     "is {minibatch/fisher_median_rel_err:.3f} (median) against the Hessian's {minibatch/hessian_median_rel_err:.3f}: "
     "Fisher minus Hessian {minibatch/relative_error.effect:.3f}, {minibatch/relative_error.verdict} for the "
     "Fisher.\n\n"
     "Trained at tuned step sizes over {n_seeds} seeds, K-FAC ends the autoencoder at "
     "{train/autoencoder/kfac_over_adam_final_loss:.3f}× Adam's loss (difference "
     "{train/autoencoder/K-FAC vs Adam.effect:.3f}, {train/autoencoder/K-FAC vs Adam.verdict}) and the classifier at "
-    "{train/classifier/kfac_over_sgd_final_loss:.3f}× SGD's ({train/classifier/K-FAC vs SGD.verdict}); against Adam "
+    "{train/classifier/kfac_over_sgd_final_loss:.3f}× SGD's (below it on every seed; "
+    "{train/classifier/K-FAC vs SGD.verdict}); against Adam "
     "on the classifier it is {train/classifier/K-FAC vs Adam.verdict}. Adam against SGD: "
     "{train/classifier/Adam vs SGD.verdict} on the classifier, {train/autoencoder/Adam vs SGD.verdict} on the "
-    "autoencoder. Per iteration Hessian-free beats SGD on both problems, but each of its steps costs "
+    "autoencoder. At equal iterations Hessian-free is below SGD on every seed of both problems (paired verdicts: "
+    "{hf_clf}, {hf_ae}), but each of its steps costs "
     "{train/hf_step_cost_over_sgd_classifier:.0f}× (classifier) and {train/hf_step_cost_over_sgd_autoencoder:.0f}× "
     "(autoencoder) an SGD step on this machine. {n_edge} of {n_tuned} tuned step sizes sit at the edge of their "
     "three-value grid.",
     b_big=curv_batch, b_big_err=run.results[f"adagrad/b{curv_batch}/rel_err_vs_expectation"],
     b_big_ef=run.results[f"adagrad/b{curv_batch}/rel_err_vs_diag_ef"], noise_batch=noise_batch, n_seeds=n_seeds,
-    n_edge=len(at_edge), n_tuned=len(best_lr))
+    n_edge=len(at_edge), n_tuned=len(best_lr), hf_clf=verdict[hf_keys["classifier"]],
+    hf_ae=verdict[hf_keys["autoencoder"]])
 
 # %% [markdown]
 # ### Paired comparisons
