@@ -980,15 +980,20 @@ for t in TASKS:
 # The assertions below are the claims that hold for seeds 0–19 at the default (CI) size; every verdict is in the
 # comparison table at the end, whatever it says. Where SGD at its tuned η spikes on one seed (seen on the
 # autoencoder at seed 2: a loss of ~10⁶ at step 20), a paired t-interval over 5 seeds covers 0 even though every
-# seed favours the other method, so those claims are asserted per seed rather than as a verdict.
+# seed favours the other method, so those claims are asserted per seed rather than as a verdict. Not asserted:
+# Hessian-free against SGD at equal iterations on the *classifier* — with SGD at its tuned η it does not hold for
+# every seed (seed 4: 0.32 against 0.35 on average, some seeds the other way); the count is printed below.
 
 # %%
 verdict = {k: c.verdict for k, c in run.comparisons.items()}
 assert verdict["train/autoencoder/K-FAC vs Adam"] == "better", run.comparisons["train/autoencoder/K-FAC vs Adam"]
 assert all(k < s for k, s in zip(final[("classifier", "K-FAC")], final[("classifier", "SGD")]))
 hf_keys = {t: next(k for k in verdict if k.startswith(f"train/{t}/Hessian-free vs SGD")) for t in TASKS}
-for t, key in hf_keys.items():   # per iteration, Hessian-free is below SGD on every seed
-    assert all(a < b for a, b in zip(run.results[key]["a"], run.results[key]["b"])), run.comparisons[key]
+hf_wins = {t: sum(a < b for a, b in zip(run.results[k]["a"], run.results[k]["b"])) for t, k in hf_keys.items()}
+print(f"seeds on which Hessian-free is below SGD at equal iterations (of {n_seeds}):", hf_wins)
+assert hf_wins["autoencoder"] == n_seeds, run.comparisons[hf_keys["autoencoder"]]   # per iteration, every seed
+run.record("train/classifier/hf_below_sgd_seeds", hf_wins["classifier"])
+run.record("train/autoencoder/hf_below_sgd_seeds", hf_wins["autoencoder"])
 ms_ratio = {t: (seconds[(t, "Hessian-free")] / results[t]["Hessian-free"][0][-1][0])
             / (seconds[(t, "SGD")] / results[t]["SGD"][0][-1][0]) for t in TASKS}
 kfac_at_adam_clock = loss_at_time("autoencoder", "K-FAC", seconds[("autoencoder", "Adam")])
@@ -1085,8 +1090,9 @@ _ = run.say(
     "{train/classifier/K-FAC vs SGD.verdict}); against Adam "
     "on the classifier it is {train/classifier/K-FAC vs Adam.verdict}. Adam against SGD: "
     "{train/classifier/Adam vs SGD.verdict} on the classifier, {train/autoencoder/Adam vs SGD.verdict} on the "
-    "autoencoder. At equal iterations Hessian-free is below SGD on every seed of both problems (paired verdicts: "
-    "{hf_clf}, {hf_ae}), but each of its steps costs "
+    "autoencoder. At equal iterations Hessian-free is below SGD on {train/classifier/hf_below_sgd_seeds} of {n_seeds} "
+    "seeds on the classifier ({hf_clf}) and {train/autoencoder/hf_below_sgd_seeds} of {n_seeds} on the autoencoder "
+    "({hf_ae}), but each of its steps costs "
     "{train/hf_step_cost_over_sgd_classifier:.0f}× (classifier) and {train/hf_step_cost_over_sgd_autoencoder:.0f}× "
     "(autoencoder) an SGD step on this machine. {n_edge} of {n_tuned} tuned step sizes sit at the edge of their "
     "three-value grid.",
