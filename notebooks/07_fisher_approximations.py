@@ -1095,10 +1095,12 @@ _ = run.say(
     "({hf_ae}), but each of its steps costs "
     "{train/hf_step_cost_over_sgd_classifier:.0f}× (classifier) and {train/hf_step_cost_over_sgd_autoencoder:.0f}× "
     "(autoencoder) an SGD step on this machine. {n_edge} of {n_tuned} tuned step sizes sit at the edge of their "
-    "three-value grid.",
+    "three-value grid, and {n_div} of {n_runs} runs diverged at their tuned η ({div_list}; a diverged run counts "
+    "with its starting loss, so a verdict against such a method partly measures how unstable its tuned η is).",
     b_big=curv_batch, b_big_err=run.results[f"adagrad/b{curv_batch}/rel_err_vs_expectation"],
     b_big_ef=run.results[f"adagrad/b{curv_batch}/rel_err_vs_diag_ef"], noise_batch=noise_batch, n_seeds=n_seeds,
-    n_edge=len(at_edge), n_tuned=len(best_lr), hf_clf=verdict[hf_keys["classifier"]],
+    n_edge=len(at_edge), n_tuned=len(best_lr), n_div=len(diverged), n_runs=len(TASKS) * len(METHODS) * n_seeds,
+    div_list=", ".join(diverged) or "none", hf_clf=verdict[hf_keys["classifier"]],
     hf_ae=verdict[hf_keys["autoencoder"]])
 
 # %% [markdown]
