@@ -819,8 +819,8 @@ def hf_step(net, opt, x, t, lik):
 def full_loss(net, T, lik):
     """Full-train loss (inf when not finite)."""
     with torch.no_grad():
-        L = C.nll_loss(net(X_train), T, lik).item()
-    return L if math.isfinite(L) else math.inf
+        out = net(X_train)
+    return C.nll_loss(out, T, lik).item() if bool(torch.isfinite(out).all()) else math.inf
 
 
 # %%
