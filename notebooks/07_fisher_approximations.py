@@ -11,26 +11,30 @@
 # %% [markdown]
 # # 07 · Fisher approximations: exact, Monte-Carlo, empirical, diagonal, K-FAC, Hessian-free
 #
-# Natural gradient descent preconditions the gradient with the inverse Fisher information. For a network
-# with $P$ parameters the Fisher is a $P\times P$ matrix, so every practical method approximates it — by
+# Natural gradient descent (notebook 06) preconditions the gradient with the inverse Fisher information. For a
+# network with $P$ parameters the Fisher is a $P\times P$ matrix, so every practical method approximates it — by
 # sampling (Monte-Carlo Fisher), by swapping the model's labels for the data's (the *empirical* Fisher), by
 # keeping only its diagonal, by a block-diagonal Kronecker factorization (K-FAC), or by never forming it and
 # solving with conjugate gradients on matrix-vector products (Hessian-free).
 #
 # **Question.** Which of these approximations keep what makes the natural gradient work, and what does each
-# buy on a real (small) training problem?
+# buy on a real (small) training problem once every method's learning rate is tuned?
 #
-# Sources: "Optimizing Neural Networks with Kronecker-factored Approximate Curvature" (K-FAC),
-# "Limitations of the empirical Fisher approximation for natural gradient descent" (the empirical Fisher's
-# failure), "Deep learning via Hessian-free optimization" (truncated-CG natural/Gauss-Newton steps).
-# Everything is implemented in `taskloss.curvature.fisher` and `taskloss.curvature.kfac`; this notebook derives, checks and
-# compares them.
+# Sources: the essay on natural gradient descent (reference 002: its sections on approximations and on the
+# advantages of the Fisher over the Hessian), "Optimizing Neural Networks with Kronecker-factored Approximate
+# Curvature" (Martens & Grosse, ICML 2015), "Limitations of the empirical Fisher approximation for natural
+# gradient descent" (Kunstner, Balles & Hennig, NeurIPS 2019), "Deep learning via Hessian-free optimization"
+# (Martens, ICML 2010), AdaGrad (Duchi, Hazan & Singer, JMLR 2011), and for the plateau of §3 "On-line learning in
+# soft committee machines" (Saad & Solla, Phys. Rev. E 1995) and "Adaptive method of realizing natural gradient
+# learning for multilayer perceptrons" (Amari, Park & Fukumizu, Neural Computation 2000). Everything is implemented in
+# `taskloss.curvature.fisher`, `taskloss.curvature.kfac` and `taskloss.curvature.hessian_free`; this notebook
+# derives, checks and compares them.
 
 # %% tags=["parameters"]
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-n_seeds: int = 3                      # [> 0]
+n_seeds: int = 5                      # [> 1] training seeds per method (the paired comparisons need ≥ 2)
 batch_size: int = 128                 # [> 0]
 clf_steps: int = 100                  # [> 0]
 ae_steps: int = 150                   # [> 0]
@@ -42,6 +46,13 @@ curv_every: int = 5                   # [> 0]
 eval_every: int = 10                  # [> 0]
 n_regression: int = 200               # [> 0]
 grid_size: int = 15                   # [> 0]
+plateau_eps: float = 1e-6             # [> 0] symmetry-breaking perturbation of the student's two hidden units
+plateau_steps: int = 400              # [> 0] step budget on the plateau problem (the same for every method)
+n_plateau_seeds: int = 10             # [> 1] plateau problems (teacher, data, start) per method
+adagrad_draws: int = 400              # [> 0] mini-batch gradients AdaGrad accumulates at a fixed θ
+noise_batch: int = 32                 # [> 0] mini-batch size of the Fisher-vs-Hessian noise check
+n_noise_batches: int = 10             # [> 1] mini-batches drawn for that check
+n_probes: int = 8                     # [> 0] random probe vectors of the Hutchinson norm estimate
 
 # %%
 import math
@@ -59,7 +70,7 @@ from taskloss import curvature as C
 from taskloss.curvature import KFAC
 from taskloss.datasets import load_digits_splits
 from taskloss.models import MLP
-from taskloss.runner.plotting import label_axes, median_band
+from taskloss.runner.plotting import bars_with_interval, comparison_forest, label_axes, median_band
 
 run = taskloss.runner.start("07_fisher_approximations", output_dir, device=device, seed=seed)
 dev = run.device
@@ -69,24 +80,26 @@ torch.set_default_dtype(torch.float32)
 # ## 1 · Three Fishers
 #
 # Take a model $f_\theta(x)\in\mathbb{R}^C$ that parameterizes $p_\theta(y\mid x)$ (a softmax over logits, or
-# a unit-variance Gaussian with mean $f$), per-example loss $\ell_n(\theta) = -\log p_\theta(y_n\mid x_n)$ and
-# training loss $\mathcal{L} = \frac1N\sum_n \ell_n$ (the scale convention of `taskloss.curvature.fisher`).
+# a unit-variance Gaussian with mean $f$), per-example loss $\ell_n(\theta) = -\log p_\theta(y_n\mid x_n)$,
+# per-example gradient $g_n = \nabla_\theta\ell_n$ and training loss $\mathcal{L} = \frac1N\sum_n \ell_n$ with
+# gradient $g = \frac1N\sum_n g_n$ (the scale convention of `taskloss.curvature.fisher`).
 # The Fisher averages, over the inputs, the covariance of the score under the **model's own** labels:
 #
 # $$F = \frac1N\sum_n \mathbb{E}_{y\sim p_\theta(\cdot\mid x_n)}\big[\nabla_\theta \log p_\theta(y\mid x_n)\,
 #       \nabla_\theta \log p_\theta(y\mid x_n)^\top\big]
 #     = \frac1N\sum_n \mathbb{E}_{y}\big[-\nabla^2_\theta \log p_\theta(y\mid x_n)\big].$$
 #
-# With the chain rule $\nabla_\theta \ell = J_n^\top \nabla_f \ell$ ($J_n = \partial f_n/\partial\theta$) and
-# $\mathbb{E}_y[\nabla_f\ell] = 0$, the second-derivative-of-$f$ term of the expected Hessian vanishes and both
-# forms reduce to the generalized Gauss-Newton matrix
-# $F = \frac1N\sum_n J_n^\top H_n J_n$, $H_n = \mathbb{E}_y[\nabla_f\ell\,\nabla_f\ell^\top] = \nabla_f^2\ell
-# = \mathrm{diag}(p_n) - p_n p_n^\top$ for the softmax ($=I$ for the Gaussian).
+# With the chain rule $\nabla_\theta \ell = J_n^\top \nabla_f \ell$ ($J_n = \partial f_n/\partial\theta$, the
+# network's Jacobian) and $\mathbb{E}_y[\nabla_f\ell] = 0$, the second-derivative-of-$f$ term of the expected
+# Hessian vanishes and both forms reduce to the generalized Gauss-Newton matrix (GGN)
+# $F = \frac1N\sum_n J_n^\top \Lambda_n J_n$, with the output curvature
+# $\Lambda_n = \mathbb{E}_y[\nabla_f\ell\,\nabla_f\ell^\top] = \nabla_f^2\ell = \mathrm{diag}(p_n) - p_n p_n^\top$
+# for the softmax ($=I$ for the Gaussian).
 #
 # Two cheaper relatives: the **Monte-Carlo Fisher** replaces $\mathbb{E}_y$ by $S$ labels sampled from the
 # model; the **empirical Fisher** replaces it by the one *observed* label,
-# $\widetilde F = \frac1N\sum_n \nabla\ell_n\nabla\ell_n^\top$ — the uncentred covariance of the per-example
-# gradients, the quantity behind Adagrad/Adam-style scalings.
+# $\widetilde F = \frac1N\sum_n g_n g_n^\top$ — the uncentred covariance of the per-example gradients, the
+# quantity behind AdaGrad/Adam-style scalings (§6).
 #
 # From scratch on a tiny MLP (float64): enumerate every class to get the exact expectations, loop over
 # examples for per-example gradients — then parity with `taskloss.curvature.fisher`.
@@ -106,22 +119,21 @@ def loss_at(theta, x, y):
     return nn.functional.cross_entropy(functional_call(tiny, C.unflatten(theta, params), (x[None],)), y[None])
 
 
-F_score = torch.zeros(P, P, dtype=torch.float64)
-F_hess = torch.zeros(P, P, dtype=torch.float64)
-EF_scratch = torch.zeros(P, P, dtype=torch.float64)
+F_score, F_hess, EF_scratch = (torch.zeros(P, P, dtype=torch.float64) for _ in range(3))
 for n in range(len(Xt)):
     probs = tiny(Xt[n:n + 1]).softmax(-1)[0].detach()
     for c in range(3):  # exact expectation over the model's labels
         yc = torch.tensor(c)
-        g = torch.autograd.functional.jacobian(lambda t: loss_at(t, Xt[n], yc), theta0)
-        F_score += probs[c] * torch.outer(g, g) / len(Xt)
+        g_c = torch.autograd.functional.jacobian(lambda t: loss_at(t, Xt[n], yc), theta0)
+        F_score += probs[c] * torch.outer(g_c, g_c) / len(Xt)
         F_hess += probs[c] * torch.autograd.functional.hessian(lambda t: loss_at(t, Xt[n], yc), theta0) / len(Xt)
     g_obs = torch.autograd.functional.jacobian(lambda t: loss_at(t, Xt[n], yt[n]), theta0)
     EF_scratch += torch.outer(g_obs, g_obs) / len(Xt)
 
+# %%
 F_pkg = C.ggn_matrix(tiny, None, Xt)
 torch.testing.assert_close(F_score, F_hess)          # score covariance = expected Hessian
-torch.testing.assert_close(F_score, F_pkg)           # = GGN  J^T H J
+torch.testing.assert_close(F_score, F_pkg)           # = GGN  J^T Λ J
 torch.testing.assert_close(EF_scratch, C.empirical_fisher(tiny, None, Xt, yt))
 torch.testing.assert_close(C.ggn_diagonal(tiny, None, Xt), F_pkg.diagonal())
 ef_gap = ((EF_scratch - F_pkg).norm() / F_pkg.norm()).item()
@@ -142,7 +154,9 @@ slope = np.polyfit(np.log(sample_sizes), np.log(mc_err), 1)[0]
 print("S:", sample_sizes, "\nrelative error:", [f"{e:.3f}" for e in mc_err], f"\nlog-log slope {slope:.2f}")
 assert -0.65 < slope < -0.35, slope
 run.record("mc_fisher/error_slope", float(slope))
+_ = run.record("mc_fisher/ef_relative_gap", ef_gap)
 
+# %%
 fig, ax = plt.subplots(figsize=(5, 3.6))
 ax.loglog(sample_sizes, mc_err, "o-", label="MC Fisher")
 ax.loglog(sample_sizes, mc_err[0] * np.sqrt(sample_sizes[0] / np.array(sample_sizes)), "k--",
@@ -162,9 +176,8 @@ plt.show()
 #
 # ## 2 · Where the empirical Fisher fails: linear regression
 #
-# The cleanest counterexample (from "Limitations of the empirical Fisher approximation …") is least
-# squares, $f_\theta(x) = \theta_1 x + \theta_2$, $y\sim\mathcal N(f_\theta(x), 1)$. With
-# $\phi_n = (x_n, 1)$ and residual $r_n = y_n - \theta^\top\phi_n$:
+# The cleanest counterexample (Kunstner et al. 2019) is least squares, $f_\theta(x) = \theta_1 x + \theta_2$,
+# $y\sim\mathcal N(f_\theta(x), 1)$. With features $\phi_n = (x_n, 1)$ and residual $r_n = y_n - \theta^\top\phi_n$:
 #
 # $$g = -\tfrac1N\textstyle\sum_n r_n\phi_n,\qquad F = \tfrac1N\sum_n \phi_n\phi_n^\top = \nabla^2\mathcal L,
 #   \qquad \widetilde F(\theta) = \tfrac1N\sum_n r_n^2\,\phi_n\phi_n^\top.$$
@@ -196,6 +209,7 @@ def reg_quantities(theta):  # theta [..., 2] → g, F, EF (closed form, vectoriz
     return g, F, EF
 
 
+# %%
 for th in [theta_hat, theta_hat + torch.tensor([1.0, -2.0], dtype=torch.float64), torch.zeros(2, dtype=torch.float64)]:
     g, F, EF = reg_quantities(th)
     pr = {"theta": th}
@@ -207,7 +221,8 @@ print("closed forms == taskloss (ggn_matrix, empirical_fisher, autograd gradient
 
 # %% [markdown]
 # The three vector fields on a grid around $\hat\theta$ (arrows normalized to unit length), and the angle
-# between each update direction and the straight line to the optimum, $\angle(-Mg,\ \hat\theta-\theta)$:
+# between each update direction $-Mg$ ($M = I$, $F$ or $\widetilde F$) and the straight line to the optimum,
+# $\angle(-M^{-1}g,\ \hat\theta-\theta)$:
 
 # %%
 span = torch.tensor([2.0, 2.0], dtype=torch.float64)
@@ -231,7 +246,7 @@ for k, a in angles.items():
           f"pointing away (> 90°) at {(a > 90).double().mean():.0%} of the grid")
 
 # %% [markdown]
-# Trajectories: each method's step size is the best of a small grid for reaching the optimum from the four
+# Trajectories: each method's step size $\eta$ is the best of a small grid for reaching the optimum from the four
 # starts (so no method is handicapped by its scale); up to 100 steps.
 
 # %%
@@ -240,35 +255,44 @@ starts = theta_hat + corners * span * 0.9
 TOL = 1e-2
 
 
-def trajectory(kind, start, lr, steps=100):
-    th, path = start.clone(), [start.clone()]
+def trajectories(kind, lr, steps=100):
+    """Paths [steps+1, starts, 2] from all four starts at once; a start stops once within TOL or diverged."""
+    th, path = starts.clone(), [starts.clone()]
+    active = torch.ones(len(starts), dtype=torch.bool)
     for _ in range(steps):
-        g, F, EF = reg_quantities(th)
-        M = {"GD": torch.eye(2, dtype=th.dtype), "NGD (Fisher)": F, "empirical-Fisher NGD": EF}[kind]
-        th = th - lr * torch.linalg.solve(M, g)
+        g, F, EF = reg_quantities(torch.where(active[:, None], th, starts))   # frozen starts: any finite point
+        M = {"GD": torch.eye(2, dtype=th.dtype).expand_as(F), "NGD (Fisher)": F, "empirical-Fisher NGD": EF}[kind]
+        th = torch.where(active[:, None], th - lr * torch.linalg.solve(M, g[..., None])[..., 0], th)
         path.append(th.clone())
-        if (th - theta_hat).norm() < TOL or not bool(torch.isfinite(th).all()):
+        active &= ((th - theta_hat).norm(dim=-1) >= TOL) & torch.isfinite(th).all(-1)
+        if not active.any():
             break
     return torch.stack(path)
 
 
-def path_score(paths):  # total steps to reach the tolerance (101 per start that never does); diverged → inf
-    if not all(bool(torch.isfinite(p).all()) for p in paths):
+# %%
+def steps_reached(path):  # per start: first step within TOL, or None
+    reached = (path - theta_hat).norm(dim=-1) < TOL                     # [steps+1, starts]
+    return [int(reached[:, i].int().argmax()) if reached[:, i].any() else None for i in range(path.shape[1])]
+
+
+def path_score(path):  # total steps to reach the tolerance (101 + distance per start that never does); diverged → inf
+    if not bool(torch.isfinite(path).all()):
         return math.inf
-    return sum(len(p) - 1 if (p[-1] - theta_hat).norm() < TOL else 101 + float((p[-1] - theta_hat).norm())
-               for p in paths)
+    return sum(s if s is not None else 101 + float((path[-1, i] - theta_hat).norm())
+               for i, s in enumerate(steps_reached(path)))
 
 
+# %%
 lr_grid = [0.01, 0.03, 0.1, 0.3, 1.0, 3.0]
 best = {}
 for kind in directions:
-    scored = {lr: [trajectory(kind, s, lr) for s in starts] for lr in lr_grid}
+    scored = {lr: trajectories(kind, lr) for lr in lr_grid}
     lr_best = min(scored, key=lambda lr: path_score(scored[lr]))
     best[kind] = (lr_best, scored[lr_best])
-steps_to_opt = {k: [len(p) - 1 if (p[-1] - theta_hat).norm() < TOL else None for p in paths]
-                for k, (_, paths) in best.items()}
+steps_to_opt = {k: steps_reached(path) for k, (_, path) in best.items()}
 for k, (lr, _) in best.items():
-    print(f"{k:>22}: best lr {lr:<5} steps to reach ‖θ − θ̂‖ < {TOL} from each start "
+    print(f"{k:>22}: best η {lr:<5} steps to reach ‖θ − θ̂‖ < {TOL} from each start "
           f"(None: not within 100): {steps_to_opt[k]}")
 
 # %%
@@ -277,12 +301,13 @@ for ax, (k, d) in zip(axes, directions.items()):
     u = d / d.norm(dim=-1, keepdim=True)
     quiv = ax.quiver(grid[:, 0], grid[:, 1], u[:, 0], u[:, 1], angles[k], cmap="viridis", clim=(0, 180),
                      scale=25, width=0.004)
-    for i, p in enumerate(best[k][1]):
+    for i in range(len(starts)):
+        p = best[k][1][:, i]
         ax.plot(p[:, 0], p[:, 1], "-", color="C3", lw=1.2, marker=".", ms=3,
-                label="trajectories from 4 starts (best lr)" if i == 0 else None)
+                label="trajectories from 4 starts (best η)" if i == 0 else None)
     ax.plot(*theta_hat, "k*", ms=12, label=r"optimum $\hat\theta$")
     label_axes(ax, r"$\theta_1$ (slope, dimensionless)", r"$\theta_2$ (intercept, dimensionless)" if ax is axes[0]
-               else "", f"{k}\nbest lr {best[k][0]}, median angle {angles[k].median():.0f}°", legend=ax is axes[0])
+               else "", f"{k}\nbest η {best[k][0]}, median angle {angles[k].median():.0f}°", legend=ax is axes[0])
 fig.colorbar(quiv, ax=axes, label="angle between step and direction to $\\hat\\theta$ (°)", shrink=0.85)
 run.savefig(fig, "regression_vector_fields.png")
 plt.show()
@@ -309,21 +334,215 @@ ef_one_step = torch.stack([s - torch.linalg.solve(reg_quantities(s)[2], reg_quan
 ef_dist = ((ef_one_step - theta_hat).norm(dim=-1) / (starts - theta_hat).norm(dim=-1))
 print(f"unit step with the empirical Fisher leaves {ef_dist.min():.2f}–{ef_dist.max():.2f} of the distance to θ̂")
 assert float(ef_dist.min()) > 0.3
+
+# %%
 run.record("regression/ef_median_angle_deg", ef_angle, headline=True)
 run.record("regression/gd_median_angle_deg", float(angles["GD"].median()))
 run.record("regression/ngd_max_angle_deg", float(angles["NGD (Fisher)"].max()))
 run.record("regression/ef_fraction_pointing_away", ef_away)
 run.record("regression/ef_steps_to_optimum", ef_steps)
-run.record("regression/ef_unit_step_remaining_fraction", float(ef_dist.mean()))
+run.record("regression/ef_steps_to_optimum_min", min(ef_steps))
+run.record("regression/ef_steps_to_optimum_max", max(ef_steps))
+run.record("regression/ef_unit_step_remaining_min", float(ef_dist.min()))
+_ = run.record("regression/ef_unit_step_remaining_max", float(ef_dist.max()))
 
 # %% [markdown]
-# ## 3 · Hessian-free: the natural gradient without the matrix
+# ## 3 · Plateaus: where the Fisher and the empirical Fisher go singular
+#
+# The essay argues that on a flat stretch of the loss the gradients vanish, so the empirical Fisher becomes
+# singular and the method stalls there, whereas the Fisher — an expectation over the model's own outputs — still
+# registers how the outputs move, which is why natural gradient "escapes" plateaus. We test this on the classic
+# plateau of two-layer networks: a student $f(x) = \tanh(w_1^\top x) + \tanh(w_2^\top x)$ (a *soft committee
+# machine*, $P = 2d$ parameters) learns a teacher of the same form whose weight vectors are orthogonal with norm 2,
+# under the unit-variance Gaussian likelihood. Here $J_n = \partial f(x_n)/\partial\theta$ is a row, so
+# $F = \frac1N\sum_n J_n^\top J_n$ and $\widetilde F = \frac1N\sum_n r_n^2 J_n^\top J_n$ with residual
+# $r_n = f(x_n) - y_n$.
+#
+# Started with two hidden units that differ by `plateau_eps`, gradient descent first fits the best *symmetric*
+# student ($w_1 = w_2$) — a saddle whose loss is the plateau — and waits there until the asymmetry has grown.
+# At an exactly symmetric point the Jacobian's columns for the two units coincide, so **both** $F$ and
+# $\widetilde F$ have rank at most $d$ of $2d$.
+
+# %%
+PL_N, PL_D = 200, 4     # examples and input dimension of each plateau problem
+
+
+def plateau_problems(first_seed, count):
+    """``count`` teacher-student problems: inputs X [S,N,d], targets y [S,N], near-symmetric starts W0 [S,2,d]."""
+    X, Y, W0 = [], [], []
+    for s in range(first_seed, first_seed + count):
+        g = torch.Generator().manual_seed(s)
+        X.append(torch.randn(PL_N, PL_D, generator=g, dtype=torch.float64))
+        teacher = 2.0 * torch.linalg.qr(torch.randn(PL_D, PL_D, generator=g, dtype=torch.float64))[0][:2]
+        Y.append(torch.tanh(X[-1] @ teacher.T).sum(-1))
+        w = 0.1 * torch.randn(PL_D, generator=g, dtype=torch.float64)
+        W0.append(torch.stack([w, w]) + plateau_eps * torch.randn(2, PL_D, generator=g, dtype=torch.float64))
+    return torch.stack(X), torch.stack(Y), torch.stack(W0)
+
+
+# %%
+def committee_fn(p, x):  # f(x) = Σ_k tanh(w_k·x), outputs [N, 1]
+    return torch.tanh(x @ p["W"].T).sum(-1, keepdim=True)
+
+
+def committee_quantities(W, X, y):
+    """Loss [S], gradient g [S,P], F and empirical Fisher [S,P,P] of the committee machines W [S,2,d]."""
+    A = torch.tanh(X @ W.transpose(1, 2))                          # [S, N, 2] hidden activations
+    r = A.sum(-1) - y                                              # [S, N] residuals f − y
+    J = ((1 - A**2)[..., None] * X[:, :, None, :]).flatten(2)      # [S, N, P] rows ∂f(x_n)/∂θ
+    rJ = r[..., None] * J                                          # per-example gradients g_n
+    return 0.5 * (r**2).mean(-1), rJ.mean(1), J.mT @ J / PL_N, rJ.mT @ rJ / PL_N
+
+
+# %%
+X_pl, y_pl, W0_pl = plateau_problems(1000 * seed, n_plateau_seeds)
+_, g0, F0, EF0 = committee_quantities(W0_pl, X_pl, y_pl)
+p0 = {"W": W0_pl[0]}
+torch.testing.assert_close(F0[0], C.ggn_matrix(committee_fn, p0, X_pl[0], "gaussian"))
+torch.testing.assert_close(EF0[0], C.empirical_fisher(committee_fn, p0, X_pl[0], y_pl[0][:, None], "gaussian"))
+loss_pl = lambda w: C.nll_loss(committee_fn({"W": w}, X_pl[0]), y_pl[0][:, None], "gaussian")  # noqa: E731
+torch.testing.assert_close(g0[0], torch.func.grad(loss_pl)(W0_pl[0]).flatten())
+print("committee machine: closed-form g, F, EF == taskloss (autograd, ggn_matrix, empirical_fisher)")
+
+# %% [markdown]
+# Each method takes full-batch steps $\theta \leftarrow \theta - \eta\,M^{-1}g$ with $M = I$ (GD),
+# $F + \lambda I$ (NGD) or $\widetilde F + \lambda I$ (empirical-Fisher NGD), $\lambda = 10^{-4}$ (both matrices
+# are singular on the plateau, so undamped steps are undefined there). A problem has *left the plateau* at the
+# first step whose loss is below a tenth of its plateau loss (the loss of gradient descent run from the exactly
+# symmetric start $w_1 = w_2$, which stays symmetric); a run that never does within `plateau_steps` counts as
+# `plateau_steps + 1` (censored). Each method's $\eta$ is tuned on a grid on *separate* problems (seeds
+# $10^6 + \dots$), by the median $\log_{10}$ steps to leave; the tuned values are then run on the evaluation
+# problems.
+
+# %%
+PL_DAMPING = 1e-4
+
+
+def plateau_run(kind, lr, W0, X, y, spectra=False):
+    """Full-batch steps; returns losses [steps+1, S] (inf after a divergence), the final W, and (``spectra``)
+    the eigenvalue ratio μ_min/μ_max of F and of EF along the way [steps+1, S]."""
+    W, eye = W0.clone(), torch.eye(W0[0].numel(), dtype=W0.dtype)
+    diverged = torch.zeros(len(W0), dtype=torch.bool)
+    losses, ratio_F, ratio_EF = [], [], []
+    for it in range(plateau_steps + 1):
+        loss, g, F, EF = committee_quantities(W, X, y)
+        losses.append(torch.where(diverged, math.inf, loss))
+        for store, M in ((ratio_F, F), (ratio_EF, EF)) if spectra else ():
+            ev = torch.linalg.eigvalsh(M)
+            store.append(ev[:, 0].clamp(min=0) / ev[:, -1])
+        if it < plateau_steps:
+            d = g if kind == "GD" else torch.linalg.solve((F if kind == "NGD" else EF) + PL_DAMPING * eye, g)
+            W_new = W - lr * d.reshape(W.shape)
+            ok = torch.isfinite(W_new).flatten(1).all(1) & ~diverged
+            diverged |= ~ok
+            W = torch.where(ok[:, None, None], W_new, W)
+    ratios = (torch.stack(ratio_F), torch.stack(ratio_EF)) if spectra else (None, None)
+    return torch.stack(losses), W, *ratios
+
+
+# %%
+def plateau_loss_of(W0, X, y):
+    """Loss of gradient descent (η = 1) from the exactly symmetric start: the plateau's height [S], and the point."""
+    W_sym = W0[:, :1].expand(-1, 2, -1).clone()
+    losses, W_end, _, _ = plateau_run("GD", 1.0, W_sym, X, y)
+    return losses[-1], W_end
+
+
+def escape_steps(losses, plateau_loss):
+    below = losses < 0.1 * plateau_loss                          # [steps+1, S]
+    return torch.where(below.any(0), below.double().argmax(0), torch.full((below.shape[1],), plateau_steps + 1.0))
+
+
+PL_GRIDS = {"GD": [0.3, 1.0, 3.0, 10.0], "NGD": [0.03, 0.1, 0.3, 1.0], "EF-NGD": [0.03, 0.1, 0.3, 1.0]}
+PL_KIND = {"GD": "GD", "NGD": "NGD", "EF-NGD": "EF"}
+X_tune, y_tune, W0_tune = plateau_problems(10**6 + 1000 * seed, n_plateau_seeds)
+height_tune, _ = plateau_loss_of(W0_tune, X_tune, y_tune)
+pl_lr = {}
+for m, lrs in PL_GRIDS.items():
+    score = {lr: float(escape_steps(plateau_run(PL_KIND[m], lr, W0_tune, X_tune, y_tune)[0], height_tune)
+                       .log10().median()) for lr in lrs}
+    pl_lr[m] = min(score, key=score.get)
+print("tuned η (on separate problems):", pl_lr)
+
+# %%
+height, W_sym_end = plateau_loss_of(W0_pl, X_pl, y_pl)
+pl_runs = {m: plateau_run(PL_KIND[m], pl_lr[m], W0_pl, X_pl, y_pl, spectra=m == "GD") for m in PL_GRIDS}
+pl_steps = {m: escape_steps(r[0], height) for m, r in pl_runs.items()}
+for m in PL_GRIDS:
+    print(f"{m:>7} (η = {pl_lr[m]:<5}): steps to leave the plateau per problem {pl_steps[m].int().tolist()}, "
+          f"final loss median {pl_runs[m][0][-1].median():.1e}")
+_, _, F_sym, EF_sym = committee_quantities(W_sym_end, X_pl, y_pl)
+_, _, F_sol, EF_sol = committee_quantities(pl_runs["NGD"][1], X_pl, y_pl)
+
+
+def numerical_rank(M, rel=1e-10):  # eigenvalues above rel·λ_max, per problem
+    ev = torch.linalg.eigvalsh(M)
+    return (ev > rel * ev[:, -1:]).sum(-1)
+
+
+# %%
+rank_F, rank_EF = numerical_rank(F_sym), numerical_rank(EF_sym)
+print(f"exactly symmetric plateau point: rank F {rank_F.tolist()}, rank EF {rank_EF.tolist()} of P = {2 * PL_D}")
+assert (rank_F == PL_D).all() and (rank_EF == PL_D).all(), (rank_F, rank_EF)   # duplicated columns: both singular
+ef_over_f_sol = (EF_sol.norm(dim=(1, 2)) / F_sol.norm(dim=(1, 2)))
+print(f"at NGD's end point (loss {pl_runs['NGD'][0][-1].max():.0e}): ‖EF‖/‖F‖ max {ef_over_f_sol.max():.1e}, "
+      f"rank F {numerical_rank(F_sol).tolist()}")
+assert (numerical_rank(F_sol) == 2 * PL_D).all()      # at the teacher F is regular …
+assert float(ef_over_f_sol.max()) < 1e-6              # … while EF ∝ residual² has vanished
+for m in PL_GRIDS:
+    run.record(f"plateau/{m}/lr", pl_lr[m])
+    run.record(f"plateau/{m}/median_steps_to_leave", float(pl_steps[m].median()))
+run.record("plateau/plateau_loss_median", float(height.median()))
+run.record("plateau/rank_F_symmetric", int(rank_F.max()))
+run.record("plateau/rank_EF_symmetric", int(rank_EF.max()))
+_ = run.record("plateau/ef_over_f_norm_at_solution_max", float(ef_over_f_sol.max()))
+
+# %%
+cmp_pl_ngd = run.compare("plateau/ngd_vs_gd", pl_steps["NGD"].log10().tolist(), pl_steps["GD"].log10().tolist(),
+                         name="NGD", baseline="GD", metric="log10 steps to leave the plateau", lower_is_better=True)
+cmp_pl_ef = run.compare("plateau/ef_ngd_vs_gd", pl_steps["EF-NGD"].log10().tolist(),
+                        pl_steps["GD"].log10().tolist(), name="EF-NGD", baseline="GD",
+                        metric="log10 steps to leave the plateau", lower_is_better=True)
+cmp_pl_ngd_ef = run.compare("plateau/ngd_vs_ef_ngd", pl_steps["NGD"].log10().tolist(),
+                            pl_steps["EF-NGD"].log10().tolist(), name="NGD", baseline="EF-NGD",
+                            metric="log10 steps to leave the plateau", lower_is_better=True)
+for c in (cmp_pl_ngd, cmp_pl_ef, cmp_pl_ngd_ef):
+    print(c.sentence())
+assert cmp_pl_ngd.verdict == "better", cmp_pl_ngd
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+steps_axis = np.arange(plateau_steps + 1)
+for i, m in enumerate(PL_GRIDS):
+    L = pl_runs[m][0].clamp(max=1e3).numpy().T                  # [S, steps+1]; a divergence is drawn at 1e3
+    median_band(axes[0], steps_axis, L, label=f"{m} (η = {pl_lr[m]})", color=f"C{i}")
+axes[0].axhline(float(height.median()), color="k", ls="--", lw=1, label="plateau loss (median)")
+label_axes(axes[0], "step", r"training loss $\frac{1}{2}\overline{r^2}$ (per example)", "loss (axis cut at 1e-8)",
+           lower_is_better=True, logx=True, logy=True)
+axes[0].set_ylim(1e-8, 2.0)
+for M_name, idx, ls in (("F", 2, "-"), ("empirical Fisher", 3, ":")):
+    median_band(axes[1], steps_axis, pl_runs["GD"][idx].clamp(min=1e-20).numpy().T, label=f"{M_name} along GD",
+                color="C0", ls=ls)
+label_axes(axes[1], "step of GD", r"eigenvalue ratio $\mu_{\min}/\mu_{\max}$", "conditioning along GD's path",
+           logx=True, logy=True)
+run.savefig(fig, "plateau.png")
+plt.show()
+
+# %% [markdown]
+# *Figure: left, median loss over the problems (band: interquartile range; axis cut at 1e-8) — gradient descent
+# sits on the plateau (dashed) before it drops, the natural gradient leaves it within a few steps (empirical-Fisher
+# NGD: see the comparisons above); right, along gradient descent's path both $F$ and the empirical Fisher are nearly
+# singular (smallest over largest eigenvalue tiny) while it crosses the plateau — the singularity is the symmetry's,
+# shared by both matrices.*
+
+# %% [markdown]
+# ## 4 · Hessian-free: the natural gradient without the matrix
 #
 # Hessian-free optimization never builds $F$: a Gauss-Newton/Fisher-vector product costs one forward-mode
-# pass (jvp, $J v$), one multiplication by the small output Hessian $H_n$, and one reverse pass (vjp,
-# $J^\top(\cdot)$) — about two gradient evaluations. Conjugate gradients then solve $(F + \lambda I)d = g$ with a
-# few dozen such products, and damping $\lambda$ (adapted by the reduction ratio, Levenberg-Marquardt style)
-# keeps the quadratic model honest. Check: matrix-free product = dense product, CG solution = dense solve.
+# pass (jvp, $J v$), one multiplication by the small output curvature $\Lambda_n$, and one reverse pass (vjp,
+# $J^\top(\cdot)$) — about two gradient evaluations. Conjugate gradients (CG) then solve $(F + \lambda I)d = g$
+# with a few dozen such products, and the damping $\lambda$ (adapted by the reduction ratio, Levenberg-Marquardt
+# style) keeps the quadratic model honest. Check: matrix-free product = dense product, CG solution = dense solve.
 
 # %%
 v = torch.randn(P, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
@@ -335,14 +554,14 @@ torch.testing.assert_close(d_hf, torch.linalg.solve(F_pkg + 1e-3 * torch.eye(P, 
 print(f"CG converged in {info['iterations']} products (P = {P}); matches torch.linalg.solve")
 
 # %% [markdown]
-# ## 4 · K-FAC: a Kronecker product per layer
+# ## 5 · K-FAC: a Kronecker product per layer
 #
 # For a linear layer $s = Wa$ (bias folded in as $a\leftarrow[a,1]$) the per-example weight gradient is
-# $g a^\top$ with $g=\partial\ell/\partial s$, so the layer's Fisher block is
-# $\mathbb{E}[(aa^\top)\otimes(gg^\top)]$. K-FAC factorizes the expectation, $\approx A\otimes G$ with
-# $A=\mathbb{E}[aa^\top]$, $G=\mathbb{E}[gg^\top]$, ignores cross-layer blocks, and inverts two small matrices
-# per layer: $(A\otimes G)^{-1}\mathrm{vec}(\nabla W) = \mathrm{vec}(G^{-1}\nabla W A^{-1})$. For a single
-# example nothing is lost: with the output Hessian's square-root columns back-propagated for $g$
+# $e a^\top$ with $e=\partial\ell/\partial s$, so the layer's Fisher block is
+# $\mathbb{E}[(aa^\top)\otimes(ee^\top)]$. K-FAC factorizes the expectation, $\approx A\otimes \Gamma$ with
+# $A=\mathbb{E}[aa^\top]$, $\Gamma=\mathbb{E}[ee^\top]$, ignores cross-layer blocks, and inverts two small matrices
+# per layer: $(A\otimes \Gamma)^{-1}\mathrm{vec}(\nabla W) = \mathrm{vec}(\Gamma^{-1}\nabla W A^{-1})$. For a single
+# example nothing is lost: with the output curvature's square-root columns back-propagated for $e$
 # (`fisher_type="exact"`) the Kronecker block equals the exact Fisher block.
 
 # %%
@@ -359,114 +578,310 @@ with KFAC(tiny, fisher_type="exact", decay=0.0) as kb:
     kb.update(tiny(Xt))
 kfac_gap = ((kb.to_dense() - F_pkg * mask).norm() / (F_pkg * mask).norm()).item()
 print(f"one example: K-FAC == exact block-diagonal Fisher; {len(Xt)} examples: relative gap {kfac_gap:.2f}")
-run.record("kfac/batch_block_gap", kfac_gap)
+_ = run.record("kfac/batch_block_gap", kfac_gap)
 
 # %% [markdown]
-# ## 5 · Training on digits: six optimizers
+# ## 6 · The diagonal empirical Fisher and AdaGrad
+#
+# AdaGrad keeps, per parameter, the running **sum** of squared mini-batch gradients, $G_T = \sum_{t\le T} g_{B_t}^2$
+# (elementwise), and steps by $-\eta\, g_{B_T}/(\sqrt{G_T}+\epsilon)$. For mini-batches $B$ of $b$ examples drawn
+# with replacement at a fixed $\theta$, $g_B = \frac1b\sum_{n\in B} g_n$ and
+#
+# $$\mathbb{E}\big[g_B^2\big] = g^2 + \tfrac1b\big(\operatorname{diag}\widetilde F - g^2\big),$$
+#
+# so $G_T/T$ estimates the diagonal empirical Fisher exactly when $b = 1$, and for larger batches mostly the
+# squared mean gradient $g^2$. Two further differences from diagonal-empirical-Fisher NGD: AdaGrad divides by the
+# *square root* of its accumulator, and the accumulator sums over the whole trajectory (RMSProp and Adam use an
+# exponential moving average instead). The check runs `torch.optim.Adagrad` itself with $\eta = 0$ (so $\theta$
+# stays put and only its accumulator moves) on the digits classifier of §8 at initialization.
+
+# %%
+digits = load_digits_splits(seed)
+X_train, y_train = digits.train[0].to(dev), digits.train[1].to(dev)
+torch.manual_seed(seed)
+ada_net = MLP(64, (64, 64), 10, activation="tanh").to(dev)
+D_ef = C.empirical_fisher_diagonal(ada_net, None, X_train, y_train)               # diag F̃: mean of g_n²
+g_full = torch.cat([t.flatten() for t in torch.autograd.grad(C.nll_loss(ada_net(X_train), y_train),
+                                                              list(ada_net.parameters()))]).detach()
+
+
+def adagrad_accumulator(b, draws, gen):
+    """G_T / T of torch.optim.Adagrad after ``draws`` mini-batches of ``b`` examples at a fixed θ (η = 0)."""
+    opt = torch.optim.Adagrad(ada_net.parameters(), lr=0.0)
+    for _ in range(draws):
+        idx = torch.randint(0, len(X_train), (b,), generator=gen).to(dev)
+        opt.zero_grad()
+        C.nll_loss(ada_net(X_train[idx]), y_train[idx]).backward()
+        opt.step()
+    return torch.cat([opt.state[p]["sum"].flatten() for p in ada_net.parameters()]) / draws
+
+
+# %%
+ada_b = {1: None, curv_batch: None}
+for b in ada_b:
+    acc = adagrad_accumulator(b, adagrad_draws, torch.Generator().manual_seed(seed + b))
+    predicted = g_full**2 + (D_ef - g_full**2) / b
+    ada_b[b] = dict(acc=acc, predicted=predicted, rel_err=float((acc - predicted).norm() / predicted.norm()),
+                    rel_to_ef=float((acc - D_ef).norm() / D_ef.norm()))
+    print(f"b = {b:>3}: ‖G_T/T − E[g_B²]‖/‖E[g_B²]‖ = {ada_b[b]['rel_err']:.3f}; "
+          f"‖G_T/T − diag F̃‖/‖diag F̃‖ = {ada_b[b]['rel_to_ef']:.3f}")
+mean_share = float((g_full**2).sum() / D_ef.sum())
+print(f"share of the squared mean gradient in diag F̃: Σg² / Σ diag F̃ = {mean_share:.3f}")
+
+# %%
+# G_T/T matches its expectation up to Monte-Carlo noise (relative error ~ 1/√T of the squared-gradient spread);
+# the bound leaves room for the heavy tail of g_n² over seeds.
+assert ada_b[1]["rel_err"] < 0.35 and ada_b[curv_batch]["rel_err"] < 0.35, ada_b
+# with b > 1 the accumulator is no longer the diagonal empirical Fisher: it is off by (1 − 1/b)(diag F̃ − g²)
+assert ada_b[curv_batch]["rel_to_ef"] > 2 * ada_b[1]["rel_to_ef"], ada_b
+for b, r in ada_b.items():
+    run.record(f"adagrad/b{b}/rel_err_vs_expectation", r["rel_err"])
+    run.record(f"adagrad/b{b}/rel_err_vs_diag_ef", r["rel_to_ef"])
+_ = run.record("adagrad/mean_gradient_share_of_diag_ef", mean_share)
+
+# %%
+fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True, sharey=True)
+for ax, b in zip(axes, ada_b):
+    ax.loglog(D_ef.cpu(), ada_b[b]["acc"].cpu(), ".", ms=2, alpha=0.4, label="parameters")
+    lim = [float(D_ef[D_ef > 0].min()), float(D_ef.max())]
+    ax.loglog(lim, lim, "k--", lw=1, label="AdaGrad = diag F̃")
+    if b > 1:
+        ax.loglog(lim, [x / b for x in lim], "k:", lw=1, label=f"diag F̃ / {b}")
+    label_axes(ax, r"diag $\widetilde F$ (nats² per parameter unit²)", r"AdaGrad $G_T/T$ (same units)",
+               f"mini-batches of b = {b}, T = {adagrad_draws}")
+run.savefig(fig, "adagrad_vs_diag_ef.png")
+plt.show()
+
+# %% [markdown]
+# *Figure: each dot is one parameter. With single-example batches AdaGrad's averaged accumulator lies on the
+# diagonal empirical Fisher (dashed line, up to Monte-Carlo scatter); with batches of `curv_batch` it falls below
+# it by about a factor $b$ (dotted line) wherever the per-example spread dominates the squared mean gradient.*
+
+# %% [markdown]
+# ## 7 · Mini-batch noise: the Fisher against the Hessian
+#
+# The essay's second advantage of $F$ over the Hessian $\nabla^2\mathcal L$: it is easier to estimate from a
+# mini-batch. Both are averages of per-example terms, but the Hessian's terms also carry
+# $\sum_c \partial_{f_c}\ell_n\,\nabla^2_\theta f_{n,c}$, which depends on the observed label and changes sign from
+# example to example, while the Fisher's terms $J_n^\top\Lambda_n J_n$ are all positive semi-definite. Notebook 06
+# measures this on a linear softmax model with dense matrices; here the tanh classifier of §6 and §8 is too big for
+# dense Hessians, so the relative error $\|M_B - M\|_F/\|M\|_F$ of a mini-batch estimate $M_B$ of a preconditioner
+# $M\in\{F, \nabla^2\mathcal L\}$ is estimated matrix-free with Hutchinson's identity
+# $\|A\|_F^2 = \mathbb{E}_v\|Av\|^2$, $v\sim\mathcal N(0, I)$, from `n_probes` probes shared by both matrices and
+# `n_noise_batches` mini-batches of `noise_batch` examples (the same batches for both). First, the Hessian-vector
+# product against the dense Hessian of the tiny model:
+
+# %%
+def hvp_fn(model, theta, like, inputs, targets):
+    """v ↦ ∇²L(θ) v for the batch-mean cross-entropy (forward-over-reverse: jvp of the gradient)."""
+    loss = lambda t: C.nll_loss(functional_call(model, C.unflatten(t, like), (inputs,)), targets)  # noqa: E731
+    return lambda vec: torch.func.jvp(torch.func.grad(loss), (theta,), (vec,))[1]
+
+
+H_tiny = torch.func.hessian(lambda t: C.nll_loss(functional_call(tiny, C.unflatten(t, params), (Xt,)), yt))(theta0)
+torch.testing.assert_close(hvp_fn(tiny, theta0, params, Xt, yt)(v), H_tiny @ v)
+ada_params = {k: p.detach() for k, p in ada_net.named_parameters()}
+theta_ada = C.flatten(ada_params)
+probes = torch.randn(n_probes, theta_ada.numel(), generator=torch.Generator().manual_seed(seed), device="cpu").to(dev)
+
+
+def products(idx):
+    """{name: [probes, P]} of the Fisher (GGN) and the Hessian on the examples ``idx``."""
+    F_op = C.ggn_operator(ada_net, ada_params, X_train[idx])
+    H_op = hvp_fn(ada_net, theta_ada, ada_params, X_train[idx], y_train[idx])
+    return {"Fisher": torch.stack([F_op(p) for p in probes]), "Hessian": torch.stack([H_op(p) for p in probes])}
+
+
+# %%
+full_products = products(torch.arange(len(X_train), device=dev))
+gen_noise = torch.Generator().manual_seed(seed + 7)
+noise_err = {"Fisher": [], "Hessian": []}
+for _ in range(n_noise_batches):
+    idx = torch.randint(0, len(X_train), (noise_batch,), generator=gen_noise).to(dev)
+    for name, Cv in products(idx).items():
+        ref = full_products[name]
+        noise_err[name].append(float((Cv - ref).norm() / ref.norm()))
+for name, errs in noise_err.items():
+    print(f"{name:>8} (P = {theta_ada.numel()}): relative error of the {noise_batch}-example estimate, "
+          f"median {np.median(errs):.3f} "
+          f"(range {min(errs):.3f}–{max(errs):.3f})")
+cmp_noise = run.compare("minibatch/relative_error", noise_err["Fisher"], noise_err["Hessian"], name="Fisher (GGN)",
+                        baseline="Hessian", metric=f"relative error of a {noise_batch}-example estimate",
+                        lower_is_better=True)
+print(cmp_noise.sentence())
+run.record("minibatch/fisher_median_rel_err", float(np.median(noise_err["Fisher"])))
+_ = run.record("minibatch/hessian_median_rel_err", float(np.median(noise_err["Hessian"])))
+
+# %%
+fig, ax = plt.subplots(figsize=(5, 3.6))
+bars_with_interval(ax, list(noise_err), list(noise_err.values()), colors=["tab:blue", "tab:red"])
+label_axes(ax, "curvature matrix $M$", r"$\|M_B - M\|_F\,/\,\|M\|_F$ (Hutchinson estimate)",
+           f"mini-batches of {noise_batch}, {n_noise_batches} draws", lower_is_better=True)
+run.savefig(fig, "minibatch_noise.png")
+plt.show()
+
+# %% [markdown]
+# *Figure: bars are means over the mini-batches with 95 % t-intervals, axis from 0: how far a mini-batch estimate
+# of each matrix lies from its full-batch value, relative to that value's size.*
+
+# %% [markdown]
+# ## 8 · Training on digits: seven optimizers, each at its tuned step size
 #
 # Two problems: an MLP classifier 64-64-64-10 (tanh, cross-entropy) and a deep autoencoder
 # 64-64-32-8-32-64-64 (tanh, squared error $\tfrac12\|x-f\|^2$) — the K-FAC paper's autoencoder benchmark
 # shape, scaled down to 8×8 digits. Mini-batches of `batch_size`, the same data stream for every method:
 #
-# * **SGD** (momentum 0.9) and **Adam** — first-order baselines;
+# * **SGD** (momentum 0.9), **Adam** and **AdaGrad** — first-order baselines;
 # * **diagonal Fisher** (MC labels) and **diagonal empirical Fisher**: $g/(\mathrm{diag}+\lambda)$, the
 #   diagonal re-estimated on `curv_batch` examples every `curv_every` steps (running average), then SGD with
 #   momentum;
-# * **K-FAC** (MC labels, π-damping, KL-clipped step, factors every step for the classifier and every 5 for
-#   the autoencoder, inverses every 10), then SGD with momentum;
+# * **K-FAC** (MC labels, π-damping, factors every step for the classifier and every 5 for the autoencoder,
+#   inverses every 10), then SGD with momentum; its step is KL-clipped (rescaled so that
+#   $\eta^2 g^\top \hat F^{-1} g \le 10^{-2}$ with K-FAC's $\hat F$), so above some η the clip, not η, sets the
+#   step length;
 # * **Hessian-free** with `hf_cg_iters` CG iterations on a `curv_batch` curvature batch — far fewer, far more
-#   expensive steps.
+#   expensive steps; its step is the damped Gauss-Newton step (η = 1) with λ adapted each step, so it has no step
+#   size to tune.
 #
-# Step sizes and damping were fixed once by a coarse grid on seed 0 and are not tuned per seed. Clocks count
-# the training steps only (evaluations of the full training loss every `eval_every` steps are excluded).
+# **Tuning.** Every other method's learning rate η is chosen from three values (a base value × 1/3, 1, 3) by the
+# mean final full-train loss of runs on two *separate seeds* (`seed + 1000`, `seed + 1001`: other initializations
+# and data streams); damping stays fixed at λ = 0.1. The tuned η is then run on `n_seeds` fresh seeds, and methods
+# are compared on those seeds with paired t-intervals (same seeds, same budget); a run that diverges there counts
+# with its starting loss (it is listed below). Clocks count the training steps only
+# (evaluations of the full training loss every `eval_every` steps are excluded).
 
 # %%
-digits = load_digits_splits(seed)
-X_train = digits.train[0].to(dev)
-y_train = digits.train[1].to(dev)
 TASKS = {
     "classifier": dict(make=lambda: MLP(64, (64, 64), 10, activation="tanh"), lik="categorical",
-                       targets=y_train, steps=clf_steps, hf_steps=hf_steps_clf,
-                       hp={"SGD": dict(lr=0.1), "Adam": dict(lr=3e-3), "diag Fisher": dict(lr=0.03, damping=0.1),
-                           "diag emp. Fisher": dict(lr=0.03, damping=0.1),
-                           "K-FAC": dict(lr=0.1, damping=0.1, tcov=1), "Hessian-free": dict(damping=1.0)}),
+                       targets=y_train, steps=clf_steps, hf_steps=hf_steps_clf, tcov=1,
+                       base_lr={"SGD": 0.3, "Adam": 0.01, "AdaGrad": 0.1, "diag Fisher": 0.03,
+                                "diag emp. Fisher": 0.03, "K-FAC": 0.1}),
     "autoencoder": dict(make=lambda: MLP(64, (64, 32, 8, 32, 64), 64, activation="tanh"), lik="gaussian",
-                        targets=X_train, steps=ae_steps, hf_steps=hf_steps_ae,
-                        hp={"SGD": dict(lr=0.03), "Adam": dict(lr=3e-3), "diag Fisher": dict(lr=0.003, damping=0.1),
-                            "diag emp. Fisher": dict(lr=0.003, damping=0.1),
-                            "K-FAC": dict(lr=0.3, damping=0.1, tcov=5), "Hessian-free": dict(damping=1.0)}),
+                        targets=X_train, steps=ae_steps, hf_steps=hf_steps_ae, tcov=5,
+                        base_lr={"SGD": 0.1, "Adam": 0.01, "AdaGrad": 0.01, "diag Fisher": 0.01,
+                                 "diag emp. Fisher": 0.003, "K-FAC": 0.3}),
 }
-METHODS = ["SGD", "Adam", "diag Fisher", "diag emp. Fisher", "K-FAC", "Hessian-free"]
+METHODS = ["SGD", "Adam", "AdaGrad", "diag Fisher", "diag emp. Fisher", "K-FAC", "Hessian-free"]
+TUNED = METHODS[:-1]
+GRID_FACTORS = (1 / 3, 1.0, 3.0)
+DAMPING = 0.1
 
 
-def train(task, method, run_seed):
-    """Train one (task, method, seed); return [(step, train-clock seconds, full-train loss)]."""
-    cfg, hp = TASKS[task], TASKS[task]["hp"][method]
-    torch.manual_seed(run_seed)
-    net = cfg["make"]().to(dev)
-    lik, T = cfg["lik"], cfg["targets"]
-    gen = torch.Generator().manual_seed(run_seed)
-    kfac = pre = None
+# %%
+def make_optimizer(task, method, net, lr, gen):
+    """(optimizer, K-FAC or None, diagonal preconditioner or None) for one run."""
+    lik, kfac, pre = TASKS[task]["lik"], None, None
     if method == "Adam":
-        opt = torch.optim.Adam(net.parameters(), lr=hp["lr"])
+        opt = torch.optim.Adam(net.parameters(), lr=lr)
+    elif method == "AdaGrad":
+        opt = torch.optim.Adagrad(net.parameters(), lr=lr)
     elif method == "Hessian-free":
-        opt = C.HessianFree(net.parameters(), net, lr=1.0, damping=hp["damping"], cg_iters=hf_cg_iters, likelihood=lik)
+        opt = C.HessianFree(net.parameters(), net, lr=1.0, damping=1.0, cg_iters=hf_cg_iters, likelihood=lik)
     else:
-        opt = torch.optim.SGD(net.parameters(), lr=hp["lr"], momentum=0.9)
+        opt = torch.optim.SGD(net.parameters(), lr=lr, momentum=0.9)
     if method == "K-FAC":
-        kfac = KFAC(net, damping=hp["damping"], fisher_type="mc", likelihood=lik, factor_update_interval=hp["tcov"],
+        kfac = KFAC(net, damping=DAMPING, fisher_type="mc", likelihood=lik, factor_update_interval=TASKS[task]["tcov"],
                     inverse_update_interval=10, damping_mode="pi", kl_clip=1e-2, optimizer=opt, generator=gen)
     if method.startswith("diag"):
         pre = C.FisherDiagonalPreconditioner(net, "mc" if method == "diag Fisher" else "empirical", likelihood=lik,
-                                             damping=hp["damping"], decay=0.9, generator=gen)
-    steps = cfg["hf_steps"] if method == "Hessian-free" else cfg["steps"]
-    every = 1 if method == "Hessian-free" else eval_every
-    data_gen = torch.Generator().manual_seed(1000 + run_seed)
+                                             damping=DAMPING, decay=0.9, generator=gen)
+    return opt, kfac, pre
+
+
+# %%
+def train_step(net, opt, kfac, pre, x, t, lik, it):
+    """One step of every method except Hessian-free."""
+    out = net(x)
+    loss = C.nll_loss(out, t, lik)
+    if kfac is not None:
+        kfac.update(out, t)
+    opt.zero_grad()
+    loss.backward()
+    if kfac is not None:
+        kfac.step()
+    if pre is not None:
+        if (it - 1) % curv_every == 0:
+            pre.update(x[:curv_batch], t[:curv_batch])
+        pre.step()
+    opt.step()
+
+
+def hf_step(net, opt, x, t, lik):
+    def closure():
+        opt.zero_grad()
+        loss = C.nll_loss(net(x), t, lik)
+        loss.backward()
+        return loss
+    opt.step(closure, x[:curv_batch])
+
+
+# %%
+def full_loss(net, T, lik):
+    """Full-train loss (inf when not finite)."""
     with torch.no_grad():
-        history = [(0, 0.0, C.nll_loss(net(X_train), T, lik).item())]
-    clock = 0.0
+        out = net(X_train)
+    return C.nll_loss(out, T, lik).item() if bool(torch.isfinite(out).all()) else math.inf
+
+
+# %%
+def train(task, method, run_seed, lr):
+    """Train one (task, method, seed, η); return [(step, train-clock seconds, full-train loss)] (inf once diverged)."""
+    cfg = TASKS[task]
+    torch.manual_seed(run_seed)
+    net, lik, T = cfg["make"]().to(dev), cfg["lik"], cfg["targets"]
+    opt, kfac, pre = make_optimizer(task, method, net, lr, torch.Generator().manual_seed(run_seed))
+    steps = cfg["hf_steps"] if method == "Hessian-free" else cfg["steps"]
+    every, data_gen = (1 if method == "Hessian-free" else eval_every), torch.Generator().manual_seed(1000 + run_seed)
+    history, clock = [(0, 0.0, full_loss(net, T, lik))], 0.0
     for it in range(1, steps + 1):
         idx = torch.randint(0, len(X_train), (batch_size,), generator=data_gen).to(dev)
-        x, t = X_train[idx], T[idx]
         t0 = time.perf_counter()
-        if method == "Hessian-free":
-            def closure():
-                opt.zero_grad()
-                loss = C.nll_loss(net(x), t, lik)
-                loss.backward()
-                return loss
-            opt.step(closure, x[:curv_batch])
-        else:
-            out = net(x)
-            loss = C.nll_loss(out, t, lik)
-            if kfac is not None:
-                kfac.update(out, t)
-            opt.zero_grad()
-            loss.backward()
-            if kfac is not None:
-                kfac.step()
-            if pre is not None:
-                if (it - 1) % curv_every == 0:
-                    pre.update(x[:curv_batch], t[:curv_batch])
-                pre.step()
-            opt.step()
+        try:
+            if method == "Hessian-free":
+                hf_step(net, opt, X_train[idx], T[idx], lik)
+            else:
+                train_step(net, opt, kfac, pre, X_train[idx], T[idx], lik, it)
+        except (ValueError, RuntimeError):  # a NaN gradient or curvature: this η diverged
+            return history + [(s, clock, math.inf) for s in range(it, steps + 1) if s % every == 0 or s == steps]
         if dev.type == "cuda":
             torch.cuda.synchronize()
         clock += time.perf_counter() - t0
         if it % every == 0 or it == steps:
-            with torch.no_grad():
-                history.append((it, clock, C.nll_loss(net(X_train), T, lik).item()))
+            history.append((it, clock, full_loss(net, T, lik)))
     return history
 
 
-seeds = [seed + i for i in range(n_seeds)]
-results = {task: {m: [] for m in METHODS} for task in TASKS}
-jobs = [(task, m, s) for task in TASKS for m in METHODS for s in seeds]
-for task, m, s in tqdm(jobs, desc="training runs"):
-    results[task][m].append(train(task, m, s))
+# %%
+tune_seeds = [seed + 1000, seed + 1001]
+tune_jobs = [(task, m, f, s) for task in TASKS for m in TUNED for f in GRID_FACTORS for s in tune_seeds]
+tune_final = {}
+for task, m, f, s in tqdm(tune_jobs, desc="tuning η (separate seeds)"):
+    tune_final[(task, m, f, s)] = train(task, m, s, TASKS[task]["base_lr"][m] * f)[-1][2]
+best_lr, at_edge = {}, []
+for task in TASKS:
+    for m in TUNED:   # mean final loss over the tuning seeds; a divergence (inf) rules a value out
+        f_best = min(GRID_FACTORS, key=lambda f: np.mean([tune_final[(task, m, f, s)] for s in tune_seeds]))
+        best_lr[(task, m)] = TASKS[task]["base_lr"][m] * f_best
+        if f_best != 1.0:
+            at_edge.append(f"{task}/{m}")
+print("tuned η:", {f"{t}/{m}": f"{lr:.3g}" for (t, m), lr in best_lr.items()})
+print("best η at the edge of its grid (a wider grid might do better):", at_edge or "none")
 
 # %%
-FAMILIES = {"first-order": ["SGD", "Adam"], "diagonal curvature": ["diag Fisher", "diag emp. Fisher"],
+seeds = [seed + i for i in range(n_seeds)]
+results = {task: {m: [] for m in METHODS} for task in TASKS}
+diverged = []
+for task, m, s in tqdm([(t, m, s) for t in TASKS for m in METHODS for s in seeds], desc="training runs (tuned η)"):
+    h = train(task, m, s, best_lr.get((task, m), 1.0))
+    if not math.isfinite(h[-1][2]):       # a diverged run counts with its starting loss from then on
+        diverged.append(f"{task}/{m}/seed {s}")
+        h = [(it, c, L if math.isfinite(L) else h[0][2]) for it, c, L in h]
+    results[task][m].append(h)
+print("runs that diverged at the tuned η:", diverged or "none")
+_ = run.record("train/diverged_runs", diverged)
+
+# %%
+FAMILIES = {"first-order": ["SGD", "Adam", "AdaGrad"], "diagonal curvature": ["diag Fisher", "diag emp. Fisher"],
             "structured curvature": ["K-FAC", "Hessian-free"]}
 COLOR = {m: f"C{i}" for i, m in enumerate(METHODS)}
 YLABEL = {"classifier": "full-train cross-entropy\n(nats per example)",
@@ -500,146 +915,208 @@ def curve_grid(xcol, xlabel, filename):
                        lower_is_better=True if col == 0 else None, logy=True, legend=False)
     handles = [plt.Line2D([], [], color=COLOR[m], lw=2, label=m) for m in METHODS]
     handles.append(plt.Line2D([], [], color="0.8", lw=1, label="other families (median)"))
-    fig.legend(handles=handles, loc="lower center", ncol=len(handles), fontsize=9, frameon=False)
-    fig.suptitle(f"digits: median over {n_seeds} seeds, shaded band = min–max over seeds")
-    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.legend(handles=handles, loc="lower center", ncol=4, fontsize=9, frameon=False)
+    fig.suptitle(f"digits, tuned η: median over {n_seeds} seeds, shaded band = min–max over seeds")
+    fig.tight_layout(rect=(0, 0.07, 1, 1))
     run.savefig(fig, filename)
     plt.show()
+
 
 curve_grid(0, "iteration (symlog)", "training_curves.png")
 
 # %% [markdown]
-# *Figure: one panel per problem and method family, the other families in grey. Per iteration, Hessian-free
-# falls fastest over its few steps and K-FAC ends lowest on both problems; the diagonal preconditioners end
-# between SGD/Adam and K-FAC on the classifier and level with SGD/Adam on the autoencoder.*
+# *Figure: full-train loss against iteration — a budget sweep, each method at its tuned η; one panel per problem
+# and method family, the other families in grey. Read each comparison at the budget where its curves have
+# separated and stay separated, not only at the last point.*
 
 # %%
 curve_grid(1, "training seconds (median over seeds)", "training_curves_seconds.png")
 
 # %% [markdown]
 # *Figure: the same runs against training clock on this machine (evaluation excluded). Hessian-free's
-# expensive steps stretch it to the right; how K-FAC compares with Adam at equal clock depends on the machine
-# and its load (printed below; `benchmarks/bench_curvature.py` measures it in one quiet process).*
+# expensive steps stretch it to the right; equal-clock standings depend on the machine and its load
+# (`benchmarks/bench_curvature.py` measures them in one quiet process).*
 
 # %%
-summary = {}
-print(f"{'task':<12} {'method':<17} {'steps':>5} {'final loss (per seed)':>28} {'seconds (median)':>16} {'ms/step':>8}")
-for task in TASKS:
+final = {(t, m): [h[-1][2] for h in results[t][m]] for t in TASKS for m in METHODS}
+seconds = {(t, m): float(np.median([h[-1][1] for h in results[t][m]])) for t in TASKS for m in METHODS}
+print(f"{'task':<12} {'method':<17} {'η':>7} {'steps':>5} {'final loss mean ± sd':>22} {'ms/step':>8}")
+for t in TASKS:
     for m in METHODS:
-        finals = [h[-1][2] for h in results[task][m]]
-        secs = [h[-1][1] for h in results[task][m]]
-        steps = results[task][m][0][-1][0]
-        summary[(task, m)] = dict(final=finals, seconds=float(np.median(secs)), steps=steps)
-        print(f"{task:<12} {m:<17} {steps:>5} {', '.join(f'{f:.4f}' for f in finals):>28} "
-              f"{np.median(secs):>16.2f} {1e3 * np.median(secs) / steps:>8.1f}")
-        run.record(f"train/{task}/{m}/final_loss", finals)
-        run.record(f"train/{task}/{m}/seconds", float(np.median(secs)))
+        n_steps = results[t][m][0][-1][0]
+        lr_txt = f"{best_lr[(t, m)]:.3g}" if (t, m) in best_lr else "LM"
+        print(f"{t:<12} {m:<17} {lr_txt:>7} {n_steps:>5} {np.mean(final[(t, m)]):>13.4f} ± "
+              f"{np.std(final[(t, m)], ddof=1):.4f} {1e3 * seconds[(t, m)] / n_steps:>8.1f}")
+        run.record(f"train/{t}/{m}/final_loss", final[(t, m)])
+        if (t, m) in best_lr:
+            run.record(f"train/{t}/{m}/tuned_lr", best_lr[(t, m)])
+_ = run.record("train/tuned_lr_at_grid_edge", at_edge)
 
-
+# %%
 def loss_at_step(task, m, step):
     """Per-seed full-train loss at the first evaluation at or after ``step``."""
     return [next(L for it, _, L in h if it >= step) for h in results[task][m]]
 
 
-def loss_at_time(task, m, seconds):
-    """Per-seed full-train loss at the last evaluation within ``seconds`` of training clock."""
-    return [min(L for it, c, L in h if c <= seconds) for h in results[task][m]]
+def loss_at_time(task, m, secs):
+    """Per-seed full-train loss at the last evaluation within ``secs`` of training clock."""
+    return [min(L for it, c, L in h if c <= secs) for h in results[task][m]]
+
+
+PAIRS = [("K-FAC", "Adam"), ("K-FAC", "SGD"), ("Adam", "SGD"), ("diag emp. Fisher", "diag Fisher"),
+         ("AdaGrad", "diag emp. Fisher")]
+for t in TASKS:
+    for a, b in PAIRS:
+        run.compare(f"train/{t}/{a} vs {b}", final[(t, a)], final[(t, b)], name=f"{a} ({t})", baseline=b,
+                    metric="final full-train loss", lower_is_better=True)
+    n_hf = results[t]["Hessian-free"][0][-1][0]
+    run.compare(f"train/{t}/Hessian-free vs SGD at {n_hf} steps", final[(t, "Hessian-free")],
+                loss_at_step(t, "SGD", n_hf), name=f"Hessian-free ({t})", baseline=f"SGD after {n_hf} steps",
+                metric="full-train loss at equal iterations", lower_is_better=True)
 
 # %% [markdown]
 # ### What holds at this scale
 #
-# The assertions below are the claims that hold for every seed at the default (CI) size; the printed numbers
-# are this run's.
+# The assertions below are the claims that hold for seeds 0–19 at the default (CI) size; every verdict is in the
+# comparison table at the end, whatever it says. Where SGD at its tuned η spikes on one seed (seen on the
+# autoencoder at seed 2: a loss of ~10⁶ at step 20), a paired t-interval over 5 seeds covers 0 even though every
+# seed favours the other method, so those claims are asserted per seed rather than as a verdict. Not asserted:
+# Hessian-free against SGD at equal iterations on the *classifier* — with SGD at its tuned η it does not hold for
+# every seed (seed 4: 0.32 against 0.35 on average, some seeds the other way); the count is printed below.
 
 # %%
-ae_kfac = summary[("autoencoder", "K-FAC")]["final"]
-ae_adam = summary[("autoencoder", "Adam")]["final"]
-ae_sgd = summary[("autoencoder", "SGD")]["final"]
-# 1. On the deep autoencoder K-FAC ends every seed below Adam and SGD after the same number of steps …
-assert all(k < a and k < s for k, a, s in zip(ae_kfac, ae_adam, ae_sgd)), (ae_kfac, ae_adam, ae_sgd)
-# … and also at equal training clock (Adam's / SGD's whole budget vs K-FAC at that many seconds).
-t_adam = summary[("autoencoder", "Adam")]["seconds"]
-kfac_at_adam_time = loss_at_time("autoencoder", "K-FAC", t_adam)
-print(f"autoencoder: K-FAC {ae_kfac} vs Adam {ae_adam} vs SGD {ae_sgd} after {ae_steps} steps; "
-      f"K-FAC within Adam's {t_adam:.2f} s: {kfac_at_adam_time}")
-# Wall-clock depends on the machine and its load, so the equal-clock comparison is printed, not asserted
-# (benchmarks/bench_curvature.py measures the race to a target loss in one quiet process).
-kfac_ahead_at_adam_clock = bool(np.median(kfac_at_adam_time) < np.median(ae_adam))
-print(f"K-FAC ahead of Adam at Adam's training clock (median over seeds): {kfac_ahead_at_adam_clock}")
-run.record("train/autoencoder/kfac_ahead_of_adam_at_equal_clock", kfac_ahead_at_adam_clock)
-run.record("train/autoencoder/kfac_over_adam_final_loss", float(np.median(ae_kfac) / np.median(ae_adam)), headline=True)
-
-# 2. Hessian-free makes far more progress per iteration than SGD (its loss after its few steps is below
-#    SGD's at the same iteration count) for both problems.
-for task in TASKS:
-    n_hf = summary[(task, "Hessian-free")]["steps"]
-    hf, sgd_same = summary[(task, "Hessian-free")]["final"], loss_at_step(task, "SGD", n_hf)
-    print(f"{task}: after {n_hf} steps HF {[f'{v:.3f}' for v in hf]} vs SGD {[f'{v:.3f}' for v in sgd_same]}")
-    assert all(h < s for h, s in zip(hf, sgd_same))
-ms_ratio = {task: (summary[(task, "Hessian-free")]["seconds"] / summary[(task, "Hessian-free")]["steps"])
-            / (summary[(task, "SGD")]["seconds"] / summary[(task, "SGD")]["steps"]) for task in TASKS}
-print("Hessian-free step cost / SGD step cost:", {k: f"{v:.0f}×" for k, v in ms_ratio.items()})
-run.record("train/hf_step_cost_over_sgd", ms_ratio)
-
-# 3. On the classifier K-FAC also beats plain SGD after the same number of steps.
-clf_kfac, clf_sgd = summary[("classifier", "K-FAC")]["final"], summary[("classifier", "SGD")]["final"]
-assert all(k < s for k, s in zip(clf_kfac, clf_sgd)), (clf_kfac, clf_sgd)
-run.record("train/classifier/kfac_over_sgd_final_loss", float(np.median(clf_kfac) / np.median(clf_sgd)), headline=True)
-
-# %% [markdown]
-# ### What does not hold (or not reliably) at this scale — measured, not tuned away
+verdict = {k: c.verdict for k, c in run.comparisons.items()}
+assert verdict["train/autoencoder/K-FAC vs Adam"] == "better", run.comparisons["train/autoencoder/K-FAC vs Adam"]
+assert all(k < s for k, s in zip(final[("classifier", "K-FAC")], final[("classifier", "SGD")]))
+hf_keys = {t: next(k for k in verdict if k.startswith(f"train/{t}/Hessian-free vs SGD")) for t in TASKS}
+hf_wins = {t: sum(a < b for a, b in zip(run.results[k]["a"], run.results[k]["b"])) for t, k in hf_keys.items()}
+print(f"seeds on which Hessian-free is below SGD at equal iterations (of {n_seeds}):", hf_wins)
+assert hf_wins["autoencoder"] == n_seeds, run.comparisons[hf_keys["autoencoder"]]   # per iteration, every seed
+run.record("train/classifier/hf_below_sgd_seeds", hf_wins["classifier"])
+run.record("train/autoencoder/hf_below_sgd_seeds", hf_wins["autoencoder"])
+ms_ratio = {t: (seconds[(t, "Hessian-free")] / results[t]["Hessian-free"][0][-1][0])
+            / (seconds[(t, "SGD")] / results[t]["SGD"][0][-1][0]) for t in TASKS}
+kfac_at_adam_clock = loss_at_time("autoencoder", "K-FAC", seconds[("autoencoder", "Adam")])
+run.record("train/hf_step_cost_over_sgd_classifier", ms_ratio["classifier"])
+run.record("train/hf_step_cost_over_sgd_autoencoder", ms_ratio["autoencoder"])
+run.record("train/autoencoder/kfac_ahead_of_adam_at_equal_clock",
+           bool(np.median(kfac_at_adam_clock) < np.median(final[("autoencoder", "Adam")])))
+run.record("train/autoencoder/kfac_over_adam_final_loss",
+           float(np.median(final[("autoencoder", "K-FAC")]) / np.median(final[("autoencoder", "Adam")])), headline=True)
+run.record("train/classifier/kfac_over_sgd_final_loss",
+           float(np.median(final[("classifier", "K-FAC")]) / np.median(final[("classifier", "SGD")])), headline=True)
+_ = run.record("train/autoencoder/kfac_final_loss", float(np.median(final[("autoencoder", "K-FAC")])), headline=True)
 
 # %%
-clf_adam = summary[("classifier", "Adam")]["final"]
-kfac_beats_adam_clf = all(k < a for k, a in zip(clf_kfac, clf_adam))
-t_sgd_clf = summary[("classifier", "SGD")]["seconds"]
-kfac_clf_at_sgd_time = loss_at_time("classifier", "K-FAC", t_sgd_clf)
-sgd_clf_final = summary[("classifier", "SGD")]["final"]
-diag_mc = summary[("autoencoder", "diag Fisher")]["final"]
-diag_ef = summary[("autoencoder", "diag emp. Fisher")]["final"]
-t_hf_ae = summary[("autoencoder", "Hessian-free")]["seconds"]
-notes = [
-    f"classifier: K-FAC below Adam after {clf_steps} steps for every seed: {kfac_beats_adam_clf} "
-    f"(K-FAC {[round(v, 4) for v in clf_kfac]}, Adam {[round(v, 4) for v in clf_adam]})",
-    f"classifier at equal clock ({t_sgd_clf:.2f} s = SGD's whole run): "
-    f"K-FAC {[round(v, 4) for v in kfac_clf_at_sgd_time]} vs SGD {[round(v, 4) for v in sgd_clf_final]}",
-    f"autoencoder: diagonal MC Fisher {[round(v, 3) for v in diag_mc]} and diagonal empirical Fisher "
-    f"{[round(v, 3) for v in diag_ef]} vs Adam {[round(v, 3) for v in ae_adam]} "
-    "(a diagonal keeps no cross-parameter curvature)",
-    f"Hessian-free in wall-clock: each step costs {ms_ratio['autoencoder']:.0f}× an SGD step on the autoencoder, so "
-    f"within {t_hf_ae:.1f} s it reaches {[round(v, 3) for v in summary[('autoencoder', 'Hessian-free')]['final']]} "
-    f"vs K-FAC at that clock {[round(v, 3) for v in loss_at_time('autoencoder', 'K-FAC', t_hf_ae)]}",
-]
-for line in notes:
-    print("•", line)
-run.record("train/notes", notes)
-run.record("train/autoencoder/kfac_final_loss", float(np.median(ae_kfac)), headline=True)
-run.table()
+fig, axes = plt.subplots(1, 2, figsize=(14, 5))
+for ax, t in zip(axes, TASKS):
+    cs = [c for k, c in run.comparisons.items() if k.startswith(f"train/{t}/")]
+    comparison_forest(ax, cs, labels=[f"{c.name.replace(f' ({t})', '')} vs {c.baseline}" for c in cs],
+                      xlabel=f"difference in full-train {'cross-entropy (nats)' if t == 'classifier' else 'loss'}, "
+                             "a − b (negative = a better)")
+    ax.set_title(f"{t}: paired differences over {n_seeds} seeds (tuned η)")
+fig.tight_layout()
+run.savefig(fig, "training_comparisons.png")
+plt.show()
 
 # %% [markdown]
-# ## Reading the numbers
+# *Figure: each row is a paired comparison (final loss of the first method minus the second, same seeds); left of
+# the vertical line the first method is better. Grey rows are inconclusive: their 95 % interval covers zero.*
+
+# %% [markdown]
+# ## Results
 #
-# * **Exact vs Monte-Carlo vs empirical.** The Fisher is at once the score covariance, the expected Hessian
-#   and the GGN (checked to float64 precision). Sampling labels from the model gives an unbiased estimate
-#   whose error falls like $1/\sqrt S$ (the fitted slope is asserted to lie in $(-0.65, -0.35)$); the
-#   empirical Fisher's gap to $F$ is a bias that more computation never removes.
-# * **The empirical Fisher can point the wrong way.** On least squares the Fisher is the Hessian, so NGD
-#   aims exactly at the optimum from everywhere and one unit step lands there (asserted). Preconditioning
-#   with the empirical Fisher bends the direction away from the optimum — the asserted median angle is
-#   above 30° and larger than plain gradient descent's — and a unit step leaves a substantial fraction of
-#   the distance (printed above), so its trajectories need many steps even with their best step size.
-# * **Hessian-free** solves the damped Gauss-Newton system with a handful of matrix-free products; per
-#   iteration it beats SGD on both problems (asserted), but each step costs the time of many SGD steps (the
-#   measured ratio is printed above), so in wall-clock it is not the winner at this size.
-# * **K-FAC** is exact for one example and block-diagonal-approximate for a batch; on the deep autoencoder —
-#   the problem it was designed for — it ends below Adam and SGD for every seed after the same number of
-#   steps (asserted). Whether it is also below Adam at equal training clock is printed for this run, not
-#   asserted, since wall-clock depends on the machine's load; `benchmarks/bench_curvature.py` measures the
-#   race to a target loss (recorded in `benchmarks/RESULTS.md`).
-#   On the small classifier the advantage over SGD per step holds, whether it beats Adam and SGD at equal
-#   clock is printed above rather than asserted: at this size the per-step overhead of the factors and their
-#   inverses is comparable to the whole forward/backward pass.
-# * **Diagonal Fisher / diagonal empirical Fisher** are cheap to apply but need heavy damping to be stable
-#   (a diagonal entry can be tiny while its parameter is strongly coupled to others: with $\lambda=0.01$ the
-#   diagonal MC Fisher diverged on some classifier seeds while prototyping, hence $\lambda=0.1$). Nothing is
-#   asserted about them: how they compare with Adam and with each other is printed above for this run.
+# All recorded values (★ headline; the paired comparisons get their own table at the end).
+
+# %%
+_ = run.table([k for k in run.results if k not in run.comparisons])
+
+# %% [markdown]
+# ### Errata vs. the source
+#
+# Where this notebook departs from the essay on natural gradient descent (002), each with the section that checks it:
+#
+# - **"$F$ is always positive definite."** It is positive *semi*-definite: at the symmetric plateau point of §3 it has
+#   rank $d$ of $2d$ (duplicated hidden units give duplicated Jacobian columns), which is why every practical
+#   natural-gradient step here is damped.
+# - **Why the empirical Fisher stalls on plateaus.** On the symmetric plateau of §3 the empirical Fisher *is*
+#   singular — but so is the Fisher, in the same directions, so singularity alone does not separate them; what the
+#   measured runs show about escaping is stated below with its intervals. Where the empirical Fisher does vanish
+#   while $F$ does not is at a minimum that fits every example (all residuals zero, end of §3).
+# - **"Like AdaGrad, but with the current gradient instead of a moving average."** AdaGrad accumulates a running
+#   *sum* of squared mini-batch gradients (the moving average is RMSProp's and Adam's), divides by its *square
+#   root*, and its accumulator estimates the diagonal empirical Fisher only for single-example batches; for batches
+#   of $b$ it estimates $g^2 + (\operatorname{diag}\widetilde F - g^2)/b$ (§6).
+# - **The empirical Fisher as a cheap stand-in for $F$.** Its gap to $F$ is a bias that no amount of sampling
+#   removes (§1), and on least squares it turns the step away from the optimum (§2).
+
+# %%
+_ = run.say(
+    "**What the numbers say.** The exact Fisher equals the expected Hessian and the GGN to float64 precision; the "
+    "Monte-Carlo Fisher's error falls with slope {mc_fisher/error_slope:.2f} in the number of sampled labels, while "
+    "the empirical Fisher stays {mc_fisher/ef_relative_gap:.2f} (relative Frobenius gap) from $F$ at any cost. On "
+    "least squares the natural-gradient direction points exactly at the optimum (largest angle "
+    "{regression/ngd_max_angle_deg:.1e}°); the empirical-Fisher direction has a median angle of "
+    "{regression/ef_median_angle_deg:.1f}° to it (gradient descent: {regression/gd_median_angle_deg:.1f}°) and "
+    "points away at {regression/ef_fraction_pointing_away:.0%} of the grid; a unit step with it leaves "
+    "{regression/ef_unit_step_remaining_min:.2f}–{regression/ef_unit_step_remaining_max:.2f} of the distance, and "
+    "at its best step size it needs {regression/ef_steps_to_optimum_min}–{regression/ef_steps_to_optimum_max} steps "
+    "(101 = not within 100) where NGD needs 1.\n\n"
+    "On the symmetric plateau (height {plateau/plateau_loss_median:.3f}, median over {n_pl} problems) the Fisher and "
+    "the empirical Fisher have rank {plateau/rank_F_symmetric} and {plateau/rank_EF_symmetric} of {P_pl}. With "
+    "tuned step sizes, gradient descent needs a median of {plateau/GD/median_steps_to_leave:.0f} steps to leave it, "
+    "NGD {plateau/NGD/median_steps_to_leave:.0f} and empirical-Fisher NGD "
+    "{plateau/EF-NGD/median_steps_to_leave:.0f} (censored at {cap}); in $\\log_{{10}}$ steps NGD − GD is "
+    "{plateau/ngd_vs_gd.effect:.2f} ({plateau/ngd_vs_gd.verdict}), EF-NGD − GD {plateau/ef_ngd_vs_gd.effect:.2f} "
+    "({plateau/ef_ngd_vs_gd.verdict}), NGD − EF-NGD {plateau/ngd_vs_ef_ngd.effect:.2f} "
+    "({plateau/ngd_vs_ef_ngd.verdict}). At the teacher the empirical Fisher has vanished "
+    "(‖F̃‖/‖F‖ ≤ {plateau/ef_over_f_norm_at_solution_max:.0e}) while $F$ has full rank.",
+    n_pl=n_plateau_seeds, P_pl=2 * PL_D, cap=plateau_steps + 1)
+
+# %%
+_ = run.say(
+    "AdaGrad's accumulator divided by the number of steps matches its expectation "
+    "$g^2 + (\\mathrm{{diag}}\\,\\widetilde F - g^2)/b$ within a relative error of "
+    "{adagrad/b1/rel_err_vs_expectation:.3f} (b = 1) and {b_big_err:.3f} (b = {b_big}); its relative distance to the "
+    "diagonal empirical Fisher is {adagrad/b1/rel_err_vs_diag_ef:.3f} for b = 1 but {b_big_ef:.3f} for b = {b_big}. "
+    "On mini-batches of {noise_batch}, the Fisher's relative error "
+    "is {minibatch/fisher_median_rel_err:.3f} (median) against the Hessian's {minibatch/hessian_median_rel_err:.3f}: "
+    "Fisher minus Hessian {minibatch/relative_error.effect:.3f}, {minibatch/relative_error.verdict} for the "
+    "Fisher.\n\n"
+    "Trained at tuned step sizes over {n_seeds} seeds, K-FAC ends the autoencoder at "
+    "{train/autoencoder/kfac_over_adam_final_loss:.3f}× Adam's loss (difference "
+    "{train/autoencoder/K-FAC vs Adam.effect:.3f}, {train/autoencoder/K-FAC vs Adam.verdict}) and the classifier at "
+    "{train/classifier/kfac_over_sgd_final_loss:.3f}× SGD's (below it on every seed; "
+    "{train/classifier/K-FAC vs SGD.verdict}); against Adam "
+    "on the classifier it is {train/classifier/K-FAC vs Adam.verdict}. Adam against SGD: "
+    "{train/classifier/Adam vs SGD.verdict} on the classifier, {train/autoencoder/Adam vs SGD.verdict} on the "
+    "autoencoder. At equal iterations Hessian-free is below SGD on {train/classifier/hf_below_sgd_seeds} of {n_seeds} "
+    "seeds on the classifier ({hf_clf}) and {train/autoencoder/hf_below_sgd_seeds} of {n_seeds} on the autoencoder "
+    "({hf_ae}), but each of its steps costs "
+    "{train/hf_step_cost_over_sgd_classifier:.0f}× (classifier) and {train/hf_step_cost_over_sgd_autoencoder:.0f}× "
+    "(autoencoder) an SGD step on this machine. {n_edge} of {n_tuned} tuned step sizes sit at the edge of their "
+    "three-value grid, and {n_div} of {n_runs} runs diverged at their tuned η ({div_list}; a diverged run counts "
+    "with its starting loss, so a verdict against such a method partly measures how unstable its tuned η is).",
+    b_big=curv_batch, b_big_err=run.results[f"adagrad/b{curv_batch}/rel_err_vs_expectation"],
+    b_big_ef=run.results[f"adagrad/b{curv_batch}/rel_err_vs_diag_ef"], noise_batch=noise_batch, n_seeds=n_seeds,
+    n_edge=len(at_edge), n_tuned=len(best_lr), n_div=len(diverged), n_runs=len(TASKS) * len(METHODS) * n_seeds,
+    div_list=", ".join(diverged) or "none", hf_clf=verdict[hf_keys["classifier"]],
+    hf_ae=verdict[hf_keys["autoencoder"]])
+
+# %% [markdown]
+# ### Paired comparisons
+#
+# Effect = mean over seeds (problems, mini-batches) of the first method's value minus the second's, with its 95 %
+# t-interval; "inconclusive" when the interval covers 0.
+
+# %%
+_ = run.comparison_table()
+
+# %% [markdown]
+# ### Try this
+#
+# - A longer plateau for gradient descent (the symmetry must grow from a smaller seed); does NGD's step count move?
+#   `python -m taskloss.runner run 07 -p plateau_eps 1e-12`
+# - Larger mini-batches for the Fisher-vs-Hessian noise check: `python -m taskloss.runner run 07 -p noise_batch 256`
+# - The full-scale run (10 seeds, 6× longer training, η re-tuned at that budget) — do the inconclusive verdicts
+#   settle? `python -m taskloss.runner run 07 -f params/07_fisher_approximations/full.yaml`
