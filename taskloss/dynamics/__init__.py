@@ -17,6 +17,13 @@ Modules:
   loss and its gradient, RK4 flows with an error check, flooding
 """
 from taskloss.dynamics.clipping import CLIP_MODES, ClippedSGD, clip_coefficient, clip_grad_
+from taskloss.dynamics.hessian import (
+    EigenResult,
+    hessian_vector_product,
+    loss_gradient,
+    native_kernels,
+    top_hessian_eigenvalue,
+)
 from taskloss.dynamics.implicit import (
     FlowResult,
     flooding,
@@ -26,13 +33,6 @@ from taskloss.dynamics.implicit import (
     modified_gradient,
     modified_loss,
     per_example_gradient_penalty,
-)
-from taskloss.dynamics.hessian import (
-    EigenResult,
-    hessian_vector_product,
-    loss_gradient,
-    native_kernels,
-    top_hessian_eigenvalue,
 )
 from taskloss.dynamics.smoothness import (
     SmoothnessFit,

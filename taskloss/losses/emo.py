@@ -61,6 +61,7 @@ import warnings
 import torch
 from torch import nn
 
+from taskloss.losses.emo_cost import normalize_cost_embeddings, unit_rows
 from taskloss.losses.emo_kernel import (
     COMBINES,
     all_true,
@@ -74,7 +75,6 @@ from taskloss.losses.emo_kernel import (
     unwrapped,
     use_autograd_path,
 )
-from taskloss.losses.emo_cost import normalize_cost_embeddings, unit_rows
 from taskloss.utils import check_floating, check_int, check_ndim, check_positive
 
 __all__ = ["VARIANTS", "REDUCTIONS", "emo_and_mle_per_token", "combine_emo_mle", "emo_loss",

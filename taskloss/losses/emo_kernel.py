@@ -33,7 +33,6 @@ import contextlib
 
 import torch
 
-
 __all__ = ["COMBINES"]
 
 _CHUNK_ELEMENTS = 2**21  # default chunk: ~2M logits (8 MiB in float32) per reused buffer

@@ -8,7 +8,13 @@ import torch
 from captum.attr import IntegratedGradients as CaptumIG
 from captum.attr._utils.approximation_methods import approximation_parameters
 
-from taskloss.attribution import METHODS, IntegratedGradients, captum_trapezoid_factor, convergence_order, quadrature_rule
+from taskloss.attribution import (
+    METHODS,
+    IntegratedGradients,
+    captum_trapezoid_factor,
+    convergence_order,
+    quadrature_rule,
+)
 from taskloss.models import MLP
 
 

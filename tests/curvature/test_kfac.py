@@ -31,7 +31,7 @@ def _kfac_dense(model, X, targets=None, **kw):
 def test_deep_linear_squared_error_one_point_is_exact_block_ggn():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(4, 5), nn.Linear(5, 3), nn.Linear(3, 2)).double()
-    X, Y = torch.randn(1, 4, dtype=torch.float64), torch.randn(1, 2, dtype=torch.float64)
+    X = torch.randn(1, 4, dtype=torch.float64)
     mask = _block_mask(net, list(net))
     ggn = C.ggn_matrix(net, None, X, "gaussian")
     _, K = _kfac_dense(net, X, fisher_type="exact", likelihood="gaussian")
@@ -95,7 +95,7 @@ def test_step_applies_damped_inverse(mode):
     C.nll_loss(out, y).backward()
     g = _grads(net)
     k.step()
-    blocks, i = [], 0
+    blocks = []
     for name, mod in k.modules.items():
         A, G = k.A[name], k.G[name]
         if mode == "eigen":
@@ -252,7 +252,7 @@ def test_bad_inputs_raise():
 def test_cuda_matches_cpu():
     torch.manual_seed(7)
     net = nn.Sequential(nn.Linear(5, 7), nn.Tanh(), nn.Linear(7, 4)).double()
-    X, y = torch.randn(6, 5, dtype=torch.float64), torch.randint(0, 4, (6,))
+    X = torch.randn(6, 5, dtype=torch.float64)
     v = torch.randn(sum(p.numel() for p in net.parameters()), dtype=torch.float64)
     results = {}
     for dev in ("cpu", "cuda"):

@@ -7,10 +7,10 @@ import math
 
 import pytest
 import torch
+from helpers import make_lm, tokens
 from hypothesis import given
 from hypothesis import strategies as st
 
-from helpers import make_lm, tokens
 from taskloss.dynamics import ClippedSGD, clip_coefficient, clip_grad_
 
 

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import V, make_lm, tokens
 from torch.func import grad
 
-from helpers import V, make_lm, tokens
 from taskloss.curvature import flatten
 from taskloss.dynamics import (
     flooding,

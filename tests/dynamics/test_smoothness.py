@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers import V, make_lm, tokens
 from torch.func import hessian
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from helpers import V, make_lm, tokens
 from taskloss.curvature import flatten
 from taskloss.dynamics import (
     ClippedSGD,
