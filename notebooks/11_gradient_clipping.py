@@ -66,9 +66,9 @@ import warnings
 
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import NullFormatter
 import torch
 import torch.nn.functional as F
+from matplotlib.ticker import NullFormatter
 from tqdm.auto import tqdm
 
 import taskloss.runner

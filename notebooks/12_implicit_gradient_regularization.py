@@ -58,9 +58,9 @@ adv_eps: list[float] = [0.1, 0.05, 0.025, 0.0125]
 # %%
 import matplotlib.pyplot as plt
 import numpy as np
-from matplotlib.ticker import NullFormatter
 import torch
 import torch.nn.functional as F
+from matplotlib.ticker import NullFormatter
 from tqdm.auto import tqdm
 
 import taskloss.runner

@@ -67,7 +67,6 @@ from taskloss.attribution import (
     blurred_baseline,
     captum_trapezoid_factor,
     cascading_randomization,
-    convergence_order,
     gaussian_noise_baseline,
     plot_tokens,
     spearman_correlation,
