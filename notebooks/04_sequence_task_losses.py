@@ -411,7 +411,8 @@ plt.show()
 # %% [markdown]
 # *Figure: every method's held-out task losses and perplexity against training steps (bands: 95 % intervals
 # over seeds; dashed: the pretrained model). Read where the MGS (green) and MLE (blue) bands separate and
-# whether they are still apart at the last step — section 5 tests exactly that point.*
+# whether they are still apart at the last step — section 5 tests exactly that point. The bands include the
+# seed-to-seed variation that methods run on the same seed share; the paired differences of section 5 remove it.*
 
 # %% [markdown]
 # ## 5 · Verdicts at the final budget
@@ -508,7 +509,7 @@ for m in METHODS:
     run.record(f"{m}/task_loss_gain", gain[m])
     run.record(f"{m}/task_loss_per_seed", final[m]["task_loss"])
 run.record("seeds", seeds)
-run.record("train_seconds", train_seconds)
+_ = run.record("train_seconds", train_seconds)
 
 # %%
 for m in METHODS:  # every method is still a language model of the pretrained quality (perplexity within 5 %)
