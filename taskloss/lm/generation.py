@@ -66,7 +66,9 @@ def generate(model: nn.Module, prefix: torch.Tensor, max_new_tokens: int, eos_id
 
     Works for :class:`~taskloss.models.TransformerLM` (with key/value caches when prefix + continuation fit in
     ``max_len``; otherwise the context is cropped to its last ``max_len`` tokens and recomputed each step) and
-    :class:`~taskloss.models.RNNLM` (the recurrent state is carried, one token per step). Runs under
+    :class:`~taskloss.models.RNNLM` (the recurrent state is carried, one token per step), and for a
+    :class:`~taskloss.lm.causal_lm.CausalLM` through the adapter's own key/value cache (its Hugging Face cache
+    for a wrapped Hugging Face model). Runs under
     ``torch.no_grad()`` with the model temporarily in eval mode (its mode is restored afterwards).
     """
     if not isinstance(prefix, torch.Tensor):
@@ -94,7 +96,10 @@ def generate(model: nn.Module, prefix: torch.Tensor, max_new_tokens: int, eos_id
     finished = torch.zeros(B, dtype=torch.bool, device=prefix.device)
     # A TransformerLM whose whole output fits its context decodes through per-layer key/value caches (one new
     # row per step instead of re-running the context); otherwise the cropped context is recomputed each step.
-    cached = not recurrent and hasattr(model, "blocks") and (max_len is None or P + max_new_tokens - 1 <= max_len)
+    # A CausalLM (a TransformerLM or Hugging Face model behind the adapter) decodes through its own cache.
+    wrapped = isinstance(model, CausalLM)
+    cached = (not recurrent and (wrapped or hasattr(model, "blocks"))
+              and (max_len is None or P + max_new_tokens - 1 <= max_len))
     was_training = model.training
     model.eval()
     steps = None
@@ -103,7 +108,8 @@ def generate(model: nn.Module, prefix: torch.Tensor, max_new_tokens: int, eos_id
             logits, state = model(seq[:, :P], return_state=True)
             last = logits[:, -1]
         elif cached:
-            steps = CausalLM(model)._tl_cached_steps(seq[:, :P])
+            adapter = model if wrapped else CausalLM(model)
+            steps = (adapter._hf_cached_steps if adapter.kind == "hf" else adapter._tl_cached_steps)(seq[:, :P])
             last = next(steps)
         for t in range(max_new_tokens):
             if not recurrent and not cached:
