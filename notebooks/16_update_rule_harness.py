@@ -338,6 +338,9 @@ def tune(name, task, budget_=tune_budget, **kw):
             scores[m] = math.inf
     m_best = min(scores, key=lambda m: (scores[m], abs(math.log(m))))
     return m_best * base, {m * base: v for m, v in scores.items()}
+
+
+# %%
 tuned, runs = {}, {}   # (rule, task) → (lr, grid scores); (rule, task) → list of TrainRecord over seeds
 for name in tqdm(HP_B, desc="rules (tune, then compare)"):
     for task in (TASKS if name in SEARCH else ["error"]):
