@@ -45,7 +45,7 @@ def propose(name: str, problem: Problem, **hp) -> StepRecord:
     rule = make_rule(name, problem, **hp)
     before = problem.task_loss()
     try:
-        with PassCounter(problem.model, problem.inputs.shape[0]) as counter:
+        with PassCounter(problem.counted_module, problem.inputs.shape[0]) as counter:
             t0 = _clock()
             rule.step()
             seconds = _clock() - t0
@@ -89,7 +89,7 @@ def train(name: str, problem: Problem, *, budget: int, evaluate: Callable[[], di
     rule = make_rule(name, problem, **hp)
     evaluate = evaluate or (lambda: {"task_loss": problem.task_loss()})
     rec = TrainRecord(name, 0, PassCount(), 0.0, [{"step": 0, "passes": 0, "seconds": 0.0, **evaluate()}])
-    with PassCounter(problem.model, problem.inputs.shape[0]) as counter:
+    with PassCounter(problem.counted_module, problem.inputs.shape[0]) as counter:
         while counter.count.total < budget and rec.steps < max_steps:
             t0 = _clock()
             rule.step()
