@@ -116,6 +116,20 @@ def test_train_on_a_sequence_problem_counts_and_evaluates():
     rec = train("sgd", pb, budget=6, lr=0.05)
     assert rec.steps == 3 and rec.passes.total == 6          # evaluation (a greedy decoding) is not counted
     assert [h["passes"] for h in rec.history] == [0, 2, 4, 6]
+    # minibatches swapped in before every step, evaluation at pass marks: MGS (1 + 2T passes a step) every 2T
+    other = seq_problem(seed=1)
+    seen = []
+
+    def next_batch():
+        seen.append(len(seen))
+        return (other.inputs, other.targets) if len(seen) % 2 else (pb.inputs, pb.targets)
+    rec = train("mgs", seq_problem(), budget=3 * (2 + 2 * T), K=2, next_batch=next_batch, eval_every_passes=2 * T)
+    assert rec.steps == 3 == len(seen)
+    assert [h["passes"] for h in rec.history] == [0, 2 + 2 * T, 2 * (2 + 2 * T), 3 * (2 + 2 * T)]
+    with pytest.raises(ValueError, match="batch size"):
+        train("sgd", seq_problem(), budget=4, next_batch=lambda: (other.inputs[:2], other.targets[:2]))
+    with pytest.raises(ValueError, match="eval_every_passes"):
+        train("sgd", seq_problem(), budget=4, eval_every_passes=0)
 
 
 # ---------------------------------------------------------------- bit for bit: the rule used directly, as in 04
