@@ -690,7 +690,9 @@ plt.show()
 # Checks that hold whatever the verdicts: every run used its budget and at most one step more; the held-out prefixes
 # every rule was judged on are one fixed set from the valid split, none of them a training prefix; no rule's
 # perplexity left a factor 2 of the pretrained model's (the step sizes are small enough not to wreck the language
-# model in this budget); and MLE fine-tuning by SGD lowered the held-out perplexity.
+# model in this budget). Whether SGD's fine-tuning lowers the held-out perplexity is reported, not asserted: the
+# training windows are line openings, the perplexity blocks a running text, and at seed 1 SGD ended 0.04 above
+# the pretrained model.
 
 # %%
 for name, recs in runs_lm.items():
@@ -701,7 +703,6 @@ train_rows = {tuple(r) for r in pool.prefixes.tolist()}
 assert not any(tuple(r) in train_rows for r in held_lm.prefixes.tolist()), "a held-out prefix is a training prefix"
 ppl_all = np.concatenate([v["perplexity"] for v in final_lm.values()])
 assert np.isfinite(ppl_all).all() and ppl_all.max() < 2 * base_lm["perplexity"], ppl_all
-assert final_lm["sgd"]["perplexity"].mean() < base_lm["perplexity"]
 run.record("lm/ppl_max_over_base", float(ppl_all.max() / base_lm["perplexity"]))
 lm_better = [f"{n} vs {b}" for n in HP_LM for b in ("sgd", "adam")
              if (c := run.comparisons.get(f"lm/task_loss/{n}_vs_{b}")) is not None and c.verdict == "better"]
