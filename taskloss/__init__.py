@@ -20,7 +20,7 @@ what it holds, each ``__init__`` naming its notebooks (``notebooks/NN_topic.py``
 - :mod:`taskloss.gradflow`   — gradient flow through time and depth: exact Jacobian-vs-lag probes of recurrent
   networks, attention entropy and gradient norms by layer, an LM-training harness (13, 14)
 - :mod:`taskloss.harness`    — every update rule behind one interface, counted passes, the ideal update Δθ* with its
-  Monte Carlo error, training to an equal pass budget (16)
+  Monte Carlo error, training to an equal pass budget, a causal LM with a sequence task loss (16)
 - :mod:`taskloss.runner`     — the results API of notebooks, parameters, the rerun/sweep runner (every notebook)
 - :mod:`taskloss.utils`      — device resolution, seeding, input validation (everywhere)
 

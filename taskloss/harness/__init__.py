@@ -7,6 +7,7 @@ Notebook: 16_update_rule_harness (the update distribution is derived in 01_optim
 Modules:
 
 - :mod:`~taskloss.harness.problem`    — the problem a rule sees (model, batch, surrogate, task loss); pass counting
+- :mod:`~taskloss.harness.sequence`   — a causal LM on text completion: token NLL surrogate, greedy task loss
 - :mod:`~taskloss.harness.rules`      — the registry: SGD … MeZO wrapped around the real implementations
 - :mod:`~taskloss.harness.reference`  — Δθ* by self-normalized importance sampling, its error; step agreement
 - :mod:`~taskloss.harness.measure`    — one proposed step, or a training run to an equal pass budget
@@ -14,9 +15,11 @@ Modules:
 from taskloss.harness.measure import StepRecord, TrainRecord, propose, train
 from taskloss.harness.problem import PassCount, PassCounter, Problem, grad_hessian
 from taskloss.harness.reference import IdealUpdate, ideal_update, step_agreement
-from taskloss.harness.rules import RULES, RuleSpec, make_rule, register
+from taskloss.harness.rules import RULES, RuleSpec, applicable_rules, make_rule, register
+from taskloss.harness.sequence import SequenceProblem
 
 __all__ = [
-    "Problem", "PassCounter", "PassCount", "grad_hessian", "RULES", "RuleSpec", "register", "make_rule", "IdealUpdate",
+    "Problem", "PassCounter", "PassCount", "grad_hessian", "RULES", "RuleSpec", "register", "make_rule", "applicable_rules",
+    "SequenceProblem", "IdealUpdate",
     "ideal_update", "step_agreement", "StepRecord", "TrainRecord", "propose", "train",
 ]

@@ -45,7 +45,7 @@ def propose(name: str, problem: Problem, **hp) -> StepRecord:
     rule = make_rule(name, problem, **hp)
     before = problem.task_loss()
     try:
-        with PassCounter(problem.model, problem.inputs.shape[0]) as counter:
+        with PassCounter(problem.counted_module, problem.inputs.shape[0]) as counter:
             t0 = _clock()
             rule.step()
             seconds = _clock() - t0
@@ -77,20 +77,34 @@ class TrainRecord:
 
 
 def train(name: str, problem: Problem, *, budget: int, evaluate: Callable[[], dict] | None = None,
-          eval_every: int = 1, max_steps: int = 100000, **hp) -> TrainRecord:
+          eval_every: int = 1, eval_every_passes: float | None = None, next_batch: Callable[[], tuple] | None = None,
+          max_steps: int = 100000, **hp) -> TrainRecord:
     """Step rule ``name`` until its counted passes (``PassCount.total``) reach ``budget`` (or ``max_steps``).
 
     ``evaluate()`` → dict of floats (e.g. validation task losses), called before the first step, every
-    ``eval_every`` steps and after the last; its time is not counted. Raises ``ValueError`` when the parameters
-    become non-finite (the run cannot go on) or on a non-positive budget."""
+    ``eval_every`` steps (or, with ``eval_every_passes``, at the first step on or past each multiple of that many
+    counted passes) and after the last; its time is not counted. ``next_batch()`` → ``(inputs, targets)``, when
+    given, is swapped in by :meth:`Problem.set_batch` before every step (minibatches; not timed). Raises
+    ``ValueError`` when the parameters become non-finite (the run cannot go on) or on a non-positive budget or
+    evaluation interval."""
     budget = check_int("budget", budget, minimum=1)
     eval_every = check_int("eval_every", eval_every, minimum=1)
     max_steps = check_int("max_steps", max_steps, minimum=1)
+    if eval_every_passes is not None and not (isinstance(eval_every_passes, (int, float)) and eval_every_passes > 0):
+        raise ValueError(f"eval_every_passes must be a positive number or None, got {eval_every_passes!r}")
+    if next_batch is not None and not callable(next_batch):
+        raise TypeError("next_batch must be callable () -> (inputs, targets) or None")
     rule = make_rule(name, problem, **hp)
     evaluate = evaluate or (lambda: {"task_loss": problem.task_loss()})
     rec = TrainRecord(name, 0, PassCount(), 0.0, [{"step": 0, "passes": 0, "seconds": 0.0, **evaluate()}])
-    with PassCounter(problem.model, problem.inputs.shape[0]) as counter:
+    mark = eval_every_passes
+    with PassCounter(problem.counted_module, problem.inputs.shape[0]) as counter:
         while counter.count.total < budget and rec.steps < max_steps:
+            if next_batch is not None:
+                problem.set_batch(*next_batch())
+                if problem.inputs.shape[0] != counter.batch_size:    # passes are counted in units of N rows
+                    raise ValueError(f"next_batch gave {problem.inputs.shape[0]} rows, the first batch had "
+                                     f"{counter.batch_size}: minibatches must keep the batch size")
             t0 = _clock()
             rule.step()
             rec.seconds += _clock() - t0
@@ -98,7 +112,13 @@ def train(name: str, problem: Problem, *, budget: int, evaluate: Callable[[], di
             if not all(bool(torch.isfinite(p).all()) for p in problem.params):
                 raise ValueError(f"rule {name!r} made the parameters non-finite at step {rec.steps}")
             last = counter.count.total >= budget or rec.steps >= max_steps
-            if rec.steps % eval_every == 0 or last:
+            if mark is None:
+                due = rec.steps % eval_every == 0
+            else:
+                due = counter.count.total >= mark
+                while mark <= counter.count.total:
+                    mark += eval_every_passes
+            if due or last:
                 counter.__exit__()           # evaluation passes are not the rule's
                 row = evaluate()
                 counter.__enter__()

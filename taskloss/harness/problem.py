@@ -11,10 +11,12 @@ which the ideal update Δθ* of :mod:`taskloss.harness.reference` is the update 
 :class:`PassCounter` counts, with module hooks, what a step really does to the model:
 
 * ``forward`` — calls of the model's ``forward`` outside ``torch.func`` transforms (one call = one pass over the
-  batch it is given; ``functional_call`` with swapped parameters counts too);
+  batch it is given; ``functional_call`` with swapped parameters counts too). When the counter knows the
+  problem's ``batch_size`` N, a call on a ``[R, ...]`` input counts R/N (S sampled sequences per prefix: S);
+  a sequence problem counts calls of its output layer instead (:mod:`taskloss.harness.sequence`);
 * ``backward`` — gradients propagated back through the model's output by autograd (a tensor hook on the output
   fires once per ``backward``/``autograd.grad`` that reaches it, also for the second backward of a
-  Hessian-vector product);
+  Hessian-vector product; weighted by the rows of its forward as above);
 * ``functional`` — calls of ``forward`` inside ``torch.func`` transforms (``vmap``, ``jvp``, ``vjp``,
   ``jacrev``, ``hessian``), counted apart from plain passes. The convention: a call under ``vmap`` counts the
   product of the enclosing vmap batch sizes, so K candidates scored by one vmapped forward count K, exactly as
@@ -135,6 +137,16 @@ class Problem:
         """The surrogate at the model's current parameters (signature ``(model, batch)`` as MGS wants it)."""
         return self.surrogate_from_outputs((model or self.model)(self.inputs))
 
+    @property
+    def counted_module(self) -> nn.Module:
+        """The module whose calls :class:`PassCounter` counts as passes (here the model itself)."""
+        return self.model
+
+    def task_outputs(self, call: Callable | None = None) -> Tensor:
+        """What the task loss is computed from: ``call(inputs)`` (default: the model's outputs ``[N, C]``).
+        ``call`` runs the model, e.g. at other parameters through ``torch.func.functional_call``."""
+        return (call or self.model)(self.inputs)
+
     def task_from_outputs(self, outputs: Tensor, params=None) -> Tensor:
         """The task loss of ``outputs`` (the surrogate when no task loss was given)."""
         if self.task_loss_fn is None:
@@ -144,7 +156,7 @@ class Problem:
     def task_loss(self) -> float:
         """The task loss at the model's current parameters (no gradient)."""
         with torch.no_grad():
-            value = float(self.task_from_outputs(self.model(self.inputs)))
+            value = float(self.task_from_outputs(self.task_outputs()))
         if value != value:
             raise ValueError("the task loss is NaN at the current parameters")
         return value
@@ -196,8 +208,8 @@ def _vmap_width() -> int:
 class PassCount:
     """Counted passes of one step (see the module docstring)."""
 
-    forward: int = 0
-    backward: int = 0
+    forward: float = 0
+    backward: float = 0
     functional: float = 0
 
     @property
@@ -218,9 +230,11 @@ class PassCounter:
             raise ValueError(f"batch_size must be a positive int or None, got {batch_size!r}")
         self.model, self.count, self._handles, self.batch_size = model, PassCount(), [], batch_size
 
-    def _bump_backward(self, grad):
-        self.count.backward += 1
-        return None
+    def _bump_backward(self, weight):
+        def hook(grad):
+            self.count.backward += weight
+            return None
+        return hook
 
     def _pre(self, module, args):
         if torch._C._functorch.peek_interpreter_stack() is not None:  # inside vmap / grad / jvp / vjp
@@ -231,15 +245,20 @@ class PassCounter:
             self.count.functional += weight
             self._transformed = True
         else:
-            self.count.forward += 1
+            weight = 1
+            if self.batch_size is not None and args and isinstance(args[0], Tensor) and args[0].ndim >= 2 \
+                    and args[0].shape[0] != self.batch_size:
+                weight = args[0].shape[0] / self.batch_size                 # a call over R ≠ N rows counts R/N
+            self.count.forward += weight
+            self._weight = weight
             self._transformed = False
 
     def _post(self, module, args, output):
         if not self._transformed and isinstance(output, Tensor) and output.requires_grad:
-            output.register_hook(self._bump_backward)
+            output.register_hook(self._bump_backward(self._weight))
 
     def __enter__(self) -> PassCounter:
-        self._transformed = False
+        self._transformed, self._weight = False, 1
         self._handles = [self.model.register_forward_pre_hook(self._pre),
                          self.model.register_forward_hook(self._post)]
         return self

@@ -15,8 +15,15 @@ Nothing is reimplemented.
 
 Objectives: gradient and curvature rules descend the surrogate ``l̃``; MGS, the zeroth-order rules and REINFORCE
 use the task loss ``l`` (REINFORCE: the expected task loss of labels sampled from the softmax, so categorical
-problems only). Add a rule with :func:`register`: a class whose ``__init__(problem, **hp)`` builds the wrapped
-optimizer and whose ``step()`` takes one step.
+problems only; on a :class:`~taskloss.harness.sequence.SequenceProblem` the expected task loss of sampled
+continuations, :func:`~taskloss.search.policy_gradient.sequence_reinforce`). Add a rule with :func:`register`: a
+class whose ``__init__(problem, **hp)`` builds the wrapped optimizer and whose ``step()`` takes one step.
+
+Not every rule applies to every problem: a rule class says why not in ``unsupported(problem)`` (``None`` when it
+applies). On a sequence problem the gradient penalty (no double backward through fused attention) and the curvature rules (Newton, exact and empirical natural gradient, K-FAC, the
+diagonal Fishers, Hessian-free) do not: they need outputs ``[N, C]`` with a per-example likelihood, a dense
+``[P, P]`` matrix or layer hooks a Transformer's attention does not have. :func:`applicable_rules` lists the rules
+that apply, and :func:`make_rule` raises ``ValueError`` with the reason for the others.
 """
 from __future__ import annotations
 
@@ -33,13 +40,17 @@ from taskloss.curvature.natural_gradient import NaturalGradientDescent
 from taskloss.dynamics.clipping import ClippedSGD
 from taskloss.dynamics.implicit import gradient_norm_penalty
 from taskloss.harness.problem import Problem
+from taskloss.harness.sequence import SequenceProblem
 from taskloss.sampling.update import newton_update
 from taskloss.search.mgs import MGS
 from taskloss.search.policy_gradient import classification_reinforce
 from taskloss.search.zeroth_order import MeZO, gaussian_smoothing_grad, spsa_grad
 from taskloss.utils import check_int, check_positive
 
-__all__ = ["RuleSpec", "RULES", "register", "make_rule"]
+__all__ = ["RuleSpec", "RULES", "register", "make_rule", "applicable_rules"]
+
+_CURVATURE = ("it needs outputs [N, C] with a per-example likelihood (a Fisher, a Kronecker factor or a GGN of "
+              "the model's outputs); a sequence problem's surrogate is a token NLL over a Transformer's windows")
 
 
 class _Rule:
@@ -50,7 +61,15 @@ class _Rule:
     def __init__(self, problem: Problem):
         if not isinstance(problem, Problem):
             raise TypeError(f"problem must be a taskloss.harness Problem, got {type(problem).__name__}")
+        reason = self.unsupported(problem)
+        if reason is not None:
+            raise ValueError(f"{type(self).__name__} does not apply to this {type(problem).__name__}: {reason}")
         self.problem = problem
+
+    @classmethod
+    def unsupported(cls, problem: Problem) -> str | None:
+        """Why this rule cannot run on ``problem`` (``None``: it can)."""
+        return None
 
     def _closure(self):
         for p in self.problem.params:
@@ -61,6 +80,14 @@ class _Rule:
 
     def step(self) -> None:  # pragma: no cover - abstract
         raise NotImplementedError
+
+
+class _CurvatureRule(_Rule):
+    """A rule that needs the curvature of per-example output likelihoods: not on a sequence problem."""
+
+    @classmethod
+    def unsupported(cls, problem: Problem) -> str | None:
+        return _CURVATURE if isinstance(problem, SequenceProblem) else None
 
 
 class _TorchOptim(_Rule):
@@ -105,6 +132,13 @@ class Clipped(_TorchOptim):
 class GradPenalty(_TorchOptim):
     """SGD (``lr``) on ``l̃ + μ‖∇l̃‖²`` (``mu`` = μ; the explicit gradient regularizer, one double backward)."""
 
+    @classmethod
+    def unsupported(cls, problem: Problem) -> str | None:
+        if isinstance(problem, SequenceProblem):
+            return ("the penalty's double backward goes through the Transformer's fused attention "
+                    "(torch's scaled_dot_product_attention has no second derivative on the CPU)")
+        return None
+
     def __init__(self, problem, lr: float = 0.1, mu: float = 0.05):
         super().__init__(problem)
         self.mu = check_positive("mu", mu)
@@ -119,7 +153,7 @@ class GradPenalty(_TorchOptim):
         return loss
 
 
-class Newton(_Rule):
+class Newton(_CurvatureRule):
     """``θ ← θ − lr (H + δI)⁻¹ g`` with the dense Hessian of the surrogate (``damping`` = δ; ``max_params``
     guards the P² memory and raises ``ValueError`` above it)."""
 
@@ -138,7 +172,7 @@ class Newton(_Rule):
         self.problem.set_flat_params(theta + self.lr * newton_update(g, H))
 
 
-class NaturalGradient(_TorchOptim):
+class NaturalGradient(_CurvatureRule, _TorchOptim):
     """:class:`NaturalGradientDescent` with the exact Fisher (= GGN) or the empirical Fisher of the batch.
     The weight decay's curvature λ is added to the damping, so for a linear softmax model this is Newton.
     ``lr``, ``damping`` as in :class:`NaturalGradientDescent`; ``fisher``: ``"exact"`` or ``"empirical"``."""
@@ -155,7 +189,7 @@ class NaturalGradient(_TorchOptim):
         self.opt = NaturalGradientDescent(problem.params, fn, lr=lr, damping=damping + problem.weight_decay)
 
 
-class KFACRule(_Rule):
+class KFACRule(_CurvatureRule):
     """SGD (``lr``) preconditioned by :class:`KFAC` (``damping``, ``fisher_type``, ``decay`` = 0: batch factors,
     ``inverse_update_interval`` = 1: inverses refreshed every step; ``seed`` seeds its MC-label generator)."""
 
@@ -179,7 +213,7 @@ class KFACRule(_Rule):
         self.opt.step()
 
 
-class DiagonalFisher(_Rule):
+class DiagonalFisher(_CurvatureRule):
     """SGD (``lr``) preconditioned by :class:`FisherDiagonalPreconditioner`: ``fisher_type`` ``"exact"``, ``"mc"``
     or ``"empirical"``, ``p.grad ← p.grad / (D + damping)^power``, running average ``decay`` (0: this batch)."""
 
@@ -198,7 +232,7 @@ class DiagonalFisher(_Rule):
         self.opt.step()
 
 
-class HessianFreeRule(_Rule):
+class HessianFreeRule(_CurvatureRule):
     """:class:`HessianFree` (truncated CG on GGN-vector products of the current batch; ``cg_iters`` iterations,
     ``adapt_damping``: Levenberg–Marquardt, undoing steps that raise the loss); weight decay's λ joins ``damping``."""
 
@@ -215,7 +249,8 @@ class HessianFreeRule(_Rule):
 class MGSRule(_Rule):
     """:class:`MGS` with SGD(lr=1) (θ ← θ + Δθ* exactly), candidates scored one after another (exact counts).
     ``K``, ``alpha``, ``sigma``, ``mix``, ``sigma_mode``, clipping norms and ``seed`` as in :class:`MGS`; the MLE
-    component is centred at −lr·∇l̃ (MGS is handed the surrogate scaled by ``lr``)."""
+    component is centred at −lr·∇l̃ (MGS is handed the surrogate scaled by ``lr``). On a sequence problem each
+    candidate is scored by the task loss of its greedy continuations, as in notebook 04_sequence_task_losses."""
 
     objective = "task"
 
@@ -228,7 +263,8 @@ class MGSRule(_Rule):
         # the MLE component is centred at −lr·∇l̃ (MGS centres it at −g of the surrogate it is handed)
         scaled = lambda model, batch: lr * pb.surrogate(model)  # noqa: E731
         task = lambda outputs, batch: pb.task_from_outputs(outputs)  # noqa: E731
-        self.mgs = MGS(pb.model, self.opt, scaled, task, K=K, alpha=alpha, sigma=sigma, mix=mix,
+        forward = lambda model, batch: pb.task_outputs(model)  # noqa: E731
+        self.mgs = MGS(pb.model, self.opt, scaled, task, forward_fn=forward, K=K, alpha=alpha, sigma=sigma, mix=mix,
                        sigma_mode=sigma_mode, max_grad_norm=max_grad_norm, max_update_norm=max_update_norm,
                        parallel=False, eval_mode=False, seed=seed)
 
@@ -239,20 +275,32 @@ class MGSRule(_Rule):
 class Reinforce(_Rule):
     """SGD (``lr``) on the REINFORCE surrogate of the expected task loss of ``num_samples`` label vectors drawn
     from ``softmax(outputs)`` (leave-one-out baseline): per-example accuracy reward when the problem has no
-    ``task_labels_fn``, else the batch-level reward −task(labels); ``mle_weight`` adds cross-entropy."""
+    ``task_labels_fn``, else the batch-level reward −task(labels); ``mle_weight`` adds cross-entropy. On a
+    :class:`SequenceProblem`: ``num_samples`` sampled continuations per prefix, reward = −task loss
+    (:meth:`SequenceProblem.sequence_reinforce_loss`), ``mle_weight`` adds the teacher-forced token NLL."""
 
     objective = "task"
 
+    @classmethod
+    def unsupported(cls, problem: Problem) -> str | None:
+        if problem.likelihood != "categorical":
+            return "REINFORCE samples class labels or tokens: it needs a categorical problem"
+        return None
+
     def __init__(self, problem, lr: float = 0.1, num_samples: int = 8, mle_weight: float = 0.0, seed: int = 0):
         super().__init__(problem)
-        if problem.likelihood != "categorical":
-            raise ValueError("REINFORCE samples class labels: it needs a categorical problem")
         self.opt = torch.optim.SGD(problem.params, lr=check_positive("lr", lr))
         self.S, self.mle_weight = num_samples, mle_weight
         self.gen = torch.Generator(device=problem.inputs.device).manual_seed(seed)
 
     def step(self) -> None:
         pb = self.problem
+        if isinstance(pb, SequenceProblem):
+            for p in pb.params:
+                p.grad = None
+            pb.sequence_reinforce_loss(self.S, self.gen, self.mle_weight).backward()
+            self.opt.step()
+            return
         task = pb.task_labels_fn
         reward = "accuracy" if task is None else (lambda s, t: -task(s, t))
         for p in pb.params:
@@ -283,7 +331,7 @@ class ZerothOrder(_Rule):
         theta = {k: p.detach() for k, p in pb.named_params.items()}
 
         def g_of(params):
-            outputs = torch.func.functional_call(pb.model, params, (pb.inputs,))
+            outputs = pb.task_outputs(lambda *a, **kw: torch.func.functional_call(pb.model, params, a, kw))
             return pb.task_from_outputs(outputs, params.values())
 
         if self.estimator == "gaussian":
@@ -307,7 +355,7 @@ class MeZORule(_Rule):
         self.opt = MeZO(problem.params, lr=lr, eps=eps, num_perturbations=num_perturbations, seed=seed)
 
     def step(self) -> None:
-        self.opt.step(lambda: self.problem.task_from_outputs(self.problem.model(self.problem.inputs)))
+        self.opt.step(lambda: self.problem.task_from_outputs(self.problem.task_outputs()))
 
 
 @dataclass
@@ -322,6 +370,11 @@ class RuleSpec:
     @property
     def objective(self) -> str:
         return getattr(self.cls, "objective", "surrogate")
+
+    def unsupported(self, problem: Problem) -> str | None:
+        """Why the rule cannot run on ``problem`` (``None``: it can; rules without ``unsupported`` always can)."""
+        check = getattr(self.cls, "unsupported", None)
+        return check(problem) if callable(check) else None
 
 
 RULES: dict[str, RuleSpec] = {}
@@ -338,11 +391,22 @@ def register(name: str, cls, defaults: dict | None = None, description: str = ""
 
 
 def make_rule(name: str, problem: Problem, **hp):
-    """Build the registered rule ``name`` on ``problem`` (``hp`` overrides its defaults)."""
+    """Build the registered rule ``name`` on ``problem`` (``hp`` overrides its defaults). Raises ``ValueError`` for an
+    unknown rule or one that does not apply to ``problem`` (the reason named)."""
     if name not in RULES:
         raise ValueError(f"unknown rule {name!r}; registered: {sorted(RULES)}")
     spec = RULES[name]
+    reason = spec.unsupported(problem)
+    if reason is not None:
+        raise ValueError(f"rule {name!r} does not apply to this {type(problem).__name__}: {reason}")
     return spec.cls(problem, **{**spec.defaults, **hp})
+
+
+def applicable_rules(problem: Problem) -> list[str]:
+    """Names of the registered rules that apply to ``problem``, in registration order."""
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem must be a taskloss.harness Problem, got {type(problem).__name__}")
+    return [n for n, spec in RULES.items() if spec.unsupported(problem) is None]
 
 
 for _n, _c, _d, _t in [
