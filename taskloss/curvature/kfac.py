@@ -155,6 +155,7 @@ class KFAC:
         self._w = {k: m.weight if m.weight.requires_grad else None for k, m in self.modules.items()}
         self._b = {k: m.bias if m.bias is not None and m.bias.requires_grad else None for k, m in self.modules.items()}
         self._d = {k: math.prod(m.weight.shape[1:]) for k, m in self.modules.items()}
+        self._params = [p for k in self.modules for p in (self._w[k], self._b[k]) if p is not None]
         self._checked: tuple | None = None
         if optimizer is not None:
             owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -486,31 +487,32 @@ class KFAC:
         """The trained parameters' gradients when the flat path applies (building its buffers once), else None."""
         if not self.use_flat_buffers:
             return None
-        params = [p for k in self.modules for p in (self._w[k], self._b[k]) if p is not None]
-        grads = [p.grad for p in params]
+        grads = [p.grad for p in self._params]
         if any(g is None for g in grads):
             return None
-        dtype, device = grads[0].dtype, grads[0].device
-        if any(g.dtype != dtype or g.device != device for g in grads):
-            return None
-        sizes = [(self.G[k].shape[0], self.A[k].shape[0]) for k in self.modules]
-        if self._flat is None or self._flat[0] != (dtype, device, sizes):
-            bufs = grads[0].new_empty(2, sum(o * d for o, d in sizes))
-            mats = [[v.view(sz) for v, sz in zip(t.split([o * d for o, d in sizes]), sizes)] for t in bufs]
-            blocks = []  # per trained parameter, its columns of the layer matrix, viewed in the parameter's shape
-            for ms in mats:
-                blocks.append([])
-                for k, m in zip(self.modules, ms):
-                    w, b = self._w[k], self._b[k]
-                    if w is not None:
-                        blocks[-1].append(m[:, : self._d[k]].view(w.shape))
-                    if b is not None:
-                        blocks[-1].append(m[:, -1])
-            self._flat = ((dtype, device, sizes), bufs[0], bufs[1], *mats, *blocks)
-        for k, m in zip(self.modules, self._flat[3]):  # the factors may have been replaced (load_state_dict)
-            if m.shape != (self.G[k].shape[0], self.A[k].shape[0]):
-                raise ValueError(f"layer {k!r}: gradient shape {tuple(m.shape)} does not match the factors")
-        return grads
+        key = (grads[0].dtype, grads[0].device)
+        if self._flat is None or self._flat[0] != key:
+            self._flat = self._build_flat(key)
+        return grads if len(self._flat) > 1 else None
+
+    def _build_flat(self, key: tuple) -> tuple:
+        """``(key, m_flat, p_flat, [m per layer], [p per layer], [m blocks per parameter], [p blocks ...])``, or
+        ``(key,)`` when the trained parameters do not share one dtype and device."""
+        if any((p.dtype, p.device) != key for p in self._params):
+            return (key,)
+        sizes = [(k, self._w[k].shape[0] if self._w[k] is not None else self._b[k].shape[0],
+                  self._d[k] * (self._w[k] is not None) + (self._b[k] is not None)) for k in self.modules]
+        bufs = torch.empty(2, sum(o * d for _, o, d in sizes), dtype=key[0], device=key[1])
+        mats = [[v.view(o, d) for v, (_, o, d) in zip(t.split([o * d for _, o, d in sizes]), sizes)] for t in bufs]
+        blocks = []  # per trained parameter, its columns of the layer matrix, viewed in the parameter's shape
+        for ms in mats:
+            blocks.append([])
+            for k, m in zip(self.modules, ms):
+                if self._w[k] is not None:
+                    blocks[-1].append(m[:, : self._d[k]].view(self._w[k].shape))
+                if self._b[k] is not None:
+                    blocks[-1].append(m[:, -1])
+        return (key, bufs[0], bufs[1], *mats, *blocks)
 
     def _step_flat(self, grads: list[Tensor]) -> float:
         _, m_flat, p_flat, ms, ps, m_blocks, p_blocks = self._flat
@@ -580,6 +582,13 @@ class KFAC:
             ref = next(self.modules[k].parameters())
             return t.detach().clone().to(device=ref.device)
 
+        for k in state["A"]:  # factor shapes [D(+1)]², [out]² of this model's layers
+            w, b = self._w[k], self._b[k]
+            want = (self._d[k] * (w is not None) + (b is not None), (w if w is not None else b).shape[0])
+            got = (tuple(state["A"][k].shape), tuple(state["G"][k].shape))
+            if got != ((want[0],) * 2, (want[1],) * 2):
+                raise ValueError(f"state_dict factors of layer {k!r} have shapes {got}, this layer needs "
+                                 f"A {(want[0],) * 2} and G {(want[1],) * 2}")
         self.A = {k: put(v, k) for k, v in state["A"].items()}
         self.G = {k: put(v, k) for k, v in state["G"].items()}
         self._inv = {k: tuple(put(t, k) for t in v) for k, v in state["inv"].items()}
