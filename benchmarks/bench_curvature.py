@@ -19,7 +19,9 @@ Floor. Each unavoidable kernel is timed alone at its shape on this machine (medi
 (examples × locations), input width ``D`` (+1 for the bias column of ``A``) and ``O`` outputs —
 forward ``[R,D]·[D,O]``; backward ``[O,R]·[R,D]`` (weight) and ``[R,O]·[O,D]`` (input, not for the first layer);
 every ``T_cov`` steps the MC backward (input products again) and the factor products ``[D,R]·[R,D]``,
-``[O,R]·[R,O]``; every ``T_inv`` steps ``eigh`` of both factors (eigen damping) or Cholesky + inverse (π damping) —
+``[O,R]·[R,O]`` — for a convolution also the patch matrix ``[R,D]`` that the ``A`` product needs, counted as a
+contiguous copy of ``R·D`` numbers (no GEMM-based ``A`` avoids writing the patches once; any im2col is at least this
+copy: 0.4 ms of the 3 ms ``A`` product for the CNN's second layer at batch 128 here); every ``T_inv`` steps ``eigh`` of both factors (eigen damping) or Cholesky + inverse (π damping) —
 or, between eigendecompositions with eigenbasis reuse, ``F·Q`` per factor; every step the preconditioning products
 (4 for eigen, 2 for π). Convolutions count as their im2col GEMMs. Two fractions, both ``floor time / measured
 time`` (1 = at the floor):
@@ -211,12 +213,12 @@ class Floor:
             out = mod.out_channels
         else:
             rows, d, out = inputs[0].numel() // mod.in_features, mod.in_features, mod.out_features
-        self.layers.append((rows, d, out, mod.bias is not None))
+        self.layers.append((rows, d, out, mod.bias is not None, isinstance(mod, nn.Conv2d)))
 
     def _t(self, key, make):
         if key not in self.cache:
             args = make()
-            op = {"mm": torch.mm, "eigh": torch.linalg.eigh,
+            op = {"mm": torch.mm, "eigh": torch.linalg.eigh, "copy": torch.Tensor.copy_,
                   "chol": lambda m: torch.cholesky_inverse(torch.linalg.cholesky(m))}[key[0]]
             self.cache[key] = _kernel_seconds(lambda: op(*args), self.device)
         return self.cache[key]
@@ -224,6 +226,10 @@ class Floor:
     def mm(self, a, b, c):
         return self._t(("mm", a, b, c), lambda: (torch.randn(a, b, device=self.device),
                                                   torch.randn(b, c, device=self.device)))
+
+    def copy(self, r, d):
+        return self._t(("copy", r, d), lambda: (torch.empty(r, d, device=self.device),
+                                                 torch.randn(r, d, device=self.device)))
 
     def spd(self, kind, n):
         def make():
@@ -233,17 +239,18 @@ class Floor:
 
     def sgd(self):
         return sum(self.mm(r, d, o) + self.mm(o, r, d) + (self.mm(r, o, d) if i else 0.0)
-                   for i, (r, d, o, _) in enumerate(self.layers))
+                   for i, (r, d, o, _, _) in enumerate(self.layers))
 
     def kfac_extra(self, mode, tcov, tinv, teig=None):
         """(per-step preconditioning, amortized factor work, amortized inverse work) in seconds."""
         pre = fac = inv = 0.0
         teig = teig or tinv
-        for i, (r, d, o, bias) in enumerate(self.layers):
+        for i, (r, d, o, bias, conv) in enumerate(self.layers):
             db = d + bias
             pre += (2 * self.mm(o, o, db) + 2 * self.mm(o, db, db)) if mode == "eigen" else (
                 self.mm(o, o, db) + self.mm(o, db, db))
-            fac += (self.mm(db, r, db) + self.mm(o, r, o) + (self.mm(r, o, d) if i else 0.0)) / tcov
+            fac += (self.mm(db, r, db) + self.mm(o, r, o) + (self.mm(r, o, d) if i else 0.0)
+                    + (self.copy(r, db) if conv else 0.0)) / tcov
             if mode == "pi":
                 inv += (self.spd("chol", db) + self.spd("chol", o)) / tinv
             else:
