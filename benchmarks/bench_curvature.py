@@ -3,6 +3,10 @@ EKFAC-style eigenbasis reuse as an option, diagonal-Fisher / Hessian-free steps 
 to a target training loss on a digits deep autoencoder (SGD vs Adam vs K-FAC).
 
     python benchmarks/bench_curvature.py [--device auto|cpu|cuda] [--quick] [--threads N]
+        [--models mlp,cnn] [--batches 128,512] [--step-table-only]
+
+(``--models``, ``--batches``, ``--step-table-only``: a subset of the step-time table — the K-FAC rows at the chosen
+shapes without the diagonal-Fisher / Hessian-free rows, the eigenbasis-quality table and the autoencoder race.)
 
 Clock: on CPU with one thread, CPU time of the process (``time.process_time``: on a shared machine the time
 other processes take the core is not counted); otherwise wall-clock ``time.perf_counter`` (CUDA-synchronized).
@@ -15,7 +19,9 @@ Floor. Each unavoidable kernel is timed alone at its shape on this machine (medi
 (examples × locations), input width ``D`` (+1 for the bias column of ``A``) and ``O`` outputs —
 forward ``[R,D]·[D,O]``; backward ``[O,R]·[R,D]`` (weight) and ``[R,O]·[O,D]`` (input, not for the first layer);
 every ``T_cov`` steps the MC backward (input products again) and the factor products ``[D,R]·[R,D]``,
-``[O,R]·[R,O]``; every ``T_inv`` steps ``eigh`` of both factors (eigen damping) or Cholesky + inverse (π damping) —
+``[O,R]·[R,O]`` — for a convolution also the patch matrix ``[R,D]`` that the ``A`` product needs, counted as a
+contiguous copy of ``R·D`` numbers (no GEMM-based ``A`` avoids writing the patches once; any im2col is at least this
+copy: 0.4 ms of the 3 ms ``A`` product for the CNN's second layer at batch 128 here); every ``T_inv`` steps ``eigh`` of both factors (eigen damping) or Cholesky + inverse (π damping) —
 or, between eigendecompositions with eigenbasis reuse, ``F·Q`` per factor; every step the preconditioning products
 (4 for eigen, 2 for π). Convolutions count as their im2col GEMMs. Two fractions, both ``floor time / measured
 time`` (1 = at the floor):
@@ -207,12 +213,12 @@ class Floor:
             out = mod.out_channels
         else:
             rows, d, out = inputs[0].numel() // mod.in_features, mod.in_features, mod.out_features
-        self.layers.append((rows, d, out, mod.bias is not None))
+        self.layers.append((rows, d, out, mod.bias is not None, isinstance(mod, nn.Conv2d)))
 
     def _t(self, key, make):
         if key not in self.cache:
             args = make()
-            op = {"mm": torch.mm, "eigh": torch.linalg.eigh,
+            op = {"mm": torch.mm, "eigh": torch.linalg.eigh, "copy": torch.Tensor.copy_,
                   "chol": lambda m: torch.cholesky_inverse(torch.linalg.cholesky(m))}[key[0]]
             self.cache[key] = _kernel_seconds(lambda: op(*args), self.device)
         return self.cache[key]
@@ -220,6 +226,10 @@ class Floor:
     def mm(self, a, b, c):
         return self._t(("mm", a, b, c), lambda: (torch.randn(a, b, device=self.device),
                                                   torch.randn(b, c, device=self.device)))
+
+    def copy(self, r, d):
+        return self._t(("copy", r, d), lambda: (torch.empty(r, d, device=self.device),
+                                                 torch.randn(r, d, device=self.device)))
 
     def spd(self, kind, n):
         def make():
@@ -229,17 +239,18 @@ class Floor:
 
     def sgd(self):
         return sum(self.mm(r, d, o) + self.mm(o, r, d) + (self.mm(r, o, d) if i else 0.0)
-                   for i, (r, d, o, _) in enumerate(self.layers))
+                   for i, (r, d, o, _, _) in enumerate(self.layers))
 
     def kfac_extra(self, mode, tcov, tinv, teig=None):
         """(per-step preconditioning, amortized factor work, amortized inverse work) in seconds."""
         pre = fac = inv = 0.0
         teig = teig or tinv
-        for i, (r, d, o, bias) in enumerate(self.layers):
+        for i, (r, d, o, bias, conv) in enumerate(self.layers):
             db = d + bias
             pre += (2 * self.mm(o, o, db) + 2 * self.mm(o, db, db)) if mode == "eigen" else (
                 self.mm(o, o, db) + self.mm(o, db, db))
-            fac += (self.mm(db, r, db) + self.mm(o, r, o) + (self.mm(r, o, d) if i else 0.0)) / tcov
+            fac += (self.mm(db, r, db) + self.mm(o, r, o) + (self.mm(r, o, d) if i else 0.0)
+                    + (self.copy(r, db) if conv else 0.0)) / tcov
             if mode == "pi":
                 inv += (self.spd("chol", db) + self.spd("chol", o)) / tinv
             else:
@@ -259,16 +270,17 @@ KFAC_CONFIGS = [  # label, kwargs; the T = 10 rows carry the targets
 ]
 
 
-def step_time_table(device, quick):
+def step_time_table(device, quick, models=("mlp", "cnn"), batches=None, extras=True):
     d = load_digits_splits(0)
     X, y = d.train[0].to(device), d.train[1].to(device)
     Ximg = digits_images(X)
     repeats = 3 if quick else 7
     rows, notes = [], []
-    for name, make_net, inputs in [("digits MLP 64-128-128-10", lambda: MLP(64, (128, 128), 10, activation="tanh"), X),
-                                   ("SmallCNN (width 16)", lambda: SmallCNN(1, 10, width=16), Ximg)]:
+    nets = {"mlp": ("digits MLP 64-128-128-10", lambda: MLP(64, (128, 128), 10, activation="tanh"), X),
+            "cnn": ("SmallCNN (width 16)", lambda: SmallCNN(1, 10, width=16), Ximg)}
+    for name, make_net, inputs in [nets[m] for m in models]:
         params = sum(p.numel() * p.element_size() for p in make_net().parameters())
-        for bs in ((128,) if quick else (128, 512)):
+        for bs in batches or ((128,) if quick else (128, 512)):
             floor = Floor(make_net, inputs[:bs], device)
 
             def trainer(method, **kw):
@@ -280,7 +292,7 @@ def step_time_table(device, quick):
             for _, kw, _ in KFAC_CONFIGS:
                 makers += [trainer("kfac", **kw), trainer("curvlinops", **kw) if "teig" not in kw else None]
             extra = [("diagonal MC Fisher (per-example vmap)", trainer("diag")),
-                     ("Hessian-free (10 CG iters, LM damping)", trainer("hf"))] if bs == 128 else []
+                     ("Hessian-free (10 CG iters, LM damping)", trainer("hf"))] if bs == 128 and extras else []
             timed = time_steps([m for m in makers if m is not None] + [m for _, m in extra], inputs, y, bs, repeats,
                                device)
             sgd_t, sgd_peak, _ = timed[0]
@@ -373,7 +385,14 @@ def main(argv=None):
     ap.add_argument("--device", default="auto")
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--models", default="mlp,cnn", help="comma-separated subset of mlp,cnn")
+    ap.add_argument("--batches", default=None, help="comma-separated batch sizes (default 128,512; --quick 128)")
+    ap.add_argument("--step-table-only", action="store_true", help="only the step-time table, no extra rows")
     args = ap.parse_args(argv)
+    models = tuple(args.models.split(","))
+    if not set(models) <= {"mlp", "cnn"}:
+        ap.error(f"--models must be a subset of mlp,cnn, got {args.models!r}")
+    batches = tuple(int(b) for b in args.batches.split(",")) if args.batches else None
     device = resolve_device(args.device)
     torch.set_num_threads(args.threads)
     if device.type == "cpu":  # denormal gradients (a well-fit batch) slow every method's CPU arithmetic alike
@@ -389,7 +408,7 @@ def main(argv=None):
     print("| model | batch | method | ms/step | ratio to SGD | floor fraction strict | floor fraction anchored "
           "| curvlinops ms/step | ours / curvlinops | memory |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    rows, notes = step_time_table(device, args.quick)
+    rows, notes = step_time_table(device, args.quick, models, batches, not args.step_table_only)
     for name, bs, label, t, ratio, strict, anchored, peer, targeted, mem in rows:
         st = f"{strict:.0%}" if strict is not None else "—"
         an = "—" if anchored is None else f"{anchored:.0%}" + (_mark(anchored >= FLOOR_TARGET) if targeted else "")
@@ -397,6 +416,8 @@ def main(argv=None):
         vs = "—" if peer is None else f"{t / peer:.2f}×" + (_mark(t <= peer) if targeted else "")
         print(f"| {name} | {bs} | {label} | {t * 1e3:.2f} | {ratio:.2f}× | {st} | {an} | {pr} | {vs} | {mem} |")
     print("\nFloor per step (batch 128): " + "; ".join(notes) + ".")
+    if args.step_table_only:
+        return
     steps, quality = ekfac_quality(device, args.quick)
     print(f"\nEigenbasis reuse, quality: digits MLP, eigen damping, T_cov=T_inv=10, full-train loss after {steps} "
           "steps (per seed, same data stream):\n")

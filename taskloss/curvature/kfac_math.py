@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["layer_rows", "second_moment", "eigen_inverse", "eigen_denominator", "eigenvalues_in_basis",
+__all__ = ["layer_rows", "input_moment", "second_moment", "eigen_inverse", "eigen_denominator", "eigenvalues_in_basis",
            "pi_inverse", "precondition", "nonfinite_keys"]
 
 
@@ -45,6 +45,31 @@ def layer_rows(mod: nn.Module, a: Tensor, bias: bool) -> Tensor:
     if bias:
         a = torch.cat([a, a.new_ones(a.shape[0], 1)], dim=1)
     return a
+
+
+def input_moment(mod: nn.Module, a: Tensor, bias: bool) -> Tensor:
+    """``A = rowsᵀ rows / R`` for the rows of :func:`layer_rows` (``R`` of them), without materializing them in
+    that column order for a Conv2d (dilation 1): the patches are copied from a channels-last copy of the padded
+    input in (kh, kw, C) column order — whole runs of ``C`` contiguous numbers instead of ``kw``-long ones, several
+    times faster on CPU — and the ``[D(+1), D(+1)]`` product is permuted back to ``layer_rows``' (C, kh, kw)
+    order. Every entry is the same sum over the same rows (a permutation of ``A``'s rows and columns)."""
+    if not (isinstance(mod, nn.Conv2d) and tuple(mod.dilation) == (1, 1)):
+        rows = layer_rows(mod, a, bias)
+        return second_moment(rows, rows.shape[0])
+    (kh, kw), (sh, sw), (ph, pw) = mod.kernel_size, mod.stride, mod.padding
+    c = a.shape[1]
+    x = (nn.functional.pad(a, (pw, pw, ph, ph)) if ph or pw else a).permute(0, 2, 3, 1).contiguous()
+    view = x.unfold(1, kh, sh).unfold(2, kw, sw).permute(0, 1, 2, 4, 5, 3)         # [N, H', W', kh, kw, C]
+    d = c * kh * kw
+    rows = a.new_empty(*view.shape[:3], d + bias)
+    rows[..., :d].unflatten(-1, view.shape[3:]).copy_(view)
+    if bias:
+        rows[..., d] = 1.0
+    rows = rows.reshape(-1, d + bias)
+    order = torch.arange(d, device=a.device).view(kh, kw, c).permute(2, 0, 1).reshape(-1)   # (C, kh, kw) ← rows
+    if bias:
+        order = torch.cat([order, order.new_full((1,), d)])
+    return second_moment(rows, rows.shape[0])[order][:, order]
 
 
 def second_moment(x: Tensor, n: int) -> Tensor:
@@ -110,14 +135,15 @@ def pi_inverse(A: Tensor, G: Tensor, damping: float, name: str = "") -> tuple[Te
             _retry_float64(damped_inverse(root / pi), G, f"Cholesky of factor G + √λ/π·I of layer {name!r}"))
 
 
-def precondition(inv: tuple[Tensor, ...], m: Tensor) -> Tensor:
+def precondition(inv: tuple[Tensor, ...], m: Tensor, out: Tensor | None = None) -> Tensor:
     """``(A ⊗ G + λ)⁻¹`` (eigen: ``inv`` of :func:`eigen_inverse`, 4 matmuls) or the π-damped inverse (``inv`` of
-    :func:`pi_inverse`, 2 matmuls) applied to the gradient matrix ``m [out, D(+1)]``."""
+    :func:`pi_inverse`, 2 matmuls) applied to the gradient matrix ``m [out, D(+1)]``; the last product is written
+    into ``out`` when given (a contiguous ``[out, D(+1)]`` buffer: the same numbers, no new allocation)."""
     if len(inv) == 5:
         qa, qg, _, _, inv_den = inv
-        return qg @ (qg.T @ m @ qa).mul_(inv_den) @ qa.T
+        return torch.mm(qg @ (qg.T @ m @ qa).mul_(inv_den), qa.T, out=out)
     inv_a, inv_g = inv
-    return inv_g @ m @ inv_a
+    return torch.mm(inv_g @ m, inv_a, out=out)
 
 
 def nonfinite_keys(groups: dict[str, tuple[Tensor, ...]]) -> list[str]:

@@ -98,6 +98,9 @@ def test_kfac_state_dict_is_checked_on_load():
         C.KFAC(net, fisher_type="empirical", generator=torch.Generator()).load_state_dict(s)
     with pytest.raises(ValueError, match="not a KFAC state_dict"):
         k.load_state_dict({"A": {}})
+    bad = dict(s, A=dict(s["A"], **{"0": s["A"]["0"][:-1, :-1]}))  # a factor of another layer shape
+    with pytest.raises(ValueError, match="factors of layer '0' have shapes"):
+        C.KFAC(net, fisher_type="empirical").load_state_dict(bad)
     s["damping"] = -1.0
     with pytest.raises(ValueError, match="damping"):
         k.load_state_dict(s)

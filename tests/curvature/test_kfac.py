@@ -7,7 +7,7 @@ from torch import nn
 
 import taskloss.curvature as C
 from taskloss.curvature import KFAC
-from taskloss.curvature.kfac_math import layer_rows
+from taskloss.curvature.kfac_math import input_moment, layer_rows
 
 curvlinops = pytest.importorskip("curvlinops")
 
@@ -298,3 +298,18 @@ def test_conv_patches_equal_unfold(kwargs):
     if conv.bias is not None:
         ref = torch.cat([ref, ref.new_ones(ref.shape[0], 1)], dim=1)
     assert torch.equal(layer_rows(conv, x, conv.bias is not None), ref)
+
+
+@pytest.mark.parametrize("kwargs", [dict(padding=1), dict(stride=2), dict(padding=(1, 2), stride=(2, 1)),
+                                    dict(padding=1, bias=False), dict(dilation=2, padding=1)])
+def test_input_moment_equals_the_second_moment_of_the_patch_rows(kwargs):
+    """The channels-last patch path of ``input_moment`` is a permutation of the unfold rows' columns, so every
+    entry of ``A`` is the same sum over the same rows; float64 reference, float32 compared at float32 resolution
+    (the GEMM may block the columns differently, which may change how its partial sums are rounded)."""
+    conv = nn.Conv2d(3, 4, (3, 2), **kwargs)
+    x = torch.randn(5, 3, 7, 6)
+    bias = conv.bias is not None
+    ref = layer_rows(conv, x.double(), bias)
+    ref = ref.T @ ref / ref.shape[0]
+    torch.testing.assert_close(input_moment(conv, x.double(), bias), ref, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(input_moment(conv, x, bias), ref.float(), rtol=1e-5, atol=1e-6)

@@ -1,0 +1,118 @@
+"""taskloss.curvature.kfac's fast paths give the results of the straightforward ones: the flat-buffer step equals
+the per-layer step, and detaching the hooks between factor updates records exactly the batches that the factors
+use (the same factors as feeding only those batches), across checkpoints."""
+import pytest
+import torch
+from torch import nn
+
+import taskloss.curvature as C
+from taskloss.curvature import KFAC
+
+
+def _net(kind, seed=0, dtype=torch.float64):
+    torch.manual_seed(seed)
+    if kind == "mlp":
+        net = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+    elif kind == "frozen":  # a bias-only block and a layer without bias between ordinary ones
+        net = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 5, bias=False), nn.Tanh(), nn.Linear(5, 3))
+        net[0].weight.requires_grad_(False)
+    else:
+        net = nn.Sequential(nn.Conv2d(1, 3, 3, padding=1), nn.ReLU(), nn.Conv2d(3, 2, 2, stride=2), nn.Flatten(),
+                            nn.Linear(2 * 3 * 3, 3))
+    return net.to(dtype)
+
+
+def _batches(kind, n_batches, dtype=torch.float64, bs=8):
+    g = torch.Generator().manual_seed(1)
+    shape = (bs, 4) if kind != "cnn" else (bs, 1, 6, 6)
+    return [(torch.randn(*shape, generator=g, dtype=dtype), torch.randint(0, 3, (bs,), generator=g))
+            for _ in range(n_batches)]
+
+
+def _train(kind, flat, dtype=torch.float64, steps=12, **kw):
+    net = _net(kind, dtype=dtype)
+    opt = torch.optim.SGD([p for p in net.parameters() if p.requires_grad], lr=0.1, momentum=0.9)
+    kfac = KFAC(net, optimizer=opt, generator=torch.Generator().manual_seed(2), **kw)
+    kfac.use_flat_buffers = flat
+    grads, nus = [], []
+    for x, y in _batches(kind, steps, dtype):
+        out = net(x)
+        loss = C.nll_loss(out, y)
+        kfac.update(out, y)
+        opt.zero_grad()
+        loss.backward()
+        nus.append(kfac.step())
+        grads.append([p.grad.clone() for p in net.parameters() if p.grad is not None])
+        opt.step()
+    assert (kfac._flat is not None) == flat  # the path under test was taken
+    return grads, nus
+
+
+@pytest.mark.parametrize("kind", ["mlp", "frozen", "cnn"])
+@pytest.mark.parametrize("kw", [dict(damping_mode="pi", kl_clip=1e-2), dict(damping_mode="eigen", kl_clip=1e-2),
+                                dict(damping_mode="eigen"), dict(damping_mode="pi")])
+def test_flat_buffer_step_equals_the_per_layer_step(kind, kw):
+    """Same preconditioned gradients and KL factors over 12 steps (factors every 3rd, inverses every 2nd step).
+    The matmuls are the same; only Σ vᵀg of the KL clip is one dot product over all layers instead of a sum of
+    per-layer ones (another float summation order), so float64 agrees to ~1e-15 and float32 to float32
+    resolution amplified by the 12 steps of training that follow (compared at 1e-4)."""
+    kw = dict(kw, factor_update_interval=3, inverse_update_interval=2, damping=0.1, fisher_type="mc")
+    for dtype, tol in ((torch.float64, 1e-12), (torch.float32, 1e-4)):
+        (g_flat, nu_flat), (g_ref, nu_ref) = _train(kind, True, dtype, **kw), _train(kind, False, dtype, **kw)
+        torch.testing.assert_close(nu_flat, nu_ref, rtol=tol, atol=0)
+        for a, b in zip(g_flat, g_ref):
+            for ga, gb in zip(a, b):
+                torch.testing.assert_close(ga, gb, rtol=tol, atol=tol * float(gb.abs().max()))
+
+
+def _hooks(model):
+    return sum(len(m._forward_hooks) + len(m._forward_pre_hooks) for m in model.modules())
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cnn"])
+def test_hooks_detached_between_factor_updates_record_exactly_the_factor_batches(kind):
+    """T_cov = 3 over 9 batches gives bit-for-bit the factors of T_cov = 1 over batches 0, 3, 6 (the same kernels
+    on the same numbers in the same process; the MC generator draws only at factor updates in both), and the hooks
+    are attached only while the next update computes factors."""
+    batches = _batches(kind, 9)
+    net = _net(kind)
+    every3 = KFAC(net, fisher_type="mc", factor_update_interval=3, generator=torch.Generator().manual_seed(5))
+    attached = []
+    for x, y in batches:
+        attached.append(_hooks(net) > 0)
+        every3.update(net(x), y)
+    assert attached == [True, False, False] * 3
+    net1 = _net(kind)
+    each = KFAC(net1, fisher_type="mc", factor_update_interval=1, generator=torch.Generator().manual_seed(5))
+    for x, y in batches[::3]:
+        each.update(net1(x), y)
+    for k in every3.modules:
+        assert torch.equal(every3.A[k], each.A[k]) and torch.equal(every3.G[k], each.G[k]), k
+
+
+def test_hooks_follow_interval_changes_checkpoints_and_removal():
+    net = _net("mlp")
+    (x, y), = _batches("mlp", 1)
+    k = KFAC(net, factor_update_interval=2)
+    k.update(net(x), y)
+    assert _hooks(net) == 0                      # the next update skips the factors: nothing to record
+    k.factor_update_interval = 1                 # ... until the interval says otherwise
+    assert _hooks(net) == 4
+    k.update(net(x), y)                          # records and folds this batch
+    assert k._n_updates == 2
+    k.factor_update_interval = 3
+    assert _hooks(net) == 0
+    state = k.state_dict()
+    fresh = KFAC(net, factor_update_interval=1)
+    assert _hooks(net) == 4                      # fresh's hooks (k has none now)
+    fresh.load_state_dict(state)                 # n_updates = 2, interval 3: detached like the saved object
+    assert _hooks(net) == 0
+    fresh.update(net(x), y)                      # n_updates = 3 next: attached again
+    assert _hooks(net) == 4
+    fresh.remove()
+    k.remove()
+    assert _hooks(net) == 0
+    k.factor_update_interval = 1                 # a removed KFAC never re-attaches
+    assert _hooks(net) == 0
+    with pytest.raises(RuntimeError, match="hooks were removed"):
+        k.update(net(x), y)
