@@ -18,7 +18,9 @@ which reports it beside the floor).
 """
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -26,6 +28,13 @@ from torch import Tensor
 from taskloss.search.mgs_density import _log_q_from_sq
 
 __all__: list[str] = []
+
+
+@lru_cache(maxsize=None)
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """A process-wide pool of ``workers`` threads for drawing candidates in parallel (torch's random and
+    elementwise kernels release the GIL)."""
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mgs-noise")
 
 
 @dataclass
@@ -71,7 +80,9 @@ class CandidateDraws:
     drawn, its float64 statistics taken and it is scaled to Δθ while the chunk is in cache — a few kernel calls
     per chunk for all candidates together instead of a few per candidate and tensor."""
 
-    CPU_BLOCK = 1 << 16
+    CPU_BLOCK = 1 << 16      # float64 numbers per chunk over all rows (batched path)
+    ROW_BLOCK = (1 << 15) - 16   # entries per block of one row (CPU path); a block (≤ ROW_BLOCK + 15 entries)
+                                 # stays under torch's intra-op grain size, 2¹⁵
 
     def __init__(self, proposal: StepProposal, seeds: list[int], mle: list[bool], include_mle: bool):
         self.p, self.seeds, self.mle, self.include_mle = proposal, seeds, mle, include_mle
@@ -89,15 +100,17 @@ class CandidateDraws:
             elif nt > 0:
                 self._runs.append((start, start + nt))
             start += nt
-        self._layouts: dict[int, list] = {}
+        self._layouts: dict[tuple[int, int], list] = {}
         self._gens: list[torch.Generator] = []
 
-    def _layout(self, m: int) -> list[tuple[int, int, list[tuple[int, int]], list[tuple[int, int, int]]]]:
-        """Chunks (start, stop, randn pieces, per-tensor portions) of the flat vector for ``m`` rows."""
-        if m in self._layouts:
-            return self._layouts[m]
+    def _layout(self, m: int, block: int | None = None) -> list[tuple[int, int, list, list]]:
+        """Chunks (start, stop, randn pieces, per-tensor portions) of the flat vector for ``m`` rows processed
+        together, at most ``block`` (default ``CPU_BLOCK // m``) entries per row and chunk."""
+        block = block or self.CPU_BLOCK // m
+        if (m, block) in self._layouts:
+            return self._layouts[(m, block)]
         cpu = self.device.type == "cpu"
-        width = max(16, self.CPU_BLOCK // m // 16 * 16) if cpu else 0
+        width = max(16, block // 16 * 16) if cpu else 0
         pieces = []
         for a, b in self._runs:
             if not cpu:
@@ -120,12 +133,62 @@ class CandidateDraws:
             c, e = ch[0][0], ch[-1][1]
             portions = [(t, max(a, c), min(b, e)) for t, a, b in self._segs if a < e and b > c]
             out.append((c, e, ch, portions))
-        self._layouts[m] = out
+        self._layouts[(m, block)] = out
         return out
 
     def _fill(self, Z: Tensor, ks: list[int]) -> Tensor:
         """Rows ``Z[j]`` ← Δθ of candidates ``ks[j]`` (noise from their seeds, scaled by σ_t, −g for MLE-centred
-        ones; exactly −g for candidate 0 with ``include_mle``), recording their float64 statistics."""
+        ones; exactly −g for candidate 0 with ``include_mle``), recording their float64 statistics. On a CPU with
+        P ≥ ``ROW_BLOCK``: row by row (:meth:`_fill_row`), the rows spread over ``torch.get_num_threads()`` worker
+        threads; otherwise all rows together (:meth:`_fill_batched`). Both draw the same numbers."""
+        if self.device.type != "cpu" or Z.shape[1] < self.ROW_BLOCK:    # small P: fewer calls all rows at once
+            return self._fill_batched(Z, ks)
+        layout = self._layout(1, self.ROW_BLOCK)
+        workers = min(len(ks), torch.get_num_threads())
+        while len(self._gens) < len(ks):
+            self._gens.append(torch.Generator())
+        jobs = [(Z[j], k, self._gens[j]) for j, k in enumerate(ks)]
+        if workers <= 1:
+            stats = [self._fill_row(*job, layout) for job in jobs]
+        else:       # each worker draws whole rows: the same numbers whichever thread draws a row
+            stats = list(_pool(workers).map(lambda job: self._fill_row(*job, layout), jobs))
+        idx = torch.tensor(ks)
+        self.zz[idx] = torch.tensor([zz for zz, _ in stats], dtype=torch.float64).reshape(len(ks), -1)
+        self.zg[idx] = torch.tensor([zg for _, zg in stats], dtype=torch.float64).reshape(len(ks), -1)
+        return Z
+
+    def _fill_row(self, row: Tensor, k: int, gen: torch.Generator, layout) -> tuple[list[float], list[float]]:
+        """Row ← Δθ_k on a CPU, one block of at most ``ROW_BLOCK`` entries at a time (drawn, its statistics
+        taken in float64, scaled — while it is in cache); returns (‖z_{k,t}‖², ⟨z_{k,t}, g_t⟩) per tensor t.
+        Blocks stay under torch's intra-op grain size, so a worker thread never opens a parallel region
+        (elementwise and BLAS-1 kernels of that size run in the calling thread)."""
+        T = len(self.sig)
+        zz, zg = [0.0] * T, [0.0] * T
+        noise = not (self.include_mle and k == 0)
+        if noise:
+            gen.manual_seed(self.seeds[k])
+        buf = torch.empty(max(e - c for c, e, _, _ in layout), dtype=torch.float64)
+        g64, g, mle = self.p.g64, self.p.g, self.mle[k]
+        for c, e, pieces, portions in layout:
+            if not noise:
+                row[c:e].zero_()
+            else:
+                for a, b in pieces:
+                    torch.randn(b - a, generator=gen, dtype=row.dtype, out=row[a:b])
+                z64 = buf[:e - c].copy_(row[c:e])
+                for t, a, b in portions:
+                    zp = z64[a - c:b - c]
+                    zg[t] += float(torch.dot(zp, g64[a:b]))
+                    zz[t] += float(torch.dot(zp, zp))
+            for t, a, b in portions:
+                row[a:b].mul_(self.sig[t])
+            if mle:
+                row[c:e].sub_(g[c:e])
+        return zz, zg
+
+    def _fill_batched(self, Z: Tensor, ks: list[int]) -> Tensor:
+        """:meth:`_fill` for all rows together, a few kernel calls per tensor for every candidate (the GPU path;
+        it also runs on a CPU, where it draws the same numbers as :meth:`_fill_row`)."""
         m, dev = Z.shape[0], self.device
         while len(self._gens) < m:
             self._gens.append(torch.Generator(device=dev))
