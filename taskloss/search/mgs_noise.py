@@ -10,11 +10,13 @@ per tensor t,
 (candidate 0 is −g exactly with ``include_mle``). Its log-density needs only ‖z_{k,t}‖² and ⟨z_{k,t}, g_t⟩,
 accumulated in float64 from the float32 noise, so log q is the same (up to float64 rounding) whether Δθ_k is
 stored (:meth:`CandidateDraws.draw_all`) or regenerated (:meth:`CandidateDraws.draw`), and bit-identical on every
-rank. Per step this costs K ``randn`` of P numbers plus about four passes over the K×P noise (float64 copy by
-cache-sized blocks, ⟨z, g⟩ and ‖z‖², the scaling), for all candidates at once. On a CPU the ``randn`` alone is a
-sizeable part of a step (torch's generator draws ~3·10⁸ normals per second on one core, which cannot be split
-over threads: about an eighth of an MGS step's floor for the 1M-parameter MLP of ``benchmarks/bench_mgs.py``,
-which reports it beside the floor).
+rank. Per step this costs K ``randn`` of P numbers plus a float64 copy, two dot products and the scaling of each
+block of the noise while it is in cache. On a CPU the ``randn`` is a sizeable part of a step (torch's generator
+draws ~3·10⁸ normals per second on one core: about a tenth of an MGS step's floor for the 1M-parameter MLP of
+``benchmarks/bench_mgs.py``, which counts it in the floor). One generator's stream is sequential, but the
+candidates' streams are independent: with P ≥ ``CandidateDraws.ROW_BLOCK`` the rows are drawn by
+``torch.get_num_threads()`` worker threads, each row from its own seed, so the numbers do not depend on the
+number of threads or on which thread draws a row.
 """
 from __future__ import annotations
 
@@ -75,10 +77,11 @@ class CandidateDraws:
     calls whose concatenation is the same stream as one call per parameter tensor: on a CPU consecutive tensors
     are merged into one call while the sizes before the last are multiples of 16, and a long call is split at
     multiples of 16 (torch's CPU generator fills 16 numbers at a time, so such cuts and merges leave the numbers
-    unchanged); on a GPU one call per tensor. The flat vector is processed in column chunks of at most
-    ``CPU_BLOCK`` float64 numbers over all rows (a whole GPU tensor per chunk): every row's noise of the chunk is
-    drawn, its float64 statistics taken and it is scaled to Δθ while the chunk is in cache — a few kernel calls
-    per chunk for all candidates together instead of a few per candidate and tensor."""
+    unchanged); on a GPU one call per tensor. On a CPU with P ≥ ``ROW_BLOCK`` each row is processed in blocks of
+    at most ``ROW_BLOCK`` entries (drawn, reduced to its float64 statistics and scaled to Δθ while in cache), the
+    rows spread over worker threads; otherwise (small P, or a GPU) all rows together, in column chunks of at most
+    ``CPU_BLOCK`` float64 numbers (a whole GPU tensor per chunk) — fewer kernel calls when the work per call is
+    small. Both paths draw the same numbers bit for bit (``tests/search/test_mgs.py``)."""
 
     CPU_BLOCK = 1 << 16      # float64 numbers per chunk over all rows (batched path)
     ROW_BLOCK = (1 << 15) - 16   # entries per block of one row (CPU path); a block (≤ ROW_BLOCK + 15 entries)
