@@ -20,6 +20,7 @@ number of threads or on which thread draws a row.
 """
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -32,10 +33,14 @@ from taskloss.search.mgs_density import _log_q_from_sq
 __all__: list[str] = []
 
 
-@lru_cache(maxsize=None)
 def _pool(workers: int) -> ThreadPoolExecutor:
     """A process-wide pool of ``workers`` threads for drawing candidates in parallel (torch's random and
-    elementwise kernels release the GIL)."""
+    elementwise kernels release the GIL); a forked child gets its own (the parent's threads do not exist there)."""
+    return _pool_of(workers, os.getpid())
+
+
+@lru_cache(maxsize=None)
+def _pool_of(workers: int, pid: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mgs-noise")
 
 
