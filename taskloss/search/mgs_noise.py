@@ -147,7 +147,7 @@ class CandidateDraws:
     def _fill(self, Z: Tensor, ks: list[int]) -> Tensor:
         """Rows ``Z[j]`` ← Δθ of candidates ``ks[j]`` (noise from their seeds, scaled by σ_t, −g for MLE-centred
         ones; exactly −g for candidate 0 with ``include_mle``), recording their float64 statistics. On a CPU with
-        P ≥ ``ROW_BLOCK``: row by row (:meth:`_fill_row`), the rows spread over ``torch.get_num_threads()`` worker
+        P ≥ ``ROW_BLOCK``: row by row (:meth:`_fill_rows`), the rows spread over ``torch.get_num_threads()`` worker
         threads; otherwise all rows together (:meth:`_fill_batched`). Both draw the same numbers."""
         if self.device.type != "cpu" or Z.shape[1] < self.ROW_BLOCK:    # small P: fewer calls all rows at once
             return self._fill_batched(Z, ks)
@@ -155,48 +155,55 @@ class CandidateDraws:
         workers = min(len(ks), torch.get_num_threads())
         while len(self._gens) < len(ks):
             self._gens.append(torch.Generator())
-        jobs = [(Z[j], k, self._gens[j]) for j, k in enumerate(ks)]
+        jobs = [[(Z[j], k, self._gens[j]) for j, k in list(enumerate(ks))[w::workers]] for w in range(workers)]
         if workers <= 1:
-            stats = [self._fill_row(*job, layout) for job in jobs]
-        else:       # each worker draws whole rows: the same numbers whichever thread draws a row
-            stats = list(_pool(workers).map(lambda job: self._fill_row(*job, layout), jobs))
+            parts = [self._fill_rows(jobs[0], layout)]
+        else:       # worker w draws rows w, w + workers, …: the same numbers whichever thread draws a row
+            parts = list(_pool(workers).map(lambda job: self._fill_rows(job, layout), jobs))
+        stats = [None] * len(ks)
+        for w, part in enumerate(parts):
+            stats[w::workers] = part
         idx = torch.tensor(ks)
         self.zz[idx] = torch.tensor([zz for zz, _ in stats], dtype=torch.float64).reshape(len(ks), -1)
         self.zg[idx] = torch.tensor([zg for _, zg in stats], dtype=torch.float64).reshape(len(ks), -1)
         return Z
 
-    def _fill_row(self, row: Tensor, k: int, gen: torch.Generator, layout) -> tuple[list[float], list[float]]:
-        """Row ← Δθ_k on a CPU, one block of at most ``ROW_BLOCK`` entries at a time (drawn, its statistics
-        taken in float64, scaled — while it is in cache); returns (‖z_{k,t}‖², ⟨z_{k,t}, g_t⟩) per tensor t.
-        Blocks stay under torch's intra-op grain size, so a worker thread never opens a parallel region
-        (elementwise and BLAS-1 kernels of that size run in the calling thread)."""
+    def _fill_rows(self, jobs, layout) -> list[tuple[list[float], list[float]]]:
+        """Rows ← Δθ_k on a CPU for ``jobs`` = [(row, k, generator)], one block of at most ``ROW_BLOCK`` entries
+        at a time, block by block and within a block row by row (so the block of g stays in cache): each row's
+        block drawn from its generator, its float64 statistics taken, scaled to Δθ while in cache. Returns
+        (‖z_{k,t}‖², ⟨z_{k,t}, g_t⟩) per tensor t for each job. Blocks stay under torch's intra-op grain size, so
+        a worker thread never opens a parallel region (elementwise and BLAS-1 kernels of that size run in the
+        calling thread)."""
         T = len(self.sig)
-        zz, zg = [0.0] * T, [0.0] * T
-        noise = not (self.include_mle and k == 0)
-        if noise:
-            gen.manual_seed(self.seeds[k])
+        stats = [([0.0] * T, [0.0] * T) for _ in jobs]
+        noise = [not (self.include_mle and k == 0) for _, k, _ in jobs]
+        for (_, k, gen), nz in zip(jobs, noise):
+            if nz:
+                gen.manual_seed(self.seeds[k])
         buf = torch.empty(max(e - c for c, e, _, _ in layout), dtype=torch.float64)
-        g64, g, mle = self.p.g64, self.p.g, self.mle[k]
+        g64, g = self.p.g64, self.p.g
         for c, e, pieces, portions in layout:
-            if not noise:
-                row[c:e].zero_()
-            else:
-                for a, b in pieces:
-                    torch.randn(b - a, generator=gen, dtype=row.dtype, out=row[a:b])
-                z64 = buf[:e - c].copy_(row[c:e])
+            for (row, k, gen), nz, (zz, zg) in zip(jobs, noise, stats):
+                if not nz:
+                    row[c:e].zero_()
+                else:
+                    for a, b in pieces:
+                        torch.randn(b - a, generator=gen, dtype=row.dtype, out=row[a:b])
+                    z64 = buf[:e - c].copy_(row[c:e])
+                    for t, a, b in portions:
+                        zp = z64[a - c:b - c]
+                        zg[t] += float(torch.dot(zp, g64[a:b]))
+                        zz[t] += float(torch.dot(zp, zp))
                 for t, a, b in portions:
-                    zp = z64[a - c:b - c]
-                    zg[t] += float(torch.dot(zp, g64[a:b]))
-                    zz[t] += float(torch.dot(zp, zp))
-            for t, a, b in portions:
-                row[a:b].mul_(self.sig[t])
-            if mle:
-                row[c:e].sub_(g[c:e])
-        return zz, zg
+                    row[a:b].mul_(self.sig[t])
+                if self.mle[k]:
+                    row[c:e].sub_(g[c:e])
+        return stats
 
     def _fill_batched(self, Z: Tensor, ks: list[int]) -> Tensor:
         """:meth:`_fill` for all rows together, a few kernel calls per tensor for every candidate (the GPU path;
-        it also runs on a CPU, where it draws the same numbers as :meth:`_fill_row`)."""
+        it also runs on a CPU, where it draws the same numbers as :meth:`_fill_rows`)."""
         m, dev = Z.shape[0], self.device
         while len(self._gens) < m:
             self._gens.append(torch.Generator(device=dev))
