@@ -22,9 +22,11 @@ CPU, in one ``torch.func.vmap`` over stacked parameters on a GPU — see :mod:`t
 split across ranks under ``torch.distributed``).
 
 Cost of a step: one surrogate forward + backward and one optimizer step (an MLE step), K candidate forwards,
-K draws of P normal numbers (P = number of searched parameters) and a few passes over the K×P noise, done for
-all candidates together in cache-sized chunks (:meth:`taskloss.search.mgs_noise.CandidateDraws.draw_all`); the
-update Σ_k w_k Δθ_k is one matrix-vector product. The
+K draws of P normal numbers (P = number of searched parameters; each candidate's from its own seed, on a CPU
+the candidates spread over torch's threads) and a few passes over the K×P noise, each block of a candidate's
+noise scaled and reduced to its float64 statistics while in cache
+(:meth:`taskloss.search.mgs_noise.CandidateDraws.draw_all`); the update Σ_k w_k Δθ_k is one matrix-vector product.
+The floor is the MLE step, the K forwards and the K·P normal draws. The
 task loss at the current parameters, l(θ), cancels in the normalized weights, so the step does not compute it:
 :attr:`MGSStats.base_loss` evaluates it on first access (``eager_base_loss=True`` computes it inside the step
 and refuses a non-finite value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor.

@@ -10,15 +10,20 @@ per tensor t,
 (candidate 0 is −g exactly with ``include_mle``). Its log-density needs only ‖z_{k,t}‖² and ⟨z_{k,t}, g_t⟩,
 accumulated in float64 from the float32 noise, so log q is the same (up to float64 rounding) whether Δθ_k is
 stored (:meth:`CandidateDraws.draw_all`) or regenerated (:meth:`CandidateDraws.draw`), and bit-identical on every
-rank. Per step this costs K ``randn`` of P numbers plus about four passes over the K×P noise (float64 copy by
-cache-sized blocks, ⟨z, g⟩ and ‖z‖², the scaling), for all candidates at once. On a CPU the ``randn`` alone is a
-sizeable part of a step (torch's generator draws ~3·10⁸ normals per second on one core, which cannot be split
-over threads: about an eighth of an MGS step's floor for the 1M-parameter MLP of ``benchmarks/bench_mgs.py``,
-which reports it beside the floor).
+rank. Per step this costs K ``randn`` of P numbers plus a float64 copy, two dot products and the scaling of each
+block of the noise while it is in cache. On a CPU the ``randn`` is a sizeable part of a step (torch's generator
+draws ~3·10⁸ normals per second on one core: about a tenth of an MGS step's floor for the 1M-parameter MLP of
+``benchmarks/bench_mgs.py``, which counts it in the floor). One generator's stream is sequential, but the
+candidates' streams are independent: with P ≥ ``CandidateDraws.ROW_BLOCK`` the rows are drawn by
+``torch.get_num_threads()`` worker threads, each row from its own seed, so the numbers do not depend on the
+number of threads or on which thread draws a row.
 """
 from __future__ import annotations
 
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -26,6 +31,17 @@ from torch import Tensor
 from taskloss.search.mgs_density import _log_q_from_sq
 
 __all__: list[str] = []
+
+
+def _pool(workers: int) -> ThreadPoolExecutor:
+    """A process-wide pool of ``workers`` threads for drawing candidates in parallel (torch's random and
+    elementwise kernels release the GIL); a forked child gets its own (the parent's threads do not exist there)."""
+    return _pool_of(workers, os.getpid())
+
+
+@lru_cache(maxsize=None)
+def _pool_of(workers: int, pid: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mgs-noise")
 
 
 @dataclass
@@ -66,12 +82,15 @@ class CandidateDraws:
     calls whose concatenation is the same stream as one call per parameter tensor: on a CPU consecutive tensors
     are merged into one call while the sizes before the last are multiples of 16, and a long call is split at
     multiples of 16 (torch's CPU generator fills 16 numbers at a time, so such cuts and merges leave the numbers
-    unchanged); on a GPU one call per tensor. The flat vector is processed in column chunks of at most
-    ``CPU_BLOCK`` float64 numbers over all rows (a whole GPU tensor per chunk): every row's noise of the chunk is
-    drawn, its float64 statistics taken and it is scaled to Δθ while the chunk is in cache — a few kernel calls
-    per chunk for all candidates together instead of a few per candidate and tensor."""
+    unchanged); on a GPU one call per tensor. On a CPU with P ≥ ``ROW_BLOCK`` each row is processed in blocks of
+    at most ``ROW_BLOCK`` entries (drawn, reduced to its float64 statistics and scaled to Δθ while in cache), the
+    rows spread over worker threads; otherwise (small P, or a GPU) all rows together, in column chunks of at most
+    ``CPU_BLOCK`` float64 numbers (a whole GPU tensor per chunk) — fewer kernel calls when the work per call is
+    small. Both paths draw the same numbers bit for bit (``tests/search/test_mgs.py``)."""
 
-    CPU_BLOCK = 1 << 16
+    CPU_BLOCK = 1 << 16      # float64 numbers per chunk over all rows (batched path)
+    ROW_BLOCK = (1 << 15) - 16   # entries per block of one row (CPU path); a block (≤ ROW_BLOCK + 15 entries)
+                                 # stays under torch's intra-op grain size, 2¹⁵
 
     def __init__(self, proposal: StepProposal, seeds: list[int], mle: list[bool], include_mle: bool):
         self.p, self.seeds, self.mle, self.include_mle = proposal, seeds, mle, include_mle
@@ -89,15 +108,17 @@ class CandidateDraws:
             elif nt > 0:
                 self._runs.append((start, start + nt))
             start += nt
-        self._layouts: dict[int, list] = {}
+        self._layouts: dict[tuple[int, int], list] = {}
         self._gens: list[torch.Generator] = []
 
-    def _layout(self, m: int) -> list[tuple[int, int, list[tuple[int, int]], list[tuple[int, int, int]]]]:
-        """Chunks (start, stop, randn pieces, per-tensor portions) of the flat vector for ``m`` rows."""
-        if m in self._layouts:
-            return self._layouts[m]
+    def _layout(self, m: int, block: int | None = None) -> list[tuple[int, int, list, list]]:
+        """Chunks (start, stop, randn pieces, per-tensor portions) of the flat vector for ``m`` rows processed
+        together, at most ``block`` (default ``CPU_BLOCK // m``) entries per row and chunk."""
+        block = block or self.CPU_BLOCK // m
+        if (m, block) in self._layouts:
+            return self._layouts[(m, block)]
         cpu = self.device.type == "cpu"
-        width = max(16, self.CPU_BLOCK // m // 16 * 16) if cpu else 0
+        width = max(16, block // 16 * 16) if cpu else 0
         pieces = []
         for a, b in self._runs:
             if not cpu:
@@ -120,12 +141,69 @@ class CandidateDraws:
             c, e = ch[0][0], ch[-1][1]
             portions = [(t, max(a, c), min(b, e)) for t, a, b in self._segs if a < e and b > c]
             out.append((c, e, ch, portions))
-        self._layouts[m] = out
+        self._layouts[(m, block)] = out
         return out
 
     def _fill(self, Z: Tensor, ks: list[int]) -> Tensor:
         """Rows ``Z[j]`` ← Δθ of candidates ``ks[j]`` (noise from their seeds, scaled by σ_t, −g for MLE-centred
-        ones; exactly −g for candidate 0 with ``include_mle``), recording their float64 statistics."""
+        ones; exactly −g for candidate 0 with ``include_mle``), recording their float64 statistics. On a CPU with
+        P ≥ ``ROW_BLOCK``: row by row (:meth:`_fill_rows`), the rows spread over ``torch.get_num_threads()`` worker
+        threads; otherwise all rows together (:meth:`_fill_batched`). Both draw the same numbers."""
+        if self.device.type != "cpu" or Z.shape[1] < self.ROW_BLOCK:    # small P: fewer calls all rows at once
+            return self._fill_batched(Z, ks)
+        layout = self._layout(1, self.ROW_BLOCK)
+        workers = min(len(ks), torch.get_num_threads())
+        while len(self._gens) < len(ks):
+            self._gens.append(torch.Generator())
+        jobs = [[(Z[j], k, self._gens[j]) for j, k in list(enumerate(ks))[w::workers]] for w in range(workers)]
+        if workers <= 1:
+            parts = [self._fill_rows(jobs[0], layout)]
+        else:       # worker w draws rows w, w + workers, …: the same numbers whichever thread draws a row
+            parts = list(_pool(workers).map(lambda job: self._fill_rows(job, layout), jobs))
+        stats = [None] * len(ks)
+        for w, part in enumerate(parts):
+            stats[w::workers] = part
+        idx = torch.tensor(ks)
+        self.zz[idx] = torch.tensor([zz for zz, _ in stats], dtype=torch.float64).reshape(len(ks), -1)
+        self.zg[idx] = torch.tensor([zg for _, zg in stats], dtype=torch.float64).reshape(len(ks), -1)
+        return Z
+
+    def _fill_rows(self, jobs, layout) -> list[tuple[list[float], list[float]]]:
+        """Rows ← Δθ_k on a CPU for ``jobs`` = [(row, k, generator)], one block of at most ``ROW_BLOCK`` entries
+        at a time, block by block and within a block row by row (so the block of g stays in cache): each row's
+        block drawn from its generator, its float64 statistics taken, scaled to Δθ while in cache. Returns
+        (‖z_{k,t}‖², ⟨z_{k,t}, g_t⟩) per tensor t for each job. Blocks stay under torch's intra-op grain size, so
+        a worker thread never opens a parallel region (elementwise and BLAS-1 kernels of that size run in the
+        calling thread)."""
+        T = len(self.sig)
+        stats = [([0.0] * T, [0.0] * T) for _ in jobs]
+        noise = [not (self.include_mle and k == 0) for _, k, _ in jobs]
+        for (_, k, gen), nz in zip(jobs, noise):
+            if nz:
+                gen.manual_seed(self.seeds[k])
+        buf = torch.empty(max(e - c for c, e, _, _ in layout), dtype=torch.float64)
+        g64, g = self.p.g64, self.p.g
+        for c, e, pieces, portions in layout:
+            for (row, k, gen), nz, (zz, zg) in zip(jobs, noise, stats):
+                if not nz:
+                    row[c:e].zero_()
+                else:
+                    for a, b in pieces:
+                        torch.randn(b - a, generator=gen, dtype=row.dtype, out=row[a:b])
+                    z64 = buf[:e - c].copy_(row[c:e])
+                    for t, a, b in portions:
+                        zp = z64[a - c:b - c]
+                        zg[t] += float(torch.dot(zp, g64[a:b]))
+                        zz[t] += float(torch.dot(zp, zp))
+                for t, a, b in portions:
+                    row[a:b].mul_(self.sig[t])
+                if self.mle[k]:
+                    row[c:e].sub_(g[c:e])
+        return stats
+
+    def _fill_batched(self, Z: Tensor, ks: list[int]) -> Tensor:
+        """:meth:`_fill` for all rows together, a few kernel calls per tensor for every candidate (the GPU path;
+        it also runs on a CPU, where it draws the same numbers as :meth:`_fill_rows`)."""
         m, dev = Z.shape[0], self.device
         while len(self._gens) < m:
             self._gens.append(torch.Generator(device=dev))

@@ -525,3 +525,59 @@ def test_candidate_noise_is_one_randn_per_tensor_from_the_candidates_seed():
                 want = want - g if bool(st.from_mle[k]) else want
             # equal up to float32 rounding (σz − g rounded once or twice); a wrong stream is off by O(σ)
             torch.testing.assert_close(d[name], want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_row_by_row_draw_is_bit_identical_to_the_batched_draw_and_one_randn_per_tensor(monkeypatch, threads):
+    """On a CPU with P ≥ ROW_BLOCK the candidates are drawn row by row, spread over worker threads; below it
+    (and on a GPU) all rows together. Both must give, bit for bit, the Δθ_k of one ``randn`` per tensor from
+    generator(seeds[k]), times σ_t, minus g for MLE-centred candidates — whichever thread draws a row. ROW_BLOCK
+    is lowered so a small model takes the row path with several blocks per row (sizes not multiples of 16,
+    under 16, and longer than a block); the float64 noise statistics agree with a direct float64 computation."""
+    import taskloss.search.mgs_noise as noise_module
+
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(37, 70), nn.Tanh(), nn.Linear(70, 130), nn.Tanh(), nn.Linear(130, 3))
+    X, y = torch.randn(16, 37), torch.randint(0, 3, (16,))
+    kw = dict(K=6, include_mle=True, sigma=0.3, sigma_mode="relative", max_grad_norm=None, lr=0.0, seed=11)
+    n_threads = torch.get_num_threads()
+    recorded = {}
+    real_log_q = noise_module.CandidateDraws.log_q
+
+    def spy(self, mix, density):              # keep the draws' float64 statistics for the check below
+        recorded["zz"], recorded["zg"], recorded["sigma"] = self.zz.clone(), self.zg.clone(), self.p.sigma
+        return real_log_q(self, mix, density)
+
+    monkeypatch.setattr(noise_module.CandidateDraws, "log_q", spy)
+    deltas, stats = {}, {}
+    try:
+        torch.set_num_threads(threads)
+        for path, block in (("rows", 128), ("batched", 1 << 30)):
+            monkeypatch.setattr(noise_module.CandidateDraws, "ROW_BLOCK", block)
+            st = make(copy.deepcopy(model), **kw).step((X, y), return_deltas=True)
+            deltas[path], stats[path] = st, dict(recorded)
+    finally:
+        torch.set_num_threads(n_threads)
+    st = deltas["rows"]
+    grads = torch.autograd.grad(ce_surrogate(model, (X, y)), list(model.parameters()))
+    sig = stats["rows"]["sigma"].tolist()
+    gen = torch.Generator()
+    for k, seed in enumerate(st.seeds):
+        gen.manual_seed(seed)
+        zz, zg = [], []
+        for t, ((name, p), g) in enumerate(zip(model.named_parameters(), grads)):
+            assert torch.equal(st.deltas[k][name], deltas["batched"].deltas[k][name]), (k, name)
+            if k == 0:                      # include_mle: exactly −g, no noise drawn
+                want, z = torch.zeros_like(p).mul_(sig[t]).sub_(g), torch.zeros(p.numel())
+            else:
+                z = torch.randn(p.numel(), generator=gen)
+                want = z.reshape(p.shape).clone().mul_(sig[t])
+                want = want.sub_(g) if bool(st.from_mle[k]) else want
+            assert torch.equal(st.deltas[k][name], want), (k, name)
+            zz.append(float((z.double() ** 2).sum()))
+            zg.append(float(z.double() @ g.reshape(-1).double()))
+        for path in ("rows", "batched"):  # float64 sums in other orders: equal to float64 rounding
+            torch.testing.assert_close(stats[path]["zz"][k], torch.tensor(zz, dtype=torch.float64), rtol=1e-12,
+                                       atol=1e-12)
+            torch.testing.assert_close(stats[path]["zg"][k], torch.tensor(zg, dtype=torch.float64), rtol=1e-12,
+                                       atol=1e-12)
