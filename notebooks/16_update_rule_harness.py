@@ -393,6 +393,20 @@ for n in ("sgd", "adam", "kfac", "mgs"):
 # (task loss, cost, interval, verdict); §5 appends the logistic-regression rows to `harness_summary.md`.
 
 # %%
+def versus_baselines(key, name, vals, finals, metric):
+    """Paired comparisons (`run.compare`, lower is better) of rule `name`'s per-seed `vals` with SGD's and Adam's
+    (`finals[base]`) under `key/name_vs_base`; returns them and the table's two cells per baseline."""
+    out, cells = {}, []
+    for base in ("sgd", "adam"):
+        if name == base or (name == "sgd" and base == "adam"):
+            cells += ["—", "baseline"]
+            continue
+        c = out[base] = run.compare(f"{key}/{name}_vs_{base}", vals, finals[base], name=name, baseline=base,
+                                    metric=metric, lower_is_better=True)
+        cells += [f"{c.effect:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]", c.verdict]
+    return out, cells
+
+
 final = {k: np.array([r.final[k[1]] for r in v]) for k, v in runs.items()}
 summary = []
 for (name, task), vals in sorted(final.items(), key=lambda kv: (kv[0][1], kv[1].mean())):
@@ -400,10 +414,8 @@ for (name, task), vals in sorted(final.items(), key=lambda kv: (kv[0][1], kv[1].
     row = {"rule": name, "task": task, "mean": vals.mean(), "lr": tuned[(name, task)][0], "passes": np.mean([r.passes.total for r in recs]),
            "func": np.mean([r.passes.functional for r in recs]), "cpu_s": np.mean([r.seconds for r in recs]),
            "steps": np.mean([r.steps for r in recs])}
-    for base in ("sgd", "adam"):
-        if name != base and not (name == "sgd" and base == "adam"):
-            row[base] = run.compare(f"digits/{task}/{name}_vs_{base}", vals, final[(base, task)], name=name,
-                                    baseline=base, metric=f"validation {task}", lower_is_better=True)
+    row["vs"], row["cells"] = versus_baselines(f"digits/{task}", name, vals,
+                                               {b: final[(b, task)] for b in ("sgd", "adam")}, f"validation {task}")
     summary.append(row)
 
 # %%
@@ -411,12 +423,8 @@ hdr = ("| rule | task loss | tuned lr | mean (5 seeds) | steps | passes (of whic
        "| verdict | vs Adam: effect [95 % CI] | verdict |")
 lines = [hdr.replace("5 seeds", f"{n_seeds} seeds"), "|" + "---|" * 11]
 for r in summary:
-    cells = []
-    for base in ("sgd", "adam"):
-        c = r.get(base)
-        cells += ["—", "baseline"] if c is None else [f"{c.effect:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]", c.verdict]
     lines.append(f"| {r['rule']} | {r['task']} | {r['lr']:.3g} | {r['mean']:.3f} | {r['steps']:.0f} | {r['passes']:.0f} "
-                 f"({r['func']:.0f}) | {r['cpu_s']:.2f} | " + " | ".join(cells) + " |")
+                 f"({r['func']:.0f}) | {r['cpu_s']:.2f} | " + " | ".join(r["cells"]) + " |")
 summary_md = "\n".join(lines)
 print(summary_md)
 (run.dir / "harness_summary.md").write_text(summary_md + "\n")
@@ -428,7 +436,7 @@ run.record("digits/best_rule_error", best_err, headline=True)
 for n in ("sgd", "adam", "kfac", "mgs", "reinforce", "zo_gaussian"):
     run.record(f"digits/error_{n}", float(err[n]), headline=n in ("sgd", "adam", "kfac", "mgs"))
 run.record("digits/f1loss_mgs", float(final[("mgs", "1-macroF1")].mean()))
-n_better_sgd = sum(r["sgd"].verdict == "better" for r in summary if "sgd" in r and r["task"] == "error")
+n_better_sgd = sum(r["vs"]["sgd"].verdict == "better" for r in summary if "sgd" in r["vs"] and r["task"] == "error")
 run.record("digits/n_rules_better_than_sgd_error", n_better_sgd)
 assert err["sgd"] < 0.15 and err["adam"] < 0.15, "the baselines did not learn: the comparison would be empty"
 assert err["zo_gaussian"] > err["sgd"]   # 8 directions per step in 2410 dimensions cannot keep up at equal passes
@@ -480,14 +488,8 @@ print({n: f"lr {tuned_lr[n][0]:.3g}: error {v.mean():.3f}" for n, v in final_lr.
 # %%
 rows_lr = []
 for name, vals in final_lr.items():
-    recs, cells = runs_lr[name], []
-    for base in ("sgd", "adam"):
-        if name == base or (name == "sgd" and base == "adam"):
-            cells += ["—", "baseline"]
-            continue
-        c = run.compare(f"digits_logreg/error/{name}_vs_{base}", vals, final_lr[base], name=name, baseline=base,
-                        metric="validation error (logistic regression)", lower_is_better=True)
-        cells += [f"{c.effect:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]", c.verdict]
+    recs = runs_lr[name]
+    _, cells = versus_baselines("digits_logreg/error", name, vals, final_lr, "validation error (logistic regression)")
     rows_lr.append(f"| {name} | error (logreg) | {tuned_lr[name][0]:.3g} | {vals.mean():.3f} | "
                    f"{np.mean([r.steps for r in recs]):.0f} | {np.mean([r.passes.total for r in recs]):.0f} "
                    f"({np.mean([r.passes.functional for r in recs]):.0f}) | {np.mean([r.seconds for r in recs]):.2f} | "
@@ -641,16 +643,11 @@ print(f"pretrained: task loss {base_lm['task_loss']:.4f}, perplexity {base_lm['p
 # %%
 rows_lm = []
 for name, vals in final_lm.items():
-    recs, cells = runs_lm[name], []
-    for base in ("sgd", "adam"):
-        if name == base or (name == "sgd" and base == "adam"):
-            cells += ["—", "baseline"]
-            continue
-        c = run.compare(f"lm/task_loss/{name}_vs_{base}", vals["task_loss"], final_lm[base]["task_loss"], name=name,
-                        baseline=base, metric=f"held-out {lm_task.spec} of greedy decoding", lower_is_better=True)
-        run.compare(f"lm/perplexity/{name}_vs_{base}", vals["perplexity"], final_lm[base]["perplexity"], name=name,
-                    baseline=base, metric="held-out perplexity", lower_is_better=True)
-        cells += [f"{c.effect:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}]", c.verdict]
+    recs = runs_lm[name]
+    _, cells = versus_baselines("lm/task_loss", name, vals["task_loss"], {b: final_lm[b]["task_loss"] for b in final_lm},
+                                f"held-out {lm_task.spec} of greedy decoding")
+    versus_baselines("lm/perplexity", name, vals["perplexity"], {b: final_lm[b]["perplexity"] for b in final_lm},
+                     "held-out perplexity")
     rows_lm.append(f"| {name} | {lm_task.spec} (small LM) | {lr_lm[name]:.3g} | {vals['task_loss'].mean():.3f} | "
                    f"{np.mean([r.steps for r in recs]):.0f} | {np.mean([r.passes.total for r in recs]):.0f} (0) | "
                    f"{np.mean([r.seconds for r in recs]):.2f} | " + " | ".join(cells) + " |")
