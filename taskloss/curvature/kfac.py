@@ -27,7 +27,9 @@ Fisher types for ``G`` (explicit, ``fisher_type``):
 
 Cost between refreshes: the forward hooks are attached only while the next ``update`` computes factors (a
 forward pass in between runs hook-free and ``update`` only counts it); ``step`` gathers all gradients into one flat
-buffer, preconditions each layer's view of it and scatters the result back in a handful of kernel launches; a
+buffer, preconditions each layer's view of it and scatters the result back in a handful of kernel launches. A
+factor update draws the MC labels and forms ``softmax − onehot`` from one softmax, and folds each batch moment into
+its running average with one in-place ``addmm`` (:func:`~taskloss.curvature.kfac_math.fold_moment`); a
 convolution's ``A`` is built from channels-last patches (:func:`~taskloss.curvature.kfac_math.input_moment`).
 ``benchmarks/bench_curvature.py`` measures the step against its FLOP floor and against curvlinops.
 

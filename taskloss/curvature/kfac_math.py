@@ -148,15 +148,25 @@ def pi_inverse(A: Tensor, G: Tensor, damping: float, name: str = "") -> tuple[Te
             _retry_float64(damped_inverse(root / pi), G, f"Cholesky of factor G + √λ/π·I of layer {name!r}"))
 
 
-def precondition(inv: tuple[Tensor, ...], m: Tensor, out: Tensor | None = None) -> Tensor:
+def precondition(inv: tuple[Tensor, ...], m: Tensor, out: Tensor | None = None,
+                 work: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """``(A ⊗ G + λ)⁻¹`` (eigen: ``inv`` of :func:`eigen_inverse`, 4 matmuls) or the π-damped inverse (``inv`` of
     :func:`pi_inverse`, 2 matmuls) applied to the gradient matrix ``m [out, D(+1)]``; the last product is written
-    into ``out`` when given (a contiguous ``[out, D(+1)]`` buffer: the same numbers, no new allocation)."""
+    into ``out`` when given (a contiguous ``[out, D(+1)]`` buffer), the intermediate ones into ``work`` (two more
+    such buffers; ``out`` needed with it): the same products in the same order, no new allocation."""
+    if work is None:
+        if len(inv) == 5:
+            qa, qg, _, _, inv_den = inv
+            return torch.mm(qg @ (qg.T @ m @ qa).mul_(inv_den), qa.T, out=out)
+        inv_a, inv_g = inv
+        return torch.mm(inv_g @ m, inv_a, out=out)
+    w1, w2 = work
     if len(inv) == 5:
         qa, qg, _, _, inv_den = inv
-        return torch.mm(qg @ (qg.T @ m @ qa).mul_(inv_den), qa.T, out=out)
+        torch.mm(torch.mm(qg.T, m, out=w1), qa, out=w2).mul_(inv_den)
+        return torch.mm(torch.mm(qg, w2, out=w1), qa.T, out=out)
     inv_a, inv_g = inv
-    return torch.mm(inv_g @ m, inv_a, out=out)
+    return torch.mm(torch.mm(inv_g, m, out=w1), inv_a, out=out)
 
 
 def nonfinite_keys(groups: dict[str, tuple[Tensor, ...]]) -> list[str]:

@@ -155,14 +155,18 @@ class KFACStepMixin:
         return grads if len(self._flat) > 1 else None
 
     def _build_flat(self, key: tuple) -> tuple:
-        """``(key, m_flat, p_flat, [m per layer], [p per layer], [m blocks per parameter], [p blocks ...])``, or
-        ``(key,)`` when the trained parameters do not share one dtype and device."""
+        """``(key, m_flat, p_flat, [m per layer], [p per layer], [m blocks per parameter], [p blocks ...],
+        [(work, work) per layer])``, or ``(key,)`` when the trained parameters do not share one dtype and device
+        (the work buffers, two of the largest layer's size shared by all layers, hold the intermediate products of
+        :func:`~taskloss.curvature.kfac_math.precondition`)."""
         if any((p.dtype, p.device) != key for p in self._params):
             return (key,)
         sizes = [(k, self._w[k].shape[0] if self._w[k] is not None else self._b[k].shape[0],
                   self._d[k] * (self._w[k] is not None) + (self._b[k] is not None)) for k in self.modules]
         bufs = torch.empty(2, sum(o * d for _, o, d in sizes), dtype=key[0], device=key[1])
         mats = [[v.view(o, d) for v, (_, o, d) in zip(t.split([o * d for _, o, d in sizes]), sizes)] for t in bufs]
+        scratch = torch.empty(2, max(o * d for _, o, d in sizes), dtype=key[0], device=key[1])  # largest layer
+        work = [(scratch[0, : o * d].view(o, d), scratch[1, : o * d].view(o, d)) for _, o, d in sizes]
         blocks = []  # per trained parameter, its columns of the layer matrix, viewed in the parameter's shape
         for ms in mats:
             blocks.append([])
@@ -171,16 +175,16 @@ class KFACStepMixin:
                     blocks[-1].append(m[:, : self._d[k]].view(self._w[k].shape))
                 if self._b[k] is not None:
                     blocks[-1].append(m[:, -1])
-        return (key, bufs[0], bufs[1], *mats, *blocks)
+        return (key, bufs[0], bufs[1], *mats, *blocks, work)
 
     def _step_flat(self, grads: list[Tensor]) -> float:
-        _, m_flat, p_flat, ms, ps, m_blocks, p_blocks = self._flat
+        _, m_flat, p_flat, ms, ps, m_blocks, p_blocks, work = self._flat
         torch._foreach_copy_(m_blocks, grads)
         if self.kl_clip is None and not math.isfinite(float(m_flat.sum())) and nonfinite_keys(
                 {k: (m,) for k, m in zip(self.modules, ms)}):  # (a finite sum proves every entry finite)
             self._raise_nonfinite(dict(zip(self.modules, ms)))
-        for k, m, p in zip(self.modules, ms, ps):
-            precondition(self._inv[k], m, out=p)
+        for k, m, p, w in zip(self.modules, ms, ps, work):
+            precondition(self._inv[k], m, out=p, work=w)
         nu = 1.0
         if self.kl_clip is not None:
             nu = self._kl_scale(dict(zip(self.modules, ps)), dict(zip(self.modules, ms)), (p_flat, m_flat))

@@ -194,3 +194,21 @@ def test_non_finite_inputs_and_outputs_still_raise_on_the_mc_path():
     C.nll_loss(out, y).backward()
     with pytest.raises(ValueError, match=r"factors of layers \['0'\] contain NaN or inf"):
         k.step()
+
+
+@pytest.mark.parametrize("mode", ["eigen", "pi"])
+def test_precondition_into_work_buffers_equals_the_allocating_products(mode):
+    """``precondition(..., out=, work=)`` runs the same products in the same order into preallocated buffers (views
+    of one shared scratch, as the flat step uses them): equal to the allocating form up to the GEMM library's
+    alignment-dependent blocking (float64, 1e-12)."""
+    from taskloss.curvature.kfac_math import eigen_inverse, pi_inverse, precondition, second_moment
+    g = torch.Generator().manual_seed(0)
+    A = second_moment(torch.randn(40, 7, generator=g, dtype=torch.float64), 40)
+    G = second_moment(torch.randn(40, 5, generator=g, dtype=torch.float64), 40)
+    inv = eigen_inverse(A, G, 0.1) if mode == "eigen" else pi_inverse(A, G, 0.1)
+    m = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    scratch = torch.full((2, 50), float("nan"), dtype=torch.float64)
+    out = torch.empty(5, 7, dtype=torch.float64)
+    got = precondition(inv, m, out=out, work=(scratch[0, :35].view(5, 7), scratch[1, :35].view(5, 7)))
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(got, precondition(inv, m), rtol=1e-12, atol=1e-12)
