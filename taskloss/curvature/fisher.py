@@ -98,10 +98,12 @@ def nll_loss(outputs: Tensor, targets: Tensor, likelihood: Likelihood = "categor
     return 0.5 * (targets - outputs).pow(2).sum(-1).mean()
 
 
-def _nll_grad(outputs: Tensor, targets: Tensor, likelihood: str) -> Tensor:
-    """∂ℓ_n/∂f_n of the per-example NLL: ``softmax(f) − onehot(y)`` or ``f − y``; shape like ``outputs``."""
+def _nll_grad(outputs: Tensor, targets: Tensor, likelihood: str, probs: Tensor | None = None) -> Tensor:
+    """∂ℓ_n/∂f_n of the per-example NLL: ``softmax(f) − onehot(y)`` or ``f − y``; shape like ``outputs``
+    (``probs``: ``softmax(f)`` when the caller already has it — the same numbers, one softmax less)."""
     if likelihood == "categorical":
-        return outputs.softmax(-1) - nn.functional.one_hot(targets.long(), outputs.shape[-1]).to(outputs.dtype)
+        p = outputs.softmax(-1) if probs is None else probs
+        return p - nn.functional.one_hot(targets.long(), outputs.shape[-1]).to(outputs.dtype)
     return outputs - targets
 
 
@@ -115,14 +117,20 @@ def sample_targets(outputs: Tensor, likelihood: Likelihood = "categorical", n_sa
     _check_outputs(outputs, likelihood)
     check_int("n_samples", n_samples, minimum=1)
     outputs = outputs.detach()
-    gen_device = generator.device if generator is not None else outputs.device
-    n, c = outputs.shape
     if likelihood == "categorical":
-        cdf = outputs.softmax(-1).cumsum(-1)
-        u = torch.rand(n_samples, n, 1, generator=generator, device=gen_device, dtype=outputs.dtype)
-        return (cdf.unsqueeze(0) < u.to(outputs.device)).sum(-1).clamp_(max=c - 1)
-    eps = torch.randn(n_samples, n, c, generator=generator, device=gen_device, dtype=outputs.dtype)
+        return _draw_categorical(outputs.softmax(-1), n_samples, generator)
+    gen_device = generator.device if generator is not None else outputs.device
+    eps = torch.randn(n_samples, *outputs.shape, generator=generator, device=gen_device, dtype=outputs.dtype)
     return outputs.unsqueeze(0) + eps.to(outputs.device)
+
+
+def _draw_categorical(probs: Tensor, n_samples: int, generator: torch.Generator | None) -> Tensor:
+    """``[n_samples, N]`` class ids drawn from the rows of ``probs [N, C]`` by inverting the CDF with uniforms from
+    ``generator`` (the draws of :func:`sample_targets`, for callers that already hold the probabilities)."""
+    n, c = probs.shape
+    gen_device = generator.device if generator is not None else probs.device
+    u = torch.rand(n_samples, n, 1, generator=generator, device=gen_device, dtype=probs.dtype)
+    return (probs.cumsum(-1).unsqueeze(0) < u.to(probs.device)).sum(-1).clamp_(max=c - 1)
 
 
 def output_hessian_sqrt(outputs: Tensor, likelihood: Likelihood = "categorical") -> Tensor:

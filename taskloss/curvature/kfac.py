@@ -3,8 +3,9 @@
 After Martens & Grosse, "Optimizing Neural Networks with Kronecker-factored Approximate Curvature" (ICML 2015) and
 Grosse & Martens, "A Kronecker-factored approximate Fisher matrix for convolution layers" (ICML 2016). Derived in
 notebook 07_fisher_approximations. The maths (rows, factors, inverses, preconditioning) is in
-:mod:`taskloss.curvature.kfac_math`; this module holds the stateful shell: hooks, running averages, intervals,
-checkpoints.
+:mod:`taskloss.curvature.kfac_math`; this module holds the stateful shell (hooks, running averages, intervals), its
+base classes the gradient side (:mod:`taskloss.curvature.kfac_step`: inverses, ``step``, KL clip, flat buffers) and
+the checkpoints (:mod:`taskloss.curvature.kfac_checkpoint`).
 
 For a layer ``s = W a`` (bias as a homogeneous coordinate: ``a ← [a, 1]``, ``W ← [W, b]``) the per-example weight
 gradient is ``g aᵀ`` with ``g = ∂ℓ/∂s``, and the layer's Fisher block is approximated by ``A ⊗ G`` (acting on the
@@ -26,7 +27,9 @@ Fisher types for ``G`` (explicit, ``fisher_type``):
 
 Cost between refreshes: the forward hooks are attached only while the next ``update`` computes factors (a
 forward pass in between runs hook-free and ``update`` only counts it); ``step`` gathers all gradients into one flat
-buffer, preconditions each layer's view of it and scatters the result back in a handful of kernel launches; a
+buffer, preconditions each layer's view of it and scatters the result back in a handful of kernel launches. A
+factor update draws the MC labels and forms ``softmax − onehot`` from one softmax, and folds each batch moment into
+its running average with one in-place ``addmm`` (:func:`~taskloss.curvature.kfac_math.fold_moment`); a
 convolution's ``A`` is built from channels-last patches (:func:`~taskloss.curvature.kfac_math.input_moment`).
 ``benchmarks/bench_curvature.py`` measures the step against its FLOP floor and against curvlinops.
 
@@ -54,26 +57,19 @@ from taskloss.curvature.fisher import (
     LIKELIHOODS,
     _check_outputs,
     _check_targets,
+    _draw_categorical,
     _nll_grad,
     output_hessian_sqrt,
     sample_targets,
 )
-from taskloss.curvature.kfac_math import (
-    eigen_denominator,
-    eigen_inverse,
-    eigenvalues_in_basis,
-    input_moment,
-    nonfinite_keys,
-    pi_inverse,
-    precondition,
-    second_moment,
-)
+from taskloss.curvature.kfac_checkpoint import KFACCheckpointMixin
+from taskloss.curvature.kfac_math import fold_moment, input_moment
+from taskloss.curvature.kfac_step import KFACStepMixin
 from taskloss.utils import check_int, check_positive, check_probability
 
 __all__ = ["KFAC"]
 
 SUPPORTED = (nn.Linear, nn.Conv2d)
-_HYPER = ("decay", "factor_update_interval", "inverse_update_interval", "eigenbasis_update_interval", "kl_clip")
 
 
 def _remove_handles(handles: list) -> None:
@@ -82,7 +78,7 @@ def _remove_handles(handles: list) -> None:
     handles.clear()
 
 
-class KFAC:
+class KFAC(KFACStepMixin, KFACCheckpointMixin):
     """K-FAC preconditioner: ``kfac.update(outputs, targets)`` then ``kfac.step()`` rewrites ``.grad``.
 
     Not a ``torch.optim.Optimizer``: it preconditions the gradients that any optimizer then uses (``step()`` takes
@@ -283,10 +279,15 @@ class KFAC:
             return _nll_grad(out, targets, self.likelihood).unsqueeze(0)
         if self.fisher_type == "exact":
             return output_hessian_sqrt(out, self.likelihood).permute(2, 0, 1)
-        ys = sample_targets(out, self.likelihood, self.n_samples, self.generator)
+        probs = None
+        if self.likelihood == "categorical":  # one softmax for the draws and the gradients (outputs checked above)
+            probs = out.softmax(-1)
+            ys = _draw_categorical(probs, self.n_samples, self.generator)
+        else:
+            ys = sample_targets(out, self.likelihood, self.n_samples, self.generator)
         if self.n_samples == 1:  # (dividing by √1 would only cost an allocation)
-            return _nll_grad(out, ys[0], self.likelihood).unsqueeze(0)
-        return torch.stack([_nll_grad(out, y, self.likelihood) for y in ys]) / math.sqrt(self.n_samples)
+            return _nll_grad(out, ys[0], self.likelihood, probs).unsqueeze(0)
+        return torch.stack([_nll_grad(out, y, self.likelihood, probs) for y in ys]) / math.sqrt(self.n_samples)
 
     def update(self, outputs: Tensor, targets: Tensor | None = None) -> None:
         """Fold this batch's factors into the running averages (every ``factor_update_interval``-th call).
@@ -367,264 +368,13 @@ class KFAC:
             if isinstance(mod, nn.Conv2d):
                 g = g.movedim(2, -1)                                                   # [K, N, H, W, C_out]
             g = g.reshape(-1, g.shape[-1])
-            G_new = second_moment(g, n_terms)
+            # folded into the running averages in place (one addmm per factor; the first batch starts them)
+            self.G[k] = fold_moment(self.G.get(k), g, n_terms, self.decay)
             if self._w[k] is not None:
-                A_new = input_moment(mod, self._inputs[k][0], self._b[k] is not None)
-            else:  # bias-only block: a = 1
-                A_new = G_new.new_ones(1, 1)
-            if k in self.A and self.decay > 0:  # in place: (a fused addmm_ would round differently than this)
-                self.A[k].mul_(self.decay).add_(A_new, alpha=1 - self.decay)
-                self.G[k].mul_(self.decay).add_(G_new, alpha=1 - self.decay)
-            else:
-                self.A[k], self.G[k] = A_new, G_new
+                self.A[k] = input_moment(mod, self._inputs[k][0], self._b[k] is not None, self.A.get(k), self.decay)
+            elif k not in self.A:  # bias-only block: a = 1, A = [[1]] for ever
+                self.A[k] = g.new_ones(1, 1)
 
-    # ------------------------------------------------------------------------------------ preconditioning
-    def _grad_matrix(self, k: str) -> Tensor | None:
-        """``[∇W, ∇b]`` as ``[out, D(+1)]`` (``[out, 1]`` for a bias-only block); ``None`` when there is no grad."""
-        w, b = self._w[k], self._b[k]
-        gb = b.grad if b is not None else None
-        if w is None:
-            return None if gb is None else gb.unsqueeze(1)
-        if w.grad is None:
-            return None
-        g = w.grad.reshape(w.shape[0], -1)
-        if b is not None:
-            g = torch.cat([g, (gb if gb is not None else torch.zeros_like(b)).unsqueeze(1)], dim=1)
-        return g                                                                       # [out, D(+1)]
-
-    def _refresh_inverses(self) -> None:
-        """Eigendecompose / rescale (``"eigen"``) or invert the damped factors (``"pi"``) of every layer."""
-        bad = nonfinite_keys({k: (self.A[k], self.G[k]) for k in self.modules})
-        if bad:
-            raise ValueError(f"the K-FAC factors of layers {bad} contain NaN or inf (non-finite activations or "
-                             "output gradients were recorded by update())")
-        if self.damping_mode == "pi":
-            self._inv = {k: pi_inverse(self.A[k], self.G[k], self._damping, k) for k in self.modules}
-        elif self._n_steps % self.eigenbasis_update_interval == 0 or not self._inv:
-            self._inv = {k: eigen_inverse(self.A[k], self.G[k], self._damping, k) for k in self.modules}
-        else:  # keep the eigenbases, re-estimate the eigenvalues in them
-            for k, (qa, qg, _, _, _) in self._inv.items():
-                la, lg = eigenvalues_in_basis(self.A[k], qa), eigenvalues_in_basis(self.G[k], qg)
-                self._inv[k] = (qa, qg, la, lg, eigen_denominator(la, lg, self._damping))
-        self._inv_damping = self._damping
-
-    def _apply_damping_change(self) -> None:
-        if self.damping_mode == "pi":
-            self._refresh_inverses()
-            return
-        for k, (qa, qg, la, lg, _) in self._inv.items():
-            self._inv[k] = (qa, qg, la, lg, eigen_denominator(la, lg, self._damping))
-        self._inv_damping = self._damping
-
-    def _kl_scale(self, new: dict[str, Tensor], ms: dict[str, Tensor], flat: tuple[Tensor, Tensor] | None = None
-                  ) -> float:
-        """``ν = min(1, sqrt(kl_clip / Σ lr² vᵀg))`` with each parameter's current learning rate (``flat``: all
-        layers' ``v`` and ``g`` as two flat buffers, for one dot product)."""
-        groups = self.optimizer.param_groups
-        lrs = [check_positive("optimizer learning rate (for kl_clip)", g["lr"]) for g in groups]
-        if len(set(lrs)) == 1 and flat is not None:
-            total = float(torch.dot(*flat)) * lrs[0]**2
-        elif len(set(lrs)) == 1:  # one learning rate: lr² Σ vᵀg
-            # one dot product per layer (a fused multiply-add reduction, no [out, D] temporary)
-            total = float(torch.stack([torch.dot(new[k].reshape(-1), ms[k].reshape(-1)) for k in new]).sum()) \
-                * lrs[0]**2
-        else:
-            lr_of = {id(p): lr for g, lr in zip(groups, lrs) for p in g["params"]}
-            terms = []
-            for k in new:
-                prod, w, b = new[k] * ms[k], self._w[k], self._b[k]
-                if w is not None and b is not None:
-                    terms += [prod[:, :-1].sum() * lr_of[id(w)]**2, prod[:, -1].sum() * lr_of[id(b)]**2]
-                else:
-                    terms.append(prod.sum() * lr_of[id(w if w is not None else b)]**2)
-            total = float(torch.stack(terms).sum())
-        if not math.isfinite(total):
-            self._raise_nonfinite(ms)
-        return min(1.0, math.sqrt(self.kl_clip / total)) if total > 0 else 1.0
-
-    @staticmethod
-    def _raise_nonfinite(ms: dict[str, Tensor]) -> None:
-        bad = [k for k, m in ms.items() if not bool(torch.isfinite(m).all())]
-        if bad:
-            raise ValueError(f"the gradients of K-FAC layers {bad} contain NaN or inf")
-        raise ValueError("the preconditioned gradient is not finite although the gradients are: are the K-FAC "
-                         "factors / inverses finite and the damping large enough?")
-
-    @torch.no_grad()
-    def step(self) -> float:
-        """Rewrite ``.grad`` of every K-FAC layer with ``(A ⊗ G + λ)⁻¹ grad``; returns the KL-clip factor ν.
-
-        Raises ``ValueError`` on NaN/inf gradients or factors and on an invalid (changed) hyperparameter.
-        """
-        if not self.A:
-            raise RuntimeError("call update(outputs, targets) at least once before step()")
-        hyper = (self._damping, self.decay, self.factor_update_interval, self.inverse_update_interval,
-                 self.eigenbasis_update_interval, self.kl_clip)
-        if hyper != self._checked:  # attributes may have been changed since the last check
-            self._check_hyperparameters()
-            self._checked = hyper
-        if self._n_steps % self.inverse_update_interval == 0 or not self._inv:
-            self._refresh_inverses()
-        elif self._damping != self._inv_damping:
-            self._apply_damping_change()
-        self._n_steps += 1
-        grads = self._flat_grads()
-        if grads is not None:
-            return self._step_flat(grads)
-        ms: dict[str, Tensor] = {}
-        for k in self.modules:
-            m = self._grad_matrix(k)
-            if m is None:
-                continue
-            if m.shape != (self.G[k].shape[0], self.A[k].shape[0]):
-                raise ValueError(f"layer {k!r}: gradient shape {tuple(m.shape)} does not match the factors")
-            ms[k] = m
-        if self.kl_clip is None and nonfinite_keys({k: (m,) for k, m in ms.items()}):
-            self._raise_nonfinite(ms)
-        new = {k: precondition(self._inv[k], m) for k, m in ms.items()}
-        nu = self._kl_scale(new, ms) if self.kl_clip is not None and new else 1.0
-        for k, p in new.items():
-            self._write_grad(k, p, nu)
-        return nu
-
-    # One flat buffer holds every layer's gradient matrix [∇W, ∇b] and one their preconditioned images, as views
-    # [out, D(+1)]: a step gathers the gradients with one foreach copy, preconditions into the views (the same
-    # matmuls as above), takes vᵀg as one dot product, scales by ν once and scatters back with one foreach copy —
-    # a handful of kernel launches instead of ~15 per layer. Used when every trained parameter has a gradient of
-    # the buffers' dtype and device (the usual case); otherwise the per-layer path above runs.
-    def _flat_grads(self) -> list[Tensor] | None:
-        """The trained parameters' gradients when the flat path applies (building its buffers once), else None."""
-        if not self.use_flat_buffers:
-            return None
-        grads = [p.grad for p in self._params]
-        if any(g is None for g in grads):
-            return None
-        key = (grads[0].dtype, grads[0].device)
-        if self._flat is None or self._flat[0] != key:
-            self._flat = self._build_flat(key)
-        return grads if len(self._flat) > 1 else None
-
-    def _build_flat(self, key: tuple) -> tuple:
-        """``(key, m_flat, p_flat, [m per layer], [p per layer], [m blocks per parameter], [p blocks ...])``, or
-        ``(key,)`` when the trained parameters do not share one dtype and device."""
-        if any((p.dtype, p.device) != key for p in self._params):
-            return (key,)
-        sizes = [(k, self._w[k].shape[0] if self._w[k] is not None else self._b[k].shape[0],
-                  self._d[k] * (self._w[k] is not None) + (self._b[k] is not None)) for k in self.modules]
-        bufs = torch.empty(2, sum(o * d for _, o, d in sizes), dtype=key[0], device=key[1])
-        mats = [[v.view(o, d) for v, (_, o, d) in zip(t.split([o * d for _, o, d in sizes]), sizes)] for t in bufs]
-        blocks = []  # per trained parameter, its columns of the layer matrix, viewed in the parameter's shape
-        for ms in mats:
-            blocks.append([])
-            for k, m in zip(self.modules, ms):
-                if self._w[k] is not None:
-                    blocks[-1].append(m[:, : self._d[k]].view(self._w[k].shape))
-                if self._b[k] is not None:
-                    blocks[-1].append(m[:, -1])
-        return (key, bufs[0], bufs[1], *mats, *blocks)
-
-    def _step_flat(self, grads: list[Tensor]) -> float:
-        _, m_flat, p_flat, ms, ps, m_blocks, p_blocks = self._flat
-        torch._foreach_copy_(m_blocks, grads)
-        if self.kl_clip is None and not math.isfinite(float(m_flat.sum())) and nonfinite_keys(
-                {k: (m,) for k, m in zip(self.modules, ms)}):  # (a finite sum proves every entry finite)
-            self._raise_nonfinite(dict(zip(self.modules, ms)))
-        for k, m, p in zip(self.modules, ms, ps):
-            precondition(self._inv[k], m, out=p)
-        nu = 1.0
-        if self.kl_clip is not None:
-            nu = self._kl_scale(dict(zip(self.modules, ps)), dict(zip(self.modules, ms)), (p_flat, m_flat))
-            if nu != 1.0:
-                p_flat.mul_(nu)
-        torch._foreach_copy_(grads, p_blocks)
-        return nu
-
-    def _write_grad(self, k: str, p: Tensor, nu: float) -> None:
-        """``.grad ← ν·p`` for the weight (first ``D`` columns) and the bias (last column); one pass each."""
-        w, b = self._w[k], self._b[k]
-        if w is not None:
-            g = w.grad
-            dst = g.view(g.shape[0], -1) if g.is_contiguous() else None
-            src = p[:, : self._d[k]]
-            if dst is None:
-                g.copy_((src * nu if nu != 1.0 else src).reshape(g.shape))
-            elif nu != 1.0:
-                torch.mul(src, nu, out=dst)
-            else:
-                dst.copy_(src)
-        if b is not None:
-            if b.grad is None:
-                b.grad = torch.zeros_like(b)
-            if nu != 1.0:
-                torch.mul(p[:, -1], nu, out=b.grad)
-            else:
-                b.grad.copy_(p[:, -1])
-
-    # ---------------------------------------------------------------------------------------- checkpoints
-    def state_dict(self) -> dict:
-        """Factors, inverses / eigenbases, counters, damping, hyperparameters and generator state (copies)."""
-        return {
-            "layers": list(self.modules),
-            "config": {"fisher_type": self.fisher_type, "likelihood": self.likelihood,
-                       "damping_mode": self.damping_mode},
-            "A": {k: v.clone() for k, v in self.A.items()}, "G": {k: v.clone() for k, v in self.G.items()},
-            "inv": {k: tuple(t.clone() for t in v) for k, v in self._inv.items()},
-            "damping": self._damping, "inv_damping": self._inv_damping,
-            "n_updates": self._n_updates, "n_steps": self._n_steps,
-            "hyper": {h: getattr(self, h) for h in _HYPER},
-            "generator": None if self.generator is None else self.generator.get_state(),
-        }
-
-    def load_state_dict(self, state: dict) -> None:
-        """Restore :meth:`state_dict` (checked against this object's layers and configuration)."""
-        if not isinstance(state, dict) or not {"A", "G", "inv", "config", "layers"} <= state.keys():
-            raise ValueError("not a KFAC state_dict")
-        mine = {"fisher_type": self.fisher_type, "likelihood": self.likelihood, "damping_mode": self.damping_mode}
-        if state["config"] != mine:
-            raise ValueError(f"state_dict was saved with {state['config']}, this KFAC has {mine}")
-        if set(state["layers"]) != set(self.modules):
-            raise ValueError(f"state_dict holds layers {sorted(state['layers'])}, this KFAC {sorted(self.modules)}")
-        if (state["generator"] is None) != (self.generator is None):
-            raise ValueError("state_dict and this KFAC disagree on whether a generator is used")
-
-        def put(t: Tensor, k: str) -> Tensor:
-            ref = next(self.modules[k].parameters())
-            return t.detach().clone().to(device=ref.device)
-
-        for k in state["A"]:  # factor shapes [D(+1)]², [out]² of this model's layers
-            w, b = self._w[k], self._b[k]
-            want = (self._d[k] * (w is not None) + (b is not None), (w if w is not None else b).shape[0])
-            got = (tuple(state["A"][k].shape), tuple(state["G"][k].shape))
-            if got != ((want[0],) * 2, (want[1],) * 2):
-                raise ValueError(f"state_dict factors of layer {k!r} have shapes {got}, this layer needs "
-                                 f"A {(want[0],) * 2} and G {(want[1],) * 2}")
-        self.A = {k: put(v, k) for k, v in state["A"].items()}
-        self.G = {k: put(v, k) for k, v in state["G"].items()}
-        self._inv = {k: tuple(put(t, k) for t in v) for k, v in state["inv"].items()}
-        for h, v in state["hyper"].items():
-            setattr(self, h, v)
-        self.damping = state["damping"]
-        self._check_hyperparameters()
-        self._inv_damping, self._n_updates, self._n_steps = state["inv_damping"], state["n_updates"], state["n_steps"]
-        if self.generator is not None:
-            self.generator.set_state(state["generator"])
-        self._sync_hooks()
-
-    def to_dense(self) -> Tensor:
-        """Block-diagonal K-FAC matrix ``[P, P]`` (no damping) in the order of ``model.named_parameters()``
-        restricted to the K-FAC layers' trainable parameters (per layer: weight flattened row-major, then bias)."""
-        if not self.A:
-            raise RuntimeError("no factors yet: call update() first")
-        blocks = []
-        for k in self.modules:
-            out, d = self.G[k].shape[0], self.A[k].shape[0]
-            block = torch.kron(self.G[k], self.A[k])                                   # row-major vec([W, b])
-            if self._w[k] is not None and self._b[k] is not None:
-                idx = torch.arange(out * d).view(out, d)
-                order = torch.cat([idx[:, : d - 1].reshape(-1), idx[:, -1]])
-                block = block[order][:, order]
-            blocks.append(block)
-        return torch.block_diag(*blocks)
 
 
 class _Hook:

@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["layer_rows", "input_moment", "second_moment", "eigen_inverse", "eigen_denominator", "eigenvalues_in_basis",
+__all__ = ["layer_rows", "input_moment", "second_moment", "fold_moment", "eigen_inverse", "eigen_denominator", "eigenvalues_in_basis",
            "pi_inverse", "precondition", "nonfinite_keys"]
 
 
@@ -47,15 +47,18 @@ def layer_rows(mod: nn.Module, a: Tensor, bias: bool) -> Tensor:
     return a
 
 
-def input_moment(mod: nn.Module, a: Tensor, bias: bool) -> Tensor:
+def input_moment(mod: nn.Module, a: Tensor, bias: bool, old: Tensor | None = None, decay: float = 0.0) -> Tensor:
     """``A = rowsᵀ rows / R`` for the rows of :func:`layer_rows` (``R`` of them), without materializing them in
     that column order for a Conv2d (dilation 1): the patches are copied from a channels-last copy of the padded
     input in (kh, kw, C) column order — whole runs of ``C`` contiguous numbers instead of ``kw``-long ones, several
     times faster on CPU — and the ``[D(+1), D(+1)]`` product is permuted back to ``layer_rows``' (C, kh, kw)
-    order. Every entry is the same sum over the same rows (a permutation of ``A``'s rows and columns)."""
+    order. Every entry is the same sum over the same rows (a permutation of ``A``'s rows and columns).
+
+    With ``old`` (a running average) and ``decay > 0`` the result is folded into ``old`` in place:
+    ``old ← decay·old + (1 − decay)·A`` (:func:`fold_moment`: one ``addmm`` for the rows of a Linear layer)."""
     if not (isinstance(mod, nn.Conv2d) and tuple(mod.dilation) == (1, 1)):
         rows = layer_rows(mod, a, bias)
-        return second_moment(rows, rows.shape[0])
+        return fold_moment(old, rows, rows.shape[0], decay)
     (kh, kw), (sh, sw), (ph, pw) = mod.kernel_size, mod.stride, mod.padding
     c = a.shape[1]
     x = (nn.functional.pad(a, (pw, pw, ph, ph)) if ph or pw else a).permute(0, 2, 3, 1).contiguous()
@@ -69,12 +72,22 @@ def input_moment(mod: nn.Module, a: Tensor, bias: bool) -> Tensor:
     order = torch.arange(d, device=a.device).view(kh, kw, c).permute(2, 0, 1).reshape(-1)   # (C, kh, kw) ← rows
     if bias:
         order = torch.cat([order, order.new_full((1,), d)])
-    return second_moment(rows, rows.shape[0])[order][:, order]
+    new = second_moment(rows, rows.shape[0])[order][:, order]
+    return new if old is None or decay == 0 else old.mul_(decay).add_(new, alpha=1 - decay)
 
 
 def second_moment(x: Tensor, n: int) -> Tensor:
     """``xᵀx / n`` for rows ``x [R, D]`` (``n``: the normalizer — rows for ``A``, loss terms for ``G``)."""
     return (x.T @ x).div_(n)
+
+
+def fold_moment(old: Tensor | None, x: Tensor, n: int, decay: float) -> Tensor:
+    """The running average ``old ← decay·old + (1 − decay)·xᵀx/n`` in place as one ``addmm`` (no ``[D, D]``
+    temporary, one pass over ``old``); ``xᵀx/n`` (:func:`second_moment`) when ``old`` is None or ``decay == 0``.
+    Equal to scaling and adding the batch moment up to rounding (``(1 − decay)/n`` is applied inside the GEMM)."""
+    if old is None or decay == 0:
+        return second_moment(x, n)
+    return old.addmm_(x.T, x, beta=decay, alpha=(1 - decay) / n)
 
 
 def _retry_float64(fn, m: Tensor, what: str):
@@ -135,15 +148,25 @@ def pi_inverse(A: Tensor, G: Tensor, damping: float, name: str = "") -> tuple[Te
             _retry_float64(damped_inverse(root / pi), G, f"Cholesky of factor G + √λ/π·I of layer {name!r}"))
 
 
-def precondition(inv: tuple[Tensor, ...], m: Tensor, out: Tensor | None = None) -> Tensor:
+def precondition(inv: tuple[Tensor, ...], m: Tensor, out: Tensor | None = None,
+                 work: tuple[Tensor, Tensor] | None = None) -> Tensor:
     """``(A ⊗ G + λ)⁻¹`` (eigen: ``inv`` of :func:`eigen_inverse`, 4 matmuls) or the π-damped inverse (``inv`` of
     :func:`pi_inverse`, 2 matmuls) applied to the gradient matrix ``m [out, D(+1)]``; the last product is written
-    into ``out`` when given (a contiguous ``[out, D(+1)]`` buffer: the same numbers, no new allocation)."""
+    into ``out`` when given (a contiguous ``[out, D(+1)]`` buffer), the intermediate ones into ``work`` (two more
+    such buffers; ``out`` needed with it): the same products in the same order, no new allocation."""
+    if work is None:
+        if len(inv) == 5:
+            qa, qg, _, _, inv_den = inv
+            return torch.mm(qg @ (qg.T @ m @ qa).mul_(inv_den), qa.T, out=out)
+        inv_a, inv_g = inv
+        return torch.mm(inv_g @ m, inv_a, out=out)
+    w1, w2 = work
     if len(inv) == 5:
         qa, qg, _, _, inv_den = inv
-        return torch.mm(qg @ (qg.T @ m @ qa).mul_(inv_den), qa.T, out=out)
+        torch.mm(torch.mm(qg.T, m, out=w1), qa, out=w2).mul_(inv_den)
+        return torch.mm(torch.mm(qg, w2, out=w1), qa.T, out=out)
     inv_a, inv_g = inv
-    return torch.mm(inv_g @ m, inv_a, out=out)
+    return torch.mm(torch.mm(inv_g, m, out=w1), inv_a, out=out)
 
 
 def nonfinite_keys(groups: dict[str, tuple[Tensor, ...]]) -> list[str]:

@@ -116,3 +116,99 @@ def test_hooks_follow_interval_changes_checkpoints_and_removal():
     assert _hooks(net) == 0
     with pytest.raises(RuntimeError, match="hooks were removed"):
         k.update(net(x), y)
+
+
+# ---------------------------------------------------------------------------------------- the factor update path
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-13), (torch.float32, 1e-5)])
+@pytest.mark.parametrize("decay", [0.0, 0.5, 0.95])
+def test_fold_moment_is_the_running_average(dtype, tol, decay):
+    """One in-place addmm equals scaling the old average and adding the batch moment (the two-pass formula it
+    replaced): the same sums, rounded in another order inside the GEMM — hence a tolerance at the dtype's
+    resolution, not equality; without an old average (or decay 0) it is the batch moment itself, exactly."""
+    from taskloss.curvature.kfac_math import fold_moment, second_moment
+    g = torch.Generator().manual_seed(0)
+    x, y = torch.randn(37, 6, generator=g, dtype=dtype), torch.randn(50, 6, generator=g, dtype=dtype)
+    old = second_moment(y, 50)
+    ref = old * decay + second_moment(x, 37) * (1 - decay)
+    assert torch.equal(fold_moment(None, x, 37, decay), second_moment(x, 37))
+    out = fold_moment(old.clone(), x, 37, decay)
+    torch.testing.assert_close(out, ref, rtol=tol, atol=tol)
+    if decay > 0:
+        kept = old.clone()
+        assert fold_moment(kept, x, 37, decay) is kept  # in place: no new [D, D] tensor
+
+
+@pytest.mark.parametrize("kind", ["mlp", "frozen", "cnn"])
+def test_running_factors_match_the_two_pass_average_of_batch_factors(kind):
+    """Over 5 batches with decay 0.9 the running factors equal the average built from each batch's own factors
+    (decay 0 gives exactly the batch factors) with the scale-and-add formula in float64: the in-place fold of
+    ``update`` computes the same average (to float64 rounding)."""
+    batches = _batches(kind, 5)
+    net = _net(kind)
+    running = KFAC(net, decay=0.9, generator=torch.Generator().manual_seed(3))
+    fresh = KFAC(_net(kind), decay=0.0, generator=torch.Generator().manual_seed(3))
+    fresh.model.load_state_dict(net.state_dict())
+    ref_A, ref_G = {}, {}
+    for x, y in batches:
+        running.update(net(x), y)
+        fresh.update(fresh.model(x), y)  # the same MC draws: the generators advance alike
+        for k in fresh.modules:
+            a, gg = fresh.A[k], fresh.G[k]
+            ref_A[k] = a.clone() if k not in ref_A else ref_A[k] * 0.9 + a * 0.1
+            ref_G[k] = gg.clone() if k not in ref_G else ref_G[k] * 0.9 + gg * 0.1
+    for k in running.modules:
+        torch.testing.assert_close(running.A[k], ref_A[k], rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(running.G[k], ref_G[k], rtol=1e-12, atol=1e-14)
+
+
+@pytest.mark.parametrize("n_samples", [1, 3])
+def test_mc_cotangents_reuse_one_softmax_with_the_same_draws(n_samples):
+    """The MC output gradients are computed from one softmax for the draws and the gradients: bit-for-bit what
+    ``sample_targets`` then ``softmax − onehot`` give with an identically seeded generator (the same kernels on the
+    same numbers)."""
+    from taskloss.curvature.fisher import _nll_grad
+    net = _net("mlp")
+    out = net(_batches("mlp", 1)[0][0]).detach()
+    k = KFAC(net, fisher_type="mc", n_samples=n_samples, generator=torch.Generator().manual_seed(7))
+    got = k._output_cotangents(out, None)
+    ys = C.sample_targets(out, "categorical", n_samples, torch.Generator().manual_seed(7))
+    want = torch.stack([_nll_grad(out, y, "categorical") for y in ys])
+    if n_samples > 1:
+        want = want / n_samples**0.5
+    assert torch.equal(got, want)
+
+
+def test_non_finite_inputs_and_outputs_still_raise_on_the_mc_path():
+    """The MC path checks the outputs at every factor update, and non-finite factors (an inf input behind a
+    saturating tanh leaves the outputs finite) are caught at the next inverse refresh."""
+    net = _net("mlp")
+    (x, y), = _batches("mlp", 1)
+    k = KFAC(net, fisher_type="mc", generator=torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="outputs contains NaN"):
+        k.update(net(x) * float("nan"), y)
+    x = x.clone()
+    x[0, 0] = float("inf")
+    out = net(x)
+    assert bool(torch.isfinite(out).all())
+    k.update(out, y)
+    C.nll_loss(out, y).backward()
+    with pytest.raises(ValueError, match=r"factors of layers \['0'\] contain NaN or inf"):
+        k.step()
+
+
+@pytest.mark.parametrize("mode", ["eigen", "pi"])
+def test_precondition_into_work_buffers_equals_the_allocating_products(mode):
+    """``precondition(..., out=, work=)`` runs the same products in the same order into preallocated buffers (views
+    of one shared scratch, as the flat step uses them): equal to the allocating form up to the GEMM library's
+    alignment-dependent blocking (float64, 1e-12)."""
+    from taskloss.curvature.kfac_math import eigen_inverse, pi_inverse, precondition, second_moment
+    g = torch.Generator().manual_seed(0)
+    A = second_moment(torch.randn(40, 7, generator=g, dtype=torch.float64), 40)
+    G = second_moment(torch.randn(40, 5, generator=g, dtype=torch.float64), 40)
+    inv = eigen_inverse(A, G, 0.1) if mode == "eigen" else pi_inverse(A, G, 0.1)
+    m = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    scratch = torch.full((2, 50), float("nan"), dtype=torch.float64)
+    out = torch.empty(5, 7, dtype=torch.float64)
+    got = precondition(inv, m, out=out, work=(scratch[0, :35].view(5, 7), scratch[1, :35].view(5, 7)))
+    assert got.data_ptr() == out.data_ptr()
+    torch.testing.assert_close(got, precondition(inv, m), rtol=1e-12, atol=1e-12)
