@@ -21,6 +21,7 @@ number of threads or on which thread draws a row.
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -35,13 +36,25 @@ __all__: list[str] = []
 
 def _pool(workers: int) -> ThreadPoolExecutor:
     """A process-wide pool of ``workers`` threads for drawing candidates in parallel (torch's random and
-    elementwise kernels release the GIL); a forked child gets its own (the parent's threads do not exist there)."""
+    elementwise kernels release the GIL); a forked child gets its own (the parent's threads do not exist there).
+    Each worker runs torch (OpenMP and MKL) with one thread: the calls of a worker are cache-sized, and MKL would
+    otherwise start a team of threads for each small float64 ``addmv`` (3-4× its single-thread time here)."""
     return _pool_of(workers, os.getpid())
 
 
 @lru_cache(maxsize=None)
 def _pool_of(workers: int, pid: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mgs-noise")
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mgs-noise")
+    main_threads, ready = torch.get_num_threads(), threading.Barrier(workers)
+
+    def single_threaded():      # per thread: OpenMP's and MKL's thread counts are thread-local settings
+        torch.set_num_threads(1)
+        ready.wait()            # keeps this thread busy until every worker has started
+
+    for f in [pool.submit(single_threaded) for _ in range(workers)]:
+        f.result()
+    torch.set_num_threads(main_threads)     # restore torch's process-wide default (new threads start from it)
+    return pool
 
 
 @dataclass
