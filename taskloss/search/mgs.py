@@ -252,12 +252,12 @@ class MGS(_CandidateScoring):
     def _gather(self, local: dict[int, Tensor], check: float, n: int, world: int) -> Tensor:
         """Task losses of all n candidates (each rank scored its own), plus a check that every rank computed the
         same surrogate loss ``check`` (same batch, same parameters)."""
+        if world == 1:
+            return torch.stack([local[k] for k in range(n)]).cpu()
         vec = torch.zeros(n + 1, dtype=torch.float64, device=self.params[0].device)
         for k, v in local.items():
             vec[k] = v
         vec[n] = check
-        if world == 1:
-            return vec[:n].cpu()
         bufs = [torch.empty_like(vec) for _ in range(world)]
         dist.all_gather(bufs, vec, group=self.process_group)
         G = torch.stack(bufs).cpu()
