@@ -529,12 +529,12 @@ def test_candidate_noise_is_one_randn_per_tensor_from_the_candidates_seed():
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_row_by_row_draw_is_bit_identical_to_the_batched_draw_and_one_randn_per_tensor(monkeypatch, threads):
-    """On a CPU with P ≥ ROW_BLOCK the candidates are drawn row by row, spread over worker threads; below it
-    (and on a GPU) all rows together. Both must give, bit for bit, the Δθ_k of one ``randn`` per tensor from
-    generator(seeds[k]), times σ_t, minus g for MLE-centred candidates — whichever thread draws a row. ROW_BLOCK
-    is lowered so a small model takes the row path with several blocks per row (sizes not multiples of 16,
-    under 16, and longer than a block); the float64 statistics of the scaled noise s = σ_t z agree with a direct
-    float64 computation."""
+    """On a CPU with P ≥ ROW_BLOCK the candidates are drawn row by row (σ_t·z drawn by ``normal_``), spread over
+    worker threads from P ≥ THREAD_MIN; below ROW_BLOCK (and on a GPU) all rows together. Both must give, bit for
+    bit, the Δθ_k of one ``randn`` per tensor from generator(seeds[k]), times σ_t, minus g for MLE-centred
+    candidates — whichever thread draws a row. ROW_BLOCK and THREAD_MIN are lowered so a small model takes the
+    threaded row path with several blocks per row (sizes not multiples of 16, under 16, and longer than a block);
+    the float64 statistics of the scaled noise s = σ_t z agree with a direct float64 computation."""
     import taskloss.search.mgs_noise as noise_module
 
     torch.manual_seed(1)
@@ -550,6 +550,7 @@ def test_row_by_row_draw_is_bit_identical_to_the_batched_draw_and_one_randn_per_
         return real_log_q(self, mix, density)
 
     monkeypatch.setattr(noise_module.CandidateDraws, "log_q", spy)
+    monkeypatch.setattr(noise_module.CandidateDraws, "THREAD_MIN", 0)    # worker threads even for this small P
     deltas, stats = {}, {}
     try:
         torch.set_num_threads(threads)
