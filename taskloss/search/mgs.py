@@ -23,11 +23,12 @@ split across ranks under ``torch.distributed``).
 
 Cost of a step: one surrogate forward + backward and one optimizer step (an MLE step), K candidate forwards,
 K draws of P normal numbers (P = number of searched parameters; each candidate's from its own seed, on a CPU
-the candidates spread over torch's threads) and a few passes over the K×P noise, each block of a candidate's
-noise scaled and reduced to its float64 statistics while in cache
-(:meth:`taskloss.search.mgs_noise.CandidateDraws.draw_all`); the update Σ_k w_k Δθ_k is one matrix-vector product.
-The floor is the MLE step, the K forwards and the K·P normal draws. The
-task loss at the current parameters, l(θ), cancels in the normalized weights, so the step does not compute it:
+with P ≥ 2¹⁸ the candidates spread over torch's threads), each block of a candidate's noise reduced to its
+float64 statistics and shifted while in cache (:meth:`taskloss.search.mgs_noise.CandidateDraws.draw_all`),
+θ + Δθ_k written into the module per candidate, the update Σ_k w_k Δθ_k (one matrix-vector product) and a few
+passes over θ (flattening, float64 norms). The K×P candidate rows, the gradient, its float64 copy and the update
+live in buffers kept between steps (:class:`taskloss.search.mgs_noise.DrawPlan`; fresh ones cost page faults at
+every step). The floor is the MLE step, the K forwards and the K·P normal draws. The task loss at the current parameters, l(θ), cancels in the normalized weights, so the step does not compute it:
 :attr:`MGSStats.base_loss` evaluates it on first access (``eager_base_loss=True`` computes it inside the step
 and refuses a non-finite value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor.
 """
@@ -142,7 +143,8 @@ class MGS(_CandidateScoring):
       each candidate's outputs in a Python loop — for decoding + edit distance and other non-vmappable
       metrics), "auto" (try vmap, fall back to the forward-only vmap, then to the loop, with a warning).
       chunk_size: candidates per vmap call (None = all at once). low_memory: regenerate the noise from its
-      seeds for the weighted sum instead of storing K parameter-sized rows. eval_mode: score candidates with
+      seeds for the weighted sum instead of storing K parameter-sized rows (stored rows stay allocated between
+      steps, as do a few P-sized buffers). eval_mode: score candidates with
       ``model.eval()``. eager_base_loss: compute l(θ) inside the step (one more forward) and raise if it is
       not finite; otherwise :attr:`MGSStats.base_loss` computes it when read.
     - seed: base seed of the candidate noise (None: drawn from torch's global RNG). Under an initialized
@@ -267,9 +269,6 @@ class MGS(_CandidateScoring):
         return torch.stack([G[k % world, k] for k in range(n)])
 
     # -- phases of a step ----------------------------------------------------------------------------------
-    def _flat(self, tensors) -> Tensor:
-        return torch.cat([t.reshape(-1) for t in tensors])
-
     def _unflat(self, flat: Tensor) -> dict[str, Tensor]:
         """``[..., P]`` → {name: ``[..., *shape]``} views."""
         lead = flat.shape[:-1]
@@ -284,7 +283,8 @@ class MGS(_CandidateScoring):
         if not bool(torch.isfinite(loss.detach())):
             raise ValueError(f"surrogate loss is not finite: {float(loss.detach())}")
         grads = torch.autograd.grad(loss.reshape(()), self.params, allow_unused=True)
-        plan, P = self._draw_plan(), sum(self._numels)
+        plan = self._plan = DrawPlan.reuse(self._plan, self._numels, self.params[0].device)
+        P = sum(self._numels)
         g = torch.cat([torch.zeros_like(p).reshape(-1) if gr is None else gr.detach().reshape(-1)
                        for p, gr in zip(self.params, grads)], out=plan.buffer("g", (P,), self.params[0].dtype))
         g64 = plan.buffer("g64", (P,), torch.float64).copy_(g)
@@ -295,15 +295,6 @@ class MGS(_CandidateScoring):
             g64.copy_(g.mul_(self.max_grad_norm / (norm + 1e-6)))
         return float(loss.detach()), g, g64, norm
 
-    def _draw_plan(self) -> DrawPlan:
-        """The draws' :class:`~taskloss.search.mgs_noise.DrawPlan` and the step's buffers (gradient, its float64
-        copy, the ``[K', P]`` candidate rows, the update), kept across steps: allocating them anew each step costs
-        page faults (≈ 10 ms a step for the candidate rows of a 1M-parameter model on a CPU). Rebuilt when the
-        parameters move to another device."""
-        dev = self.params[0].device
-        if self._plan is None or self._plan.device != dev:
-            self._plan = DrawPlan(self._numels, dev)
-        return self._plan
 
     def _is_mle(self, k: int, seed: int) -> bool:
         if self.include_mle and k == 0:
@@ -408,7 +399,7 @@ class MGS(_CandidateScoring):
         seeds = [_seed_for(base_seed, self.steps_done, k) for k in range(n)]
         draws = CandidateDraws(proposal, seeds, [self._is_mle(k, s) for k, s in enumerate(seeds)],
                                self.include_mle, self._plan)
-        theta = self._flat([p.detach() for p in self.params])
+        theta = torch.cat([p.detach().reshape(-1) for p in self.params])     # kept by the lazy base_loss
         local, rows, base = self._score_candidates(draws, theta, batch, list(range(rank, n, world)))
         losses = self._gather(local, surrogate, n, world)
         if bool(torch.isnan(losses).any()):

@@ -7,15 +7,17 @@ per tensor t,
 
     Δθ_{k,t} = σ_t z_{k,t}   (zero-centred component),     Δθ_{k,t} = σ_t z_{k,t} − g_t   (MLE-centred component)
 
-(candidate 0 is −g exactly with ``include_mle``). Its log-density needs only ‖z_{k,t}‖² and ⟨z_{k,t}, g_t⟩,
-accumulated in float64 from the float32 noise, so log q is the same (up to float64 rounding) whether Δθ_k is
-stored (:meth:`CandidateDraws.draw_all`) or regenerated (:meth:`CandidateDraws.draw`), and bit-identical on every
-rank. Per step this costs K ``randn`` of P numbers plus a float64 copy, two dot products and the scaling of each
-block of the noise while it is in cache. On a CPU the ``randn`` is a sizeable part of a step (torch's generator
-draws ~3·10⁸ normals per second on one core: about a tenth of an MGS step's floor for the 1M-parameter MLP of
-``benchmarks/bench_mgs.py``, which counts it in the floor). One generator's stream is sequential, but the
-candidates' streams are independent: with P ≥ ``CandidateDraws.ROW_BLOCK`` the rows are drawn by
-``torch.get_num_threads()`` worker threads, each row from its own seed, so the numbers do not depend on the
+(candidate 0 is −g exactly with ``include_mle``). Its log-density needs only ‖s_{k,t}‖² and ⟨s_{k,t}, g_t⟩ of
+the scaled noise s = σ_t z (the float32 numbers Δθ_k is made of), accumulated in float64, so log q is the same (up
+to float64 rounding) whether Δθ_k is stored (:meth:`CandidateDraws.draw_all`) or regenerated
+(:meth:`CandidateDraws.draw`), and bit-identical on every rank. Per step this costs K draws of P normal numbers
+plus, per cache-sized block, a float64 copy, one ``addmv`` per tensor and the −g shift (on a CPU the draw itself
+scales by σ_t). On a CPU the draw is a sizeable part of a step (torch's generator draws ~3·10⁸ normals per second
+on one core: about an eighth of an MGS step's floor for the 1M-parameter MLP of ``benchmarks/bench_mgs.py``, which
+counts it in the floor). One generator's stream is sequential, but the candidates' streams are independent: with
+P ≥ ``CandidateDraws.THREAD_MIN`` the rows are drawn by ``torch.get_num_threads()`` worker threads (each running
+torch single-threaded), each row from its own seed, so the numbers do not depend on the number of threads or on
+which thread draws a row. The buffers a step needs are kept in a :class:`DrawPlan` across steps.
 number of threads or on which thread draws a row.
 """
 from __future__ import annotations
@@ -88,9 +90,12 @@ def build_proposal(g: Tensor, numels: list[int], sigma: float, sigma_mode: str, 
 
 
 class DrawPlan:
-    """What the draws of every step share for one parameter layout (``numels``) on one device: the ``randn`` runs,
-    the chunk layouts, one generator per row and per-thread scratch buffers. :class:`taskloss.search.mgs.MGS`
-    keeps one across steps (building it costs more Python time than a small model's draws)."""
+    """What the steps share for one parameter layout (``numels``) on one device: the ``randn`` runs, the chunk
+    layouts, one generator per row, and buffers — per-thread scratch, and for :class:`taskloss.search.mgs.MGS` the
+    gradient, its float64 copy, the ``[K', P]`` candidate rows and the update. MGS keeps one across steps:
+    allocating those buffers anew costs page faults at every step (≈ 9 ms a step on a CPU for the candidate rows
+    of the 1M-parameter MLP of ``benchmarks/bench_mgs.py``), and building the layouts costs more Python time than a
+    small model's draws."""
 
     def __init__(self, numels: list[int], device: torch.device):
         self.numels, self.device = list(numels), torch.device(device)
@@ -107,6 +112,13 @@ class DrawPlan:
         self.layouts: dict[tuple[int, int], list] = {}
         self.gens: list[torch.Generator] = []
         self.scratch: dict[tuple, Tensor] = {}
+
+    @classmethod
+    def reuse(cls, plan: "DrawPlan | None", numels: list[int], device: torch.device) -> "DrawPlan":
+        """``plan`` if it fits ``numels`` on ``device``, else a new plan (the parameters moved)."""
+        if plan is None or plan.device != device or plan.numels != list(numels):
+            plan = cls(numels, device)
+        return plan
 
     def generators(self, m: int) -> list[torch.Generator]:
         while len(self.gens) < m:
