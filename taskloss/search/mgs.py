@@ -28,9 +28,10 @@ float64 statistics and shifted while in cache (:meth:`taskloss.search.mgs_noise.
 θ + Δθ_k written into the module per candidate, the update Σ_k w_k Δθ_k (one matrix-vector product) and a few
 passes over θ (flattening, float64 norms). The K×P candidate rows, the gradient, its float64 copy and the update
 live in buffers kept between steps (:class:`taskloss.search.mgs_noise.DrawPlan`; fresh ones cost page faults at
-every step). The floor is the MLE step, the K forwards and the K·P normal draws. The task loss at the current parameters, l(θ), cancels in the normalized weights, so the step does not compute it:
-:attr:`MGSStats.base_loss` evaluates it on first access (``eager_base_loss=True`` computes it inside the step
-and refuses a non-finite value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor.
+every step). The floor is the MLE step, the K forwards and the K·P normal draws. The task loss at the current
+parameters, l(θ), cancels in the normalized weights, so the step does not compute it: :attr:`MGSStats.base_loss`
+evaluates it on first access (``eager_base_loss=True`` computes it inside the step and refuses a non-finite
+value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor.
 """
 from __future__ import annotations
 
@@ -295,7 +296,6 @@ class MGS(_CandidateScoring):
             g64.copy_(g.mul_(self.max_grad_norm / (norm + 1e-6)))
         return float(loss.detach()), g, g64, norm
 
-
     def _is_mle(self, k: int, seed: int) -> bool:
         if self.include_mle and k == 0:
             return True
@@ -376,7 +376,8 @@ class MGS(_CandidateScoring):
 
     def _apply(self, update: Tensor, scratch64: Tensor) -> float:
         """Phase 5: ``p.grad = −Δθ*`` (clipped to ``max_update_norm`` as ``clip_grad_norm_`` does, with the norm
-        taken once in float64, in ``scratch64`` ``[P]``) and ``optimizer.step()``; returns ‖Δθ*‖."""
+        taken once in float64, in ``scratch64`` ``[P]``) and ``optimizer.step()``; returns ‖Δθ*‖. The ``p.grad``
+        are views of the update buffer, which the next step overwrites."""
         update_norm = float(torch.linalg.vector_norm(scratch64.copy_(update)))
         scale = -1.0
         if self.max_update_norm is not None:
