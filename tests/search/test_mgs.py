@@ -558,6 +558,8 @@ def test_row_by_row_draw_is_bit_identical_to_the_batched_draw_and_one_randn_per_
             monkeypatch.setattr(noise_module.CandidateDraws, "ROW_BLOCK", block)
             st = make(copy.deepcopy(model), **kw).step((X, y), return_deltas=True)
             deltas[path], stats[path] = st, dict(recorded)
+            # the workers run torch single-threaded (a thread-local setting): the caller keeps its thread count
+            assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(n_threads)
     st = deltas["rows"]
