@@ -7,9 +7,11 @@ repeats (one call of each method per round, ``benchmarks/_timing.interleaved_med
 
 * ``MLE``         — cross-entropy forward + backward + AdamW step (the peer: what MGS adds its search to);
 * ``K fwd``       — K forwards of the model plus the task loss, no gradient (the candidates' unavoidable work);
-* ``noise``       — K draws of P standard normal numbers with torch's generator (P = number of parameters), one
-  generator per candidate, the candidates spread over ``torch.get_num_threads()`` threads (a generator's
-  stream is sequential, so this is the fastest a CPU can draw them): MGS needs them and they are not free;
+* ``noise``       — K draws of P standard normal numbers with torch's generator (P = number of parameters) into a
+  preallocated buffer, one generator per candidate: the faster of drawing the candidates one after another and
+  spreading them over ``torch.get_num_threads()`` Python threads (a generator's stream is sequential, so this
+  is the fastest a CPU can draw them; with small P the threads' start-up costs more than it saves): MGS needs
+  them and they are not free;
 * ``default``     — ``MGS(...)`` with its defaults: ``parallel="auto"`` scores the candidates one after another
   on a CPU (the vmap on a GPU), l(θ) is not computed;
 * ``parallel``    — ``parallel=True``: the K perturbed parameter sets stacked, one ``torch.func.vmap`` call;
@@ -25,6 +27,9 @@ against 73 ms for K = 8, 2 threads, the normals drawn one candidate after anothe
 fraction is the time the step's matrix products take at this machine's measured matmul rate (an ``mm`` of the
 same sizes) over the measured default step. Peak memory above what is live before a call: on CUDA
 ``torch.cuda.max_memory_allocated``; on CPU the allocator trace of ``torch.profiler`` (``benchmarks/_timing``).
+MGS keeps its K×P candidate rows and a few P-sized buffers between steps (fresh ones cost page faults at every
+step: ≈ 9 ms a step for the 1M-parameter MLP on one thread), so after the first step they are live before a
+call and do not count in its peak.
 
 Targets: the default step ≤ 1.2× floor+noise on a CPU; parallel faster than sequential on a GPU. The issue asked
 for 1.2× ``floor``, which leaves the noise out: for the (1024, 1024) MLP on 2 threads (floor 106 ms, noise 26 ms
@@ -115,14 +120,13 @@ def bench_config(hidden, batch_size, K, device, repeats, rate, memory=True, stat
     def draw(k):
         torch.randn(P, generator=gens[k].manual_seed(k), out=bufs[k], device=device)
 
-    def noise():
-        if pool is None:
-            for k in range(K):
-                draw(k)
-        else:
-            list(pool.map(draw, range(K)))
+    def noise_serial():
+        for k in range(K):
+            draw(k)
 
-    fns = {"mle": mle, "kfwd": k_forwards, "noise": noise}
+    fns = {"mle": mle, "kfwd": k_forwards, "noise_serial": noise_serial}
+    if pool is not None:
+        fns["noise_threads"] = lambda: list(pool.map(draw, range(K)))
     steppers = {}
     for name, kw in VARIANTS.items():
         m, o, b = _setup(hidden, batch_size, device)
@@ -130,6 +134,7 @@ def bench_config(hidden, batch_size, K, device, repeats, rate, memory=True, stat
         fns[name] = (lambda mgs=steppers[name], b=b: mgs.step(b))
     times = interleaved_median_times(fns, device, repeats, statistic=statistic, clock=clock)
     row.update({f"{k}_s": v for k, v in times.items()})
+    row["noise_s"] = min(v for k, v in times.items() if k.startswith("noise"))     # the faster way to draw them
     row["default_mode"] = steppers["default"].mode
     row["floor_s"] = row["mle_s"] + row["kfwd_s"]
     row["flop_s"] = matmul_flops(hidden, batch_size, K) / rate

@@ -23,13 +23,15 @@ split across ranks under ``torch.distributed``).
 
 Cost of a step: one surrogate forward + backward and one optimizer step (an MLE step), K candidate forwards,
 K draws of P normal numbers (P = number of searched parameters; each candidate's from its own seed, on a CPU
-the candidates spread over torch's threads) and a few passes over the K×P noise, each block of a candidate's
-noise scaled and reduced to its float64 statistics while in cache
-(:meth:`taskloss.search.mgs_noise.CandidateDraws.draw_all`); the update Σ_k w_k Δθ_k is one matrix-vector product.
-The floor is the MLE step, the K forwards and the K·P normal draws. The
-task loss at the current parameters, l(θ), cancels in the normalized weights, so the step does not compute it:
-:attr:`MGSStats.base_loss` evaluates it on first access (``eager_base_loss=True`` computes it inside the step
-and refuses a non-finite value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor.
+with P ≥ 2¹⁸ the candidates spread over torch's threads), each block of a candidate's noise reduced to its
+float64 statistics and shifted while in cache (:meth:`taskloss.search.mgs_noise.CandidateDraws.draw_all`),
+θ + Δθ_k written into the module per candidate, the update Σ_k w_k Δθ_k (one matrix-vector product) and a few
+passes over θ (flattening, float64 norms). The K×P candidate rows, the gradient, its float64 copy and the update
+live in buffers kept between steps (:class:`taskloss.search.mgs_noise.DrawPlan`; fresh ones cost page faults at
+every step). The floor is the MLE step, the K forwards and the K·P normal draws. The task loss at the current
+parameters, l(θ), cancels in the normalized weights, so the step does not compute it: :attr:`MGSStats.base_loss`
+evaluates it on first access (``eager_base_loss=True`` computes it inside the step and refuses a non-finite
+value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor.
 """
 from __future__ import annotations
 
@@ -49,7 +51,7 @@ from taskloss.search.mgs_density import (
     effective_sample_size,
     mgs_weights,
 )
-from taskloss.search.mgs_noise import CandidateDraws, build_proposal
+from taskloss.search.mgs_noise import CandidateDraws, DrawPlan, build_proposal
 from taskloss.search.mgs_scoring import MODES, _CandidateScoring, default_forward
 from taskloss.utils import check_int, check_positive, check_probability
 
@@ -142,7 +144,8 @@ class MGS(_CandidateScoring):
       each candidate's outputs in a Python loop — for decoding + edit distance and other non-vmappable
       metrics), "auto" (try vmap, fall back to the forward-only vmap, then to the loop, with a warning).
       chunk_size: candidates per vmap call (None = all at once). low_memory: regenerate the noise from its
-      seeds for the weighted sum instead of storing K parameter-sized rows. eval_mode: score candidates with
+      seeds for the weighted sum instead of storing K parameter-sized rows (stored rows stay allocated between
+      steps, as do a few P-sized buffers). eval_mode: score candidates with
       ``model.eval()``. eager_base_loss: compute l(θ) inside the step (one more forward) and raise if it is
       not finite; otherwise :attr:`MGSStats.base_loss` computes it when read.
     - seed: base seed of the candidate noise (None: drawn from torch's global RNG). Under an initialized
@@ -211,6 +214,7 @@ class MGS(_CandidateScoring):
         self._mode_confirmed = False
         self._shapes = [p.shape for p in self.params]
         self._numels = [p.numel() for p in self.params]
+        self._plan: DrawPlan | None = None
         self._seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if seed is None else int(seed)
         self._seed_synced = False
         self.steps_done = 0
@@ -251,12 +255,12 @@ class MGS(_CandidateScoring):
     def _gather(self, local: dict[int, Tensor], check: float, n: int, world: int) -> Tensor:
         """Task losses of all n candidates (each rank scored its own), plus a check that every rank computed the
         same surrogate loss ``check`` (same batch, same parameters)."""
+        if world == 1:
+            return torch.stack([local[k] for k in range(n)]).cpu()
         vec = torch.zeros(n + 1, dtype=torch.float64, device=self.params[0].device)
         for k, v in local.items():
             vec[k] = v
         vec[n] = check
-        if world == 1:
-            return vec[:n].cpu()
         bufs = [torch.empty_like(vec) for _ in range(world)]
         dist.all_gather(bufs, vec, group=self.process_group)
         G = torch.stack(bufs).cpu()
@@ -266,9 +270,6 @@ class MGS(_CandidateScoring):
         return torch.stack([G[k % world, k] for k in range(n)])
 
     # -- phases of a step ----------------------------------------------------------------------------------
-    def _flat(self, tensors) -> Tensor:
-        return torch.cat([t.reshape(-1) for t in tensors])
-
     def _unflat(self, flat: Tensor) -> dict[str, Tensor]:
         """``[..., P]`` → {name: ``[..., *shape]``} views."""
         lead = flat.shape[:-1]
@@ -283,13 +284,17 @@ class MGS(_CandidateScoring):
         if not bool(torch.isfinite(loss.detach())):
             raise ValueError(f"surrogate loss is not finite: {float(loss.detach())}")
         grads = torch.autograd.grad(loss.reshape(()), self.params, allow_unused=True)
-        g = self._flat([torch.zeros_like(p) if gr is None else gr.detach() for p, gr in zip(self.params, grads)])
-        norm = float(torch.linalg.vector_norm(g, dtype=torch.float64))
+        plan = self._plan = DrawPlan.reuse(self._plan, self._numels, self.params[0].device)
+        P = sum(self._numels)
+        g = torch.cat([torch.zeros_like(p).reshape(-1) if gr is None else gr.detach().reshape(-1)
+                       for p, gr in zip(self.params, grads)], out=plan.buffer("g", (P,), self.params[0].dtype))
+        g64 = plan.buffer("g64", (P,), torch.float64).copy_(g)
+        norm = float(torch.linalg.vector_norm(g64))
         if not math.isfinite(norm):
             raise ValueError("surrogate gradient contains NaN or inf")
         if self.max_grad_norm is not None and norm > self.max_grad_norm:
-            g.mul_(self.max_grad_norm / (norm + 1e-6))
-        return float(loss.detach()), g, norm
+            g64.copy_(g.mul_(self.max_grad_norm / (norm + 1e-6)))
+        return float(loss.detach()), g, g64, norm
 
     def _is_mle(self, k: int, seed: int) -> bool:
         if self.include_mle and k == 0:
@@ -304,7 +309,8 @@ class MGS(_CandidateScoring):
         the weighted sum (None with ``low_memory``) and, with ``eager_base_loss``, l(θ). Every rank draws every
         candidate (the weights need all statistics) and scores its own."""
         local: dict[int, Tensor] = {}
-        rows = None if self.low_memory else draws.draw_all(theta.new_empty(len(draws.seeds), theta.numel()))
+        rows = None if self.low_memory else draws.draw_all(
+            draws.plan.buffer("rows", (len(draws.seeds), theta.numel()), theta.dtype))
         scratch = torch.empty_like(theta) if self.low_memory else None
         base = None
         was_training = self.model.training
@@ -355,7 +361,8 @@ class MGS(_CandidateScoring):
         rows regenerated one by one and accumulated in candidate order. Every rank runs the same arithmetic, so
         ranks stay bit-identical; the two memory modes agree to float rounding."""
         if rows is not None:
-            update = w.to(device=rows.device, dtype=rows.dtype) @ rows
+            update = draws.plan.buffer("update", theta.shape, theta.dtype)
+            torch.mm(w.to(device=rows.device, dtype=rows.dtype)[None], rows, out=update[None])
             return update, ([self._unflat(d.clone()) for d in rows] if keep else None)
         update = torch.zeros_like(theta)
         kept = [] if keep else None
@@ -367,10 +374,11 @@ class MGS(_CandidateScoring):
                 kept.append(self._unflat(d.clone()))
         return update, kept
 
-    def _apply(self, update: Tensor) -> float:
+    def _apply(self, update: Tensor, scratch64: Tensor) -> float:
         """Phase 5: ``p.grad = −Δθ*`` (clipped to ``max_update_norm`` as ``clip_grad_norm_`` does, with the norm
-        taken once in float64) and ``optimizer.step()``; returns ‖Δθ*‖."""
-        update_norm = float(torch.linalg.vector_norm(update, dtype=torch.float64))
+        taken once in float64, in ``scratch64`` ``[P]``) and ``optimizer.step()``; returns ‖Δθ*‖. The ``p.grad``
+        are views of the update buffer, which the next step overwrites."""
+        update_norm = float(torch.linalg.vector_norm(scratch64.copy_(update)))
         scale = -1.0
         if self.max_update_norm is not None:
             scale = -min(1.0, self.max_update_norm / (update_norm + 1e-6))
@@ -386,13 +394,13 @@ class MGS(_CandidateScoring):
         (``return_deltas=True`` also keeps every Δθ_k)."""
         world, rank = self.world()
         base_seed = self._base_seed(world)
-        surrogate, g, grad_norm = self._surrogate_grad(batch)
-        proposal = build_proposal(g, self._numels, self.sigma, self.sigma_mode)      # phase 2
+        surrogate, g, g64, grad_norm = self._surrogate_grad(batch)
+        proposal = build_proposal(g, self._numels, self.sigma, self.sigma_mode, g64)      # phase 2
         n = self.K + int(self.include_mle)
         seeds = [_seed_for(base_seed, self.steps_done, k) for k in range(n)]
         draws = CandidateDraws(proposal, seeds, [self._is_mle(k, s) for k, s in enumerate(seeds)],
-                               self.include_mle)
-        theta = self._flat([p.detach() for p in self.params])
+                               self.include_mle, self._plan)
+        theta = torch.cat([p.detach().reshape(-1) for p in self.params])     # kept by the lazy base_loss
         local, rows, base = self._score_candidates(draws, theta, batch, list(range(rank, n, world)))
         losses = self._gather(local, surrogate, n, world)
         if bool(torch.isnan(losses).any()):
@@ -401,7 +409,7 @@ class MGS(_CandidateScoring):
         log_w = mgs_weights(losses, 0.0, log_q, self.alpha, log=True)  # l(θ) cancels: any finite base will do
         w = log_w.exp()
         update, kept = self._weighted_sum(w, draws, rows, theta, return_deltas)
-        update_norm = self._apply(update)
+        update_norm = self._apply(update, g64)     # g64 is free after the draws: float64 scratch
         self.steps_done += 1
         from_mle = torch.tensor(draws.mle, dtype=torch.bool)
         return MGSStats(step=self.steps_done - 1, task_losses=losses, log_q=log_q, log_weights=log_w, weights=w,

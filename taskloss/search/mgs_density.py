@@ -41,6 +41,10 @@ def _log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: fl
     when g_t = 0 (``sigma_mode="relative"``) and then Δθ_t = 0, both atoms coincide and the factor is 1."""
     if density == "unit_sigma":
         l0, l1 = -0.5 * d0.sum(-1), -0.5 * d1.sum(-1)
+    elif bool((sigma > 0).all()):      # every tensor perturbed (the usual case): two matrix-vector products
+        inv = -0.5 / sigma ** 2
+        const = float(-(numel * (torch.log(sigma) + 0.5 * _LOG_2PI)).sum())
+        l0, l1 = d0 @ inv + const, d1 @ inv + const
     else:
         live = sigma > 0
         s_safe = torch.where(live, sigma, torch.ones_like(sigma))
@@ -49,9 +53,8 @@ def _log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: fl
         atom1 = torch.where(d1 == 0, torch.zeros_like(d1), torch.full_like(d1, -math.inf))
         l0 = torch.where(live, -0.5 * d0 / s_safe ** 2 + const, atom0).sum(-1)
         l1 = torch.where(live, -0.5 * d1 / s_safe ** 2 + const, atom1).sum(-1)
-    log_mix = torch.tensor([math.log(mix) if mix > 0 else -math.inf,
-                            math.log1p(-mix) if mix < 1 else -math.inf], dtype=torch.float64, device=l0.device)
-    return torch.logsumexp(torch.stack([l0 + log_mix[0], l1 + log_mix[1]], -1), -1)
+    return torch.logaddexp(l0 + (math.log(mix) if mix > 0 else -math.inf),
+                           l1 + (math.log1p(-mix) if mix < 1 else -math.inf))
 
 
 def _as_list(x) -> list[Tensor]:

@@ -7,20 +7,23 @@ per tensor t,
 
     Δθ_{k,t} = σ_t z_{k,t}   (zero-centred component),     Δθ_{k,t} = σ_t z_{k,t} − g_t   (MLE-centred component)
 
-(candidate 0 is −g exactly with ``include_mle``). Its log-density needs only ‖z_{k,t}‖² and ⟨z_{k,t}, g_t⟩,
-accumulated in float64 from the float32 noise, so log q is the same (up to float64 rounding) whether Δθ_k is
-stored (:meth:`CandidateDraws.draw_all`) or regenerated (:meth:`CandidateDraws.draw`), and bit-identical on every
-rank. Per step this costs K ``randn`` of P numbers plus a float64 copy, two dot products and the scaling of each
-block of the noise while it is in cache. On a CPU the ``randn`` is a sizeable part of a step (torch's generator
-draws ~3·10⁸ normals per second on one core: about a tenth of an MGS step's floor for the 1M-parameter MLP of
-``benchmarks/bench_mgs.py``, which counts it in the floor). One generator's stream is sequential, but the
-candidates' streams are independent: with P ≥ ``CandidateDraws.ROW_BLOCK`` the rows are drawn by
-``torch.get_num_threads()`` worker threads, each row from its own seed, so the numbers do not depend on the
+(candidate 0 is −g exactly with ``include_mle``). Its log-density needs only ‖s_{k,t}‖² and ⟨s_{k,t}, g_t⟩ of
+the scaled noise s = σ_t z (the float32 numbers Δθ_k is made of), accumulated in float64, so log q is the same (up
+to float64 rounding) whether Δθ_k is stored (:meth:`CandidateDraws.draw_all`) or regenerated
+(:meth:`CandidateDraws.draw`), and bit-identical on every rank. Per step this costs K draws of P normal numbers
+plus, per cache-sized block, a float64 copy, one ``addmv`` per tensor and the −g shift (on a CPU the draw itself
+scales by σ_t). On a CPU the draw is a sizeable part of a step (torch's generator draws ~3·10⁸ normals per second
+on one core: about an eighth of an MGS step's floor for the 1M-parameter MLP of ``benchmarks/bench_mgs.py``, which
+counts it in the floor). One generator's stream is sequential, but the candidates' streams are independent: with
+P ≥ ``CandidateDraws.THREAD_MIN`` the rows are drawn by ``torch.get_num_threads()`` worker threads (each running
+torch single-threaded), each row from its own seed, so the numbers do not depend on the number of threads or on
+which thread draws a row. The buffers a step needs are kept in a :class:`DrawPlan` across steps.
 number of threads or on which thread draws a row.
 """
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -35,13 +38,25 @@ __all__: list[str] = []
 
 def _pool(workers: int) -> ThreadPoolExecutor:
     """A process-wide pool of ``workers`` threads for drawing candidates in parallel (torch's random and
-    elementwise kernels release the GIL); a forked child gets its own (the parent's threads do not exist there)."""
+    elementwise kernels release the GIL); a forked child gets its own (the parent's threads do not exist there).
+    Each worker runs torch (OpenMP and MKL) with one thread: the calls of a worker are cache-sized, and MKL would
+    otherwise start a team of threads for each small float64 ``addmv`` (3-4× its single-thread time here)."""
     return _pool_of(workers, os.getpid())
 
 
 @lru_cache(maxsize=None)
 def _pool_of(workers: int, pid: int) -> ThreadPoolExecutor:
-    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mgs-noise")
+    pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="mgs-noise")
+    main_threads, ready = torch.get_num_threads(), threading.Barrier(workers)
+
+    def single_threaded():      # per thread: OpenMP's and MKL's thread counts are thread-local settings
+        torch.set_num_threads(1)
+        ready.wait()            # keeps this thread busy until every worker has started
+
+    for f in [pool.submit(single_threaded) for _ in range(workers)]:
+        f.result()
+    torch.set_num_threads(main_threads)     # restore torch's process-wide default (new threads start from it)
+    return pool
 
 
 @dataclass
@@ -58,10 +73,12 @@ class StepProposal:
     numels: list[int]
 
 
-def build_proposal(g: Tensor, numels: list[int], sigma: float, sigma_mode: str) -> StepProposal:
+def build_proposal(g: Tensor, numels: list[int], sigma: float, sigma_mode: str, g64: Tensor | None = None
+                   ) -> StepProposal:
     """The step's proposal from the flat (clipped) surrogate gradient ``g``: σ_t = σ (``"absolute"``) or
-    σ·mean|g_t| (``"relative"``), per-tensor sums in float64."""
-    g64 = g.double()
+    σ·mean|g_t| (``"relative"``), per-tensor sums in float64. ``g64``: ``g`` already copied to float64 (a
+    buffer the caller reuses), else a new copy."""
+    g64 = g.double() if g64 is None else g64
     parts = g64.split(numels)
     gg = torch.stack([torch.dot(x, x) for x in parts]).cpu()
     numel = torch.tensor(numels, dtype=torch.float64)
@@ -72,55 +89,63 @@ def build_proposal(g: Tensor, numels: list[int], sigma: float, sigma_mode: str) 
     return StepProposal(g, g64, sig, gg, numel, list(numels))
 
 
-class CandidateDraws:
-    """Δθ_k of the candidates k = 0..n−1 of one step, from their seeds; ``mle[k]`` says whether candidate k comes
-    from the MLE-centred component. :meth:`draw_all` writes every Δθ_k into the rows of one ``[n, P]`` buffer (the
-    default path), :meth:`draw` one of them (``low_memory``, regenerated on demand); both fill the float64
-    statistics ``zz[k, t] = ‖z_{k,t}‖²`` and ``zg[k, t] = ⟨z_{k,t}, g_t⟩`` that :meth:`log_q` turns into log q(Δθ_k).
+class DrawPlan:
+    """What the steps share for one parameter layout (``numels``) on one device: the ``randn`` runs, the chunk
+    layouts, one generator per row, and buffers — per-thread scratch, and for :class:`taskloss.search.mgs.MGS` the
+    gradient, its float64 copy, the ``[K', P]`` candidate rows and the update. MGS keeps one across steps:
+    allocating those buffers anew costs page faults at every step (≈ 9 ms a step on a CPU for the candidate rows
+    of the 1M-parameter MLP of ``benchmarks/bench_mgs.py``), and building the layouts costs more Python time than a
+    small model's draws."""
 
-    Candidate k's noise z_k comes from its own generator, seeded with ``seeds[k]``, as a sequence of ``randn``
-    calls whose concatenation is the same stream as one call per parameter tensor: on a CPU consecutive tensors
-    are merged into one call while the sizes before the last are multiples of 16, and a long call is split at
-    multiples of 16 (torch's CPU generator fills 16 numbers at a time, so such cuts and merges leave the numbers
-    unchanged); on a GPU one call per tensor. On a CPU with P ≥ ``ROW_BLOCK`` each row is processed in blocks of
-    at most ``ROW_BLOCK`` entries (drawn, reduced to its float64 statistics and scaled to Δθ while in cache), the
-    rows spread over worker threads; otherwise (small P, or a GPU) all rows together, in column chunks of at most
-    ``CPU_BLOCK`` float64 numbers (a whole GPU tensor per chunk) — fewer kernel calls when the work per call is
-    small. Both paths draw the same numbers bit for bit (``tests/search/test_mgs.py``)."""
-
-    CPU_BLOCK = 1 << 16      # float64 numbers per chunk over all rows (batched path)
-    ROW_BLOCK = (1 << 15) - 16   # entries per block of one row (CPU path); a block (≤ ROW_BLOCK + 15 entries)
-                                 # stays under torch's intra-op grain size, 2¹⁵
-
-    def __init__(self, proposal: StepProposal, seeds: list[int], mle: list[bool], include_mle: bool):
-        self.p, self.seeds, self.mle, self.include_mle = proposal, seeds, mle, include_mle
-        n, T, dev = len(seeds), len(proposal.numels), proposal.g.device
-        self.device, self.n = dev, n
-        self.zz = torch.zeros(n, T, dtype=torch.float64, device=dev)
-        self.zg = torch.zeros(n, T, dtype=torch.float64, device=dev)
-        self.sig = proposal.sigma.tolist()
-        self._segs, self._runs, start = [], [], 0      # (t, start, stop) per tensor; randn runs
-        for t, nt in enumerate(proposal.numels):
-            self._segs.append((t, start, start + nt))
-            a, b = self._runs[-1] if self._runs else (0, 0)
-            if dev.type == "cpu" and self._runs and (b - a) >= 16 and (b - a) % 16 == 0 and nt >= 16:
-                self._runs[-1] = (a, start + nt)
-            elif nt > 0:
-                self._runs.append((start, start + nt))
-            start += nt
-        self._layouts: dict[tuple[int, int], list] = {}
-        self._gens: list[torch.Generator] = []
-
-    def _layout(self, m: int, block: int | None = None) -> list[tuple[int, int, list, list]]:
-        """Chunks (start, stop, randn pieces, per-tensor portions) of the flat vector for ``m`` rows processed
-        together, at most ``block`` (default ``CPU_BLOCK // m``) entries per row and chunk."""
-        block = block or self.CPU_BLOCK // m
-        if (m, block) in self._layouts:
-            return self._layouts[(m, block)]
+    def __init__(self, numels: list[int], device: torch.device):
+        self.numels, self.device = list(numels), torch.device(device)
         cpu = self.device.type == "cpu"
-        width = max(16, block // 16 * 16) if cpu else 0
+        self.segs, self.runs, start = [], [], 0      # (t, start, stop) per tensor; randn runs
+        for t, nt in enumerate(self.numels):
+            self.segs.append((t, start, start + nt))
+            a, b = self.runs[-1] if self.runs else (0, 0)
+            if cpu and self.runs and (b - a) >= 16 and (b - a) % 16 == 0 and nt >= 16:
+                self.runs[-1] = (a, start + nt)
+            elif nt > 0:
+                self.runs.append((start, start + nt))
+            start += nt
+        self.layouts: dict[tuple[int, int], list] = {}
+        self.gens: list[torch.Generator] = []
+        self.scratch: dict[tuple, Tensor] = {}
+
+    @classmethod
+    def reuse(cls, plan: "DrawPlan | None", numels: list[int], device: torch.device) -> "DrawPlan":
+        """``plan`` if it fits ``numels`` on ``device``, else a new plan (the parameters moved)."""
+        if plan is None or plan.device != device or plan.numels != list(numels):
+            plan = cls(numels, device)
+        return plan
+
+    def generators(self, m: int) -> list[torch.Generator]:
+        while len(self.gens) < m:
+            self.gens.append(torch.Generator(device=self.device))
+        return self.gens[:m]
+
+    def buffer(self, key, shape: tuple[int, ...], dtype: torch.dtype) -> Tensor:
+        """A scratch tensor kept across steps (one per ``key``: a fresh allocation of a large buffer costs page
+        faults at every step)."""
+        buf = self.scratch.get(key)
+        if buf is None or buf.shape != shape or buf.dtype != dtype:
+            buf = self.scratch[key] = torch.empty(shape, dtype=dtype, device=self.device)
+        return buf
+
+    def layout(self, width: int) -> list[tuple[int, int, list, list, list]]:
+        """Chunks ``(start, stop, pieces, split, portions)`` of the flat vector, at most ``width`` entries each:
+        ``pieces`` ``(a, b)`` are the ``randn`` calls (runs cut at multiples of 16 from their start: the cuts leave
+        the stream unchanged, see :class:`CandidateDraws`), ``split`` ``(a, b, t)`` the same pieces cut again at
+        tensor boundaries (inside a run these are multiples of 16 from its start too) so that each lies in one
+        tensor t, ``portions`` ``(t, a, b)`` the part of each tensor in the chunk. A GPU gets one
+        chunk per run (``width`` is ignored there)."""
+        if width in self.layouts:
+            return self.layouts[width]
+        cpu = self.device.type == "cpu"
+        width = max(16, width // 16 * 16) if cpu else 0
         pieces = []
-        for a, b in self._runs:
+        for a, b in self.runs:
             if not cpu:
                 pieces.append((a, b))
                 continue
@@ -139,10 +164,48 @@ class CandidateDraws:
         out = []
         for ch in chunks:
             c, e = ch[0][0], ch[-1][1]
-            portions = [(t, max(a, c), min(b, e)) for t, a, b in self._segs if a < e and b > c]
-            out.append((c, e, ch, portions))
-        self._layouts[(m, block)] = out
+            portions = [(t, max(a, c), min(b, e)) for t, a, b in self.segs if a < e and b > c]
+            split = [(max(a, ta), min(b, tb), t) for a, b in ch for t, ta, tb in self.segs if ta < b and tb > a]
+            out.append((c, e, ch, split, portions))
+        self.layouts[width] = out
         return out
+
+
+class CandidateDraws:
+    """Δθ_k of the candidates k = 0..n−1 of one step, from their seeds; ``mle[k]`` says whether candidate k comes
+    from the MLE-centred component. :meth:`draw_all` writes every Δθ_k into the rows of one ``[n, P]`` buffer (the
+    default path), :meth:`draw` one of them (``low_memory``, regenerated on demand); both fill the float64
+    statistics of the scaled noise s_{k,t} = σ_t z_{k,t} (the float32 numbers Δθ_k is made of):
+    ``ss[k, t] = ‖s_{k,t}‖²`` and ``sg[k, t] = ⟨s_{k,t}, g_t⟩``, which :meth:`log_q` turns into log q(Δθ_k).
+
+    Candidate k's noise z_k comes from its own generator, seeded with ``seeds[k]``, as a sequence of ``randn``
+    calls whose concatenation is the same stream as one call per parameter tensor: on a CPU consecutive tensors
+    are merged into one call while the sizes before the last are multiples of 16, and a long call is split at
+    multiples of 16 (torch's CPU generator fills 16 numbers at a time, so such cuts and merges leave the numbers
+    unchanged); on a GPU one call per tensor. On a CPU with P ≥ ``ROW_BLOCK`` each row is processed in blocks of
+    at most ``ROW_BLOCK`` entries — drawn already scaled (``normal_(0, σ_t)`` gives σ_t·z bit for bit for
+    pieces of 16 or more numbers), reduced to its float64 statistics by one ``addmv`` per tensor and shifted by
+    −g while in cache — the rows spread over worker threads; otherwise (small P, or a GPU) all rows together, in
+    column chunks of at most ``CPU_BLOCK`` float64 numbers (a whole GPU tensor per chunk) — fewer kernel calls
+    when the work per call is small. Both paths draw the same numbers bit for bit (``tests/search/test_mgs.py``).
+    ``plan``: the :class:`DrawPlan` of this layout and device, reused across steps (a new one by default)."""
+
+    CPU_BLOCK = 1 << 16      # float64 numbers per chunk over all rows (batched path)
+    ROW_BLOCK = (1 << 15) - 16   # entries per block of one row (CPU path); a block (≤ ROW_BLOCK + 15 entries)
+                                 # stays under torch's intra-op grain size, 2¹⁵
+    THREAD_MIN = 1 << 18     # rows of fewer entries are drawn in the calling thread: whole MGS steps on 2 threads
+                             # (digits MLPs, K = 8) were 2-6 % faster so at P = 85K and 177K, 2 % slower at 301K,
+                             # and the draw 1.7× faster with the workers at 1.1M
+
+    def __init__(self, proposal: StepProposal, seeds: list[int], mle: list[bool], include_mle: bool,
+                 plan: DrawPlan | None = None):
+        self.p, self.seeds, self.mle, self.include_mle = proposal, seeds, mle, include_mle
+        n, T, dev = len(seeds), len(proposal.numels), proposal.g.device
+        self.device, self.n = dev, n
+        self.plan = DrawPlan(proposal.numels, dev) if plan is None else plan
+        self.ss = torch.zeros(n, T, dtype=torch.float64, device=dev)
+        self.sg = torch.zeros(n, T, dtype=torch.float64, device=dev)
+        self.sig = proposal.sigma.tolist()
 
     def _fill(self, Z: Tensor, ks: list[int]) -> Tensor:
         """Rows ``Z[j]`` ← Δθ of candidates ``ks[j]`` (noise from their seeds, scaled by σ_t, −g for MLE-centred
@@ -151,93 +214,91 @@ class CandidateDraws:
         threads; otherwise all rows together (:meth:`_fill_batched`). Both draw the same numbers."""
         if self.device.type != "cpu" or Z.shape[1] < self.ROW_BLOCK:    # small P: fewer calls all rows at once
             return self._fill_batched(Z, ks)
-        layout = self._layout(1, self.ROW_BLOCK)
-        workers = min(len(ks), torch.get_num_threads())
-        while len(self._gens) < len(ks):
-            self._gens.append(torch.Generator())
-        jobs = [[(Z[j], k, self._gens[j]) for j, k in list(enumerate(ks))[w::workers]] for w in range(workers)]
+        layout = self.plan.layout(self.ROW_BLOCK)
+        workers = min(len(ks), torch.get_num_threads()) if Z.shape[1] >= self.THREAD_MIN else 1
+        gens = self.plan.generators(len(ks))
+        jobs = [[(Z[j], k, gens[j]) for j, k in list(enumerate(ks))[w::workers]] for w in range(workers)]
         if workers <= 1:
-            parts = [self._fill_rows(jobs[0], layout)]
+            parts = [self._fill_rows(jobs[0], layout, 0)]
         else:       # worker w draws rows w, w + workers, …: the same numbers whichever thread draws a row
-            parts = list(_pool(workers).map(lambda job: self._fill_rows(job, layout), jobs))
-        stats = [None] * len(ks)
-        for w, part in enumerate(parts):
-            stats[w::workers] = part
+            parts = list(_pool(workers).map(lambda w: self._fill_rows(jobs[w], layout, w), range(workers)))
         idx = torch.tensor(ks)
-        self.zz[idx] = torch.tensor([zz for zz, _ in stats], dtype=torch.float64).reshape(len(ks), -1)
-        self.zg[idx] = torch.tensor([zg for _, zg in stats], dtype=torch.float64).reshape(len(ks), -1)
+        for w, part in enumerate(parts):
+            self.sg[idx[w::workers]] = part[..., 0]
+            self.ss[idx[w::workers]] = part[..., 1]
         return Z
 
-    def _fill_rows(self, jobs, layout) -> list[tuple[list[float], list[float]]]:
+    def _fill_rows(self, jobs, layout, worker: int) -> Tensor:
         """Rows ← Δθ_k on a CPU for ``jobs`` = [(row, k, generator)], one block of at most ``ROW_BLOCK`` entries
         at a time, block by block and within a block row by row (so the block of g stays in cache): each row's
-        block drawn from its generator, its float64 statistics taken, scaled to Δθ while in cache. Returns
-        (‖z_{k,t}‖², ⟨z_{k,t}, g_t⟩) per tensor t for each job. Blocks stay under torch's intra-op grain size, so
-        a worker thread never opens a parallel region (elementwise and BLAS-1 kernels of that size run in the
-        calling thread)."""
-        T = len(self.sig)
-        stats = [([0.0] * T, [0.0] * T) for _ in jobs]
+        block drawn from its generator already scaled by σ_t, its float64 statistics accumulated by one ``addmv``
+        of [g; s] by s per tensor, −g subtracted while in cache. Returns (⟨s_{k,t}, g_t⟩, ‖s_{k,t}‖²) as a float64
+        ``[len(jobs), T, 2]``. Blocks stay under torch's intra-op grain size, so a worker thread never opens a
+        parallel region (elementwise kernels of that size run in the calling thread)."""
+        acc = torch.zeros(len(jobs), len(self.sig), 2, dtype=torch.float64)
         noise = [not (self.include_mle and k == 0) for _, k, _ in jobs]
         for (_, k, gen), nz in zip(jobs, noise):
             if nz:
                 gen.manual_seed(self.seeds[k])
-        buf = torch.empty(max(e - c for c, e, _, _ in layout), dtype=torch.float64)
-        g64, g = self.p.g64, self.p.g
-        for c, e, pieces, portions in layout:
-            for (row, k, gen), nz, (zz, zg) in zip(jobs, noise, stats):
+        M = self.plan.buffer(("rows", worker), (2, max(chunk[1] - chunk[0] for chunk in layout)), torch.float64)
+        g64, g, sig = self.p.g64, self.p.g, self.sig
+        fused = jobs[0][0].dtype in (torch.float32, torch.float64)
+        for c, e, _, pieces, portions in layout:
+            M[0, :e - c].copy_(g64[c:e])
+            sm = M[1, :e - c]
+            for j, ((row, k, gen), nz) in enumerate(zip(jobs, noise)):
+                blk = row[c:e]
                 if not nz:
-                    row[c:e].zero_()
+                    blk.zero_()
                 else:
-                    for a, b in pieces:
-                        torch.randn(b - a, generator=gen, dtype=row.dtype, out=row[a:b])
-                    z64 = buf[:e - c].copy_(row[c:e])
-                    for t, a, b in portions:
-                        zp = z64[a - c:b - c]
-                        zg[t] += float(torch.dot(zp, g64[a:b]))
-                        zz[t] += float(torch.dot(zp, zp))
-                for t, a, b in portions:
-                    row[a:b].mul_(self.sig[t])
+                    for a, b, t in pieces:      # σ_t·z drawn directly (bit for bit the same for ≥ 16 numbers)
+                        if fused and b - a >= 16:
+                            row[a:b].normal_(0.0, sig[t], generator=gen)
+                        else:
+                            torch.randn(b - a, generator=gen, dtype=row.dtype, out=row[a:b]).mul_(sig[t])
+                    sm.copy_(blk)
+                    for t, a, b in portions:    # (⟨s_t, g_t⟩, ‖s_t‖²) += [g; s] · s over this portion
+                        acc[j, t].addmv_(M[:, a - c:b - c], sm[a - c:b - c])
                 if self.mle[k]:
-                    row[c:e].sub_(g[c:e])
-        return stats
+                    blk.sub_(g[c:e])
+        return acc
 
     def _fill_batched(self, Z: Tensor, ks: list[int]) -> Tensor:
         """:meth:`_fill` for all rows together, a few kernel calls per tensor for every candidate (the GPU path;
         it also runs on a CPU, where it draws the same numbers as :meth:`_fill_rows`)."""
         m, dev = Z.shape[0], self.device
-        while len(self._gens) < m:
-            self._gens.append(torch.Generator(device=dev))
-        gens = [None if self.include_mle and k == 0 else self._gens[j].manual_seed(self.seeds[k])
-                for j, k in enumerate(ks)]
+        gens = [None if self.include_mle and k == 0 else gen.manual_seed(self.seeds[k])
+                for gen, k in zip(self.plan.generators(m), ks)]
         M = torch.tensor([float(self.mle[k]) for k in ks], dtype=Z.dtype, device=dev) if any(
             self.mle[k] for k in ks) else None
-        layout = self._layout(m)
-        cols = max(e - c for c, e, _, _ in layout)
-        buf = torch.empty(m * cols, dtype=torch.float64) if dev.type == "cpu" else None
+        layout = self.plan.layout(self.CPU_BLOCK // m)
+        cols = max(chunk[1] - chunk[0] for chunk in layout)
+        buf = self.plan.buffer("batched", (m * cols,), torch.float64) if dev.type == "cpu" else None
         g64, g = self.p.g64, self.p.g
-        zz: list[list[Tensor]] = [[] for _ in self.sig]
-        zg: list[list[Tensor]] = [[] for _ in self.sig]
-        for c, e, pieces, portions in layout:
+        ss: list[list[Tensor]] = [[] for _ in self.sig]
+        sg: list[list[Tensor]] = [[] for _ in self.sig]
+        for c, e, pieces, _, portions in layout:
             for j, gen in enumerate(gens):
                 if gen is None:
                     Z[j, c:e].zero_()
                     continue
                 for a, b in pieces:
                     torch.randn(b - a, generator=gen, device=dev, dtype=Z.dtype, out=Z[j, a:b])
-            z64 = Z[:, c:e].to(torch.float64) if buf is None else buf[:m * (e - c)].view(m, e - c).copy_(Z[:, c:e])
             for t, a, b in portions:
-                zg[t].append(z64[:, a - c:b - c] @ g64[a:b])
-            z64.square_()
-            for t, a, b in portions:
-                zz[t].append(z64[:, a - c:b - c].sum(1))
                 Z[:, a:b].mul_(self.sig[t])
+            s64 = Z[:, c:e].to(torch.float64) if buf is None else buf[:m * (e - c)].view(m, e - c).copy_(Z[:, c:e])
+            for t, a, b in portions:
+                sg[t].append(s64[:, a - c:b - c] @ g64[a:b])
+            s64.square_()
+            for t, a, b in portions:
+                ss[t].append(s64[:, a - c:b - c].sum(1))
             if M is not None:
                 Z[:, c:e].addr_(M, g[c:e], alpha=-1)
         zero = torch.zeros(m, dtype=torch.float64, device=dev)
         cat = lambda x: zero if not x else x[0] if len(x) == 1 else torch.stack(x).sum(0)  # noqa: E731
         idx = torch.tensor(ks, device=dev)
-        self.zz[idx] = torch.stack([cat(x) for x in zz], 1)
-        self.zg[idx] = torch.stack([cat(x) for x in zg], 1)
+        self.ss[idx] = torch.stack([cat(x) for x in ss], 1)
+        self.sg[idx] = torch.stack([cat(x) for x in sg], 1)
         return Z
 
     def draw_all(self, Z: Tensor) -> Tensor:
@@ -252,15 +313,14 @@ class CandidateDraws:
         return out
 
     def log_q(self, mix: float, density: str) -> Tensor:
-        """log q(Δθ_k) for every candidate, CPU float64 ``[n]``, from the recorded statistics:
-        ‖Δθ_t‖² = σ_t²‖z_t‖² (zero component) or ‖g_t‖² − 2σ_t⟨z_t, g_t⟩ + σ_t²‖z_t‖² (MLE component), and
-        ‖Δθ_t + g_t‖² symmetrically; candidate 0 with ``include_mle`` is −g (‖Δθ‖² = ‖g‖², ‖Δθ + g‖² = 0)."""
-        zz, zg = self.zz.cpu(), self.zg.cpu()
-        n = zz.shape[0]
-        s, gg = self.p.sigma[None, :], self.p.gg.expand(n, -1)
+        """log q(Δθ_k) for every candidate, CPU float64 ``[n]``, from the recorded statistics of s = σ_t z:
+        ‖Δθ_t‖² = ‖s_t‖² (zero component) or ‖g_t‖² − 2⟨s_t, g_t⟩ + ‖s_t‖² (MLE component), and ‖Δθ_t + g_t‖²
+        symmetrically; candidate 0 with ``include_mle`` is −g (‖Δθ‖² = ‖g‖², ‖Δθ + g‖² = 0)."""
+        ss, sg = self.ss.cpu(), self.sg.cpu()
+        gg = self.p.gg.expand(ss.shape[0], -1)
         m = torch.tensor(self.mle, dtype=torch.bool)[:, None]
-        d0 = torch.where(m, gg - 2 * s * zg + s * s * zz, s * s * zz)     # ‖Δθ_t‖²
-        d1 = torch.where(m, s * s * zz, s * s * zz + 2 * s * zg + gg)     # ‖Δθ_t + g_t‖²
+        d0 = torch.where(m, gg - 2 * sg + ss, ss)     # ‖Δθ_t‖²
+        d1 = torch.where(m, ss, ss + 2 * sg + gg)     # ‖Δθ_t + g_t‖²
         if self.include_mle:
             d0[0], d1[0] = gg[0], torch.zeros_like(gg[0])
         return _log_q_from_sq(d0, d1, self.p.sigma, self.p.numel, mix, density)

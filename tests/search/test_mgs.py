@@ -529,11 +529,12 @@ def test_candidate_noise_is_one_randn_per_tensor_from_the_candidates_seed():
 
 @pytest.mark.parametrize("threads", [1, 2])
 def test_row_by_row_draw_is_bit_identical_to_the_batched_draw_and_one_randn_per_tensor(monkeypatch, threads):
-    """On a CPU with P ≥ ROW_BLOCK the candidates are drawn row by row, spread over worker threads; below it
-    (and on a GPU) all rows together. Both must give, bit for bit, the Δθ_k of one ``randn`` per tensor from
-    generator(seeds[k]), times σ_t, minus g for MLE-centred candidates — whichever thread draws a row. ROW_BLOCK
-    is lowered so a small model takes the row path with several blocks per row (sizes not multiples of 16,
-    under 16, and longer than a block); the float64 noise statistics agree with a direct float64 computation."""
+    """On a CPU with P ≥ ROW_BLOCK the candidates are drawn row by row (σ_t·z drawn by ``normal_``), spread over
+    worker threads from P ≥ THREAD_MIN; below ROW_BLOCK (and on a GPU) all rows together. Both must give, bit for
+    bit, the Δθ_k of one ``randn`` per tensor from generator(seeds[k]), times σ_t, minus g for MLE-centred
+    candidates — whichever thread draws a row. ROW_BLOCK and THREAD_MIN are lowered so a small model takes the
+    threaded row path with several blocks per row (sizes not multiples of 16, under 16, and longer than a block);
+    the float64 statistics of the scaled noise s = σ_t z agree with a direct float64 computation."""
     import taskloss.search.mgs_noise as noise_module
 
     torch.manual_seed(1)
@@ -545,10 +546,11 @@ def test_row_by_row_draw_is_bit_identical_to_the_batched_draw_and_one_randn_per_
     real_log_q = noise_module.CandidateDraws.log_q
 
     def spy(self, mix, density):              # keep the draws' float64 statistics for the check below
-        recorded["zz"], recorded["zg"], recorded["sigma"] = self.zz.clone(), self.zg.clone(), self.p.sigma
+        recorded["ss"], recorded["sg"], recorded["sigma"] = self.ss.clone(), self.sg.clone(), self.p.sigma
         return real_log_q(self, mix, density)
 
     monkeypatch.setattr(noise_module.CandidateDraws, "log_q", spy)
+    monkeypatch.setattr(noise_module.CandidateDraws, "THREAD_MIN", 0)    # worker threads even for this small P
     deltas, stats = {}, {}
     try:
         torch.set_num_threads(threads)
@@ -556,6 +558,8 @@ def test_row_by_row_draw_is_bit_identical_to_the_batched_draw_and_one_randn_per_
             monkeypatch.setattr(noise_module.CandidateDraws, "ROW_BLOCK", block)
             st = make(copy.deepcopy(model), **kw).step((X, y), return_deltas=True)
             deltas[path], stats[path] = st, dict(recorded)
+            # the workers run torch single-threaded (a thread-local setting): the caller keeps its thread count
+            assert torch.get_num_threads() == threads
     finally:
         torch.set_num_threads(n_threads)
     st = deltas["rows"]
@@ -564,20 +568,20 @@ def test_row_by_row_draw_is_bit_identical_to_the_batched_draw_and_one_randn_per_
     gen = torch.Generator()
     for k, seed in enumerate(st.seeds):
         gen.manual_seed(seed)
-        zz, zg = [], []
+        ss, sg = [], []
         for t, ((name, p), g) in enumerate(zip(model.named_parameters(), grads)):
             assert torch.equal(st.deltas[k][name], deltas["batched"].deltas[k][name]), (k, name)
             if k == 0:                      # include_mle: exactly −g, no noise drawn
-                want, z = torch.zeros_like(p).mul_(sig[t]).sub_(g), torch.zeros(p.numel())
+                want, s = torch.zeros_like(p).mul_(sig[t]).sub_(g), torch.zeros(p.numel())
             else:
-                z = torch.randn(p.numel(), generator=gen)
-                want = z.reshape(p.shape).clone().mul_(sig[t])
+                s = torch.randn(p.numel(), generator=gen).mul_(sig[t])      # σ_t z, rounded to float32
+                want = s.reshape(p.shape).clone()
                 want = want.sub_(g) if bool(st.from_mle[k]) else want
             assert torch.equal(st.deltas[k][name], want), (k, name)
-            zz.append(float((z.double() ** 2).sum()))
-            zg.append(float(z.double() @ g.reshape(-1).double()))
+            ss.append(float((s.double() ** 2).sum()))
+            sg.append(float(s.double() @ g.reshape(-1).double()))
         for path in ("rows", "batched"):  # float64 sums in other orders: equal to float64 rounding
-            torch.testing.assert_close(stats[path]["zz"][k], torch.tensor(zz, dtype=torch.float64), rtol=1e-12,
-                                       atol=1e-12)
-            torch.testing.assert_close(stats[path]["zg"][k], torch.tensor(zg, dtype=torch.float64), rtol=1e-12,
-                                       atol=1e-12)
+            torch.testing.assert_close(stats[path]["ss"][k], torch.tensor(ss, dtype=torch.float64), rtol=1e-12,
+                                       atol=1e-14)
+            torch.testing.assert_close(stats[path]["sg"][k], torch.tensor(sg, dtype=torch.float64), rtol=1e-12,
+                                       atol=1e-14)
