@@ -36,7 +36,10 @@ for 1.2× ``floor``, which leaves the noise out: for the (1024, 1024) MLP on 2 t
 drawn serially, about 13 ms over both threads) 1.2× floor = 127 ms is below floor+noise with serial draws and
 leaves 8 ms for every pass over θ and the K×P noise with parallel ones. Both ratios are reported.
 
-    python benchmarks/bench_mgs.py [--device auto|cpu|cuda] [--quick]
+    python benchmarks/bench_mgs.py [--device auto|cpu|cuda] [--quick] [--threads 1,2]
+
+On a CPU the tables are measured with 1 thread (thread CPU time: the noise is drawn in the calling thread) and with
+all of torch's threads (wall clock: the noise workers run in other threads).
 """
 from __future__ import annotations
 
@@ -98,7 +101,8 @@ def matmul_rate(device, n=1024, repeats=5, statistic="median", clock="wall") -> 
 def bench_config(hidden, batch_size, K, device, repeats, rate, memory=True, statistic="median", clock="wall"):
     model, opt, batch = _setup(hidden, batch_size, device)
     P = sum(p.numel() for p in model.parameters())
-    row = {"hidden": hidden, "batch": batch_size, "K": K, "params": P}
+    row = {"hidden": hidden, "batch": batch_size, "K": K, "params": P,
+           "threads": torch.get_num_threads() if device.type == "cpu" else "—"}
 
     def mle():
         opt.zero_grad(set_to_none=True)
@@ -160,15 +164,15 @@ def format_markdown(rows, device, repeats, rate, statistic="median", clock="wall
     if device.type != "cuda":
         lines += ["No GPU on this machine: the GPU target (parallel faster than sequential) is not measured here.",
                   ""]
-    lines += ["| MLP hidden | batch | params | K | MLE | K fwd | noise | default | parallel | sequential | "
+    lines += ["| threads | MLP hidden | batch | K | params | MLE | K fwd | noise | default | parallel | sequential | "
               f"default / floor | default / (floor+noise) (target ≤ {FLOOR_TARGET:g}) | FLOP floor fraction | "
               "parallel / sequential | low_memory / sequential | + l(θ) / default | peak MLE | peak default | "
               "peak parallel | peak low_memory |",
-              "|" + "---|" * 20]
+              "|" + "---|" * 21]
     for r in rows:
         d = r["default_s"]
         lines.append(
-            f"| {r['hidden']} | {r['batch']} | {r['params']} | {r['K']} | {ms(r['mle_s'])} | {ms(r['kfwd_s'])} | "
+            f"| {r['threads']} | {r['hidden']} | {r['batch']} | {r['K']} | {r['params']} | {ms(r['mle_s'])} | {ms(r['kfwd_s'])} | "
             f"{ms(r['noise_s'])} | {ms(d)} ({r['default_mode']}) | {ms(r['parallel_s'])} | {ms(r['sequential_s'])} | "
             f"{d / r['floor_s']:.2f} | {d / (r['floor_s'] + r['noise_s']):.2f} "
             f"{'✓' if d <= FLOOR_TARGET * (r['floor_s'] + r['noise_s']) else '✗'} | {r['flop_s'] / d:.0%} | "
@@ -183,6 +187,9 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     add_timing_arguments(ap)
     ap.add_argument("--no-memory", action="store_true", help="skip the (slow) profiler memory measurement")
+    ap.add_argument("--threads", default=None,
+                    help="CPU thread counts, one table each, e.g. 1,2 (default on a CPU: 1 and all of torch's threads;"
+                         " one thread is timed with the thread's CPU time, more with the wall clock)")
     args = ap.parse_args(argv)
     device = resolve_device(args.device)
     if args.quick:
@@ -190,11 +197,28 @@ def main(argv=None):
     else:
         configs = [((64,), 128, 8), ((256, 256), 1078, 4), ((256, 256), 1078, 8), ((1024, 1024), 1078, 8)]
         repeats = args.repeats or 15
-    rate = matmul_rate(device, statistic=args.statistic, clock=args.clock)
-    rows = [bench_config(h, b, K, device, repeats, rate, memory=not args.no_memory, statistic=args.statistic,
-                         clock=args.clock) for h, b, K in configs]
-    print(format_markdown(rows, device, repeats, rate, args.statistic, args.clock))
-    return rows
+    start = torch.get_num_threads()
+    if device.type != "cpu":
+        threads = [start]
+    elif args.threads:
+        threads = [int(t) for t in args.threads.split(",")]
+    else:
+        threads = sorted({1, start})
+    tables, all_rows = [], []
+    try:
+        for n in threads:
+            torch.set_num_threads(n)
+            clock = "cpu" if device.type == "cpu" and n == 1 else args.clock
+            rate = matmul_rate(device, statistic=args.statistic, clock=clock)
+            rows = [bench_config(h, b, K, device, repeats, rate, memory=not args.no_memory and n == threads[-1],
+                                 statistic=args.statistic, clock=clock) for h, b, K in configs]
+            tables.append(format_markdown(rows, device, repeats, rate, args.statistic, clock))
+            all_rows += rows
+    finally:
+        torch.set_num_threads(start)
+    no_gpu = "No GPU on this machine: the GPU target (parallel faster than sequential) is not measured here.\n\n"
+    print("\n\n".join(t if i == 0 else t.split("\n", 2)[2].replace(no_gpu, "") for i, t in enumerate(tables)))
+    return all_rows
 
 
 if __name__ == "__main__":
