@@ -685,11 +685,12 @@ plt.show()
 
 # %% [markdown]
 # Checks that hold whatever the verdicts: every run used its budget and at most one step more; the held-out prefixes
-# every rule was judged on are one fixed set from the valid split, none of them a training prefix; no rule's
-# perplexity left a factor 2 of the pretrained model's (the step sizes are small enough not to wreck the language
-# model in this budget). Whether SGD's fine-tuning lowers the held-out perplexity is reported, not asserted: the
-# training windows are line openings, the perplexity blocks a running text, and at seed 1 SGD ended 0.04 above
-# the pretrained model.
+# every rule was judged on are one fixed set from the valid split, none of them a training prefix; every held-out
+# perplexity is finite. How far a rule moved the perplexity is reported, not asserted: step sizes are tuned on the
+# task loss, so a rule may buy task loss with perplexity (the closing summary names every rule whose perplexity
+# ended above twice the pretrained model's). Whether SGD's fine-tuning lowers the held-out perplexity is reported
+# too: the training windows are line openings, the perplexity blocks a running text, and at seed 1 SGD ended 0.04
+# above the pretrained model.
 
 # %%
 for name, recs in runs_lm.items():
@@ -699,8 +700,10 @@ assert torch.equal(held_lm.prefixes, held_snapshot)
 train_rows = {tuple(r) for r in pool.prefixes.tolist()}
 assert not any(tuple(r) in train_rows for r in held_lm.prefixes.tolist()), "a held-out prefix is a training prefix"
 ppl_all = np.concatenate([v["perplexity"] for v in final_lm.values()])
-assert np.isfinite(ppl_all).all() and ppl_all.max() < 2 * base_lm["perplexity"], ppl_all
+assert np.isfinite(ppl_all).all(), ppl_all
 run.record("lm/ppl_max_over_base", float(ppl_all.max() / base_lm["perplexity"]))
+run.record("lm/ppl_over_2x_base", ", ".join(n for n, v in final_lm.items()
+                                            if v["perplexity"].max() >= 2 * base_lm["perplexity"]) or "none")
 lm_better = [f"{n} vs {b}" for n in HP_LM for b in ("sgd", "adam")
              if (c := run.comparisons.get(f"lm/task_loss/{n}_vs_{b}")) is not None and c.verdict == "better"]
 lm_worse = [f"{n} vs {b}" for n in HP_LM for b in ("sgd", "adam")
@@ -747,7 +750,8 @@ run.say("""
   {lm/task_loss_adam:.3f} ({lm/steps_adam:.0f} steps), MGS {lm/task_loss_mgs:.3f} ({lm/steps_mgs:.0f} steps,
   {lm/cpu_s_mgs:.1f} s), REINFORCE {lm/task_loss_reinforce:.3f} ({lm/steps_reinforce:.0f} steps), MeZO
   {lm/task_loss_mezo:.3f} ({lm/steps_mezo:.0f} steps). Perplexity: pretrained {lm/base_ppl:.1f}, SGD {lm/ppl_sgd:.1f},
-  Adam {lm/ppl_adam:.1f}, MGS {lm/ppl_mgs:.1f}, REINFORCE {lm/ppl_reinforce:.1f}, MeZO {lm/ppl_mezo:.1f}. Better than
+  Adam {lm/ppl_adam:.1f}, MGS {lm/ppl_mgs:.1f}, REINFORCE {lm/ppl_reinforce:.1f}, MeZO {lm/ppl_mezo:.1f} (above
+  twice the pretrained perplexity at some seed: {lm/ppl_over_2x_base}). Better than
   SGD or Adam on the task loss with a 95 % interval excluding 0: {lm/task_loss_better}; worse: {lm/task_loss_worse};
   every other pair inconclusive. A greedy decoding costs T = {lm_decode_len} counted forwards, so at an equal pass
   budget the decoding rules take a few steps where SGD and Adam take dozens; on the CPU-seconds axis the gap is
