@@ -708,14 +708,18 @@ plt.show()
 # 95 % t-interval; left of the black line the first method is better, grey rows are inconclusive (interval covers 0).
 
 # %% [markdown]
-# **Checks.** Every method learns on every seed (chance is 0.9), and on average over the seeds neither
-# zeroth-order method reaches MLE's test 0-1 loss at this budget (a statement about means; whether the difference
-# is decided is what the verdicts above say).
+# **Checks.** Every method learns on every seed (chance is 0.9). Whether zeroth order stays behind MLE is *not*
+# asserted: it depends on the budget. At the CI budget both zeroth-order methods end, on average, above MLE's test
+# 0-1 loss; in the `full.yaml` run (2,000 steps, 256 directions, 10 seeds) both end *below* it, decidedly
+# (−0.013 [−0.017, −0.009] each). Optimizing the 0-1 loss itself pays off once the search has had enough steps —
+# the paired verdicts above, not this cell, are the evidence either way; the cell records which side the means fall.
 
 # %%
 for mt in methods:
     assert (final[mt] < 0.5).all(), (mt, final[mt])
-assert final["ZO 0-1"].mean() > final["MLE"].mean() and final["MeZO"].mean() > final["MLE"].mean()
+zo_behind_mle = {mt: bool(final[mt].mean() > final["MLE"].mean()) for mt in ("ZO 0-1", "MeZO")}
+_ = run.record("train/zo_mean_behind_mle_not_asserted", zo_behind_mle)
+print("mean test 0-1 above MLE's (zeroth order behind):", zo_behind_mle)
 
 # %% [markdown]
 # ## Results
