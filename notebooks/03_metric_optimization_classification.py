@@ -352,7 +352,7 @@ FINETUNE = ["mle", "mgs", "mgs_unit_sigma", "pg", "zo"]
 SCRATCH = ["mle", "mgs", "mgs_unit_sigma"]
 LABEL = {"mle": "MLE", "mgs": "MGS (true density)", "mgs_unit_sigma": "MGS (unit-σ density)",
          "pg": "policy gradient", "zo": "zeroth-order"}
-curves, diags = {}, {}            # (setting, metric, method) -> list over seeds
+curves, diags, follow_seed = {}, {}, {}  # (setting, metric, method) -> list over seeds (diags: over steps)
 for s in tqdm(SEEDS, desc="seeds"):
     init, start, data = starts[s]
     for setting, methods, model0, key, lr_ in (("finetune", FINETUNE, start, "ft", finetune_lr),
@@ -365,6 +365,8 @@ for s in tqdm(SEEDS, desc="seeds"):
                 for m_ in (TASKS if method == "mle" else [metric]):
                     curves.setdefault((setting, m_, method), []).append(curve)
                 diags.setdefault((setting, metric, method), []).extend(diag)
+                if diag:                # per seed: fraction of steps whose largest weight had the lowest task loss
+                    follow_seed.setdefault((setting, metric, method), []).append(float(np.mean([a for *_, a in diag])))
 print(f"trained in {time.time() - t_start:.1f} s")
 
 # %% [markdown]
@@ -464,12 +466,15 @@ run.record("mgs/follow_task_loss_mixture", follow[("finetune", "accuracy", "mgs"
 _ = run.record("mgs/follow_task_loss_unit_sigma", follow[("finetune", "accuracy", "mgs_unit_sigma")])
 
 # %%
-# claims: with the true density the weights collapse (ESS ≈ 1) and follow the task loss less often than with
-# the reference's density, whose near-constant log q leaves the choice to the task loss
+# claims: with the true density the weights collapse (ESS ≈ 1), with the reference's density they do not. Whether
+# the largest weight then follows the task loss more often is a paired comparison over seeds, not an assert: at the
+# CI budget it does, in the full.yaml run (wider MLP, near-converged fine-tuning, 10 seeds) both rates sit at chance
 for setting in ("finetune", "scratch"):
     assert np.median(ess_by[(setting, "mgs")]) < 1.1            # true density: one candidate takes the weight
 assert np.median(ess_by[("finetune", "mgs_unit_sigma")]) > 1.5
-assert follow[("finetune", "accuracy", "mgs_unit_sigma")] > follow[("finetune", "accuracy", "mgs")]
+_ = run.compare("mgs/follow_unit_sigma_vs_true_density", follow_seed[("finetune", "accuracy", "mgs_unit_sigma")],
+                follow_seed[("finetune", "accuracy", "mgs")], name="MGS unit-σ, finetune", baseline="MGS true, finetune",
+                metric="steps with argmax w = argmin l", lower_is_better=False)
 # sanity claims that hold at CI scale across seeds
 assert final[("finetune", "accuracy", "mle")].mean() > 0.85            # the MLE start is a good classifier
 assert final[("scratch", "accuracy", "mgs")].mean() > 0.5              # MGS from scratch learns (chance: 0.1)
@@ -517,8 +522,10 @@ _ = run.say(
     "{mgs/median_ess_mixture_density_scratch:.2f} and {mgs/median_ess_unit_sigma_density_scratch:.2f} from "
     "scratch. The largest weight went to the candidate with the lowest minibatch task loss in "
     "{mgs/follow_task_loss_mixture:.0%} and {mgs/follow_task_loss_unit_sigma:.0%} of the steps (chance ≥ "
-    "{chance:.0%}; fine-tuning on accuracy). With the true density MGS's update is one candidate picked by its "
-    "noise norm; only the unit-σ density lets the metric steer.",
+    "{chance:.0%}; fine-tuning on accuracy; unit-σ against the true density, paired over seeds: "
+    "{mgs/follow_unit_sigma_vs_true_density.effect:+.3f}, {mgs/follow_unit_sigma_vs_true_density.verdict}). With "
+    "the true density MGS's update is one candidate picked by its noise norm; the unit-σ density spreads the weight "
+    "over the candidates, which lets the metric steer only where the candidates' minibatch task losses differ.",
     K=K, chance=1 / K)
 
 # %%
@@ -555,7 +562,8 @@ _ = run.say(
     "metric. With the true proposal density they cannot once d is in the thousands: the −log q term varies by "
     "≈ √(d/2) between candidates (here {probe/density_term_spread_mixture:.0f} nats) and picks the winner; the "
     "metric decided the winner in {mgs/follow_task_loss_mixture:.0%} of the steps. The reference code's unit-σ "
-    "density sidesteps this ({mgs/follow_task_loss_unit_sigma:.0%}) at the price of weights that are not "
+    "density keeps the weights spread ({mgs/follow_task_loss_unit_sigma:.0%}, "
+    "{mgs/follow_unit_sigma_vs_true_density.verdict} against the true density) at the price of weights that are not "
     "importance weights for its draws (notebook 02 §4). Either way, MGS trains here because its candidates are "
     "centred on the cross-entropy step.")
 
