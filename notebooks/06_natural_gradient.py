@@ -627,10 +627,21 @@ _ = run.record("classifier/ggn_min_eigenvalue", float(ev_G.min()))
 #    `hidden` + 1 directions.
 # 2. **Dead pixels**: a pixel that is zero in every example used never reaches the network, so the first-layer
 #    weights reading it have zero Jacobian: (number of such pixels) × `hidden` directions.
+# 3. **Rare pixels**: a pixel that is nonzero in only $m$ examples moves the logits of those $m$ examples alone, so
+#    the `hidden` weights reading it act on at most $m(C-1)$ free logits. When `hidden` $> m(C-1)$ — or when several
+#    rare pixels share their examples — some combinations of these weights change no probability at all. Their
+#    number is the nullity of the log-probability Jacobian restricted to those weights and examples (the
+#    log-softmax Jacobian $(I - \mathbf 1 p^\top)J$ vanishes exactly when $Jv \propto \mathbf 1$), computed below for
+#    pixels seen in at most `rare_max` = 3 examples.
 #
-# With $N(C-1) \ge P$ examples × free logits no other exact null directions are forced. The cell builds both families
-# of vectors, checks $Gv = 0$ for each, and compares their count with the numerical rank deficiency of $G$ (eigenvalues
-# below $P\,\epsilon_{64}\,\lambda_{\max}$).
+# Having $N(C-1) \ge P$ examples × free logits does not rule out the third family: sparse inputs make it *local*.
+# With 200 examples and 6 hidden units no rare pixel forces one; with 1,000 examples and 16 hidden units (the
+# `full.yaml` settings) pixels seen in a single example do. The cell builds the three families of vectors, checks
+# $Gv = 0$ for each, and compares their count with the numerical rank deficiency of $G$: eigenvalues at round-off
+# level, below $\epsilon_{64}\,\lambda_{\max}$. (The exact null eigenvalues come out near $10^{-17}\lambda_{\max}$; at the
+# `full.yaml` settings genuine eigenvalues reach down to $\sim 10^{-13}\lambda_{\max}$, so the looser textbook cut
+# $P\,\epsilon_{64}\,\lambda_{\max} \approx 3\cdot 10^{-13}\lambda_{\max}$ would count some of them.) The gap to the next
+# eigenvalue is asserted too: a count at a cut without a gap would mean nothing.
 
 # %%
 dead = (Xc != 0).sum(0) == 0                                           # [64] pixels zero in every example used
@@ -646,17 +657,30 @@ def direction(name: str, index) -> torch.Tensor:
 null_vectors = [direction("2.weight", (slice(None), j)) for j in range(hidden)]   # softmax shift via hidden unit j
 null_vectors.append(direction("2.bias", slice(None)))                            # ... and via the output biases
 null_vectors += [direction("0.weight", (j, i)) for j in range(hidden) for i in dead.nonzero().flatten().tolist()]
+rare_max = 3
+support = (Xc != 0).sum(0)                                             # [64] examples in which each pixel is nonzero
+rare = ((support > 0) & (support <= rare_max)).nonzero().flatten().tolist()
+E_rare = torch.stack([direction("0.weight", (j, i)) for i in rare for j in range(hidden)], 1) if rare else \
+    torch.zeros(n_params, 0, dtype=D, device=dev)                      # [P, hidden·|rare|] their first-layer weights
+J_rare = scores_c.reshape(-1, n_params) @ E_rare                       # [N·C, ·] log-probability Jacobian on them
+seen = (Xc[:, rare] != 0).any(1) if rare else torch.zeros(n_classifier, dtype=torch.bool, device=dev)
+assert not J_rare.view(n_classifier, -1, E_rare.shape[1])[~seen].any()  # they touch only their own examples
+n_rare_null = E_rare.shape[1] - int(torch.linalg.matrix_rank(J_rare)) if rare else 0
+if n_rare_null:                                                        # null combinations: last right-singular vectors
+    null_vectors += list((E_rare @ torch.linalg.svd(J_rare)[2][E_rare.shape[1] - n_rare_null:].T).unbind(1))
 V_null = torch.stack(null_vectors, 1)                                  # [P, n_expected]
-n_null_expected = (int(dead.sum()) + 1) * hidden + 1
+n_null_expected = (int(dead.sum()) + 1) * hidden + 1 + n_rare_null
 assert V_null.shape[1] == n_null_expected and int(torch.linalg.matrix_rank(V_null)) == n_null_expected
 assert float((G @ V_null).abs().max()) < 1e-12 * scale                # each is an exact null direction
-n_null_numerical = int((ev_G <= n_params * torch.finfo(D).eps * ev_G.max()).sum())
+n_null_numerical = int((ev_G <= torch.finfo(D).eps * ev_G.max()).sum())  # at round-off level
 gap = float(ev_G[n_null_numerical] / ev_G[n_null_numerical - 1].abs())
-print(f"{int(dead.sum())} of 64 pixels are zero in all {n_classifier} examples; expected null directions "
-      f"{hidden} + 1 + {int(dead.sum())}×{hidden} = {n_null_expected} of {n_params};  numerical: {n_null_numerical} "
+print(f"{int(dead.sum())} of 64 pixels are zero in all {n_classifier} examples, {len(rare)} nonzero in ≤ {rare_max} "
+      f"(forcing {n_rare_null}); expected null directions {hidden} + 1 + {int(dead.sum())}×{hidden} + {n_rare_null} "
+      f"= {n_null_expected} of {n_params};  numerical: {n_null_numerical} "
       f"(next eigenvalue {float(ev_G[n_null_numerical]):.1e}, {gap:.0e}× the largest null one)")
-assert n_classifier * 9 >= n_params and n_null_numerical == n_null_expected
+assert n_classifier * 9 >= n_params and n_null_numerical == n_null_expected and gap > 100
 run.record("classifier/dead_pixels", int(dead.sum()))
+run.record("classifier/rare_pixel_null_directions", n_rare_null)
 run.record("classifier/ggn_null_directions", n_null_numerical, headline=True)
 _ = run.record("classifier/n_params", n_params)
 
@@ -913,7 +937,8 @@ _ = run.comparison_table()
 # - **The coupled-Gaussian gradient (§3).** The vector the essay prints as the gradient of the objective is
 #   $\mathbb E_{p^*}[\nabla_\theta\log p]$, which is $-\nabla\mathcal L$; the update must step along $-\nabla\mathcal L$.
 # - **"$F$ is always positive definite" (§4).** It is positive *semi*-definite; the softmax classifier here has exactly
-#   counted null directions (softmax shift and dead pixels), which is why practical natural-gradient steps are damped.
+#   counted null directions (softmax shift, dead pixels, pixels seen in only a few examples), which is why practical
+#   natural-gradient steps are damped.
 # - **The headline comparison (§3).** The classic picture runs steepest descent at $\eta = 1/45$, about a tenth of its
 #   stability bound; the fair comparison tunes both methods, which shrinks the gap by an order of magnitude (below).
 
@@ -944,7 +969,8 @@ _ = run.say(
 _ = run.say(
     "For the softmax classifier ({classifier/n_params} parameters) the exact Fisher equals the GGN to "
     "{classifier/fisher_vs_ggn_rel_diff:.0e} and has {classifier/ggn_null_directions} exact null directions "
-    "({classifier/dead_pixels} dead pixels × {hidden} + {hidden} + 1), while the Hessian with the observed labels has "
+    "({classifier/dead_pixels} dead pixels × {hidden} + {hidden} + 1 + {classifier/rare_pixel_null_directions} from rare "
+    "pixels), while the Hessian with the observed labels has "
     "smallest eigenvalue {classifier/hessian_min_eigenvalue:.2f}. With damping λ = 1e-10 one unit step raises the "
     "cross-entropy from {classifier/ce_before:.3f} to {classifier/ce_after_step_tiny_damping:.1f}; the best damping "
     "of the sweep (λ = {classifier/best_damping:g}) lowers it to {classifier/ce_after_step_best_damping:.3f}. On "
