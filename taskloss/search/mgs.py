@@ -46,13 +46,14 @@ from torch import Tensor, nn
 from taskloss.search.mgs_density import (
     DENSITIES,
     _check_choice,
-    _seed_for,
+    _checked_shift,
+    _ess,
+    _log_weights,
+    _seeds_for,
     _uniform_from_seed,
-    effective_sample_size,
-    mgs_weights,
 )
 from taskloss.search.mgs_noise import CandidateDraws, DrawPlan, build_proposal
-from taskloss.search.mgs_scoring import MODES, _CandidateScoring, default_forward
+from taskloss.search.mgs_scoring import MODES, _CandidateScoring, _stack_losses, default_forward
 from taskloss.utils import check_int, check_positive, check_probability
 
 __all__ = ["MGS", "MGSStats", "SIGMA_MODES", "ASSIGNMENTS"]
@@ -252,13 +253,14 @@ class MGS(_CandidateScoring):
         self._seed_synced = True
         return self._seed
 
-    def _gather(self, local: dict[int, Tensor], check: float, n: int, world: int) -> Tensor:
-        """Task losses of all n candidates (each rank scored its own), plus a check that every rank computed the
-        same surrogate loss ``check`` (same batch, same parameters)."""
+    def _gather(self, own: list[int], local: Tensor, check: float, n: int, world: int) -> Tensor:
+        """Task losses of all n candidates (each rank scored its own: ``local`` float64 ``[len(own)]`` for the
+        candidates ``own``), plus a check that every rank computed the same surrogate loss ``check`` (same batch,
+        same parameters)."""
         if world == 1:
-            return torch.stack([local[k] for k in range(n)]).cpu()
+            return local.cpu()
         vec = torch.zeros(n + 1, dtype=torch.float64, device=self.params[0].device)
-        for k, v in local.items():
+        for k, v in zip(own, local.to(vec.device).unbind(0)):
             vec[k] = v
         vec[n] = check
         bufs = [torch.empty_like(vec) for _ in range(world)]
@@ -281,20 +283,25 @@ class MGS(_CandidateScoring):
         loss = self.surrogate_loss_fn(self.model, batch)
         if not isinstance(loss, Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ValueError("surrogate_loss_fn must return a scalar tensor that requires grad")
-        if not bool(torch.isfinite(loss.detach())):
-            raise ValueError(f"surrogate loss is not finite: {float(loss.detach())}")
-        grads = torch.autograd.grad(loss.reshape(()), self.params, allow_unused=True)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise ValueError(f"surrogate loss is not finite: {value}")
+        grads = torch.autograd.grad(loss if loss.dim() == 0 else loss.reshape(()), self.params, allow_unused=True)
         plan = self._plan = DrawPlan.reuse(self._plan, self._numels, self.params[0].device)
         P = sum(self._numels)
-        g = torch.cat([torch.zeros_like(p).reshape(-1) if gr is None else gr.detach().reshape(-1)
-                       for p, gr in zip(self.params, grads)], out=plan.buffer("g", (P,), self.params[0].dtype))
+        g = plan.buffer("g", (P,), self.params[0].dtype)
+        if any(gr is None for gr in grads):
+            torch.cat([torch.zeros_like(p).reshape(-1) if gr is None else gr.detach().reshape(-1)
+                       for p, gr in zip(self.params, grads)], out=g)
+        else:       # one call for every tensor (grads of leaves without create_graph carry no history)
+            torch._foreach_copy_(plan.views("g", g, self._shapes), list(grads))
         g64 = plan.buffer("g64", (P,), torch.float64).copy_(g)
         norm = float(torch.linalg.vector_norm(g64))
         if not math.isfinite(norm):
             raise ValueError("surrogate gradient contains NaN or inf")
         if self.max_grad_norm is not None and norm > self.max_grad_norm:
             g64.copy_(g.mul_(self.max_grad_norm / (norm + 1e-6)))
-        return float(loss.detach()), g, g64, norm
+        return value, g, g64, norm
 
     def _is_mle(self, k: int, seed: int) -> bool:
         if self.include_mle and k == 0:
@@ -305,12 +312,12 @@ class MGS(_CandidateScoring):
         return _uniform_from_seed(seed) >= self.mix
 
     def _score_candidates(self, draws: CandidateDraws, theta: Tensor, batch, own: list[int]):
-        """Phase 3: task losses of this rank's candidates ``own`` ({k: float64 0-dim}), the ``[n, P]`` rows Δθ_k for
-        the weighted sum (None with ``low_memory``) and, with ``eager_base_loss``, l(θ). Every rank draws every
-        candidate (the weights need all statistics) and scores its own."""
-        local: dict[int, Tensor] = {}
+        """Phase 3: task losses of this rank's candidates ``own`` (float64 ``[len(own)]``), the ``[n, P]`` rows Δθ_k
+        for the weighted sum (None with ``low_memory``) and, with ``eager_base_loss``, l(θ). Every rank draws every
+        candidate (the weights need all statistics) and scores its own. ``theta`` is the plan's kept copy of θ."""
+        plan = draws.plan
         rows = None if self.low_memory else draws.draw_all(
-            draws.plan.buffer("rows", (len(draws.seeds), theta.numel()), theta.dtype))
+            plan.buffer("rows", (len(draws.seeds), theta.numel()), theta.dtype))
         scratch = torch.empty_like(theta) if self.low_memory else None
         base = None
         was_training = self.model.training
@@ -325,19 +332,20 @@ class MGS(_CandidateScoring):
                         if k not in own:
                             draws.draw(k, scratch)
                 if self.mode == "loop":
-                    contiguous = all(p.is_contiguous() for p in self.params)
-                    views = [p.view(-1) for p in self.params] if contiguous else None
-                    parts = theta.split(self._numels)
-                    for k in own:       # write θ + Δθ_k into the module: one elementwise add per tensor
-                        d = draws.draw(k, scratch) if rows is None else rows[k]
-                        if views is None:
-                            self._load(theta, d)
-                        else:
-                            for v, x, y in zip(views, parts, d.split(self._numels)):
-                                torch.add(x, y, out=v)
-                        local[k] = self._score_one(self.model, batch)
+                    # θ + Δθ_k by one flat add into a kept buffer, then one foreach copy into the parameters
+                    # (the same float32 numbers as one add per tensor, in two calls whatever the layout)
+                    cand = plan.buffer("candidate", theta.shape, theta.dtype)
+                    cand_views = plan.views("candidate", cand, self._shapes)
+                    row_list = None if rows is None else plan.cached("rows", (rows,), lambda: rows.unbind(0))
+                    values = []
+                    for k in own:
+                        torch.add(theta, draws.draw(k, scratch) if rows is None else row_list[k], out=cand)
+                        torch._foreach_copy_(self.params, cand_views)
+                        values.append(self._task_value(self.model, batch))
+                    losses = _stack_losses(values, "loop")
                 else:
                     chunk = self.chunk_size or max(len(own), 1)
+                    parts = []
                     for i in range(0, len(own), chunk):
                         ks = own[i:i + chunk]
                         if rows is None:
@@ -347,14 +355,16 @@ class MGS(_CandidateScoring):
                         else:
                             D = rows[torch.tensor(ks, device=rows.device)] if len(own) < len(draws.seeds) \
                                 else rows[ks[0]:ks[-1] + 1]
-                        local.update(zip(ks, self._score(D, theta, batch)))
+                        parts.append(self._score(D, theta, batch))
+                    losses = torch.cat(parts) if parts else theta.new_zeros(0, dtype=torch.float64)
         finally:
             if self.mode == "loop":      # the module holds the last candidate scored in loop mode
-                self._load(theta)
+                with torch.no_grad():
+                    torch._foreach_copy_(self.params, plan.views("theta", theta, self._shapes))
             self.model.train(was_training)
         if base is not None and not math.isfinite(float(base)):
             raise ValueError(f"task loss at the current parameters is not finite: l(θ) = {float(base)}")
-        return local, rows, base
+        return losses, rows, base
 
     def _weighted_sum(self, w: Tensor, draws: CandidateDraws, rows: Tensor | None, theta: Tensor, keep: bool):
         """Phase 4: Δθ* = Σ_k w_k Δθ_k: one matrix-vector product over the stored rows, or (``low_memory``) the
@@ -364,7 +374,7 @@ class MGS(_CandidateScoring):
             update = draws.plan.buffer("update", theta.shape, theta.dtype)
             torch.mm(w.to(device=rows.device, dtype=rows.dtype)[None], rows, out=update[None])
             return update, ([self._unflat(d.clone()) for d in rows] if keep else None)
-        update = torch.zeros_like(theta)
+        update = draws.plan.buffer("update", theta.shape, theta.dtype).zero_()
         kept = [] if keep else None
         scratch = torch.empty_like(theta)
         for k in range(len(draws.seeds)):
@@ -383,8 +393,9 @@ class MGS(_CandidateScoring):
         if self.max_update_norm is not None:
             scale = -min(1.0, self.max_update_norm / (update_norm + 1e-6))
         update.mul_(scale)
-        for p, u in zip(self.params, self._unflat(update).values()):
-            p.grad = u
+        for p, u in zip(self.params, self._plan.views("update", update, self._shapes)):
+            if p.grad is not u:      # set once: the views of the kept update buffer stay valid across steps
+                p.grad = u
         self.optimizer.step()
         return update_norm
 
@@ -395,25 +406,31 @@ class MGS(_CandidateScoring):
         world, rank = self.world()
         base_seed = self._base_seed(world)
         surrogate, g, g64, grad_norm = self._surrogate_grad(batch)
-        proposal = build_proposal(g, self._numels, self.sigma, self.sigma_mode, g64)      # phase 2
+        plan = self._plan
+        proposal = build_proposal(g, self._numels, self.sigma, self.sigma_mode, g64, plan)      # phase 2
         n = self.K + int(self.include_mle)
-        seeds = [_seed_for(base_seed, self.steps_done, k) for k in range(n)]
+        seeds = _seeds_for(base_seed, self.steps_done, n)
         draws = CandidateDraws(proposal, seeds, [self._is_mle(k, s) for k, s in enumerate(seeds)],
-                               self.include_mle, self._plan)
-        theta = torch.cat([p.detach().reshape(-1) for p in self.params])     # kept by the lazy base_loss
-        local, rows, base = self._score_candidates(draws, theta, batch, list(range(rank, n, world)))
-        losses = self._gather(local, surrogate, n, world)
-        if bool(torch.isnan(losses).any()):
+                               self.include_mle, plan)
+        theta = plan.buffer("theta", g.shape, g.dtype)      # θ, kept across steps (the loop restores from it)
+        with torch.no_grad():
+            torch._foreach_copy_(plan.views("theta", theta, self._shapes), self.params)
+        own = list(range(rank, n, world))
+        local, rows, base = self._score_candidates(draws, theta, batch, own)
+        losses = self._gather(own, local, surrogate, n, world)
+        if any(x != x for x in losses.tolist()):
             raise ValueError(f"a candidate's task loss is NaN: {losses.tolist()}")
         log_q = draws.log_q(self.mix, self.density)
-        log_w = mgs_weights(losses, 0.0, log_q, self.alpha, log=True)  # l(θ) cancels: any finite base will do
+        # the checks and formula of mgs_weights(losses, l(θ), log_q, alpha): l(θ) cancels, any finite value will do
+        log_w = _log_weights(losses, log_q, self.alpha, _checked_shift(losses, log_q))
         w = log_w.exp()
         update, kept = self._weighted_sum(w, draws, rows, theta, return_deltas)
         update_norm = self._apply(update, g64)     # g64 is free after the draws: float64 scratch
         self.steps_done += 1
         from_mle = torch.tensor(draws.mle, dtype=torch.bool)
+        theta0 = None if base is not None else theta.clone()     # the lazy base_loss keeps this step's θ
         return MGSStats(step=self.steps_done - 1, task_losses=losses, log_q=log_q, log_weights=log_w, weights=w,
-                        ess=effective_sample_size(w), from_mle=from_mle, mle_weight=float(w[from_mle].sum()),
+                        ess=_ess(w), from_mle=from_mle, mle_weight=float(w[from_mle].sum()),
                         surrogate_loss=surrogate, grad_norm=grad_norm, update_norm=update_norm,
                         sigmas=proposal.sigma.tolist(), seeds=seeds, evaluation=self.mode, deltas=kept,
-                        base=float(base) if base is not None else lambda: self._loss_at(theta, batch))
+                        base=float(base) if base is not None else lambda: self._loss_at(theta0, batch))

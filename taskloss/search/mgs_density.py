@@ -161,17 +161,29 @@ def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = Fals
         raise ValueError(f"log_q must have shape {tuple(L.shape)}, got {tuple(lq.shape)}")
     if b.numel() != 1 or not bool(torch.isfinite(b).all()):
         raise ValueError(f"base_loss must be a finite scalar, got {b}")
-    if bool(torch.isnan(L).any()) or bool((L == -math.inf).any()):
-        raise ValueError(f"task_losses contain NaN or -inf: {L.tolist()}")
-    if bool(torch.isinf(L).all()):
-        raise ValueError("every candidate has an infinite task loss; no weight can be formed")
-    if not bool(torch.isfinite(lq).all()):
-        raise ValueError(f"log_q must be finite, got {lq.tolist()}")
-    # −(l_k − l_0)/α, shifted by the best candidate so the largest term is exactly 0 (the shift cancels).
-    shift = L[torch.isfinite(L)].min()
-    logits = -((L - shift) / alpha) - lq
-    out = torch.log_softmax(logits, 0)
+    out = _log_weights(L, lq, alpha, _checked_shift(L, lq))
     return out if log else out.exp()
+
+
+def _checked_shift(L: Tensor, lq: Tensor) -> float:
+    """The value checks of :func:`mgs_weights` on task losses ``L`` and log-densities ``lq`` (float64 ``[K]``),
+    made on Python floats (one transfer of each vector): no NaN or −inf loss, not every loss +inf, every log q
+    finite. Returns the smallest finite loss (the shift of :func:`_log_weights`)."""
+    losses, lqs = L.tolist(), lq.tolist()
+    if any(x != x or x == -math.inf for x in losses):
+        raise ValueError(f"task_losses contain NaN or -inf: {losses}")
+    finite = [x for x in losses if x != math.inf]
+    if not finite:
+        raise ValueError("every candidate has an infinite task loss; no weight can be formed")
+    if not all(math.isfinite(x) for x in lqs):
+        raise ValueError(f"log_q must be finite, got {lqs}")
+    return min(finite)
+
+
+def _log_weights(L: Tensor, lq: Tensor, alpha: float, shift: float) -> Tensor:
+    """Normalized log-weights log_softmax(−(l_k − shift)/α − log q_k) of checked inputs (:func:`mgs_weights`).
+    The shift (the best finite loss) makes the largest term exactly 0 and cancels, like l(θ)."""
+    return torch.log_softmax(torch.sub(L, shift).div_(-alpha).sub_(lq), 0)
 
 
 def effective_sample_size(weights: Tensor) -> float:
@@ -181,6 +193,11 @@ def effective_sample_size(weights: Tensor) -> float:
         raise ValueError("weights must be a non-empty 1-D tensor of finite non-negative values")
     if not math.isclose(float(w.sum()), 1.0, rel_tol=1e-6):
         raise ValueError(f"weights must sum to 1, got {float(w.sum())}")
+    return _ess(w)
+
+
+def _ess(w: Tensor) -> float:
+    """1 / Σ w_k² of checked weights (:func:`effective_sample_size`)."""
     return float(1.0 / w.square().sum())
 
 
@@ -195,6 +212,12 @@ def _splitmix64(x: int) -> int:
 def _seed_for(base: int, step: int, k: int) -> int:
     """Per-candidate seed shared by every rank: a SplitMix64 hash of (base seed, step, candidate) < 2⁶³."""
     return _splitmix64(_splitmix64(_splitmix64(base) ^ step) ^ k) >> 1
+
+
+def _seeds_for(base: int, step: int, n: int) -> list[int]:
+    """``[_seed_for(base, step, k) for k in range(n)]``, the common part of the hash computed once."""
+    h = _splitmix64(_splitmix64(base) ^ step)
+    return [_splitmix64(h ^ k) >> 1 for k in range(n)]
 
 
 def _uniform_from_seed(seed: int) -> float:

@@ -73,17 +73,24 @@ class StepProposal:
     numels: list[int]
 
 
-def build_proposal(g: Tensor, numels: list[int], sigma: float, sigma_mode: str, g64: Tensor | None = None
-                   ) -> StepProposal:
+def build_proposal(g: Tensor, numels: list[int], sigma: float, sigma_mode: str, g64: Tensor | None = None,
+                   plan: "DrawPlan | None" = None) -> StepProposal:
     """The step's proposal from the flat (clipped) surrogate gradient ``g``: σ_t = σ (``"absolute"``) or
     σ·mean|g_t| (``"relative"``), per-tensor sums in float64. ``g64``: ``g`` already copied to float64 (a
-    buffer the caller reuses), else a new copy."""
+    buffer the caller reuses), else a new copy. ``plan``: the :class:`DrawPlan` that keeps ``g64`` (its
+    per-tensor views and the ``numel`` tensor are then built once per layout)."""
     g64 = g.double() if g64 is None else g64
-    parts = g64.split(numels)
-    gg = torch.stack([torch.dot(x, x) for x in parts]).cpu()
-    numel = torch.tensor(numels, dtype=torch.float64)
+    if plan is None:
+        parts, numel = g64.split(numels), torch.tensor(numels, dtype=torch.float64)
+    else:
+        parts, numel = plan.views("g64", g64), plan.cached("numel", (), lambda: torch.tensor(numels,
+                                                                                             dtype=torch.float64))
+    cpu = g64.device.type == "cpu"
+    gg = torch.stack([torch.dot(x, x) for x in parts])
+    gg = gg if cpu else gg.cpu()
     if sigma_mode == "relative":
-        sig = sigma * torch.stack([torch.linalg.vector_norm(x, ord=1) for x in parts]).cpu() / numel
+        l1 = torch.stack([torch.linalg.vector_norm(x, ord=1) for x in parts])
+        sig = sigma * (l1 if cpu else l1.cpu()) / numel
     else:
         sig = torch.full((len(numels),), float(sigma), dtype=torch.float64)
     return StepProposal(g, g64, sig, gg, numel, list(numels))
@@ -112,6 +119,7 @@ class DrawPlan:
         self.layouts: dict[tuple[int, int], list] = {}
         self.gens: list[torch.Generator] = []
         self.scratch: dict[tuple, Tensor] = {}
+        self.memo: dict = {}
 
     @classmethod
     def reuse(cls, plan: "DrawPlan | None", numels: list[int], device: torch.device) -> "DrawPlan":
@@ -132,6 +140,21 @@ class DrawPlan:
         if buf is None or buf.shape != shape or buf.dtype != dtype:
             buf = self.scratch[key] = torch.empty(shape, dtype=dtype, device=self.device)
         return buf
+
+    def cached(self, key, deps: tuple, build):
+        """``build()``, computed once per ``key`` while the objects ``deps`` stay the same (``is``): views of the
+        kept buffers and other per-layout structures that would otherwise cost Python and kernel-dispatch time at
+        every step (a small model's step is made of such calls)."""
+        hit = self.memo.get(key)
+        if hit is None or len(hit[0]) != len(deps) or any(a is not b for a, b in zip(hit[0], deps)):
+            hit = self.memo[key] = (deps, build())
+        return hit[1]
+
+    def views(self, key, flat: Tensor, shapes: list | None = None) -> list[Tensor]:
+        """Per-tensor views of the flat ``[P]`` tensor ``flat`` (shaped ``shapes`` if given, else flat), cached
+        under ``key`` while ``flat`` is the same tensor."""
+        return self.cached(("views", key, shapes is None), (flat,), lambda: list(flat.split(self.numels)) if
+                           shapes is None else [v.view(sh) for v, sh in zip(flat.split(self.numels), shapes)])
 
     def layout(self, width: int) -> list[tuple[int, int, list, list, list]]:
         """Chunks ``(start, stop, pieces, split, portions)`` of the flat vector, at most ``width`` entries each:
@@ -203,9 +226,18 @@ class CandidateDraws:
         n, T, dev = len(seeds), len(proposal.numels), proposal.g.device
         self.device, self.n = dev, n
         self.plan = DrawPlan(proposal.numels, dev) if plan is None else plan
-        self.ss = torch.zeros(n, T, dtype=torch.float64, device=dev)
-        self.sg = torch.zeros(n, T, dtype=torch.float64, device=dev)
+        self.stats = torch.zeros(n, T, 2, dtype=torch.float64, device=dev)    # (⟨s_{k,t}, g_t⟩, ‖s_{k,t}‖²)
         self.sig = proposal.sigma.tolist()
+
+    @property
+    def ss(self) -> Tensor:
+        """‖s_{k,t}‖², float64 ``[n, T]``."""
+        return self.stats[..., 1]
+
+    @property
+    def sg(self) -> Tensor:
+        """⟨s_{k,t}, g_t⟩, float64 ``[n, T]``."""
+        return self.stats[..., 0]
 
     def _fill(self, Z: Tensor, ks: list[int]) -> Tensor:
         """Rows ``Z[j]`` ← Δθ of candidates ``ks[j]`` (noise from their seeds, scaled by σ_t, −g for MLE-centred
@@ -224,8 +256,7 @@ class CandidateDraws:
             parts = list(_pool(workers).map(lambda w: self._fill_rows(jobs[w], layout, w), range(workers)))
         idx = torch.tensor(ks)
         for w, part in enumerate(parts):
-            self.sg[idx[w::workers]] = part[..., 0]
-            self.ss[idx[w::workers]] = part[..., 1]
+            self.stats[idx[w::workers]] = part
         return Z
 
     def _fill_rows(self, jobs, layout, worker: int) -> Tensor:
@@ -265,41 +296,72 @@ class CandidateDraws:
 
     def _fill_batched(self, Z: Tensor, ks: list[int]) -> Tensor:
         """:meth:`_fill` for all rows together, a few kernel calls per tensor for every candidate (the GPU path;
-        it also runs on a CPU, where it draws the same numbers as :meth:`_fill_rows`)."""
+        it also runs on a CPU, where it draws the same numbers as :meth:`_fill_rows`). Per column chunk: each
+        row's ``randn`` pieces, one ``mul_`` by σ_t per tensor portion, one float64 copy of the chunk, then per
+        portion one ``addmv_`` for ⟨s_t, g_t⟩ and (after one ``square_``) one for ‖s_t‖² (a product with ones),
+        and one ``addr_`` for the −g shift of the MLE-centred rows. The views these calls take are built once
+        per buffer (:meth:`_batched_views`)."""
         m, dev = Z.shape[0], self.device
         gens = [None if self.include_mle and k == 0 else gen.manual_seed(self.seeds[k])
                 for gen, k in zip(self.plan.generators(m), ks)]
         M = torch.tensor([float(self.mle[k]) for k in ks], dtype=Z.dtype, device=dev) if any(
             self.mle[k] for k in ks) else None
-        layout = self.plan.layout(self.CPU_BLOCK // m)
-        cols = max(chunk[1] - chunk[0] for chunk in layout)
-        buf = self.plan.buffer("batched", (m * cols,), torch.float64) if dev.type == "cpu" else None
-        g64, g = self.p.g64, self.p.g
-        ss: list[list[Tensor]] = [[] for _ in self.sig]
-        sg: list[list[Tensor]] = [[] for _ in self.sig]
-        for c, e, pieces, _, portions in layout:
+        acc, chunks = self._batched_views(Z)
+        acc.zero_()
+        sig = self.sig
+        for zc, rows, pieces, scale, stats, s64, gc, width in chunks:
             for j, gen in enumerate(gens):
                 if gen is None:
-                    Z[j, c:e].zero_()
+                    rows[j].zero_()
                     continue
-                for a, b in pieces:
-                    torch.randn(b - a, generator=gen, device=dev, dtype=Z.dtype, out=Z[j, a:b])
-            for t, a, b in portions:
-                Z[:, a:b].mul_(self.sig[t])
-            s64 = Z[:, c:e].to(torch.float64) if buf is None else buf[:m * (e - c)].view(m, e - c).copy_(Z[:, c:e])
-            for t, a, b in portions:
-                sg[t].append(s64[:, a - c:b - c] @ g64[a:b])
+                for v in pieces[j]:
+                    v.normal_(generator=gen)
+            for t, v in scale:
+                v.mul_(sig[t])
+            if s64 is None:          # a GPU: one temporary per chunk (a whole tensor), not kept
+                s64 = zc.to(torch.float64)
+                stats = [(sg, ss, s64[:, a:b], g64, ones) for sg, ss, (a, b), g64, ones in stats]
+            else:
+                s64.copy_(zc)
+            for sg, _, s, g64, _ in stats:
+                sg.addmv_(s, g64)
             s64.square_()
-            for t, a, b in portions:
-                ss[t].append(s64[:, a - c:b - c].sum(1))
+            for _, ss, s, _, ones in stats:
+                ss.addmv_(s, ones)
             if M is not None:
-                Z[:, c:e].addr_(M, g[c:e], alpha=-1)
-        zero = torch.zeros(m, dtype=torch.float64, device=dev)
-        cat = lambda x: zero if not x else x[0] if len(x) == 1 else torch.stack(x).sum(0)  # noqa: E731
-        idx = torch.tensor(ks, device=dev)
-        self.ss[idx] = torch.stack([cat(x) for x in ss], 1)
-        self.sg[idx] = torch.stack([cat(x) for x in sg], 1)
+                zc.addr_(M, gc, alpha=-1)
+        if len(ks) == self.n and ks == list(range(self.n)):
+            self.stats.copy_(acc)
+        else:
+            self.stats[torch.tensor(ks, device=dev)] = acc
         return Z
+
+    def _batched_views(self, Z: Tensor):
+        """The views :meth:`_fill_batched` writes through, for the row buffer ``Z`` ``[m, P]``: a float64
+        accumulator ``[m, T, 2]`` and per chunk (chunk of Z, its rows, each row's ``randn`` pieces, the σ_t
+        portions, per portion (⟨s,g⟩ column, ‖s‖² column, float64 chunk columns, g64 portion, ones), the float64
+        chunk, the chunk of g). Kept in the plan while ``Z``, g and g64 are the same tensors (on a CPU the float64
+        chunk is a kept buffer; on a GPU it is a temporary, so its columns are taken at each step)."""
+        m, dev, g64, g = Z.shape[0], self.device, self.p.g64, self.p.g
+        cpu = dev.type == "cpu"
+
+        def build():
+            layout = self.plan.layout(self.CPU_BLOCK // m)
+            cols = max(chunk[1] - chunk[0] for chunk in layout)
+            acc = torch.zeros(m, len(self.sig), 2, dtype=torch.float64, device=dev)
+            buf = torch.empty(m * cols, dtype=torch.float64, device=dev) if cpu else None
+            ones = torch.ones(cols, dtype=torch.float64, device=dev)
+            chunks = []
+            for c, e, pieces, _, portions in layout:
+                s64 = buf[:m * (e - c)].view(m, e - c) if cpu else None
+                stats = [(acc[:, t, 0], acc[:, t, 1], s64[:, a - c:b - c] if cpu else (a - c, b - c), g64[a:b],
+                          ones[:b - a]) for t, a, b in portions]
+                chunks.append((Z[:, c:e], [Z[j, c:e] for j in range(m)],
+                               [[Z[j, a:b] for a, b in pieces] for j in range(m)],
+                               [(t, Z[:, a:b]) for t, a, b in portions], stats, s64, g[c:e], e - c))
+            return acc, chunks
+
+        return self.plan.cached(("batched", m), (Z, g, g64), build)
 
     def draw_all(self, Z: Tensor) -> Tensor:
         """Write Δθ_k of every candidate into row k of ``Z`` ``[n, P]`` (the parameters' dtype and device), record
@@ -316,11 +378,12 @@ class CandidateDraws:
         """log q(Δθ_k) for every candidate, CPU float64 ``[n]``, from the recorded statistics of s = σ_t z:
         ‖Δθ_t‖² = ‖s_t‖² (zero component) or ‖g_t‖² − 2⟨s_t, g_t⟩ + ‖s_t‖² (MLE component), and ‖Δθ_t + g_t‖²
         symmetrically; candidate 0 with ``include_mle`` is −g (‖Δθ‖² = ‖g‖², ‖Δθ + g‖² = 0)."""
-        ss, sg = self.ss.cpu(), self.sg.cpu()
-        gg = self.p.gg.expand(ss.shape[0], -1)
+        stats = self.stats if self.stats.device.type == "cpu" else self.stats.cpu()
+        sg, ss, gg = stats[..., 0], stats[..., 1], self.p.gg
         m = torch.tensor(self.mle, dtype=torch.bool)[:, None]
-        d0 = torch.where(m, gg - 2 * sg + ss, ss)     # ‖Δθ_t‖²
-        d1 = torch.where(m, ss, ss + 2 * sg + gg)     # ‖Δθ_t + g_t‖²
+        sg2 = 2 * sg
+        d0 = torch.where(m, gg - sg2 + ss, ss)     # ‖Δθ_t‖²
+        d1 = torch.where(m, ss, ss + sg2 + gg)     # ‖Δθ_t + g_t‖²
         if self.include_mle:
-            d0[0], d1[0] = gg[0], torch.zeros_like(gg[0])
+            d0[0], d1[0] = gg, 0.0
         return _log_q_from_sq(d0, d1, self.p.sigma, self.p.numel, mix, density)
