@@ -39,12 +39,15 @@ def _log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: fl
     measure on these atoms, so such a tensor contributes a factor 1 to a component whose atom it sits on
     (``d0_t == 0`` resp. ``d1_t == 0``, exactly) and 0 (log −inf) to one it misses. For MGS, where σ_t = 0 only
     when g_t = 0 (``sigma_mode="relative"``) and then Δθ_t = 0, both atoms coincide and the factor is 1."""
+    lm0, lm1 = math.log(mix) if mix > 0 else -math.inf, math.log1p(-mix) if mix < 1 else -math.inf
+    sig = sigma.tolist()
     if density == "unit_sigma":
         l0, l1 = -0.5 * d0.sum(-1), -0.5 * d1.sum(-1)
-    elif bool((sigma > 0).all()):      # every tensor perturbed (the usual case): two matrix-vector products
-        inv = -0.5 / sigma ** 2
-        const = float(-(numel * (torch.log(sigma) + 0.5 * _LOG_2PI)).sum())
-        l0, l1 = d0 @ inv + const, d1 @ inv + const
+    elif all(s > 0 for s in sig):      # every tensor perturbed (the usual case): two matrix-vector products
+        # the T per-tensor constants in Python floats (a small model's step is made of such tiny operations)
+        inv = torch.tensor([-0.5 / (s * s) for s in sig], dtype=torch.float64, device=d0.device)
+        const = -math.fsum(n * (math.log(s) + 0.5 * _LOG_2PI) for n, s in zip(numel.tolist(), sig))
+        return torch.logaddexp(d0 @ inv + (const + lm0), d1 @ inv + (const + lm1))
     else:
         live = sigma > 0
         s_safe = torch.where(live, sigma, torch.ones_like(sigma))
@@ -53,8 +56,7 @@ def _log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: fl
         atom1 = torch.where(d1 == 0, torch.zeros_like(d1), torch.full_like(d1, -math.inf))
         l0 = torch.where(live, -0.5 * d0 / s_safe ** 2 + const, atom0).sum(-1)
         l1 = torch.where(live, -0.5 * d1 / s_safe ** 2 + const, atom1).sum(-1)
-    return torch.logaddexp(l0 + (math.log(mix) if mix > 0 else -math.inf),
-                           l1 + (math.log1p(-mix) if mix < 1 else -math.inf))
+    return torch.logaddexp(l0 + lm0, l1 + lm1)
 
 
 def _as_list(x) -> list[Tensor]:
@@ -198,7 +200,7 @@ def effective_sample_size(weights: Tensor) -> float:
 
 def _ess(w: Tensor) -> float:
     """1 / Σ w_k² of checked weights (:func:`effective_sample_size`)."""
-    return float(1.0 / w.square().sum())
+    return 1.0 / float(w.square().sum())
 
 
 # ------------------------------------------------------------------------------------------ candidate seeds

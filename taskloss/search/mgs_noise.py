@@ -379,8 +379,8 @@ class CandidateDraws:
         ‖Δθ_t‖² = ‖s_t‖² (zero component) or ‖g_t‖² − 2⟨s_t, g_t⟩ + ‖s_t‖² (MLE component), and ‖Δθ_t + g_t‖²
         symmetrically; candidate 0 with ``include_mle`` is −g (‖Δθ‖² = ‖g‖², ‖Δθ + g‖² = 0)."""
         stats = self.stats if self.stats.device.type == "cpu" else self.stats.cpu()
-        sg, ss, gg = stats[..., 0], stats[..., 1], self.p.gg
-        m = torch.tensor(self.mle, dtype=torch.bool)[:, None]
+        (sg, ss), gg = stats.unbind(-1), self.p.gg
+        m = torch.tensor([[x] for x in self.mle], dtype=torch.bool)
         sg2 = 2 * sg
         d0 = torch.where(m, gg - sg2 + ss, ss)     # ‖Δθ_t‖²
         d1 = torch.where(m, ss, ss + sg2 + gg)     # ‖Δθ_t + g_t‖²
