@@ -318,7 +318,7 @@ class MGS(_CandidateScoring):
         plan = draws.plan
         rows = None if self.low_memory else draws.draw_all(
             plan.buffer("rows", (len(draws.seeds), theta.numel()), theta.dtype))
-        scratch = torch.empty_like(theta) if self.low_memory else None
+        scratch = plan.buffer("scratch", theta.shape, theta.dtype) if self.low_memory else None
         base = None
         was_training = self.model.training
         try:
@@ -332,15 +332,18 @@ class MGS(_CandidateScoring):
                         if k not in own:
                             draws.draw(k, scratch)
                 if self.mode == "loop":
-                    # θ + Δθ_k by one flat add into a kept buffer, then one foreach copy into the parameters
-                    # (the same float32 numbers as one add per tensor, in two calls whatever the layout)
-                    cand = plan.buffer("candidate", theta.shape, theta.dtype)
-                    cand_views = plan.views("candidate", cand, self._shapes)
-                    row_list = None if rows is None else plan.cached("rows", (rows,), lambda: rows.unbind(0))
+                    # θ + Δθ_k written into the module by one add per tensor, through views of the kept θ and
+                    # rows built once (no pass over P besides the add itself)
+                    thetas = plan.views("theta", theta, self._shapes)
+                    row_views = plan.cached("row views", (rows, scratch), lambda: [
+                        [v.view(sh) for v, sh in zip(r.split(self._numels), self._shapes)]
+                        for r in (rows.unbind(0) if rows is not None else [scratch])])
                     values = []
                     for k in own:
-                        torch.add(theta, draws.draw(k, scratch) if rows is None else row_list[k], out=cand)
-                        torch._foreach_copy_(self.params, cand_views)
+                        if rows is None:
+                            draws.draw(k, scratch)
+                        for p, x, d in zip(self.params, thetas, row_views[k if rows is not None else 0]):
+                            torch.add(x, d, out=p)
                         values.append(self._task_value(self.model, batch))
                     losses = _stack_losses(values, "loop")
                 else:
