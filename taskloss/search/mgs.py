@@ -387,11 +387,11 @@ class MGS(_CandidateScoring):
                 kept.append(self._unflat(d.clone()))
         return update, kept
 
-    def _apply(self, update: Tensor, scratch64: Tensor) -> float:
+    def _apply(self, update: Tensor) -> float:
         """Phase 5: ``p.grad = −Δθ*`` (clipped to ``max_update_norm`` as ``clip_grad_norm_`` does, with the norm
-        taken once in float64, in ``scratch64`` ``[P]``) and ``optimizer.step()``; returns ‖Δθ*‖. The ``p.grad``
-        are views of the update buffer, which the next step overwrites."""
-        update_norm = float(torch.linalg.vector_norm(scratch64.copy_(update)))
+        taken in float64) and ``optimizer.step()``; returns ‖Δθ*‖. The ``p.grad`` are views of the kept update
+        buffer, which the next step overwrites."""
+        update_norm = float(torch.linalg.vector_norm(update, dtype=torch.float64))
         scale = -1.0
         if self.max_update_norm is not None:
             scale = -min(1.0, self.max_update_norm / (update_norm + 1e-6))
@@ -428,7 +428,7 @@ class MGS(_CandidateScoring):
         log_w = _log_weights(losses, log_q, self.alpha, _checked_shift(losses, log_q))
         w = log_w.exp()
         update, kept = self._weighted_sum(w, draws, rows, theta, return_deltas)
-        update_norm = self._apply(update, g64)     # g64 is free after the draws: float64 scratch
+        update_norm = self._apply(update)
         self.steps_done += 1
         from_mle = torch.tensor(draws.mle, dtype=torch.bool)
         theta0 = None if base is not None else theta.clone()     # the lazy base_loss keeps this step's θ
