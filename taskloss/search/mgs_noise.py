@@ -216,6 +216,8 @@ class CandidateDraws:
     CPU_BLOCK = 1 << 16      # float64 numbers per chunk over all rows (batched path)
     ROW_BLOCK = (1 << 15) - 16   # entries per block of one row (CPU path); a block (≤ ROW_BLOCK + 15 entries)
                                  # stays under torch's intra-op grain size, 2¹⁵
+    KEEP_CHUNK64: bool | None = None   # keep the batched path's float64 chunk in the plan (None: on a CPU only;
+                                       # on a GPU a whole tensor's float64 copy is taken per chunk and let go)
     THREAD_MIN = 1 << 18     # rows of fewer entries are drawn in the calling thread: whole MGS steps on 2 threads
                              # (digits MLPs, K = 8) were 2-6 % faster so at P = 85K and 177K, 2 % slower at 301K,
                              # and the draw 1.7× faster with the workers at 1.1M
@@ -343,7 +345,7 @@ class CandidateDraws:
         chunk, the chunk of g). Kept in the plan while ``Z``, g and g64 are the same tensors (on a CPU the float64
         chunk is a kept buffer; on a GPU it is a temporary, so its columns are taken at each step)."""
         m, dev, g64, g = Z.shape[0], self.device, self.p.g64, self.p.g
-        cpu = dev.type == "cpu"
+        cpu = dev.type == "cpu" if self.KEEP_CHUNK64 is None else bool(self.KEEP_CHUNK64)
 
         def build():
             layout = self.plan.layout(self.CPU_BLOCK // m)
@@ -361,7 +363,7 @@ class CandidateDraws:
                                [(t, Z[:, a:b]) for t, a, b in portions], stats, s64, g[c:e], e - c))
             return acc, chunks
 
-        return self.plan.cached(("batched", m), (Z, g, g64), build)
+        return self.plan.cached(("batched", m, cpu), (Z, g, g64), build)
 
     def draw_all(self, Z: Tensor) -> Tensor:
         """Write Δθ_k of every candidate into row k of ``Z`` ``[n, P]`` (the parameters' dtype and device), record
