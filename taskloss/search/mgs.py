@@ -25,10 +25,13 @@ Cost of a step: one surrogate forward + backward and one optimizer step (an MLE 
 K draws of P normal numbers (P = number of searched parameters; each candidate's from its own seed, on a CPU
 with P ≥ 2¹⁸ the candidates spread over torch's threads), each block of a candidate's noise reduced to its
 float64 statistics and shifted while in cache (:meth:`taskloss.search.mgs_noise.CandidateDraws.draw_all`),
-θ + Δθ_k written into the module per candidate, the update Σ_k w_k Δθ_k (one matrix-vector product) and a few
-passes over θ (flattening, float64 norms). The K×P candidate rows, the gradient, its float64 copy and the update
-live in buffers kept between steps (:class:`taskloss.search.mgs_noise.DrawPlan`; fresh ones cost page faults at
-every step). The floor is the MLE step, the K forwards and the K·P normal draws. The task loss at the current
+θ + Δθ_k written into the module per candidate (one add per tensor), the update Σ_k w_k Δθ_k (one
+matrix-vector product) and a few passes over θ (a copy, float64 norms). The K×P candidate rows, θ, the gradient,
+its float64 copy and the update live in buffers kept between steps (:class:`taskloss.search.mgs_noise.DrawPlan`;
+fresh ones cost page faults at every step), and so do the per-tensor views into them: for a small model the step
+is a few hundred tiny calls, each costing kernel-dispatch and Python time, so the step makes as few as it can
+(views built once, the losses stacked and converted once, the weights' checks on Python floats, the density's
+per-tensor constants in Python). The floor is the MLE step, the K forwards and the K·P normal draws. The task loss at the current
 parameters, l(θ), cancels in the normalized weights, so the step does not compute it: :attr:`MGSStats.base_loss`
 evaluates it on first access (``eager_base_loss=True`` computes it inside the step and refuses a non-finite
 value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor.
@@ -139,8 +142,9 @@ class MGS(_CandidateScoring):
       balance heuristic of deterministic-mixture importance sampling); ``density`` "mixture" or "unit_sigma".
     - parallel: "auto" (default: the vmap modes for parameters on a GPU, the loop on a CPU — on a CPU, K
       forwards one after another use the cores as well as one batched forward, while the vmap stacks K
-      parameter copies and K activation sets: 1.0–1.3× the time and 3–5× the peak memory of the loop for the
-      digits MLPs of ``benchmarks/bench_mgs.py``), True (vmap) or False (loop).
+      parameter copies and K activation sets: measured on one thread for digits MLPs with K = 8 (P = 4.8K to
+      85K parameters, batches 128 and 1078), the vmap step took 0.99–1.27× the loop's time, never clearly less,
+      and 3–5× its peak memory, so no size rule picks it on a CPU), True (vmap) or False (loop).
     - vmap_task_loss (vmap modes only): True (forward and task loss in one vmap), False (vmap the forward, score
       each candidate's outputs in a Python loop — for decoding + edit distance and other non-vmappable
       metrics), "auto" (try vmap, fall back to the forward-only vmap, then to the loop, with a warning).
@@ -209,6 +213,10 @@ class MGS(_CandidateScoring):
         if len(kinds) != 1 or not self.params[0].is_floating_point():
             raise ValueError(f"MGS searches one flat parameter vector: all trainable parameters must share one "
                              f"floating dtype and device, got {sorted(map(str, kinds))}")
+        # "auto": the vmap on a GPU, the loop on a CPU. A size rule for the CPU was measured and not adopted: after
+        # the per-call trimming of both paths (one thread, thread CPU time, K = 8, interleaved in one process),
+        # vmap / loop = 1.01-1.04 at P = 4.8K (batch 128), 1.27 / 0.99 at 19K (batch 128 / 1078), 1.04 / 1.24 at
+        # 38K, 1.02 at 85K: the vmap never wins by more than the noise, at any P.
         self.parallel = self.params[0].device.type == "cuda" if parallel == "auto" else bool(parallel)
         self._auto = self.parallel and vmap_task_loss == "auto"
         self.mode = "loop" if not self.parallel else ("vmap_forward" if vmap_task_loss is False else "vmap")

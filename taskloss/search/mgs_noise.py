@@ -11,14 +11,14 @@ per tensor t,
 the scaled noise s = σ_t z (the float32 numbers Δθ_k is made of), accumulated in float64, so log q is the same (up
 to float64 rounding) whether Δθ_k is stored (:meth:`CandidateDraws.draw_all`) or regenerated
 (:meth:`CandidateDraws.draw`), and bit-identical on every rank. Per step this costs K draws of P normal numbers
-plus, per cache-sized block, a float64 copy, one ``addmv`` per tensor and the −g shift (on a CPU the draw itself
-scales by σ_t). On a CPU the draw is a sizeable part of a step (torch's generator draws ~3·10⁸ normals per second
+plus, per cache-sized block, a float64 copy, one or two ``addmv`` per tensor and the −g shift (on a CPU the
+row-by-row draw itself scales by σ_t). On a CPU the draw is a sizeable part of a step (torch's generator draws ~3·10⁸ normals per second
 on one core: about an eighth of an MGS step's floor for the 1M-parameter MLP of ``benchmarks/bench_mgs.py``, which
 counts it in the floor). One generator's stream is sequential, but the candidates' streams are independent: with
 P ≥ ``CandidateDraws.THREAD_MIN`` the rows are drawn by ``torch.get_num_threads()`` worker threads (each running
 torch single-threaded), each row from its own seed, so the numbers do not depend on the number of threads or on
-which thread draws a row. The buffers a step needs are kept in a :class:`DrawPlan` across steps.
-number of threads or on which thread draws a row.
+which thread draws a row. The buffers a step needs, and the views into them, are kept in a :class:`DrawPlan`
+across steps.
 """
 from __future__ import annotations
 
@@ -99,10 +99,11 @@ def build_proposal(g: Tensor, numels: list[int], sigma: float, sigma_mode: str, 
 class DrawPlan:
     """What the steps share for one parameter layout (``numels``) on one device: the ``randn`` runs, the chunk
     layouts, one generator per row, and buffers — per-thread scratch, and for :class:`taskloss.search.mgs.MGS` the
-    gradient, its float64 copy, the ``[K', P]`` candidate rows and the update. MGS keeps one across steps:
-    allocating those buffers anew costs page faults at every step (≈ 9 ms a step on a CPU for the candidate rows
-    of the 1M-parameter MLP of ``benchmarks/bench_mgs.py``), and building the layouts costs more Python time than a
-    small model's draws."""
+    gradient, its float64 copy, θ, the ``[K', P]`` candidate rows and the update — and the per-tensor views into
+    them (:meth:`cached`, :meth:`views`). MGS keeps one across steps: allocating those buffers anew costs page
+    faults at every step (≈ 9 ms a step on a CPU for the candidate rows of the 1M-parameter MLP of
+    ``benchmarks/bench_mgs.py``), and building the layouts and views costs more Python time than a small model's
+    draws."""
 
     def __init__(self, numels: list[int], device: torch.device):
         self.numels, self.device = list(numels), torch.device(device)
