@@ -252,49 +252,76 @@ class CandidateDraws:
         layout = self.plan.layout(self.ROW_BLOCK)
         workers = min(len(ks), torch.get_num_threads()) if Z.shape[1] >= self.THREAD_MIN else 1
         gens = self.plan.generators(len(ks))
-        jobs = [[(Z[j], k, gens[j]) for j, k in list(enumerate(ks))[w::workers]] for w in range(workers)]
+        views = self._row_views(Z, workers, layout)
+        jobs = [[(ks[j], gens[j]) for j in range(len(ks))[w::workers]] for w in range(workers)]
         if workers <= 1:
-            parts = [self._fill_rows(jobs[0], layout, 0)]
+            parts = [self._fill_rows(jobs[0], *views[0])]
         else:       # worker w draws rows w, w + workers, …: the same numbers whichever thread draws a row
-            parts = list(_pool(workers).map(lambda w: self._fill_rows(jobs[w], layout, w), range(workers)))
+            parts = list(_pool(workers).map(lambda w: self._fill_rows(jobs[w], *views[w]), range(workers)))
         idx = torch.tensor(ks)
         for w, part in enumerate(parts):
             self.stats[idx[w::workers]] = part
         return Z
 
-    def _fill_rows(self, jobs, layout, worker: int) -> Tensor:
-        """Rows ← Δθ_k on a CPU for ``jobs`` = [(row, k, generator)], one block of at most ``ROW_BLOCK`` entries
-        at a time, block by block and within a block row by row (so the block of g stays in cache): each row's
-        block drawn from its generator already scaled by σ_t, its float64 statistics accumulated by one ``addmv``
-        of [g; s] by s per tensor, −g subtracted while in cache. Returns (⟨s_{k,t}, g_t⟩, ‖s_{k,t}‖²) as a float64
-        ``[len(jobs), T, 2]``. Blocks stay under torch's intra-op grain size, so a worker thread never opens a
-        parallel region (elementwise kernels of that size run in the calling thread)."""
-        acc = torch.zeros(len(jobs), len(self.sig), 2, dtype=torch.float64)
-        noise = [not (self.include_mle and k == 0) for _, k, _ in jobs]
-        for (_, k, gen), nz in zip(jobs, noise):
+    def _row_views(self, Z: Tensor, workers: int, layout) -> list:
+        """Per worker w (rows w, w + workers, … of ``Z`` ``[m, P]``): its float64 accumulator ``[rows, T, 2]`` and
+        per block (g64's block in row 0 of a ``[2, block]`` float64 buffer, the block of g64, row 1 of that buffer
+        for s, the block of g, and per row: its block, its ``randn`` pieces ``(view, t, fused)``, its per-tensor
+        portions ``(accumulator entry, [g; s] columns, s columns)``). Built once while ``Z``, g and g64 are the
+        same tensors: the row path makes a few hundred calls per step on a 100K-parameter model, and taking each
+        slice anew doubled them."""
+        m, g64, g, T = Z.shape[0], self.p.g64, self.p.g, len(self.sig)
+
+        def build():
+            fused = Z.dtype in (torch.float32, torch.float64)
+            width = max(chunk[1] - chunk[0] for chunk in layout)
+            out = []
+            for w in range(workers):
+                js = range(m)[w::workers]
+                acc = torch.zeros(len(js), T, 2, dtype=torch.float64)
+                M = torch.empty(2, width, dtype=torch.float64)
+                blocks = []
+                for c, e, _, pieces, portions in layout:
+                    sm = M[1, :e - c]
+                    rows = [(Z[j, c:e], [(Z[j, a:b], t, fused and b - a >= 16) for a, b, t in pieces],
+                             [(acc[i, t], M[:, a - c:b - c], sm[a - c:b - c]) for t, a, b in portions])
+                            for i, j in enumerate(js)]
+                    blocks.append((M[0, :e - c], g64[c:e], sm, g[c:e], rows))
+                out.append((acc, blocks))
+            return out
+
+        return self.plan.cached(("rows", m, workers), (Z, g, g64), build)
+
+    def _fill_rows(self, jobs, acc: Tensor, blocks) -> Tensor:
+        """Rows ← Δθ_k on a CPU for ``jobs`` = [(k, generator)] through the views of :meth:`_row_views`, one block
+        of at most ``ROW_BLOCK`` entries at a time, block by block and within a block row by row (so the block of
+        g stays in cache): each row's block drawn from its generator already scaled by σ_t, its float64
+        statistics accumulated by one ``addmv`` of [g; s] by s per tensor, −g subtracted while in cache. Returns
+        (⟨s_{k,t}, g_t⟩, ‖s_{k,t}‖²) as a float64 ``[len(jobs), T, 2]`` (``acc``, overwritten at the next call).
+        Blocks stay under torch's intra-op grain size, so a worker thread never opens a parallel region
+        (elementwise kernels of that size run in the calling thread)."""
+        acc.zero_()
+        noise = [not (self.include_mle and k == 0) for k, _ in jobs]
+        for (k, gen), nz in zip(jobs, noise):
             if nz:
                 gen.manual_seed(self.seeds[k])
-        M = self.plan.buffer(("rows", worker), (2, max(chunk[1] - chunk[0] for chunk in layout)), torch.float64)
-        g64, g, sig = self.p.g64, self.p.g, self.sig
-        fused = jobs[0][0].dtype in (torch.float32, torch.float64)
-        for c, e, _, pieces, portions in layout:
-            M[0, :e - c].copy_(g64[c:e])
-            sm = M[1, :e - c]
-            for j, ((row, k, gen), nz) in enumerate(zip(jobs, noise)):
-                blk = row[c:e]
+        sig, mle = self.sig, [self.mle[k] for k, _ in jobs]
+        for g64_row, g64_blk, sm, g_blk, rows in blocks:
+            g64_row.copy_(g64_blk)
+            for (blk, pieces, portions), (_, gen), nz, shift in zip(rows, jobs, noise, mle):
                 if not nz:
                     blk.zero_()
                 else:
-                    for a, b, t in pieces:      # σ_t·z drawn directly (bit for bit the same for ≥ 16 numbers)
-                        if fused and b - a >= 16:
-                            row[a:b].normal_(0.0, sig[t], generator=gen)
+                    for v, t, fused in pieces:      # σ_t·z drawn directly (bit for bit the same for ≥ 16 numbers)
+                        if fused:
+                            v.normal_(0.0, sig[t], generator=gen)
                         else:
-                            torch.randn(b - a, generator=gen, dtype=row.dtype, out=row[a:b]).mul_(sig[t])
+                            torch.randn(v.numel(), generator=gen, dtype=v.dtype, out=v).mul_(sig[t])
                     sm.copy_(blk)
-                    for t, a, b in portions:    # (⟨s_t, g_t⟩, ‖s_t‖²) += [g; s] · s over this portion
-                        acc[j, t].addmv_(M[:, a - c:b - c], sm[a - c:b - c])
-                if self.mle[k]:
-                    blk.sub_(g[c:e])
+                    for a, gs, s in portions:       # (⟨s_t, g_t⟩, ‖s_t‖²) += [g; s] · s over this portion
+                        a.addmv_(gs, s)
+                if shift:
+                    blk.sub_(g_blk)
         return acc
 
     def _fill_batched(self, Z: Tensor, ks: list[int]) -> Tensor:
