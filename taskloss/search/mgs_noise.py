@@ -12,9 +12,9 @@ the scaled noise s = σ_t z (the float32 numbers Δθ_k is made of), accumulated
 to float64 rounding) whether Δθ_k is stored (:meth:`CandidateDraws.draw_all`) or regenerated
 (:meth:`CandidateDraws.draw`), and bit-identical on every rank. Per step this costs K draws of P normal numbers
 plus, per cache-sized block, a float64 copy, one or two ``addmv`` per tensor and the −g shift (on a CPU the
-row-by-row draw itself scales by σ_t). On a CPU the draw is a sizeable part of a step (torch's generator draws ~3·10⁸ normals per second
-on one core: about an eighth of an MGS step's floor for the 1M-parameter MLP of ``benchmarks/bench_mgs.py``, which
-counts it in the floor). One generator's stream is sequential, but the candidates' streams are independent: with
+row-by-row draw itself scales by σ_t). On a CPU the draw is a sizeable part of a step (torch's generator draws
+~3·10⁸ normals per second on one core: about an eighth of an MGS step's floor for the 1M-parameter MLP of
+``benchmarks/bench_mgs.py``, which counts it in the floor). One generator's stream is sequential, but the candidates' streams are independent: with
 P ≥ ``CandidateDraws.THREAD_MIN`` the rows are drawn by ``torch.get_num_threads()`` worker threads (each running
 torch single-threaded), each row from its own seed, so the numbers do not depend on the number of threads or on
 which thread draws a row. The buffers a step needs, and the views into them, are kept in a :class:`DrawPlan`
@@ -151,6 +151,11 @@ class DrawPlan:
             hit = self.memo[key] = (deps, build())
         return hit[1]
 
+    def keeps(self, t: Tensor) -> bool:
+        """Whether ``t`` is one of the buffers this plan keeps (views into others are not cached: the cache would
+        keep a caller's temporary alive)."""
+        return any(t is b for b in self.scratch.values())
+
     def views(self, key, flat: Tensor, shapes: list | None = None) -> list[Tensor]:
         """Per-tensor views of the flat ``[P]`` tensor ``flat`` (shaped ``shapes`` if given, else flat), cached
         under ``key`` while ``flat`` is the same tensor."""
@@ -242,17 +247,17 @@ class CandidateDraws:
         """⟨s_{k,t}, g_t⟩, float64 ``[n, T]``."""
         return self.stats[..., 0]
 
-    def _fill(self, Z: Tensor, ks: list[int]) -> Tensor:
+    def _fill(self, Z: Tensor, ks: list[int], keep: bool = False) -> Tensor:
         """Rows ``Z[j]`` ← Δθ of candidates ``ks[j]`` (noise from their seeds, scaled by σ_t, −g for MLE-centred
         ones; exactly −g for candidate 0 with ``include_mle``), recording their float64 statistics. On a CPU with
         P ≥ ``ROW_BLOCK``: row by row (:meth:`_fill_rows`), the rows spread over ``torch.get_num_threads()`` worker
         threads; otherwise all rows together (:meth:`_fill_batched`). Both draw the same numbers."""
         if self.device.type != "cpu" or Z.shape[1] < self.ROW_BLOCK:    # small P: fewer calls all rows at once
-            return self._fill_batched(Z, ks)
+            return self._fill_batched(Z, ks, keep)
         layout = self.plan.layout(self.ROW_BLOCK)
         workers = min(len(ks), torch.get_num_threads()) if Z.shape[1] >= self.THREAD_MIN else 1
         gens = self.plan.generators(len(ks))
-        views = self._row_views(Z, workers, layout)
+        views = self._row_views(Z, workers, layout, keep)
         jobs = [[(ks[j], gens[j]) for j in range(len(ks))[w::workers]] for w in range(workers)]
         if workers <= 1:
             parts = [self._fill_rows(jobs[0], *views[0])]
@@ -263,13 +268,13 @@ class CandidateDraws:
             self.stats[idx[w::workers]] = part
         return Z
 
-    def _row_views(self, Z: Tensor, workers: int, layout) -> list:
+    def _row_views(self, Z: Tensor, workers: int, layout, keep: bool) -> list:
         """Per worker w (rows w, w + workers, … of ``Z`` ``[m, P]``): its float64 accumulator ``[rows, T, 2]`` and
         per block (g64's block in row 0 of a ``[2, block]`` float64 buffer, the block of g64, row 1 of that buffer
         for s, the block of g, and per row: its block, its ``randn`` pieces ``(view, t, fused)``, its per-tensor
-        portions ``(accumulator entry, [g; s] columns, s columns)``). Built once while ``Z``, g and g64 are the
-        same tensors: the row path makes a few hundred calls per step on a 100K-parameter model, and taking each
-        slice anew doubled them."""
+        portions ``(accumulator entry, [g; s] columns, s columns)``). With ``keep`` (``Z`` a kept buffer) built
+        once while ``Z``, g and g64 are the same tensors: the row path makes a few hundred calls per step on a
+        100K-parameter model, and taking each slice anew doubled them."""
         m, g64, g, T = Z.shape[0], self.p.g64, self.p.g, len(self.sig)
 
         def build():
@@ -290,7 +295,7 @@ class CandidateDraws:
                 out.append((acc, blocks))
             return out
 
-        return self.plan.cached(("rows", m, workers), (Z, g, g64), build)
+        return self.plan.cached(("rows", m, workers), (Z, g, g64), build) if keep else build()
 
     def _fill_rows(self, jobs, acc: Tensor, blocks) -> Tensor:
         """Rows ← Δθ_k on a CPU for ``jobs`` = [(k, generator)] through the views of :meth:`_row_views`, one block
@@ -324,7 +329,7 @@ class CandidateDraws:
                     blk.sub_(g_blk)
         return acc
 
-    def _fill_batched(self, Z: Tensor, ks: list[int]) -> Tensor:
+    def _fill_batched(self, Z: Tensor, ks: list[int], keep: bool = False) -> Tensor:
         """:meth:`_fill` for all rows together, a few kernel calls per tensor for every candidate (the GPU path;
         it also runs on a CPU, where it draws the same numbers as :meth:`_fill_rows`). Per column chunk: each
         row's ``randn`` pieces, one ``mul_`` by σ_t per tensor portion, one float64 copy of the chunk, then per
@@ -336,7 +341,7 @@ class CandidateDraws:
                 for gen, k in zip(self.plan.generators(m), ks)]
         M = torch.tensor([float(self.mle[k]) for k in ks], dtype=Z.dtype, device=dev) if any(
             self.mle[k] for k in ks) else None
-        acc, chunks = self._batched_views(Z)
+        acc, chunks = self._batched_views(Z, keep)
         acc.zero_()
         sig = self.sig
         for zc, rows, pieces, scale, stats, s64, gc, width in chunks:
@@ -366,12 +371,12 @@ class CandidateDraws:
             self.stats[torch.tensor(ks, device=dev)] = acc
         return Z
 
-    def _batched_views(self, Z: Tensor):
+    def _batched_views(self, Z: Tensor, keep: bool):
         """The views :meth:`_fill_batched` writes through, for the row buffer ``Z`` ``[m, P]``: a float64
         accumulator ``[m, T, 2]`` and per chunk (chunk of Z, its rows, each row's ``randn`` pieces, the σ_t
         portions, per portion (⟨s,g⟩ column, ‖s‖² column, float64 chunk columns, g64 portion, ones), the float64
-        chunk, the chunk of g). Kept in the plan while ``Z``, g and g64 are the same tensors (on a CPU the float64
-        chunk is a kept buffer; on a GPU it is a temporary, so its columns are taken at each step)."""
+        chunk, the chunk of g). With ``keep``, kept in the plan while ``Z``, g and g64 are the same tensors (on a
+        CPU the float64 chunk is then a kept buffer; on a GPU it is a temporary, its columns taken at each step)."""
         m, dev, g64, g = Z.shape[0], self.device, self.p.g64, self.p.g
         cpu = dev.type == "cpu" if self.KEEP_CHUNK64 is None else bool(self.KEEP_CHUNK64)
 
@@ -391,17 +396,20 @@ class CandidateDraws:
                                [(t, Z[:, a:b]) for t, a, b in portions], stats, s64, g[c:e], e - c))
             return acc, chunks
 
-        return self.plan.cached(("batched", m, cpu), (Z, g, g64), build)
+        return self.plan.cached(("batched", m, cpu), (Z, g, g64), build) if keep else build()
 
     def draw_all(self, Z: Tensor) -> Tensor:
         """Write Δθ_k of every candidate into row k of ``Z`` ``[n, P]`` (the parameters' dtype and device), record
         the statistics, return ``Z``."""
-        return self._fill(Z, list(range(self.n)))
+        return self._fill(Z, list(range(self.n)), self.plan.keeps(Z))
 
     def draw(self, k: int, out: Tensor) -> Tensor:
         """Write Δθ_k into ``out`` (flat ``[P]``) and record row k of the statistics: the same numbers per element
         as :meth:`draw_all` (the float64 sums may differ in the last bits: other reduction shapes)."""
-        self._fill(out[None], [k])
+        if self.plan.keeps(out):     # one object per kept buffer, so that the views into it stay cached
+            self._fill(self.plan.cached("draw row", (out,), lambda: out[None]), [k], True)
+        else:
+            self._fill(out[None], [k])
         return out
 
     def log_q(self, mix: float, density: str) -> Tensor:
