@@ -146,7 +146,7 @@ class MGS(_CandidateScoring):
     - parallel: "auto" (default: the vmap modes for parameters on a GPU, the loop on a CPU — on a CPU, K
       forwards one after another use the cores as well as one batched forward, while the vmap stacks K
       parameter copies and K activation sets: measured on one thread for digits MLPs with K = 8 (P = 4.8K to
-      1.1M parameters, batches 128 and 1078), the vmap step took 0.97–1.47× the loop's time, never clearly less,
+      1.1M parameters, batches 128 and 1078), the vmap step took 0.97–1.58× the loop's time, never clearly less,
       and 3–5× its peak memory, so no size rule picks it on a CPU), True (vmap) or False (loop).
     - vmap_task_loss (vmap modes only): True (forward and task loss in one vmap), False (vmap the forward, score
       each candidate's outputs in a Python loop — for decoding + edit distance and other non-vmappable
@@ -218,9 +218,9 @@ class MGS(_CandidateScoring):
                              f"floating dtype and device, got {sorted(map(str, kinds))}")
         # "auto": the vmap on a GPU, the loop on a CPU. A size rule for the CPU was measured and not adopted: after
         # the per-call trimming of both paths (digits MLPs, one thread, thread CPU time, K = 8, interleaved in one
-        # process), vmap / loop = 0.97-1.04 at P = 4.8K (batch 128, three runs), 1.27 / 0.99 at 19K (batch 128 /
-        # 1078), 1.04 / 1.24 at 38K, 1.02-1.47 at 85K (batch 1078, two runs), 1.34 at 1.1M: the vmap never wins by
-        # more than the noise, at any P, and costs 3-5x the loop's peak memory.
+        # process), vmap / loop = 0.97-1.04 at P = 4.8K (batch 128, four runs), 1.27 / 0.99 at 19K (batch 128 /
+        # 1078), 1.04 / 1.24 at 38K, 1.02-1.58 at 85K (batch 1078, K = 4 and 8, four runs), 1.34 at 1.1M: the vmap
+        # never wins by more than the noise, at any P, and costs 3-5x the loop's peak memory.
         self.parallel = self.params[0].device.type == "cuda" if parallel == "auto" else bool(parallel)
         self._auto = self.parallel and vmap_task_loss == "auto"
         self.mode = "loop" if not self.parallel else ("vmap_forward" if vmap_task_loss is False else "vmap")
