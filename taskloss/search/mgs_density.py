@@ -211,13 +211,9 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _seed_for(base: int, step: int, k: int) -> int:
-    """Per-candidate seed shared by every rank: a SplitMix64 hash of (base seed, step, candidate) < 2⁶³."""
-    return _splitmix64(_splitmix64(_splitmix64(base) ^ step) ^ k) >> 1
-
-
 def _seeds_for(base: int, step: int, n: int) -> list[int]:
-    """``[_seed_for(base, step, k) for k in range(n)]``, the common part of the hash computed once."""
+    """Seeds of candidates k = 0..n−1 of a step, shared by every rank: the SplitMix64 hash
+    sm(sm(sm(base) ^ step) ^ k) >> 1 < 2⁶³ of (base seed, step, candidate), its common part computed once."""
     h = _splitmix64(_splitmix64(base) ^ step)
     return [_splitmix64(h ^ k) >> 1 for k in range(n)]
 
