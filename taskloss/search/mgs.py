@@ -25,13 +25,19 @@ Cost of a step: one surrogate forward + backward and one optimizer step (an MLE 
 K draws of P normal numbers (P = number of searched parameters; each candidate's from its own seed, on a CPU
 with P ≥ 2¹⁸ the candidates spread over torch's threads), each block of a candidate's noise reduced to its
 float64 statistics and shifted while in cache (:meth:`taskloss.search.mgs_noise.CandidateDraws.draw_all`),
-θ + Δθ_k written into the module per candidate, the update Σ_k w_k Δθ_k (one matrix-vector product) and a few
-passes over θ (flattening, float64 norms). The K×P candidate rows, the gradient, its float64 copy and the update
-live in buffers kept between steps (:class:`taskloss.search.mgs_noise.DrawPlan`; fresh ones cost page faults at
-every step). The floor is the MLE step, the K forwards and the K·P normal draws. The task loss at the current
-parameters, l(θ), cancels in the normalized weights, so the step does not compute it: :attr:`MGSStats.base_loss`
-evaluates it on first access (``eager_base_loss=True`` computes it inside the step and refuses a non-finite
-value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor.
+θ + Δθ_k written into the module per candidate (one add per tensor), the update Σ_k w_k Δθ_k (one
+matrix-vector product) and a few passes over θ (a copy, float64 norms). The K×P candidate rows, θ, the gradient,
+its float64 copy and the update live in buffers kept between steps (:class:`taskloss.search.mgs_noise.DrawPlan`;
+fresh ones cost page faults at every step), and so do the per-tensor views into them: for a small model the step
+is a few hundred tiny calls, each costing kernel-dispatch and Python time, so the step makes as few as it can
+(views built once, the losses stacked and converted once, the weights' checks on Python floats, the density's
+per-tensor constants in Python). The floor is the MLE step, the K forwards and the K·P normal draws. The task
+loss at the current parameters, l(θ), cancels in the normalized weights, so the step does not compute it:
+:attr:`MGSStats.base_loss` evaluates it on first access (``eager_base_loss=True`` computes it inside the step
+and refuses a non-finite value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor;
+for a 4.8K-parameter MLP the bookkeeping around the floor's work (σ_t, the noise statistics, log q, the
+weights, the clipping norms, the checks) is still ≈ 0.4× the floor, while the floor's work alone plus the
+candidate writes is ≈ 1.15× it.
 """
 from __future__ import annotations
 
@@ -46,13 +52,14 @@ from torch import Tensor, nn
 from taskloss.search.mgs_density import (
     DENSITIES,
     _check_choice,
-    _seed_for,
+    _checked_shift,
+    _ess,
+    _log_weights,
+    _seeds_for,
     _uniform_from_seed,
-    effective_sample_size,
-    mgs_weights,
 )
 from taskloss.search.mgs_noise import CandidateDraws, DrawPlan, build_proposal
-from taskloss.search.mgs_scoring import MODES, _CandidateScoring, default_forward
+from taskloss.search.mgs_scoring import MODES, _CandidateScoring, _stack_losses, default_forward
 from taskloss.utils import check_int, check_positive, check_probability
 
 __all__ = ["MGS", "MGSStats", "SIGMA_MODES", "ASSIGNMENTS"]
@@ -138,8 +145,9 @@ class MGS(_CandidateScoring):
       balance heuristic of deterministic-mixture importance sampling); ``density`` "mixture" or "unit_sigma".
     - parallel: "auto" (default: the vmap modes for parameters on a GPU, the loop on a CPU — on a CPU, K
       forwards one after another use the cores as well as one batched forward, while the vmap stacks K
-      parameter copies and K activation sets: 1.0–1.3× the time and 3–5× the peak memory of the loop for the
-      digits MLPs of ``benchmarks/bench_mgs.py``), True (vmap) or False (loop).
+      parameter copies and K activation sets: measured on one thread for digits MLPs with K = 8 (P = 4.8K to
+      1.1M parameters, batches 128 and 1078), the vmap step took 0.97–1.58× the loop's time, never clearly less,
+      and 3–5× its peak memory, so no size rule picks it on a CPU), True (vmap) or False (loop).
     - vmap_task_loss (vmap modes only): True (forward and task loss in one vmap), False (vmap the forward, score
       each candidate's outputs in a Python loop — for decoding + edit distance and other non-vmappable
       metrics), "auto" (try vmap, fall back to the forward-only vmap, then to the loop, with a warning).
@@ -208,6 +216,11 @@ class MGS(_CandidateScoring):
         if len(kinds) != 1 or not self.params[0].is_floating_point():
             raise ValueError(f"MGS searches one flat parameter vector: all trainable parameters must share one "
                              f"floating dtype and device, got {sorted(map(str, kinds))}")
+        # "auto": the vmap on a GPU, the loop on a CPU. A size rule for the CPU was measured and not adopted: after
+        # the per-call trimming of both paths (digits MLPs, one thread, thread CPU time, K = 8, interleaved in one
+        # process), vmap / loop = 0.97-1.04 at P = 4.8K (batch 128, four runs), 1.27 / 0.99 at 19K (batch 128 /
+        # 1078), 1.04 / 1.24 at 38K, 1.02-1.58 at 85K (batch 1078, K = 4 and 8, four runs), 1.34 at 1.1M: the vmap
+        # never wins by more than the noise, at any P, and costs 3-5x the loop's peak memory.
         self.parallel = self.params[0].device.type == "cuda" if parallel == "auto" else bool(parallel)
         self._auto = self.parallel and vmap_task_loss == "auto"
         self.mode = "loop" if not self.parallel else ("vmap_forward" if vmap_task_loss is False else "vmap")
@@ -252,13 +265,14 @@ class MGS(_CandidateScoring):
         self._seed_synced = True
         return self._seed
 
-    def _gather(self, local: dict[int, Tensor], check: float, n: int, world: int) -> Tensor:
-        """Task losses of all n candidates (each rank scored its own), plus a check that every rank computed the
-        same surrogate loss ``check`` (same batch, same parameters)."""
+    def _gather(self, own: list[int], local: Tensor, check: float, n: int, world: int) -> Tensor:
+        """Task losses of all n candidates (each rank scored its own: ``local`` float64 ``[len(own)]`` for the
+        candidates ``own``), plus a check that every rank computed the same surrogate loss ``check`` (same batch,
+        same parameters)."""
         if world == 1:
-            return torch.stack([local[k] for k in range(n)]).cpu()
+            return local.cpu()
         vec = torch.zeros(n + 1, dtype=torch.float64, device=self.params[0].device)
-        for k, v in local.items():
+        for k, v in zip(own, local.to(vec.device).unbind(0)):
             vec[k] = v
         vec[n] = check
         bufs = [torch.empty_like(vec) for _ in range(world)]
@@ -281,20 +295,25 @@ class MGS(_CandidateScoring):
         loss = self.surrogate_loss_fn(self.model, batch)
         if not isinstance(loss, Tensor) or loss.numel() != 1 or not loss.requires_grad:
             raise ValueError("surrogate_loss_fn must return a scalar tensor that requires grad")
-        if not bool(torch.isfinite(loss.detach())):
-            raise ValueError(f"surrogate loss is not finite: {float(loss.detach())}")
-        grads = torch.autograd.grad(loss.reshape(()), self.params, allow_unused=True)
+        value = float(loss.detach())
+        if not math.isfinite(value):
+            raise ValueError(f"surrogate loss is not finite: {value}")
+        grads = torch.autograd.grad(loss if loss.dim() == 0 else loss.reshape(()), self.params, allow_unused=True)
         plan = self._plan = DrawPlan.reuse(self._plan, self._numels, self.params[0].device)
         P = sum(self._numels)
-        g = torch.cat([torch.zeros_like(p).reshape(-1) if gr is None else gr.detach().reshape(-1)
-                       for p, gr in zip(self.params, grads)], out=plan.buffer("g", (P,), self.params[0].dtype))
+        g = plan.buffer("g", (P,), self.params[0].dtype)
+        if any(gr is None for gr in grads):
+            torch.cat([torch.zeros_like(p).reshape(-1) if gr is None else gr.detach().reshape(-1)
+                       for p, gr in zip(self.params, grads)], out=g)
+        else:       # one call for every tensor (grads of leaves without create_graph carry no history)
+            torch._foreach_copy_(plan.views("g", g, self._shapes), list(grads))
         g64 = plan.buffer("g64", (P,), torch.float64).copy_(g)
         norm = float(torch.linalg.vector_norm(g64))
         if not math.isfinite(norm):
             raise ValueError("surrogate gradient contains NaN or inf")
         if self.max_grad_norm is not None and norm > self.max_grad_norm:
             g64.copy_(g.mul_(self.max_grad_norm / (norm + 1e-6)))
-        return float(loss.detach()), g, g64, norm
+        return value, g, g64, norm
 
     def _is_mle(self, k: int, seed: int) -> bool:
         if self.include_mle and k == 0:
@@ -305,13 +324,13 @@ class MGS(_CandidateScoring):
         return _uniform_from_seed(seed) >= self.mix
 
     def _score_candidates(self, draws: CandidateDraws, theta: Tensor, batch, own: list[int]):
-        """Phase 3: task losses of this rank's candidates ``own`` ({k: float64 0-dim}), the ``[n, P]`` rows Δθ_k for
-        the weighted sum (None with ``low_memory``) and, with ``eager_base_loss``, l(θ). Every rank draws every
-        candidate (the weights need all statistics) and scores its own."""
-        local: dict[int, Tensor] = {}
+        """Phase 3: task losses of this rank's candidates ``own`` (float64 ``[len(own)]``), the ``[n, P]`` rows Δθ_k
+        for the weighted sum (None with ``low_memory``) and, with ``eager_base_loss``, l(θ). Every rank draws every
+        candidate (the weights need all statistics) and scores its own. ``theta`` is the plan's kept copy of θ."""
+        plan = draws.plan
         rows = None if self.low_memory else draws.draw_all(
-            draws.plan.buffer("rows", (len(draws.seeds), theta.numel()), theta.dtype))
-        scratch = torch.empty_like(theta) if self.low_memory else None
+            plan.buffer("rows", (len(draws.seeds), theta.numel()), theta.dtype))
+        scratch = plan.buffer("scratch", theta.shape, theta.dtype) if self.low_memory else None
         base = None
         was_training = self.model.training
         try:
@@ -325,19 +344,23 @@ class MGS(_CandidateScoring):
                         if k not in own:
                             draws.draw(k, scratch)
                 if self.mode == "loop":
-                    contiguous = all(p.is_contiguous() for p in self.params)
-                    views = [p.view(-1) for p in self.params] if contiguous else None
-                    parts = theta.split(self._numels)
-                    for k in own:       # write θ + Δθ_k into the module: one elementwise add per tensor
-                        d = draws.draw(k, scratch) if rows is None else rows[k]
-                        if views is None:
-                            self._load(theta, d)
-                        else:
-                            for v, x, y in zip(views, parts, d.split(self._numels)):
-                                torch.add(x, y, out=v)
-                        local[k] = self._score_one(self.model, batch)
+                    # θ + Δθ_k written into the module by one add per tensor, through views of the kept θ and
+                    # rows built once (no pass over P besides the add itself)
+                    thetas = plan.views("theta", theta, self._shapes)
+                    row_views = plan.cached("row views", (rows, scratch), lambda: [
+                        [v.view(sh) for v, sh in zip(r.split(self._numels), self._shapes)]
+                        for r in (rows.unbind(0) if rows is not None else [scratch])])
+                    values = []
+                    for k in own:
+                        if rows is None:
+                            draws.draw(k, scratch)
+                        for p, x, d in zip(self.params, thetas, row_views[k if rows is not None else 0]):
+                            torch.add(x, d, out=p)
+                        values.append(self._task_value(self.model, batch))
+                    losses = _stack_losses(values, "loop")
                 else:
                     chunk = self.chunk_size or max(len(own), 1)
+                    parts = []
                     for i in range(0, len(own), chunk):
                         ks = own[i:i + chunk]
                         if rows is None:
@@ -347,14 +370,16 @@ class MGS(_CandidateScoring):
                         else:
                             D = rows[torch.tensor(ks, device=rows.device)] if len(own) < len(draws.seeds) \
                                 else rows[ks[0]:ks[-1] + 1]
-                        local.update(zip(ks, self._score(D, theta, batch)))
+                        parts.append(self._score(D, theta, batch))
+                    losses = torch.cat(parts) if parts else theta.new_zeros(0, dtype=torch.float64)
         finally:
             if self.mode == "loop":      # the module holds the last candidate scored in loop mode
-                self._load(theta)
+                with torch.no_grad():
+                    torch._foreach_copy_(self.params, plan.views("theta", theta, self._shapes))
             self.model.train(was_training)
         if base is not None and not math.isfinite(float(base)):
             raise ValueError(f"task loss at the current parameters is not finite: l(θ) = {float(base)}")
-        return local, rows, base
+        return losses, rows, base
 
     def _weighted_sum(self, w: Tensor, draws: CandidateDraws, rows: Tensor | None, theta: Tensor, keep: bool):
         """Phase 4: Δθ* = Σ_k w_k Δθ_k: one matrix-vector product over the stored rows, or (``low_memory``) the
@@ -364,9 +389,9 @@ class MGS(_CandidateScoring):
             update = draws.plan.buffer("update", theta.shape, theta.dtype)
             torch.mm(w.to(device=rows.device, dtype=rows.dtype)[None], rows, out=update[None])
             return update, ([self._unflat(d.clone()) for d in rows] if keep else None)
-        update = torch.zeros_like(theta)
+        update = draws.plan.buffer("update", theta.shape, theta.dtype).zero_()
         kept = [] if keep else None
-        scratch = torch.empty_like(theta)
+        scratch = draws.plan.buffer("scratch", theta.shape, theta.dtype)
         for k in range(len(draws.seeds)):
             d = draws.draw(k, scratch)
             update.add_(d, alpha=float(w[k]))
@@ -374,17 +399,18 @@ class MGS(_CandidateScoring):
                 kept.append(self._unflat(d.clone()))
         return update, kept
 
-    def _apply(self, update: Tensor, scratch64: Tensor) -> float:
+    def _apply(self, update: Tensor) -> float:
         """Phase 5: ``p.grad = −Δθ*`` (clipped to ``max_update_norm`` as ``clip_grad_norm_`` does, with the norm
-        taken once in float64, in ``scratch64`` ``[P]``) and ``optimizer.step()``; returns ‖Δθ*‖. The ``p.grad``
-        are views of the update buffer, which the next step overwrites."""
-        update_norm = float(torch.linalg.vector_norm(scratch64.copy_(update)))
+        taken in float64) and ``optimizer.step()``; returns ‖Δθ*‖. The ``p.grad`` are views of the kept update
+        buffer, which the next step overwrites."""
+        update_norm = float(torch.linalg.vector_norm(update, dtype=torch.float64))
         scale = -1.0
         if self.max_update_norm is not None:
             scale = -min(1.0, self.max_update_norm / (update_norm + 1e-6))
         update.mul_(scale)
-        for p, u in zip(self.params, self._unflat(update).values()):
-            p.grad = u
+        for p, u in zip(self.params, self._plan.views("update", update, self._shapes)):
+            if p.grad is not u:      # set once: the views of the kept update buffer stay valid across steps
+                p.grad = u
         self.optimizer.step()
         return update_norm
 
@@ -395,25 +421,31 @@ class MGS(_CandidateScoring):
         world, rank = self.world()
         base_seed = self._base_seed(world)
         surrogate, g, g64, grad_norm = self._surrogate_grad(batch)
-        proposal = build_proposal(g, self._numels, self.sigma, self.sigma_mode, g64)      # phase 2
+        plan = self._plan
+        proposal = build_proposal(g, self._numels, self.sigma, self.sigma_mode, g64, plan)      # phase 2
         n = self.K + int(self.include_mle)
-        seeds = [_seed_for(base_seed, self.steps_done, k) for k in range(n)]
+        seeds = _seeds_for(base_seed, self.steps_done, n)
         draws = CandidateDraws(proposal, seeds, [self._is_mle(k, s) for k, s in enumerate(seeds)],
-                               self.include_mle, self._plan)
-        theta = torch.cat([p.detach().reshape(-1) for p in self.params])     # kept by the lazy base_loss
-        local, rows, base = self._score_candidates(draws, theta, batch, list(range(rank, n, world)))
-        losses = self._gather(local, surrogate, n, world)
-        if bool(torch.isnan(losses).any()):
+                               self.include_mle, plan)
+        theta = plan.buffer("theta", g.shape, g.dtype)      # θ, kept across steps (the loop restores from it)
+        with torch.no_grad():
+            torch._foreach_copy_(plan.views("theta", theta, self._shapes), self.params)
+        own = list(range(rank, n, world))
+        local, rows, base = self._score_candidates(draws, theta, batch, own)
+        losses = self._gather(own, local, surrogate, n, world)
+        if any(x != x for x in losses.tolist()):
             raise ValueError(f"a candidate's task loss is NaN: {losses.tolist()}")
         log_q = draws.log_q(self.mix, self.density)
-        log_w = mgs_weights(losses, 0.0, log_q, self.alpha, log=True)  # l(θ) cancels: any finite base will do
+        # the checks and formula of mgs_weights(losses, l(θ), log_q, alpha): l(θ) cancels, any finite value will do
+        log_w = _log_weights(losses, log_q, self.alpha, _checked_shift(losses, log_q))
         w = log_w.exp()
         update, kept = self._weighted_sum(w, draws, rows, theta, return_deltas)
-        update_norm = self._apply(update, g64)     # g64 is free after the draws: float64 scratch
+        update_norm = self._apply(update)
         self.steps_done += 1
         from_mle = torch.tensor(draws.mle, dtype=torch.bool)
+        theta0 = None if base is not None else theta.clone()     # the lazy base_loss keeps this step's θ
         return MGSStats(step=self.steps_done - 1, task_losses=losses, log_q=log_q, log_weights=log_w, weights=w,
-                        ess=effective_sample_size(w), from_mle=from_mle, mle_weight=float(w[from_mle].sum()),
+                        ess=_ess(w), from_mle=from_mle, mle_weight=float(w[from_mle].sum()),
                         surrogate_loss=surrogate, grad_norm=grad_norm, update_norm=update_norm,
                         sigmas=proposal.sigma.tolist(), seeds=seeds, evaluation=self.mode, deltas=kept,
-                        base=float(base) if base is not None else lambda: self._loss_at(theta, batch))
+                        base=float(base) if base is not None else lambda: self._loss_at(theta0, batch))

@@ -39,12 +39,15 @@ def _log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: fl
     measure on these atoms, so such a tensor contributes a factor 1 to a component whose atom it sits on
     (``d0_t == 0`` resp. ``d1_t == 0``, exactly) and 0 (log −inf) to one it misses. For MGS, where σ_t = 0 only
     when g_t = 0 (``sigma_mode="relative"``) and then Δθ_t = 0, both atoms coincide and the factor is 1."""
+    lm0, lm1 = math.log(mix) if mix > 0 else -math.inf, math.log1p(-mix) if mix < 1 else -math.inf
+    sig = sigma.tolist()
     if density == "unit_sigma":
         l0, l1 = -0.5 * d0.sum(-1), -0.5 * d1.sum(-1)
-    elif bool((sigma > 0).all()):      # every tensor perturbed (the usual case): two matrix-vector products
-        inv = -0.5 / sigma ** 2
-        const = float(-(numel * (torch.log(sigma) + 0.5 * _LOG_2PI)).sum())
-        l0, l1 = d0 @ inv + const, d1 @ inv + const
+    elif all(s > 0 for s in sig):      # every tensor perturbed (the usual case): two matrix-vector products
+        # the T per-tensor constants in Python floats (a small model's step is made of such tiny operations)
+        inv = torch.tensor([-0.5 / (s * s) for s in sig], dtype=torch.float64, device=d0.device)
+        const = -math.fsum(n * (math.log(s) + 0.5 * _LOG_2PI) for n, s in zip(numel.tolist(), sig))
+        return torch.logaddexp(d0 @ inv + (const + lm0), d1 @ inv + (const + lm1))
     else:
         live = sigma > 0
         s_safe = torch.where(live, sigma, torch.ones_like(sigma))
@@ -53,8 +56,7 @@ def _log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: fl
         atom1 = torch.where(d1 == 0, torch.zeros_like(d1), torch.full_like(d1, -math.inf))
         l0 = torch.where(live, -0.5 * d0 / s_safe ** 2 + const, atom0).sum(-1)
         l1 = torch.where(live, -0.5 * d1 / s_safe ** 2 + const, atom1).sum(-1)
-    return torch.logaddexp(l0 + (math.log(mix) if mix > 0 else -math.inf),
-                           l1 + (math.log1p(-mix) if mix < 1 else -math.inf))
+    return torch.logaddexp(l0 + lm0, l1 + lm1)
 
 
 def _as_list(x) -> list[Tensor]:
@@ -161,17 +163,29 @@ def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = Fals
         raise ValueError(f"log_q must have shape {tuple(L.shape)}, got {tuple(lq.shape)}")
     if b.numel() != 1 or not bool(torch.isfinite(b).all()):
         raise ValueError(f"base_loss must be a finite scalar, got {b}")
-    if bool(torch.isnan(L).any()) or bool((L == -math.inf).any()):
-        raise ValueError(f"task_losses contain NaN or -inf: {L.tolist()}")
-    if bool(torch.isinf(L).all()):
-        raise ValueError("every candidate has an infinite task loss; no weight can be formed")
-    if not bool(torch.isfinite(lq).all()):
-        raise ValueError(f"log_q must be finite, got {lq.tolist()}")
-    # −(l_k − l_0)/α, shifted by the best candidate so the largest term is exactly 0 (the shift cancels).
-    shift = L[torch.isfinite(L)].min()
-    logits = -((L - shift) / alpha) - lq
-    out = torch.log_softmax(logits, 0)
+    out = _log_weights(L, lq, alpha, _checked_shift(L, lq))
     return out if log else out.exp()
+
+
+def _checked_shift(L: Tensor, lq: Tensor) -> float:
+    """The value checks of :func:`mgs_weights` on task losses ``L`` and log-densities ``lq`` (float64 ``[K]``),
+    made on Python floats (one transfer of each vector): no NaN or −inf loss, not every loss +inf, every log q
+    finite. Returns the smallest finite loss (the shift of :func:`_log_weights`)."""
+    losses, lqs = L.tolist(), lq.tolist()
+    if any(x != x or x == -math.inf for x in losses):
+        raise ValueError(f"task_losses contain NaN or -inf: {losses}")
+    finite = [x for x in losses if x != math.inf]
+    if not finite:
+        raise ValueError("every candidate has an infinite task loss; no weight can be formed")
+    if not all(math.isfinite(x) for x in lqs):
+        raise ValueError(f"log_q must be finite, got {lqs}")
+    return min(finite)
+
+
+def _log_weights(L: Tensor, lq: Tensor, alpha: float, shift: float) -> Tensor:
+    """Normalized log-weights log_softmax(−(l_k − shift)/α − log q_k) of checked inputs (:func:`mgs_weights`).
+    The shift (the best finite loss) makes the largest term exactly 0 and cancels, like l(θ)."""
+    return torch.log_softmax(torch.sub(L, shift).div_(-alpha).sub_(lq), 0)
 
 
 def effective_sample_size(weights: Tensor) -> float:
@@ -181,7 +195,12 @@ def effective_sample_size(weights: Tensor) -> float:
         raise ValueError("weights must be a non-empty 1-D tensor of finite non-negative values")
     if not math.isclose(float(w.sum()), 1.0, rel_tol=1e-6):
         raise ValueError(f"weights must sum to 1, got {float(w.sum())}")
-    return float(1.0 / w.square().sum())
+    return _ess(w)
+
+
+def _ess(w: Tensor) -> float:
+    """1 / Σ w_k² of checked weights (:func:`effective_sample_size`)."""
+    return 1.0 / float(w.square().sum())
 
 
 # ------------------------------------------------------------------------------------------ candidate seeds
@@ -192,9 +211,11 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _seed_for(base: int, step: int, k: int) -> int:
-    """Per-candidate seed shared by every rank: a SplitMix64 hash of (base seed, step, candidate) < 2⁶³."""
-    return _splitmix64(_splitmix64(_splitmix64(base) ^ step) ^ k) >> 1
+def _seeds_for(base: int, step: int, n: int) -> list[int]:
+    """Seeds of candidates k = 0..n−1 of a step, shared by every rank: the SplitMix64 hash
+    sm(sm(sm(base) ^ step) ^ k) >> 1 < 2⁶³ of (base seed, step, candidate), its common part computed once."""
+    h = _splitmix64(_splitmix64(base) ^ step)
+    return [_splitmix64(h ^ k) >> 1 for k in range(n)]
 
 
 def _uniform_from_seed(seed: int) -> float:

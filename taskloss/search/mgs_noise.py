@@ -11,14 +11,14 @@ per tensor t,
 the scaled noise s = σ_t z (the float32 numbers Δθ_k is made of), accumulated in float64, so log q is the same (up
 to float64 rounding) whether Δθ_k is stored (:meth:`CandidateDraws.draw_all`) or regenerated
 (:meth:`CandidateDraws.draw`), and bit-identical on every rank. Per step this costs K draws of P normal numbers
-plus, per cache-sized block, a float64 copy, one ``addmv`` per tensor and the −g shift (on a CPU the draw itself
-scales by σ_t). On a CPU the draw is a sizeable part of a step (torch's generator draws ~3·10⁸ normals per second
-on one core: about an eighth of an MGS step's floor for the 1M-parameter MLP of ``benchmarks/bench_mgs.py``, which
-counts it in the floor). One generator's stream is sequential, but the candidates' streams are independent: with
+plus, per cache-sized block, a float64 copy, one or two ``addmv`` per tensor and the −g shift (on a CPU the
+row-by-row draw itself scales by σ_t). On a CPU the draw is a sizeable part of a step (torch's generator draws
+~3·10⁸ normals per second on one core: about an eighth of an MGS step's floor for the 1M-parameter MLP of
+``benchmarks/bench_mgs.py``, which counts it in the floor). One generator's stream is sequential, but the candidates' streams are independent: with
 P ≥ ``CandidateDraws.THREAD_MIN`` the rows are drawn by ``torch.get_num_threads()`` worker threads (each running
 torch single-threaded), each row from its own seed, so the numbers do not depend on the number of threads or on
-which thread draws a row. The buffers a step needs are kept in a :class:`DrawPlan` across steps.
-number of threads or on which thread draws a row.
+which thread draws a row. The buffers a step needs, and the views into them, are kept in a :class:`DrawPlan`
+across steps.
 """
 from __future__ import annotations
 
@@ -73,17 +73,24 @@ class StepProposal:
     numels: list[int]
 
 
-def build_proposal(g: Tensor, numels: list[int], sigma: float, sigma_mode: str, g64: Tensor | None = None
-                   ) -> StepProposal:
+def build_proposal(g: Tensor, numels: list[int], sigma: float, sigma_mode: str, g64: Tensor | None = None,
+                   plan: "DrawPlan | None" = None) -> StepProposal:
     """The step's proposal from the flat (clipped) surrogate gradient ``g``: σ_t = σ (``"absolute"``) or
     σ·mean|g_t| (``"relative"``), per-tensor sums in float64. ``g64``: ``g`` already copied to float64 (a
-    buffer the caller reuses), else a new copy."""
+    buffer the caller reuses), else a new copy. ``plan``: the :class:`DrawPlan` that keeps ``g64`` (its
+    per-tensor views and the ``numel`` tensor are then built once per layout)."""
     g64 = g.double() if g64 is None else g64
-    parts = g64.split(numels)
-    gg = torch.stack([torch.dot(x, x) for x in parts]).cpu()
-    numel = torch.tensor(numels, dtype=torch.float64)
+    if plan is None:
+        parts, numel = g64.split(numels), torch.tensor(numels, dtype=torch.float64)
+    else:
+        parts, numel = plan.views("g64", g64), plan.cached("numel", (), lambda: torch.tensor(numels,
+                                                                                             dtype=torch.float64))
+    cpu = g64.device.type == "cpu"
+    gg = torch.stack([torch.dot(x, x) for x in parts])
+    gg = gg if cpu else gg.cpu()
     if sigma_mode == "relative":
-        sig = sigma * torch.stack([torch.linalg.vector_norm(x, ord=1) for x in parts]).cpu() / numel
+        l1 = torch.stack([torch.linalg.vector_norm(x, ord=1) for x in parts])
+        sig = sigma * (l1 if cpu else l1.cpu()) / numel
     else:
         sig = torch.full((len(numels),), float(sigma), dtype=torch.float64)
     return StepProposal(g, g64, sig, gg, numel, list(numels))
@@ -92,10 +99,11 @@ def build_proposal(g: Tensor, numels: list[int], sigma: float, sigma_mode: str, 
 class DrawPlan:
     """What the steps share for one parameter layout (``numels``) on one device: the ``randn`` runs, the chunk
     layouts, one generator per row, and buffers — per-thread scratch, and for :class:`taskloss.search.mgs.MGS` the
-    gradient, its float64 copy, the ``[K', P]`` candidate rows and the update. MGS keeps one across steps:
-    allocating those buffers anew costs page faults at every step (≈ 9 ms a step on a CPU for the candidate rows
-    of the 1M-parameter MLP of ``benchmarks/bench_mgs.py``), and building the layouts costs more Python time than a
-    small model's draws."""
+    gradient, its float64 copy, θ, the ``[K', P]`` candidate rows and the update — and the per-tensor views into
+    them (:meth:`cached`, :meth:`views`). MGS keeps one across steps: allocating those buffers anew costs page
+    faults at every step (≈ 9 ms a step on a CPU for the candidate rows of the 1M-parameter MLP of
+    ``benchmarks/bench_mgs.py``), and building the layouts and views costs more Python time than a small model's
+    draws."""
 
     def __init__(self, numels: list[int], device: torch.device):
         self.numels, self.device = list(numels), torch.device(device)
@@ -112,6 +120,7 @@ class DrawPlan:
         self.layouts: dict[tuple[int, int], list] = {}
         self.gens: list[torch.Generator] = []
         self.scratch: dict[tuple, Tensor] = {}
+        self.memo: dict = {}
 
     @classmethod
     def reuse(cls, plan: "DrawPlan | None", numels: list[int], device: torch.device) -> "DrawPlan":
@@ -132,6 +141,26 @@ class DrawPlan:
         if buf is None or buf.shape != shape or buf.dtype != dtype:
             buf = self.scratch[key] = torch.empty(shape, dtype=dtype, device=self.device)
         return buf
+
+    def cached(self, key, deps: tuple, build):
+        """``build()``, computed once per ``key`` while the objects ``deps`` stay the same (``is``): views of the
+        kept buffers and other per-layout structures that would otherwise cost Python and kernel-dispatch time at
+        every step (a small model's step is made of such calls)."""
+        hit = self.memo.get(key)
+        if hit is None or len(hit[0]) != len(deps) or any(a is not b for a, b in zip(hit[0], deps)):
+            hit = self.memo[key] = (deps, build())
+        return hit[1]
+
+    def keeps(self, t: Tensor) -> bool:
+        """Whether ``t`` is one of the buffers this plan keeps (views into others are not cached: the cache would
+        keep a caller's temporary alive)."""
+        return any(t is b for b in self.scratch.values())
+
+    def views(self, key, flat: Tensor, shapes: list | None = None) -> list[Tensor]:
+        """Per-tensor views of the flat ``[P]`` tensor ``flat`` (shaped ``shapes`` if given, else flat), cached
+        under ``key`` while ``flat`` is the same tensor."""
+        return self.cached(("views", key, shapes is None), (flat,), lambda: list(flat.split(self.numels)) if
+                           shapes is None else [v.view(sh) for v, sh in zip(flat.split(self.numels), shapes)])
 
     def layout(self, width: int) -> list[tuple[int, int, list, list, list]]:
         """Chunks ``(start, stop, pieces, split, portions)`` of the flat vector, at most ``width`` entries each:
@@ -193,6 +222,8 @@ class CandidateDraws:
     CPU_BLOCK = 1 << 16      # float64 numbers per chunk over all rows (batched path)
     ROW_BLOCK = (1 << 15) - 16   # entries per block of one row (CPU path); a block (≤ ROW_BLOCK + 15 entries)
                                  # stays under torch's intra-op grain size, 2¹⁵
+    KEEP_CHUNK64: bool | None = None   # keep the batched path's float64 chunk in the plan (None: on a CPU only;
+                                       # on a GPU a whole tensor's float64 copy is taken per chunk and let go)
     THREAD_MIN = 1 << 18     # rows of fewer entries are drawn in the calling thread: whole MGS steps on 2 threads
                              # (digits MLPs, K = 8) were 2-6 % faster so at P = 85K and 177K, 2 % slower at 301K,
                              # and the draw 1.7× faster with the workers at 1.1M
@@ -203,124 +234,194 @@ class CandidateDraws:
         n, T, dev = len(seeds), len(proposal.numels), proposal.g.device
         self.device, self.n = dev, n
         self.plan = DrawPlan(proposal.numels, dev) if plan is None else plan
-        self.ss = torch.zeros(n, T, dtype=torch.float64, device=dev)
-        self.sg = torch.zeros(n, T, dtype=torch.float64, device=dev)
+        self.stats = torch.zeros(n, T, 2, dtype=torch.float64, device=dev)    # (⟨s_{k,t}, g_t⟩, ‖s_{k,t}‖²)
         self.sig = proposal.sigma.tolist()
 
-    def _fill(self, Z: Tensor, ks: list[int]) -> Tensor:
+    @property
+    def ss(self) -> Tensor:
+        """‖s_{k,t}‖², float64 ``[n, T]``."""
+        return self.stats[..., 1]
+
+    @property
+    def sg(self) -> Tensor:
+        """⟨s_{k,t}, g_t⟩, float64 ``[n, T]``."""
+        return self.stats[..., 0]
+
+    def _fill(self, Z: Tensor, ks: list[int], keep: bool = False) -> Tensor:
         """Rows ``Z[j]`` ← Δθ of candidates ``ks[j]`` (noise from their seeds, scaled by σ_t, −g for MLE-centred
         ones; exactly −g for candidate 0 with ``include_mle``), recording their float64 statistics. On a CPU with
         P ≥ ``ROW_BLOCK``: row by row (:meth:`_fill_rows`), the rows spread over ``torch.get_num_threads()`` worker
         threads; otherwise all rows together (:meth:`_fill_batched`). Both draw the same numbers."""
         if self.device.type != "cpu" or Z.shape[1] < self.ROW_BLOCK:    # small P: fewer calls all rows at once
-            return self._fill_batched(Z, ks)
+            return self._fill_batched(Z, ks, keep)
         layout = self.plan.layout(self.ROW_BLOCK)
         workers = min(len(ks), torch.get_num_threads()) if Z.shape[1] >= self.THREAD_MIN else 1
         gens = self.plan.generators(len(ks))
-        jobs = [[(Z[j], k, gens[j]) for j, k in list(enumerate(ks))[w::workers]] for w in range(workers)]
+        views = self._row_views(Z, workers, layout, keep)
+        jobs = [[(ks[j], gens[j]) for j in range(len(ks))[w::workers]] for w in range(workers)]
         if workers <= 1:
-            parts = [self._fill_rows(jobs[0], layout, 0)]
+            parts = [self._fill_rows(jobs[0], *views[0])]
         else:       # worker w draws rows w, w + workers, …: the same numbers whichever thread draws a row
-            parts = list(_pool(workers).map(lambda w: self._fill_rows(jobs[w], layout, w), range(workers)))
+            parts = list(_pool(workers).map(lambda w: self._fill_rows(jobs[w], *views[w]), range(workers)))
         idx = torch.tensor(ks)
         for w, part in enumerate(parts):
-            self.sg[idx[w::workers]] = part[..., 0]
-            self.ss[idx[w::workers]] = part[..., 1]
+            self.stats[idx[w::workers]] = part
         return Z
 
-    def _fill_rows(self, jobs, layout, worker: int) -> Tensor:
-        """Rows ← Δθ_k on a CPU for ``jobs`` = [(row, k, generator)], one block of at most ``ROW_BLOCK`` entries
-        at a time, block by block and within a block row by row (so the block of g stays in cache): each row's
-        block drawn from its generator already scaled by σ_t, its float64 statistics accumulated by one ``addmv``
-        of [g; s] by s per tensor, −g subtracted while in cache. Returns (⟨s_{k,t}, g_t⟩, ‖s_{k,t}‖²) as a float64
-        ``[len(jobs), T, 2]``. Blocks stay under torch's intra-op grain size, so a worker thread never opens a
-        parallel region (elementwise kernels of that size run in the calling thread)."""
-        acc = torch.zeros(len(jobs), len(self.sig), 2, dtype=torch.float64)
-        noise = [not (self.include_mle and k == 0) for _, k, _ in jobs]
-        for (_, k, gen), nz in zip(jobs, noise):
+    def _row_views(self, Z: Tensor, workers: int, layout, keep: bool) -> list:
+        """Per worker w (rows w, w + workers, … of ``Z`` ``[m, P]``): its float64 accumulator ``[rows, T, 2]`` and
+        per block (g64's block in row 0 of a ``[2, block]`` float64 buffer, the block of g64, row 1 of that buffer
+        for s, the block of g, and per row: its block, its ``randn`` pieces ``(view, t, fused)``, its per-tensor
+        portions ``(accumulator entry, [g; s] columns, s columns)``). With ``keep`` (``Z`` a kept buffer) built
+        once while ``Z``, g and g64 are the same tensors: the row path makes a few hundred calls per step on a
+        100K-parameter model, and taking each slice anew doubled them."""
+        m, g64, g, T = Z.shape[0], self.p.g64, self.p.g, len(self.sig)
+
+        def build():
+            fused = Z.dtype in (torch.float32, torch.float64)
+            width = max(chunk[1] - chunk[0] for chunk in layout)
+            out = []
+            for w in range(workers):
+                js = range(m)[w::workers]
+                acc = torch.zeros(len(js), T, 2, dtype=torch.float64)
+                M = torch.empty(2, width, dtype=torch.float64)
+                blocks = []
+                for c, e, _, pieces, portions in layout:
+                    sm = M[1, :e - c]
+                    rows = [(Z[j, c:e], [(Z[j, a:b], t, fused and b - a >= 16) for a, b, t in pieces],
+                             [(acc[i, t], M[:, a - c:b - c], sm[a - c:b - c]) for t, a, b in portions])
+                            for i, j in enumerate(js)]
+                    blocks.append((M[0, :e - c], g64[c:e], sm, g[c:e], rows))
+                out.append((acc, blocks))
+            return out
+
+        return self.plan.cached(("rows", m, workers), (Z, g, g64), build) if keep else build()
+
+    def _fill_rows(self, jobs, acc: Tensor, blocks) -> Tensor:
+        """Rows ← Δθ_k on a CPU for ``jobs`` = [(k, generator)] through the views of :meth:`_row_views`, one block
+        of at most ``ROW_BLOCK`` entries at a time, block by block and within a block row by row (so the block of
+        g stays in cache): each row's block drawn from its generator already scaled by σ_t, its float64
+        statistics accumulated by one ``addmv`` of [g; s] by s per tensor, −g subtracted while in cache. Returns
+        (⟨s_{k,t}, g_t⟩, ‖s_{k,t}‖²) as a float64 ``[len(jobs), T, 2]`` (``acc``, overwritten at the next call).
+        Blocks stay under torch's intra-op grain size, so a worker thread never opens a parallel region
+        (elementwise kernels of that size run in the calling thread)."""
+        acc.zero_()
+        noise = [not (self.include_mle and k == 0) for k, _ in jobs]
+        for (k, gen), nz in zip(jobs, noise):
             if nz:
                 gen.manual_seed(self.seeds[k])
-        M = self.plan.buffer(("rows", worker), (2, max(chunk[1] - chunk[0] for chunk in layout)), torch.float64)
-        g64, g, sig = self.p.g64, self.p.g, self.sig
-        fused = jobs[0][0].dtype in (torch.float32, torch.float64)
-        for c, e, _, pieces, portions in layout:
-            M[0, :e - c].copy_(g64[c:e])
-            sm = M[1, :e - c]
-            for j, ((row, k, gen), nz) in enumerate(zip(jobs, noise)):
-                blk = row[c:e]
+        sig, mle = self.sig, [self.mle[k] for k, _ in jobs]
+        for g64_row, g64_blk, sm, g_blk, rows in blocks:
+            g64_row.copy_(g64_blk)
+            for (blk, pieces, portions), (_, gen), nz, shift in zip(rows, jobs, noise, mle):
                 if not nz:
                     blk.zero_()
                 else:
-                    for a, b, t in pieces:      # σ_t·z drawn directly (bit for bit the same for ≥ 16 numbers)
-                        if fused and b - a >= 16:
-                            row[a:b].normal_(0.0, sig[t], generator=gen)
+                    for v, t, fused in pieces:      # σ_t·z drawn directly (bit for bit the same for ≥ 16 numbers)
+                        if fused:
+                            v.normal_(0.0, sig[t], generator=gen)
                         else:
-                            torch.randn(b - a, generator=gen, dtype=row.dtype, out=row[a:b]).mul_(sig[t])
+                            torch.randn(v.numel(), generator=gen, dtype=v.dtype, out=v).mul_(sig[t])
                     sm.copy_(blk)
-                    for t, a, b in portions:    # (⟨s_t, g_t⟩, ‖s_t‖²) += [g; s] · s over this portion
-                        acc[j, t].addmv_(M[:, a - c:b - c], sm[a - c:b - c])
-                if self.mle[k]:
-                    blk.sub_(g[c:e])
+                    for a, gs, s in portions:       # (⟨s_t, g_t⟩, ‖s_t‖²) += [g; s] · s over this portion
+                        a.addmv_(gs, s)
+                if shift:
+                    blk.sub_(g_blk)
         return acc
 
-    def _fill_batched(self, Z: Tensor, ks: list[int]) -> Tensor:
+    def _fill_batched(self, Z: Tensor, ks: list[int], keep: bool = False) -> Tensor:
         """:meth:`_fill` for all rows together, a few kernel calls per tensor for every candidate (the GPU path;
-        it also runs on a CPU, where it draws the same numbers as :meth:`_fill_rows`)."""
+        it also runs on a CPU, where it draws the same numbers as :meth:`_fill_rows`). Per column chunk: each
+        row's ``randn`` pieces, one ``mul_`` by σ_t per tensor portion, one float64 copy of the chunk, then per
+        portion one ``addmv_`` for ⟨s_t, g_t⟩ and (after one ``square_``) one for ‖s_t‖² (a product with ones),
+        and one ``addr_`` for the −g shift of the MLE-centred rows. The views these calls take are built once
+        per buffer (:meth:`_batched_views`)."""
         m, dev = Z.shape[0], self.device
         gens = [None if self.include_mle and k == 0 else gen.manual_seed(self.seeds[k])
                 for gen, k in zip(self.plan.generators(m), ks)]
         M = torch.tensor([float(self.mle[k]) for k in ks], dtype=Z.dtype, device=dev) if any(
             self.mle[k] for k in ks) else None
-        layout = self.plan.layout(self.CPU_BLOCK // m)
-        cols = max(chunk[1] - chunk[0] for chunk in layout)
-        buf = self.plan.buffer("batched", (m * cols,), torch.float64) if dev.type == "cpu" else None
-        g64, g = self.p.g64, self.p.g
-        ss: list[list[Tensor]] = [[] for _ in self.sig]
-        sg: list[list[Tensor]] = [[] for _ in self.sig]
-        for c, e, pieces, _, portions in layout:
+        acc, chunks = self._batched_views(Z, keep)
+        acc.zero_()
+        sig = self.sig
+        for zc, rows, pieces, scale, stats, s64, gc, width in chunks:
             for j, gen in enumerate(gens):
                 if gen is None:
-                    Z[j, c:e].zero_()
+                    rows[j].zero_()
                     continue
-                for a, b in pieces:
-                    torch.randn(b - a, generator=gen, device=dev, dtype=Z.dtype, out=Z[j, a:b])
-            for t, a, b in portions:
-                Z[:, a:b].mul_(self.sig[t])
-            s64 = Z[:, c:e].to(torch.float64) if buf is None else buf[:m * (e - c)].view(m, e - c).copy_(Z[:, c:e])
-            for t, a, b in portions:
-                sg[t].append(s64[:, a - c:b - c] @ g64[a:b])
+                for v in pieces[j]:
+                    v.normal_(generator=gen)
+            for t, v in scale:
+                v.mul_(sig[t])
+            if s64 is None:          # a GPU: one temporary per chunk (a whole tensor), not kept
+                s64 = zc.to(torch.float64)
+                stats = [(sg, ss, s64[:, a:b], g64, ones) for sg, ss, (a, b), g64, ones in stats]
+            else:
+                s64.copy_(zc)
+            for sg, _, s, g64, _ in stats:
+                sg.addmv_(s, g64)
             s64.square_()
-            for t, a, b in portions:
-                ss[t].append(s64[:, a - c:b - c].sum(1))
+            for _, ss, s, _, ones in stats:
+                ss.addmv_(s, ones)
             if M is not None:
-                Z[:, c:e].addr_(M, g[c:e], alpha=-1)
-        zero = torch.zeros(m, dtype=torch.float64, device=dev)
-        cat = lambda x: zero if not x else x[0] if len(x) == 1 else torch.stack(x).sum(0)  # noqa: E731
-        idx = torch.tensor(ks, device=dev)
-        self.ss[idx] = torch.stack([cat(x) for x in ss], 1)
-        self.sg[idx] = torch.stack([cat(x) for x in sg], 1)
+                zc.addr_(M, gc, alpha=-1)
+        if len(ks) == self.n and ks == list(range(self.n)):
+            self.stats.copy_(acc)
+        else:
+            self.stats[torch.tensor(ks, device=dev)] = acc
         return Z
+
+    def _batched_views(self, Z: Tensor, keep: bool):
+        """The views :meth:`_fill_batched` writes through, for the row buffer ``Z`` ``[m, P]``: a float64
+        accumulator ``[m, T, 2]`` and per chunk (chunk of Z, its rows, each row's ``randn`` pieces, the σ_t
+        portions, per portion (⟨s,g⟩ column, ‖s‖² column, float64 chunk columns, g64 portion, ones), the float64
+        chunk, the chunk of g). With ``keep``, kept in the plan while ``Z``, g and g64 are the same tensors (on a
+        CPU the float64 chunk is then a kept buffer; on a GPU it is a temporary, its columns taken at each step)."""
+        m, dev, g64, g = Z.shape[0], self.device, self.p.g64, self.p.g
+        cpu = dev.type == "cpu" if self.KEEP_CHUNK64 is None else bool(self.KEEP_CHUNK64)
+
+        def build():
+            layout = self.plan.layout(self.CPU_BLOCK // m)
+            cols = max(chunk[1] - chunk[0] for chunk in layout)
+            acc = torch.zeros(m, len(self.sig), 2, dtype=torch.float64, device=dev)
+            buf = torch.empty(m * cols, dtype=torch.float64, device=dev) if cpu else None
+            ones = torch.ones(cols, dtype=torch.float64, device=dev)
+            chunks = []
+            for c, e, pieces, _, portions in layout:
+                s64 = buf[:m * (e - c)].view(m, e - c) if cpu else None
+                stats = [(acc[:, t, 0], acc[:, t, 1], s64[:, a - c:b - c] if cpu else (a - c, b - c), g64[a:b],
+                          ones[:b - a]) for t, a, b in portions]
+                chunks.append((Z[:, c:e], [Z[j, c:e] for j in range(m)],
+                               [[Z[j, a:b] for a, b in pieces] for j in range(m)],
+                               [(t, Z[:, a:b]) for t, a, b in portions], stats, s64, g[c:e], e - c))
+            return acc, chunks
+
+        return self.plan.cached(("batched", m, cpu), (Z, g, g64), build) if keep else build()
 
     def draw_all(self, Z: Tensor) -> Tensor:
         """Write Δθ_k of every candidate into row k of ``Z`` ``[n, P]`` (the parameters' dtype and device), record
         the statistics, return ``Z``."""
-        return self._fill(Z, list(range(self.n)))
+        return self._fill(Z, list(range(self.n)), self.plan.keeps(Z))
 
     def draw(self, k: int, out: Tensor) -> Tensor:
         """Write Δθ_k into ``out`` (flat ``[P]``) and record row k of the statistics: the same numbers per element
         as :meth:`draw_all` (the float64 sums may differ in the last bits: other reduction shapes)."""
-        self._fill(out[None], [k])
+        if self.plan.keeps(out):     # one object per kept buffer, so that the views into it stay cached
+            self._fill(self.plan.cached("draw row", (out,), lambda: out[None]), [k], True)
+        else:
+            self._fill(out[None], [k])
         return out
 
     def log_q(self, mix: float, density: str) -> Tensor:
         """log q(Δθ_k) for every candidate, CPU float64 ``[n]``, from the recorded statistics of s = σ_t z:
         ‖Δθ_t‖² = ‖s_t‖² (zero component) or ‖g_t‖² − 2⟨s_t, g_t⟩ + ‖s_t‖² (MLE component), and ‖Δθ_t + g_t‖²
         symmetrically; candidate 0 with ``include_mle`` is −g (‖Δθ‖² = ‖g‖², ‖Δθ + g‖² = 0)."""
-        ss, sg = self.ss.cpu(), self.sg.cpu()
-        gg = self.p.gg.expand(ss.shape[0], -1)
-        m = torch.tensor(self.mle, dtype=torch.bool)[:, None]
-        d0 = torch.where(m, gg - 2 * sg + ss, ss)     # ‖Δθ_t‖²
-        d1 = torch.where(m, ss, ss + 2 * sg + gg)     # ‖Δθ_t + g_t‖²
+        stats = self.stats if self.stats.device.type == "cpu" else self.stats.cpu()
+        (sg, ss), gg = stats.unbind(-1), self.p.gg
+        m = torch.tensor([[x] for x in self.mle], dtype=torch.bool)
+        sg2 = 2 * sg
+        d0 = torch.where(m, gg - sg2 + ss, ss)     # ‖Δθ_t‖²
+        d1 = torch.where(m, ss, ss + sg2 + gg)     # ‖Δθ_t + g_t‖²
         if self.include_mle:
-            d0[0], d1[0] = gg[0], torch.zeros_like(gg[0])
+            d0[0], d1[0] = gg, 0.0
         return _log_q_from_sq(d0, d1, self.p.sigma, self.p.numel, mix, density)

@@ -43,6 +43,23 @@ def _scalar_loss(value, what: str) -> Tensor:
     return t.detach().reshape(()).to(torch.float64)
 
 
+def _stack_losses(values: list, what: str) -> Tensor:
+    """The task losses of several candidates as one float64 tensor ``[n]``: for tensors of one dtype and device,
+    one shape check per value and one stack and conversion in all (the numbers of :func:`_scalar_loss` per
+    value, which handles anything else)."""
+    first = values[0] if values else None
+    if isinstance(first, Tensor) and all(isinstance(v, Tensor) and v.dtype == first.dtype and
+                                         v.device == first.device for v in values):
+        for v in values:
+            if v.numel() != 1:
+                raise ValueError(f"task_loss_fn must return a scalar per candidate, got shape {tuple(v.shape)} "
+                                 f"({what})")
+        return torch.stack([v if v.dim() == 0 else v.reshape(()) for v in values]).detach().to(torch.float64)
+    if not values:
+        return torch.zeros(0, dtype=torch.float64)
+    return torch.stack([_scalar_loss(v, what) for v in values])
+
+
 class _FunctionalModel:
     """The model with candidate parameters inside ``vmap``: calling it runs ``functional_call(model, params, …)``;
     other attributes (``vocab_size``, ``max_len``, …) are the module's."""
@@ -98,12 +115,16 @@ class _CandidateScoring:
         finally:
             self.model.train(was_training)
 
-    def _score_one(self, model_k, batch) -> Tensor:
-        return _scalar_loss(self.task_loss_fn(self.forward_fn(model_k, batch), batch), "loop")
+    def _task_value(self, model_k, batch):
+        """``task_loss_fn(forward_fn(model_k, batch), batch)`` as returned (checked by :func:`_stack_losses`)."""
+        return self.task_loss_fn(self.forward_fn(model_k, batch), batch)
 
-    def _score(self, deltas: Tensor, theta: Tensor, batch) -> list[Tensor]:
-        """Task losses of the candidates θ + Δθ_j for the rows of ``deltas [c, P]``. In loop mode the module is
-        left holding the last candidate's parameters: the caller restores θ."""
+    def _score_one(self, model_k, batch) -> Tensor:
+        return _scalar_loss(self._task_value(model_k, batch), "loop")
+
+    def _score(self, deltas: Tensor, theta: Tensor, batch) -> Tensor:
+        """Task losses (float64 ``[c]``) of the candidates θ + Δθ_j for the rows of ``deltas [c, P]``. In loop
+        mode the module is left holding the last candidate's parameters: the caller restores θ."""
         c = deltas.shape[0]
         if self.mode != "loop":
             stacked = self._unflat(theta.unsqueeze(0) + deltas)
@@ -115,10 +136,10 @@ class _CandidateScoring:
                         raise ValueError(f"task_loss_fn must return a scalar tensor per candidate, got "
                                          f"{tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__}")
                     self._mode_confirmed = True
-                    return list(out.detach().to(torch.float64).unbind(0))
+                    return out.detach().to(torch.float64)
                 outs = vmap(lambda p: self.forward_fn(self._call(p), batch), randomness="different")(stacked)
-                res = [_scalar_loss(self.task_loss_fn(tree_map(lambda o, j=j: o[j], outs), batch), "vmap_forward")
-                       for j in range(c)]
+                res = _stack_losses([self.task_loss_fn(tree_map(lambda o, j=j: o[j], outs), batch)
+                                     for j in range(c)], "vmap_forward")
                 self._mode_confirmed = True
                 return res
             except Exception as e:  # noqa: BLE001 — a genuine error re-raises in the fallback below
@@ -132,5 +153,5 @@ class _CandidateScoring:
         out = []
         for d in deltas:
             self._load(theta, d)
-            out.append(self._score_one(self.model, batch))
-        return out
+            out.append(self._task_value(self.model, batch))
+        return _stack_losses(out, "loop")
