@@ -463,9 +463,8 @@ every gradient by $1/\sigma$ (tens), while Post-LN renormalizes the stream to un
 {p_post}, Pre-LN {p_pre}, RealFormer {p_rf} (unigram {unigram:.0f}); failed runs
 Post-LN {sweep/post/fraction_failed:.0%}, Pre-LN {sweep/pre/fraction_failed:.0%}, RealFormer
 {sweep/realformer/fraction_failed:.0%}.
-Post-LN ends at or above the unigram perplexity without warm-up, as Xiong et al. predict, and RealFormer fails where
-Post-LN fails: on this harness it inherits Post-LN's need for warm-up rather than Pre-LN's robustness, so the
-essay's "as optimization-friendly as Pre-LN" is not what it shows. A {steps}-step budget cannot tell a collapse
+At the largest rate ({max_lr:g}, no warm-up) Post-LN failed on {post_top:.0%} of the seeds and RealFormer on
+{rf_top:.0%}, Pre-LN on {pre_top:.0%}: {collapse_reading} A {steps}-step budget cannot tell a collapse
 from a slow start — both end at the unigram level — so the CI grid starts at a rate where Pre-LN learns within
 it; the full run (`full.yaml`: 600 steps, rates from 0.001) separates the two. The entropy comparison (section 4) is
 between models of which the Post-LN layouts have not left the unigram level, so it says little about the
@@ -475,7 +474,16 @@ validation NLL and **{entropy/realformer_vs_post.verdict}** on attention entropy
 run's ten seeds decide more.""",
         rf_ratio=float(norms_rf[0] / norms_post[0]), deep_layers=deep_layers, steps=steps, lrs=lrs, seeds=seeds,
         unigram=unigram, p_post=np.round(ppl["post"], 1).tolist(), p_pre=np.round(ppl["pre"], 1).tolist(),
-        p_rf=np.round(ppl["realformer"], 1).tolist())
+        p_rf=np.round(ppl["realformer"], 1).tolist(), max_lr=max(lrs), post_top=float(fail["post"][:, -1].mean()),
+        rf_top=float(fail["realformer"][:, -1].mean()), pre_top=float(fail["pre"][:, -1].mean()),
+        collapse_reading=(
+            "Post-LN collapses there as Xiong et al. predict, and RealFormer fails where Post-LN fails — on this "
+            "harness it inherits Post-LN's need for warm-up rather than Pre-LN's robustness, so the essay's \"as "
+            "optimization-friendly as Pre-LN\" is not what this run shows."
+            if fail["post"][:, -1].mean() >= 0.5 and fail["realformer"][:, -1].mean() >= 0.5 else
+            "at this budget and size the Post-LN layouts mostly train through the largest rate, so this run does "
+            "not show the collapse Xiong et al. predict (the CI budget, 100 steps of a 3-layer model, does); the "
+            "paired failure comparisons below say whether RealFormer is as optimization-friendly as Pre-LN."))
 
 # %%
 # Assertions at CI scale (margins checked over seeds 0–19: Post-LN/Pre-LN top FFN gradient ≥ 2.6, Pre-LN
@@ -485,8 +493,10 @@ if init == "xavier":
     assert run.results["init/xavier/post/ffn_grad_top"] > 1.5 * run.results["init/xavier/pre/ffn_grad_top"]
     assert run.results["init/xavier/pre/ffn_grad_top_over_bottom"] < 1
     assert fail["pre"].mean() < fail["post"].mean()                          # Pre-LN tolerates more learning rates
+    # Whether both Post-LN layouts collapse at the largest rate depends on the budget: at the CI budget (100 steps,
+    # 3 layers) they fail on every seed at 0.03; in the full.yaml run (600 steps, 4 layers, d 64, 10 seeds) Post-LN
+    # failed on 2 of 40 runs. So it is the claims table's first row (held / not held), not an assert.
     if max(lrs) >= 0.03:
-        assert fail["post"][:, -1].all() and fail["realformer"][:, -1].all()  # both Post-LN layouts collapse
         # Pre-LN trains at 0.01 on most seeds; 100 steps is a slow start on some (seed 18: one of two runs ended
         # above the unigram level), so the bound is "at most half", not "never" (checked over seeds 0-19)
         assert fail["pre"][:, lrs.index(0.01)].mean() <= 0.5 if 0.01 in lrs else True
