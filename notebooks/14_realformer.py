@@ -481,9 +481,14 @@ run's ten seeds decide more.""",
             "harness it inherits Post-LN's need for warm-up rather than Pre-LN's robustness, so the essay's \"as "
             "optimization-friendly as Pre-LN\" is not what this run shows."
             if fail["post"][:, -1].mean() >= 0.5 and fail["realformer"][:, -1].mean() >= 0.5 else
-            "at this budget and size the Post-LN layouts mostly train through the largest rate, so this run does "
-            "not show the collapse Xiong et al. predict (the CI budget, 100 steps of a 3-layer model, does); the "
-            "paired failure comparisons below say whether RealFormer is as optimization-friendly as Pre-LN."))
+            f"the failure count (diverged, or not below the unigram level) registers few of them, but their mean "
+            f"validation perplexity there, {ppl['post'][-1]:.1f} (Post-LN) and {ppl['realformer'][-1]:.1f} "
+            f"(RealFormer) against the unigram {unigram:.0f} and Pre-LN's {ppl['pre'][-1]:.1f}, is the unigram "
+            f"plateau: they end just below it rather than above. Read the perplexities by rate, not the count."
+            if min(ppl["post"][-1], ppl["realformer"][-1]) >= 0.9 * unigram else
+            "at this budget and size the Post-LN layouts train through the largest rate, so this run does not show "
+            "the collapse Xiong et al. predict; the paired comparisons below say whether RealFormer is as "
+            "optimization-friendly as Pre-LN."))
 
 # %%
 # Assertions at CI scale (margins checked over seeds 0–19: Post-LN/Pre-LN top FFN gradient ≥ 2.6, Pre-LN
@@ -495,7 +500,8 @@ if init == "xavier":
     assert fail["pre"].mean() < fail["post"].mean()                          # Pre-LN tolerates more learning rates
     # Whether both Post-LN layouts collapse at the largest rate depends on the budget: at the CI budget (100 steps,
     # 3 layers) they fail on every seed at 0.03; in the full.yaml run (600 steps, 4 layers, d 64, 10 seeds) Post-LN
-    # failed on 2 of 40 runs. So it is the claims table's first row (held / not held), not an assert.
+    # ended on the unigram plateau at 0.01 and 0.03 (perplexity 162-164 against 167) but just below it, so it
+    # "failed" on 2 of 40 runs only. It is the claims table's first row (held / not held), not an assert.
     if max(lrs) >= 0.03:
         # Pre-LN trains at 0.01 on most seeds; 100 steps is a slow start on some (seed 18: one of two runs ended
         # above the unigram level), so the bound is "at most half", not "never" (checked over seeds 0-19)
