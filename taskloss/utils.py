@@ -20,7 +20,7 @@ from torch import nn
 __all__ = [
     "REPO_ROOT", "DATA_DIR", "RUNS_DIR", "atomic_write_text",
     "resolve_device", "seed_everything",
-    "check_positive", "check_nonnegative", "check_probability", "check_int", "check_finite",
+    "check_positive", "check_nonnegative", "check_probability", "check_int", "check_finite", "all_finite",
     "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids", "count_parameters",
     "resolve_name",
 ]
@@ -135,13 +135,27 @@ def check_int(name: str, value, *, minimum: int | None = None, maximum: int | No
     return int(value)
 
 
+def all_finite(tensor: torch.Tensor) -> bool:
+    """Whether every entry of a tensor is finite (no NaN, no ±inf); integer and bool tensors always are.
+
+    Decided from the sum first: NaN and ±inf propagate through a sum, so a finite sum proves every entry finite,
+    at the cost of one reduction (on a CPU ``torch.isfinite(t).all()`` is 10-40× slower: several passes and a
+    temporary). A non-finite sum — a bad entry, or finite entries whose sum overflows — is settled by the
+    entrywise test. One host synchronization on a GPU, as before."""
+    if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.numel() == 0:
+        return True
+    s = tensor.detach().sum()
+    if bool(torch.isfinite(s)):
+        return True
+    return bool(torch.isfinite(tensor).all())
+
+
 def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
-    """Raise ``ValueError`` if a floating tensor holds NaN or ±inf."""
+    """Raise ``ValueError`` if a floating tensor holds NaN or ±inf (:func:`all_finite`)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    if tensor.is_floating_point() or tensor.is_complex():
-        if not bool(torch.isfinite(tensor).all()):
-            raise ValueError(f"{name} contains NaN or inf")
+    if not all_finite(tensor):
+        raise ValueError(f"{name} contains NaN or inf")
     return tensor
 
 

@@ -40,7 +40,7 @@ import torch
 from torch import Tensor
 
 from taskloss.attribution.quadrature import quadrature_rule
-from taskloss.utils import check_finite, check_int
+from taskloss.utils import all_finite, check_finite, check_int
 
 __all__ = ["Attribution", "IntegratedGradients", "integrate_gradients", "select_target"]
 
@@ -117,7 +117,7 @@ def integrate_gradients(scalar_fn: ScalarFn, starts: Tensor, ends: Tensor, alpha
         values[st, pr] = out.detach().view(s, p).to(values.dtype)
         if grad is not None:                 # None: the output is a constant of the inputs (zero gradient)
             total[pr] += grad.view(s, p, *feat).sum(0)
-    if not bool(torch.isfinite(values).all()):
+    if not all_finite(values):
         raise ValueError("forward_fn returned NaN or inf at a point on the path from baseline to input")
     return total, values
 

@@ -11,6 +11,8 @@ from typing import Sequence
 
 import torch
 
+from taskloss.utils import all_finite
+
 __all__ = ["token_colors", "tokens_html", "plot_tokens"]
 
 _POS, _NEG = (214, 39, 40), (31, 119, 180)       # matplotlib's tab:red and tab:blue
@@ -21,7 +23,7 @@ def token_colors(scores) -> list[tuple[tuple[int, int, int], float]]:
     s = torch.as_tensor(scores, dtype=torch.float64).reshape(-1)
     if s.numel() == 0:
         raise ValueError("scores is empty")
-    if not bool(torch.isfinite(s).all()):
+    if not all_finite(s):
         raise ValueError("scores contain NaN or inf")
     top = float(s.abs().max())
     return [(_POS if v >= 0 else _NEG, abs(float(v)) / top if top > 0 else 0.0) for v in s]

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from taskloss.utils import check_int
+from taskloss.utils import all_finite, check_int
 
 __all__ = [
     "RNGState", "AccumulationResult", "batch_size", "split_micro_batches", "embed_micro_batches",
@@ -145,7 +145,7 @@ def _check_embedding(emb: Any, rows: int, where: str) -> Tensor:
     if emb.ndim != 2 or emb.shape[0] != rows:
         raise ValueError(f"{where}: the encoder must return [n, d] with n = {rows} (the micro-batch size), "
                          f"got shape {tuple(emb.shape)}")
-    if not bool(torch.isfinite(emb.detach()).all()):
+    if not all_finite(emb.detach()):
         raise ValueError(f"{where}: the embeddings contain NaN or inf")
     return emb
 

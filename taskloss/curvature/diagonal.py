@@ -17,7 +17,7 @@ from taskloss.curvature.fisher import (
     mc_fisher_diagonal,
     unflatten,
 )
-from taskloss.utils import check_int, check_positive, check_probability
+from taskloss.utils import all_finite, check_int, check_positive, check_probability
 
 __all__ = ["FisherDiagonalPreconditioner"]
 
@@ -93,7 +93,7 @@ class FisherDiagonalPreconditioner:
             raise RuntimeError("call update(inputs, targets) before step()")
         self._check_hyperparameters()
         for k, p in self.params.items():
-            if p.grad is not None and not bool(torch.isfinite(p.grad).all()):
+            if p.grad is not None and not all_finite(p.grad):
                 raise ValueError(f"the gradient of {k!r} contains NaN or inf")
         scale = (self.diagonal + self.damping).pow(-self.power)
         for (k, p), s in zip(self.params.items(), unflatten(scale, self.params).values()):

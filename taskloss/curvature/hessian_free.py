@@ -14,7 +14,7 @@ import torch
 from torch import Tensor
 
 from taskloss.curvature.fisher import Likelihood, _check_likelihood, flatten, ggn_operator, named_tensors, unflatten
-from taskloss.utils import check_finite, check_int, check_nonnegative, check_positive, check_probability
+from taskloss.utils import all_finite, check_finite, check_int, check_nonnegative, check_positive, check_probability
 
 __all__ = ["conjugate_gradient", "hessian_free_direction", "HessianFree"]
 
@@ -136,7 +136,7 @@ def conjugate_gradient(matvec: Callable, b, damping: float = 0.0, max_iter: int 
     res = math.sqrt(float(rs))
     if not truncated and b_norm > 0:
         res = float((bf - (mv(x, it) + damping * x)).norm())     # the true residual, not the recursive one
-    if not math.isfinite(res) or not bool(torch.isfinite(x).all()):
+    if not math.isfinite(res) or not all_finite(x):
         raise ValueError("conjugate_gradient produced non-finite values (is the operator PSD and finite?)")
     rel = res / b_norm if b_norm > 0 else 0.0
     converged = stop == "converged"

@@ -21,7 +21,7 @@ from taskloss.curvature.kfac_math import (
     pi_inverse,
     precondition,
 )
-from taskloss.utils import check_positive
+from taskloss.utils import all_finite, check_positive
 
 __all__ = ["KFACStepMixin"]
 
@@ -94,7 +94,7 @@ class KFACStepMixin:
 
     @staticmethod
     def _raise_nonfinite(ms: dict[str, Tensor]) -> None:
-        bad = [k for k, m in ms.items() if not bool(torch.isfinite(m).all())]
+        bad = [k for k, m in ms.items() if not all_finite(m)]
         if bad:
             raise ValueError(f"the gradients of K-FAC layers {bad} contain NaN or inf")
         raise ValueError("the preconditioned gradient is not finite although the gradients are: are the K-FAC "

@@ -22,7 +22,7 @@ import torch
 from torch.func import jacfwd
 
 from taskloss.curvature.gaussian_family import _cholesky, _mean_cov, _square, _tensor
-from taskloss.utils import check_nonnegative, check_positive
+from taskloss.utils import all_finite, check_nonnegative, check_positive
 
 __all__ = ["natural_gradient", "trust_region_step", "NaturalGradientDescent", "gaussian_kl", "gaussian_fisher",
            "CoupledGaussian"]
@@ -118,7 +118,7 @@ class NaturalGradientDescent(torch.optim.Optimizer):
         if not any(active):
             return loss
         g = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
-        if not bool(torch.isfinite(g).all()):
+        if not all_finite(g):
             raise ValueError("a parameter gradient contains NaN or inf")
         F = self._fisher_block(params, active, g)
         lams = [group["damping"] for group in self.param_groups for p in group["params"] if p.grad is not None]

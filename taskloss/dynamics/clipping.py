@@ -23,7 +23,7 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor
 
-from taskloss.utils import check_nonnegative, check_positive
+from taskloss.utils import all_finite, check_nonnegative, check_positive
 
 __all__ = ["CLIP_MODES", "clip_coefficient", "clip_grad_", "ClippedSGD"]
 
@@ -124,7 +124,7 @@ def clip_grad_(params: Iterable[Tensor] | Tensor, gamma: float, mode: str = "har
             norm = torch.stack([n.to(grads[0].device) for n in norms])
         else:
             norm = torch.linalg.vector_norm(torch.stack([n.to(grads[0].device) for n in norms]), norm_type)
-        if not bool(torch.isfinite(norm).all()):
+        if not all_finite(norm):
             raise ValueError("a gradient contains NaN or inf: refusing to clip (the step would be NaN)")
         coef = clip_coefficient(norm, gamma, mode, eps)
         if per_tensor:

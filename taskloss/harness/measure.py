@@ -9,12 +9,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 from torch import Tensor
 
 from taskloss.harness.problem import PassCount, PassCounter, Problem
 from taskloss.harness.rules import make_rule
-from taskloss.utils import check_int
+from taskloss.utils import all_finite, check_int
 
 __all__ = ["StepRecord", "TrainRecord", "propose", "train"]
 
@@ -50,12 +49,12 @@ def propose(name: str, problem: Problem, **hp) -> StepRecord:
             rule.step()
             seconds = _clock() - t0
         delta = problem.flat_params() - theta
-        after = problem.task_loss() if bool(torch.isfinite(delta).all()) else float("nan")
+        after = problem.task_loss() if all_finite(delta) else float("nan")
     finally:
         problem.set_flat_params(theta)
         for p in problem.params:
             p.grad = None
-    if not bool(torch.isfinite(delta).all()):
+    if not all_finite(delta):
         raise ValueError(f"rule {name!r} produced non-finite parameters")
     return StepRecord(name, delta, counter.count, seconds, before, after)
 
@@ -109,7 +108,7 @@ def train(name: str, problem: Problem, *, budget: int, evaluate: Callable[[], di
             rule.step()
             rec.seconds += _clock() - t0
             rec.steps += 1
-            if not all(bool(torch.isfinite(p).all()) for p in problem.params):
+            if not all(all_finite(p) for p in problem.params):
                 raise ValueError(f"rule {name!r} made the parameters non-finite at step {rec.steps}")
             last = counter.count.total >= budget or rec.steps >= max_steps
             if mark is None:

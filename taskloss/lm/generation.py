@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from taskloss.lm.causal_lm import CausalLM
-from taskloss.utils import check_int, check_positive, check_token_ids
+from taskloss.utils import all_finite, check_int, check_positive, check_token_ids
 
 __all__ = ["generate", "sequence_logprob"]
 
@@ -40,7 +40,7 @@ def _check_special(name: str, value, vocab_size: int, allow_none: bool = False):
 def _next_token(logits: torch.Tensor, greedy: bool, temperature: float, top_k: int | None,
                 generator: torch.Generator | None) -> torch.Tensor:
     """``logits`` ``[B, V]`` → token ids ``[B]``: argmax, or a sample from softmax(logits/T) over the top-k."""
-    if not bool(torch.isfinite(logits).all()):
+    if not all_finite(logits):
         raise ValueError("model produced NaN or inf logits during generation")
     if greedy:
         return logits.argmax(dim=-1)

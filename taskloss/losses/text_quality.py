@@ -43,7 +43,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from taskloss.utils import check_int, check_positive
+from taskloss.utils import all_finite, check_int, check_positive
 
 __all__ = ["frontier_score", "cluster_histograms", "divergence_frontier", "frontier_area", "mmd2",
            "embed_texts"]
@@ -210,7 +210,7 @@ def mmd2(xe: torch.Tensor, ye: torch.Tensor, bandwidth: float | None = None) -> 
         if t.shape[0] < 2 or t.shape[1] == 0:
             raise ValueError(f"{name} needs at least 2 rows and 1 column for the unbiased estimate, got shape "
                              f"{tuple(t.shape)}")
-        if not bool(torch.isfinite(t).all()):
+        if not all_finite(t):
             raise ValueError(f"{name} contains NaN or inf")
     if xe.shape[1] != ye.shape[1]:
         raise ValueError(f"embedding dimensions differ: xe has {xe.shape[1]}, ye has {ye.shape[1]}")

@@ -14,7 +14,7 @@ from typing import Sequence
 import torch
 
 from taskloss.sampling.ball import log_ball_volume
-from taskloss.utils import check_finite, check_floating, check_int, check_ndim, check_positive
+from taskloss.utils import all_finite, check_finite, check_floating, check_int, check_ndim, check_positive
 
 __all__ = ["GaussianProposal", "UniformBallProposal", "GaussianMixtureProposal"]
 
@@ -139,7 +139,7 @@ class GaussianMixtureProposal:
         if len({c.dim for c in comps}) != 1:
             raise ValueError("all components must have the same dimension")
         w = torch.as_tensor(weights, dtype=comps[0].mean.dtype).to(comps[0].mean.device).flatten()
-        if w.numel() != len(comps) or not bool(torch.isfinite(w).all()) or bool((w < 0).any()) or float(w.sum()) <= 0:
+        if w.numel() != len(comps) or not all_finite(w) or bool((w < 0).any()) or float(w.sum()) <= 0:
             raise ValueError(f"weights must be {len(comps)} finite non-negative numbers with a positive sum")
         self.components, self.weights, self.dim = comps, w / w.sum(), comps[0].dim
 

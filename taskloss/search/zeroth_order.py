@@ -27,7 +27,7 @@ from typing import Callable
 import torch
 from torch.func import functional_call, vmap
 
-from taskloss.utils import check_int, check_nonnegative, check_positive
+from taskloss.utils import all_finite, check_int, check_nonnegative, check_positive
 
 __all__ = ["functional_loss", "gaussian_smoothing_grad", "spsa_grad", "MeZO"]
 
@@ -46,7 +46,7 @@ def _check_theta(theta: dict[str, torch.Tensor]) -> None:
     for k, v in theta.items():
         if not v.is_floating_point():
             raise TypeError(f"parameter {k!r} must be floating point, got {v.dtype}")
-        if not bool(torch.isfinite(v).all()):
+        if not all_finite(v):
             raise ValueError(f"parameter {k!r} contains NaN or inf")
 
 
@@ -71,7 +71,7 @@ def _scalar_values(vals, n: int, where: str) -> torch.Tensor:
     if vals.is_complex() or vals.dtype == torch.bool:
         raise TypeError(f"f must return a real number, got dtype {vals.dtype} at {where}")
     vals = vals.reshape(n)
-    if not bool(torch.isfinite(vals).all()):
+    if not all_finite(vals):
         raise ValueError(f"f returned NaN or inf at {where}")
     return vals
 
