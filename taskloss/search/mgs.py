@@ -53,13 +53,12 @@ from taskloss.search.mgs_density import (
     DENSITIES,
     _check_choice,
     _checked_shift,
-    _ess,
-    _log_weights,
+    _log_weights_floats,
     _seeds_for,
     _uniform_from_seed,
 )
 from taskloss.search.mgs_noise import CandidateDraws, DrawPlan, build_proposal
-from taskloss.search.mgs_scoring import MODES, _CandidateScoring, _stack_losses, default_forward
+from taskloss.search.mgs_scoring import MODES, _CandidateScoring, _scoring_mode, _stack_losses, default_forward
 from taskloss.utils import check_int, check_positive, check_probability
 
 __all__ = ["MGS", "MGSStats", "SIGMA_MODES", "ASSIGNMENTS"]
@@ -332,11 +331,8 @@ class MGS(_CandidateScoring):
             plan.buffer("rows", (len(draws.seeds), theta.numel()), theta.dtype))
         scratch = plan.buffer("scratch", theta.shape, theta.dtype) if self.low_memory else None
         base = None
-        was_training = self.model.training
         try:
-            if self.eval_mode:
-                self.model.eval()
-            with torch.no_grad():
+            with _scoring_mode(self.model, self.eval_mode), torch.no_grad():
                 if self.eager_base_loss:
                     base = self._score_one(self.model, batch)
                 if self.low_memory:      # statistics of the candidates other ranks score
@@ -345,17 +341,28 @@ class MGS(_CandidateScoring):
                             draws.draw(k, scratch)
                 if self.mode == "loop":
                     # θ + Δθ_k written into the module by one add per tensor, through views of the kept θ and
-                    # rows built once (no pass over P besides the add itself)
+                    # rows built once (no pass over P besides the add itself); for small P (the batched-draw
+                    # regime) every θ + Δθ_k at once into a kept [n, P] buffer, then one foreach copy per
+                    # candidate — the same numbers, a few calls instead of one per tensor and candidate
                     thetas = plan.views("theta", theta, self._shapes)
-                    row_views = plan.cached("row views", (rows, scratch), lambda: [
-                        [v.view(sh) for v, sh in zip(r.split(self._numels), self._shapes)]
-                        for r in (rows.unbind(0) if rows is not None else [scratch])])
+                    views = lambda flat: [[v.view(sh) for v, sh in zip(r.split(self._numels), self._shapes)]  # noqa: E731
+                                          for r in flat.unbind(0)]
+                    if rows is not None and theta.numel() < CandidateDraws.ROW_BLOCK:
+                        cands = torch.add(rows, theta, out=plan.buffer("candidates", rows.shape, rows.dtype))
+                        cand_views = plan.cached("candidate views", (cands,), lambda: views(cands))
+                    else:
+                        cand_views = None
+                        row_views = plan.cached("row views", (rows, scratch), lambda: views(
+                            rows if rows is not None else scratch[None]))
                     values = []
                     for k in own:
-                        if rows is None:
-                            draws.draw(k, scratch)
-                        for p, x, d in zip(self.params, thetas, row_views[k if rows is not None else 0]):
-                            torch.add(x, d, out=p)
+                        if cand_views is not None:
+                            torch._foreach_copy_(self.params, cand_views[k])
+                        else:
+                            if rows is None:
+                                draws.draw(k, scratch)
+                            for p, x, d in zip(self.params, thetas, row_views[k if rows is not None else 0]):
+                                torch.add(x, d, out=p)
                         values.append(self._task_value(self.model, batch))
                     losses = _stack_losses(values, "loop")
                 else:
@@ -376,25 +383,24 @@ class MGS(_CandidateScoring):
             if self.mode == "loop":      # the module holds the last candidate scored in loop mode
                 with torch.no_grad():
                     torch._foreach_copy_(self.params, plan.views("theta", theta, self._shapes))
-            self.model.train(was_training)
         if base is not None and not math.isfinite(float(base)):
             raise ValueError(f"task loss at the current parameters is not finite: l(θ) = {float(base)}")
         return losses, rows, base
 
-    def _weighted_sum(self, w: Tensor, draws: CandidateDraws, rows: Tensor | None, theta: Tensor, keep: bool):
-        """Phase 4: Δθ* = Σ_k w_k Δθ_k: one matrix-vector product over the stored rows, or (``low_memory``) the
-        rows regenerated one by one and accumulated in candidate order. Every rank runs the same arithmetic, so
-        ranks stay bit-identical; the two memory modes agree to float rounding."""
+    def _weighted_sum(self, w: list[float], draws: CandidateDraws, rows: Tensor | None, theta: Tensor, keep: bool):
+        """Phase 4: Δθ* = Σ_k w_k Δθ_k (``w``: the normalized weights): one matrix-vector product over the stored
+        rows, or (``low_memory``) the rows regenerated one by one and accumulated in candidate order. Every rank
+        runs the same arithmetic, so ranks stay bit-identical; the two memory modes agree to float rounding."""
         if rows is not None:
             update = draws.plan.buffer("update", theta.shape, theta.dtype)
-            torch.mm(w.to(device=rows.device, dtype=rows.dtype)[None], rows, out=update[None])
+            torch.mm(torch.tensor([w], dtype=rows.dtype, device=rows.device), rows, out=update[None])
             return update, ([self._unflat(d.clone()) for d in rows] if keep else None)
         update = draws.plan.buffer("update", theta.shape, theta.dtype).zero_()
         kept = [] if keep else None
         scratch = draws.plan.buffer("scratch", theta.shape, theta.dtype)
         for k in range(len(draws.seeds)):
             d = draws.draw(k, scratch)
-            update.add_(d, alpha=float(w[k]))
+            update.add_(d, alpha=w[k])
             if kept is not None:
                 kept.append(self._unflat(d.clone()))
         return update, kept
@@ -433,19 +439,22 @@ class MGS(_CandidateScoring):
         own = list(range(rank, n, world))
         local, rows, base = self._score_candidates(draws, theta, batch, own)
         losses = self._gather(own, local, surrogate, n, world)
-        if any(x != x for x in losses.tolist()):
-            raise ValueError(f"a candidate's task loss is NaN: {losses.tolist()}")
+        L = losses.tolist()
+        if any(x != x for x in L):
+            raise ValueError(f"a candidate's task loss is NaN: {L}")
         log_q = draws.log_q(self.mix, self.density)
-        # the checks and formula of mgs_weights(losses, l(θ), log_q, alpha): l(θ) cancels, any finite value will do
-        log_w = _log_weights(losses, log_q, self.alpha, _checked_shift(losses, log_q))
-        w = log_w.exp()
+        # the checks and formula of mgs_weights(losses, l(θ), log_q, alpha) on Python floats (K numbers: cheaper
+        # than a chain of tiny tensor operations); l(θ) cancels, any finite value will do
+        lw = _log_weights_floats(L, log_q.tolist(), self.alpha, _checked_shift(losses, log_q))
+        w = [math.exp(v) for v in lw]
         update, kept = self._weighted_sum(w, draws, rows, theta, return_deltas)
         update_norm = self._apply(update)
         self.steps_done += 1
-        from_mle = torch.tensor(draws.mle, dtype=torch.bool)
         theta0 = None if base is not None else theta.clone()     # the lazy base_loss keeps this step's θ
-        return MGSStats(step=self.steps_done - 1, task_losses=losses, log_q=log_q, log_weights=log_w, weights=w,
-                        ess=_ess(w), from_mle=from_mle, mle_weight=float(w[from_mle].sum()),
+        return MGSStats(step=self.steps_done - 1, task_losses=losses, log_q=log_q,
+                        log_weights=torch.tensor(lw, dtype=torch.float64), weights=torch.tensor(w, dtype=torch.float64),
+                        ess=1.0 / math.fsum(x * x for x in w), from_mle=torch.tensor(draws.mle, dtype=torch.bool),
+                        mle_weight=math.fsum(x for x, m in zip(w, draws.mle) if m),
                         surrogate_loss=surrogate, grad_norm=grad_norm, update_norm=update_norm,
                         sigmas=proposal.sigma.tolist(), seeds=seeds, evaluation=self.mode, deltas=kept,
                         base=float(base) if base is not None else lambda: self._loss_at(theta0, batch))

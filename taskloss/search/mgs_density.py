@@ -15,7 +15,7 @@ import math
 import torch
 from torch import Tensor
 
-from taskloss.utils import check_positive, check_probability
+from taskloss.utils import all_finite, check_positive, check_probability
 
 __all__ = ["mixture_log_density", "mgs_weights", "effective_sample_size", "DENSITIES"]
 
@@ -57,6 +57,33 @@ def _log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: fl
         l0 = torch.where(live, -0.5 * d0 / s_safe ** 2 + const, atom0).sum(-1)
         l1 = torch.where(live, -0.5 * d1 / s_safe ** 2 + const, atom1).sum(-1)
     return torch.logaddexp(l0 + lm0, l1 + lm1)
+
+
+def _logaddexp(a: float, b: float) -> float:
+    """log(eᵃ + eᵇ) of two Python floats (−inf allowed)."""
+    if a == -math.inf:
+        return b
+    if b == -math.inf:
+        return a
+    return max(a, b) + math.log1p(math.exp(-abs(a - b)))
+
+
+def _log_q_floats(d0: list[list[float]], d1: list[list[float]], sig: list[float], numel: list[float], mix: float,
+                  density: str) -> list[float] | None:
+    """:func:`_log_q_from_sq` on Python floats, one candidate per row of ``d0``/``d1`` (per-tensor squared
+    distances): the step's few numbers (K candidates × T tensors) cost fewer microseconds this way than as a
+    dozen tiny tensor operations, and the sums over tensors are exact (``math.fsum``). ``None`` when some
+    σ_t = 0 under ``density="mixture"`` (the atoms of :func:`_log_q_from_sq`, which handles them)."""
+    lm0, lm1 = math.log(mix) if mix > 0 else -math.inf, math.log1p(-mix) if mix < 1 else -math.inf
+    if density == "unit_sigma":
+        return [_logaddexp(-0.5 * math.fsum(a) + lm0, -0.5 * math.fsum(b) + lm1) for a, b in zip(d0, d1)]
+    if not all(s > 0 for s in sig):
+        return None
+    inv = [-0.5 / (s * s) for s in sig]
+    const = -math.fsum(n * (math.log(s) + 0.5 * _LOG_2PI) for n, s in zip(numel, sig))
+    c0, c1 = const + lm0, const + lm1
+    return [_logaddexp(math.fsum(x * i for x, i in zip(a, inv)) + c0, math.fsum(x * i for x, i in zip(b, inv)) + c1)
+            for a, b in zip(d0, d1)]
 
 
 def _as_list(x) -> list[Tensor]:
@@ -120,7 +147,7 @@ def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = 
                              f"{('[K] + ' if batched else '') + str(tuple(g.shape))}")
         dd = d.detach().double().reshape(d.shape[0], -1) if batched else d.detach().double().reshape(1, -1)
         gg = g.detach().double().reshape(1, -1).to(dd.device)
-        if not bool(torch.isfinite(dd).all()) or not bool(torch.isfinite(gg).all()):
+        if not all_finite(dd) or not all_finite(gg):
             raise ValueError(f"delta[{t}] or grad[{t}] contains NaN or inf")
         d0.append(dd.square().sum(1))
         d1.append((dd + gg).square().sum(1))
@@ -161,7 +188,7 @@ def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = Fals
         raise ValueError(f"task_losses must be a non-empty 1-D tensor [K], got shape {tuple(L.shape)}")
     if lq.shape != L.shape:
         raise ValueError(f"log_q must have shape {tuple(L.shape)}, got {tuple(lq.shape)}")
-    if b.numel() != 1 or not bool(torch.isfinite(b).all()):
+    if b.numel() != 1 or not all_finite(b):
         raise ValueError(f"base_loss must be a finite scalar, got {b}")
     out = _log_weights(L, lq, alpha, _checked_shift(L, lq))
     return out if log else out.exp()
@@ -188,10 +215,19 @@ def _log_weights(L: Tensor, lq: Tensor, alpha: float, shift: float) -> Tensor:
     return torch.log_softmax(torch.sub(L, shift).div_(-alpha).sub_(lq), 0)
 
 
+def _log_weights_floats(losses: list[float], lqs: list[float], alpha: float, shift: float) -> list[float]:
+    """:func:`_log_weights` on Python floats (checked inputs, ``shift`` from :func:`_checked_shift`): the
+    normalized log-weights of a step's K candidates, the log-sum-exp taken with ``math.fsum``."""
+    x = [-(L - shift) / alpha - q for L, q in zip(losses, lqs)]      # a +inf loss gives −inf: weight 0
+    m = max(x)
+    lse = m + math.log(math.fsum(math.exp(v - m) for v in x))
+    return [v - lse for v in x]
+
+
 def effective_sample_size(weights: Tensor) -> float:
     """Kish's effective sample size 1 / Σ w_k² of normalized weights (K for uniform, 1 for a single winner)."""
     w = _real("weights", weights)
-    if w.ndim != 1 or w.numel() == 0 or not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+    if w.ndim != 1 or w.numel() == 0 or not all_finite(w) or bool((w < 0).any()):
         raise ValueError("weights must be a non-empty 1-D tensor of finite non-negative values")
     if not math.isclose(float(w.sum()), 1.0, rel_tol=1e-6):
         raise ValueError(f"weights must sum to 1, got {float(w.sum())}")

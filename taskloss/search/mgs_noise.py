@@ -31,7 +31,7 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from taskloss.search.mgs_density import _log_q_from_sq
+from taskloss.search.mgs_density import _log_q_floats, _log_q_from_sq
 
 __all__: list[str] = []
 
@@ -415,13 +415,22 @@ class CandidateDraws:
     def log_q(self, mix: float, density: str) -> Tensor:
         """log q(Δθ_k) for every candidate, CPU float64 ``[n]``, from the recorded statistics of s = σ_t z:
         ‖Δθ_t‖² = ‖s_t‖² (zero component) or ‖g_t‖² − 2⟨s_t, g_t⟩ + ‖s_t‖² (MLE component), and ‖Δθ_t + g_t‖²
-        symmetrically; candidate 0 with ``include_mle`` is −g (‖Δθ‖² = ‖g‖², ‖Δθ + g‖² = 0)."""
-        stats = self.stats if self.stats.device.type == "cpu" else self.stats.cpu()
-        (sg, ss), gg = stats.unbind(-1), self.p.gg
-        m = torch.tensor([[x] for x in self.mle], dtype=torch.bool)
-        sg2 = 2 * sg
-        d0 = torch.where(m, gg - sg2 + ss, ss)     # ‖Δθ_t‖²
-        d1 = torch.where(m, ss, ss + sg2 + gg)     # ‖Δθ_t + g_t‖²
-        if self.include_mle:
-            d0[0], d1[0] = gg, 0.0
-        return _log_q_from_sq(d0, d1, self.p.sigma, self.p.numel, mix, density)
+        symmetrically; candidate 0 with ``include_mle`` is −g (‖Δθ‖² = ‖g‖², ‖Δθ + g‖² = 0). The n × T numbers
+        are combined on Python floats (one transfer; a tensor path only for tensors with σ_t = 0)."""
+        stats, gg = self.stats.tolist(), self.p.gg.tolist()
+        d0, d1 = [], []
+        for k, (row, mle) in enumerate(zip(stats, self.mle)):
+            if self.include_mle and k == 0:
+                d0.append(gg)
+                d1.append([0.0] * len(gg))
+            elif mle:
+                d0.append([g - 2 * sg + ss for (sg, ss), g in zip(row, gg)])
+                d1.append([ss for _, ss in row])
+            else:
+                d0.append([ss for _, ss in row])
+                d1.append([ss + 2 * sg + g for (sg, ss), g in zip(row, gg)])
+        out = _log_q_floats(d0, d1, self.sig, self.p.numel.tolist(), mix, density)
+        if out is not None:
+            return torch.tensor(out, dtype=torch.float64)
+        return _log_q_from_sq(torch.tensor(d0, dtype=torch.float64), torch.tensor(d1, dtype=torch.float64),
+                              self.p.sigma, self.p.numel, mix, density)

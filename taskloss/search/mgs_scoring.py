@@ -74,6 +74,36 @@ class _FunctionalModel:
         return getattr(self._model, name)
 
 
+@contextlib.contextmanager
+def _scoring_mode(model: nn.Module, eval_mode: bool):
+    """``model.eval()`` inside the block when ``eval_mode``, and every submodule's own ``training`` flag restored
+    after it (a frozen, eval-mode submodule of a training model stays frozen). Modules that do not override
+    ``train``/``eval`` get their flags set directly: ``Module.train`` walks the tree in Python, which for a small
+    model costs as much as a forward."""
+    if not eval_mode:
+        yield
+        return
+    mods = list(model.modules())
+    if all(type(m).train is nn.Module.train and type(m).eval is nn.Module.eval for m in mods):
+        flags = [m.training for m in mods]
+        for m in mods:
+            m.training = False
+        try:
+            yield
+        finally:
+            for m, f in zip(mods, flags):
+                m.training = f
+        return
+    flags = [m.training for m in mods]
+    model.eval()
+    try:
+        yield
+    finally:
+        for m, f in zip(mods, flags):
+            if m.training != f:      # pre-order: a parent's train(f) is corrected below for its children
+                m.train(f)
+
+
 class _CandidateScoring:
     """Candidate evaluation for :class:`taskloss.search.mgs.MGS` (a mixin). The host provides ``model``, ``params``,
     ``forward_fn``, ``task_loss_fn``, ``mode``, ``eval_mode``, ``_auto``, ``_mode_confirmed`` and ``_unflat``."""
@@ -104,16 +134,10 @@ class _CandidateScoring:
     def _loss_at(self, flat: Tensor, batch) -> float:
         """The task loss at the parameters ``flat`` (e.g. l(θ) of an earlier step), on the module as in loop mode
         and in the mode the candidates are scored in; the module's current parameters are restored after."""
-        was_training = self.model.training
-        try:
-            if self.eval_mode:
-                self.model.eval()
-            with torch.no_grad():
-                now = torch.cat([p.detach().reshape(-1) for p in self.params])
-                with self._loaded(flat, now) as model:
-                    return float(self._score_one(model, batch))
-        finally:
-            self.model.train(was_training)
+        with _scoring_mode(self.model, self.eval_mode), torch.no_grad():
+            now = torch.cat([p.detach().reshape(-1) for p in self.params])
+            with self._loaded(flat, now) as model:
+                return float(self._score_one(model, batch))
 
     def _task_value(self, model_k, batch):
         """``task_loss_fn(forward_fn(model_k, batch), batch)`` as returned (checked by :func:`_stack_losses`)."""

@@ -166,3 +166,85 @@ def test_vmap_with_regenerated_noise_equals_the_loop_with_stored_rows():
     torch.testing.assert_close(runs[0][0], runs[1][0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(runs[0][1], runs[1][1], rtol=1e-12, atol=0)     # float64 sums, same numbers
     torch.testing.assert_close(runs[0][2], runs[1][2], rtol=1e-5, atol=1e-6)
+
+
+def test_small_models_candidate_buffer_writes_the_per_tensor_adds_numbers(monkeypatch):
+    """Below ``ROW_BLOCK`` parameters the loop forms every θ + Δθ_k in one add into a kept [n, P] buffer and
+    copies each candidate in with one foreach call; above it, one add per tensor into the module. Lowering
+    ``ROW_BLOCK`` sends the same model down the per-tensor path (and the row-by-row draw, bit-identical to the
+    batched one): the candidates' task losses (a continuous loss here) agree bit for bit, the parameters after
+    the step to float rounding (the float64 noise statistics are reduced in other orders)."""
+    runs = []
+    for block in (None, 128):
+        if block is not None:
+            monkeypatch.setattr(noise_module.CandidateDraws, "ROW_BLOCK", block)
+        model, batch = problem()
+        assert sum(p.numel() for p in model.parameters()) < noise_module.CandidateDraws.ROW_BLOCK or block
+        mgs = make(model, K=5, include_mle=True, sigma=0.3, parallel=False)
+        stats = [mgs.step(batch) for _ in range(2)]
+        runs.append(([s.task_losses for s in stats], flat(model)))
+    for a, b in zip(runs[0][0], runs[1][0]):
+        assert torch.equal(a, b)
+    torch.testing.assert_close(runs[0][1], runs[1][1], rtol=1e-6, atol=1e-7)
+
+
+class _KeepsEvalFlag(nn.Sequential):
+    """A module that overrides ``train`` (as some libraries do to keep a part frozen): MGS must go through it."""
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self[1].training = False          # the dropout stays off whatever the mode
+        return self
+
+
+@pytest.mark.parametrize("override", [False, True])
+def test_scoring_restores_every_submodules_own_training_flag(override):
+    """Candidates are scored in eval mode; after the step (and after reading the lazy ``base_loss``) every
+    submodule is back in its own mode — a frozen, eval-mode submodule inside a training model stays frozen (a
+    plain ``model.train(was_training)`` would switch it back on). Also through a module overriding ``train``."""
+    torch.manual_seed(0)
+    cls = _KeepsEvalFlag if override else nn.Sequential
+    model = cls(nn.Linear(37, 16), nn.Dropout(0.5), nn.BatchNorm1d(16), nn.Linear(16, 3))
+    model.train()
+    model[2].eval()                       # frozen normalization statistics
+    seen = []
+
+    def task_checking_mode(out, batch):
+        seen.append([m.training for m in model.modules()])
+        return task(out, batch)
+
+    before = [m.training for m in model.modules()]
+    mgs = make(model, K=3, task=task_checking_mode, parallel=False)
+    _, batch = problem()
+    stats = mgs.step(batch)
+    assert [m.training for m in model.modules()] == before
+    assert seen and all(not any(flags) for flags in seen)          # every candidate scored in eval mode
+    stats.base_loss
+    assert [m.training for m in model.modules()] == before
+
+
+def test_python_float_density_and_weights_equal_the_tensor_formulas():
+    """The step combines its K × T statistics on Python floats (``_log_q_floats``, ``_log_weights_floats``); the
+    tensor formulas (``_log_q_from_sq``, ``_log_weights``, behind ``mixture_log_density`` and ``mgs_weights``)
+    give the same numbers to float64 rounding, for both densities, λ ∈ {0, 0.3, 1} and a +inf loss; σ_t = 0 is
+    left to the tensor formula (``None``)."""
+    from taskloss.search.mgs_density import _log_q_floats, _log_q_from_sq, _log_weights, _log_weights_floats
+
+    g = torch.Generator().manual_seed(3)
+    numel = [4096.0, 64.0, 640.0, 10.0]
+    sig = (torch.rand(4, generator=g, dtype=torch.float64) * 0.01 + 1e-3)
+    d0 = torch.rand(6, 4, generator=g, dtype=torch.float64) * sig ** 2 * torch.tensor(numel, dtype=torch.float64)
+    d1 = d0 * (1 + torch.rand(6, 4, generator=g, dtype=torch.float64))
+    for density in ("mixture", "unit_sigma"):
+        for mix in (0.0, 0.3, 1.0):
+            want = _log_q_from_sq(d0, d1, sig, torch.tensor(numel, dtype=torch.float64), mix, density)
+            got = _log_q_floats(d0.tolist(), d1.tolist(), sig.tolist(), numel, mix, density)
+            torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=1e-13, atol=0)
+    assert _log_q_floats(d0.tolist(), d1.tolist(), [0.0, 1.0, 1.0, 1.0], numel, 0.5, "mixture") is None
+    L = torch.tensor([0.3, 0.1, float("inf"), 0.2, 0.1, 0.5], dtype=torch.float64)
+    lq = torch.randn(6, generator=g, dtype=torch.float64) * 50
+    want = _log_weights(L, lq, 0.01, 0.1)
+    got = torch.tensor(_log_weights_floats(L.tolist(), lq.tolist(), 0.01, 0.1), dtype=torch.float64)
+    assert got[2] == -float("inf") and want[2] == -float("inf")
+    keep = torch.isfinite(want)
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-12, atol=1e-12)
