@@ -18,7 +18,11 @@ repeats (one call of each method per round, ``benchmarks/_timing.interleaved_med
 * ``sequential``  — ``parallel=False`` (what ``default`` is on a CPU; timed separately);
 * ``low_memory``  — ``parallel=False, low_memory=True``: noise regenerated from its seeds for the weighted sum;
 * ``+ l(θ)``      — ``eager_base_loss=True``: the default plus the forward at the current parameters that older
-  versions computed at every step (it cancels in the weights).
+  versions computed at every step (it cancels in the weights);
+* ``bare MGS``    — ``_bare_mgs``: what every MGS step must do, written as a bare loop with none of the package's
+  generality or checks (one σ, whole-vector float64 statistics, a stand-in log q from the same inputs). Not a
+  target: it says how much of the distance to floor+noise belongs to the algorithm on eager kernels (the K
+  candidate writes, the float64 statistics, the weighted sum) and how much to :class:`MGS` itself.
 
 Floors: ``floor = MLE + K fwd`` (the issue's definition) and ``floor+noise = floor + noise``, the work MGS cannot
 skip: candidate k's noise is a stream of P normals from its own seed (that is what makes the step reproducible and
@@ -98,6 +102,57 @@ def matmul_rate(device, n=1024, repeats=5, statistic="median", clock="wall") -> 
     return 2 * n ** 3 / t
 
 
+def _bare_mgs(hidden, batch_size, K, device, sigma=1e-3, alpha=0.01):
+    """A bare MGS step: the arithmetic every MGS step must do, in as few eager calls as it can be written, with
+    none of the package's generality or checks — the surrogate gradient gathered flat (and in float64), K draws
+    from per-candidate generators scaled by one σ with every other row shifted by −g, the float64 statistics
+    ‖s_k‖² and ⟨s_k, g⟩ over the whole vector (not per tensor), every θ + Δθ_k formed by one add and copied into
+    the model per candidate, K forwards and task losses, θ restored, log-weights from one float64 expression (a
+    stand-in for log q on the same statistics),
+    Δθ* = w·rows, ``p.grad = −Δθ*`` and the optimizer step. What it leaves out (σ_t per tensor, the mixture
+    density, the weight and input checks, the clipping norms, the statistics' per-tensor split) is what
+    :class:`MGS` adds on top; its time is the reference for how much that adds."""
+    model, opt, batch = _setup(hidden, batch_size, device)
+    params = list(model.parameters())
+    numels, shapes = [p.numel() for p in params], [p.shape for p in params]
+    P = sum(numels)
+    views = lambda flat: [v.view(sh) for v, sh in zip(flat.split(numels), shapes)]  # noqa: E731
+    g, theta, upd = (torch.empty(P, device=device) for _ in range(3))
+    g64 = torch.empty(P, dtype=torch.float64, device=device)
+    rows, cands = torch.empty(K, P, device=device), torch.empty(K, P, device=device)
+    s64 = torch.empty(K, P, dtype=torch.float64, device=device)
+    g_v, theta_v, cand_v = views(g), views(theta), [views(c) for c in cands]
+    for p, u in zip(params, views(upd)):
+        p.grad = u
+    gens = [torch.Generator(device=device) for _ in range(K)]
+
+    def step():
+        loss = surrogate(model, batch)
+        torch._foreach_copy_(g_v, torch.autograd.grad(loss, params))
+        g64.copy_(g)
+        for k in range(K):
+            torch.randn(P, generator=gens[k].manual_seed(k), out=rows[k], device=device)
+        rows.mul_(sigma)
+        s64.copy_(rows)
+        sg, ss = s64 @ g64, s64.square_().sum(1)
+        rows[::2].sub_(g)
+        with torch.no_grad():
+            torch._foreach_copy_(theta_v, params)
+            torch.add(rows, theta, out=cands)
+            losses = []
+            for k in range(K):
+                torch._foreach_copy_(params, cand_v[k])
+                losses.append(zero_one(model(batch[0]), batch))
+            torch._foreach_copy_(params, theta_v)
+        L = torch.stack(losses).double()
+        w = torch.softmax(-L / alpha + 0.5 * (ss + 2 * sg) / sigma ** 2, 0)
+        torch.mm(w.to(rows.dtype)[None], rows, out=upd[None])
+        upd.neg_()
+        opt.step()
+
+    return step
+
+
 def bench_config(hidden, batch_size, K, device, repeats, rate, memory=True, statistic="median", clock="wall"):
     model, opt, batch = _setup(hidden, batch_size, device)
     P = sum(p.numel() for p in model.parameters())
@@ -128,7 +183,8 @@ def bench_config(hidden, batch_size, K, device, repeats, rate, memory=True, stat
         for k in range(K):
             draw(k)
 
-    fns = {"mle": mle, "kfwd": k_forwards, "noise_serial": noise_serial}
+    bare = _bare_mgs(hidden, batch_size, K, device)
+    fns = {"mle": mle, "kfwd": k_forwards, "noise_serial": noise_serial, "bare": bare}
     if pool is not None:
         fns["noise_threads"] = lambda: list(pool.map(draw, range(K)))
     steppers = {}
@@ -157,7 +213,10 @@ def format_markdown(rows, device, repeats, rate, statistic="median", clock="wall
              f"{f', {threads} CPU thread(s)' if device.type == 'cpu' else ''}, {statistic} of {repeats} interleaved "
              f"repeats ({'thread CPU time' if clock == 'cpu' else 'wall clock'}); matmul rate {rate / 1e9:.1f} GFLOP/s. "
              "floor = MLE step + K forwards (the peer: an MLE step); floor+noise adds K·P normal draws (one generator "
-             "per candidate, candidates over the threads), the target's denominator. Peak memory above what is live "
+             "per candidate, candidates over the threads), the target's denominator. bare MGS: the arithmetic every "
+             "MGS step must do written as a bare loop (per-candidate writes, float64 statistics, weights, update; no "
+             "per-tensor σ, density, checks or norms: `_bare_mgs`), no target — it shows how much of the gap to "
+             "floor+noise is the algorithm itself on eager kernels and how much is the package's step. Peak memory above what is live "
              "before the call "
              f"({'torch.cuda.max_memory_allocated' if device.type == 'cuda' else 'torch.profiler CPU allocator'}).",
              ""]
@@ -165,17 +224,19 @@ def format_markdown(rows, device, repeats, rate, statistic="median", clock="wall
         lines += ["No GPU on this machine: the GPU target (parallel faster than sequential) is not measured here.",
                   ""]
     lines += ["| threads | MLP hidden | batch | K | params | MLE | K fwd | noise | default | parallel | sequential | "
-              f"default / floor | default / (floor+noise) (target ≤ {FLOOR_TARGET:g}) | FLOP floor fraction | "
+              f"default / floor | default / (floor+noise) (target ≤ {FLOOR_TARGET:g}) | bare MGS / (floor+noise) | "
+              "default / bare MGS | FLOP floor fraction | "
               "parallel / sequential | low_memory / sequential | + l(θ) / default | peak MLE | peak default | "
               "peak parallel | peak low_memory |",
-              "|" + "---|" * 21]
+              "|" + "---|" * 23]
     for r in rows:
         d = r["default_s"]
         lines.append(
             f"| {r['threads']} | {r['hidden']} | {r['batch']} | {r['K']} | {r['params']} | {ms(r['mle_s'])} | {ms(r['kfwd_s'])} | "
             f"{ms(r['noise_s'])} | {ms(d)} ({r['default_mode']}) | {ms(r['parallel_s'])} | {ms(r['sequential_s'])} | "
             f"{d / r['floor_s']:.2f} | {d / (r['floor_s'] + r['noise_s']):.2f} "
-            f"{'✓' if d <= FLOOR_TARGET * (r['floor_s'] + r['noise_s']) else '✗'} | {r['flop_s'] / d:.0%} | "
+            f"{'✓' if d <= FLOOR_TARGET * (r['floor_s'] + r['noise_s']) else '✗'} | "
+            f"{r['bare_s'] / (r['floor_s'] + r['noise_s']):.2f} | {d / r['bare_s']:.2f} | {r['flop_s'] / d:.0%} | "
             f"{r['parallel_s'] / r['sequential_s']:.2f} | {r['low_memory_s'] / r['sequential_s']:.2f} | "
             f"{r['eager_base_s'] / d:.2f} | "
             + " | ".join(mib(r[f"{k}_bytes"]) if f"{k}_bytes" in r else "—"
