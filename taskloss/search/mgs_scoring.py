@@ -78,23 +78,27 @@ class _FunctionalModel:
 def _scoring_mode(model: nn.Module, eval_mode: bool):
     """``model.eval()`` inside the block when ``eval_mode``, and every submodule's own ``training`` flag restored
     after it (a frozen, eval-mode submodule of a training model stays frozen). Modules that do not override
-    ``train``/``eval`` get their flags set directly: ``Module.train`` walks the tree in Python, which for a small
-    model costs as much as a forward."""
+    ``train``/``eval`` get their flags set directly (``Module.train`` walks the tree through ``Module.__setattr__``:
+    ≈ 14 µs for a 4-module MLP, a third of its forward); a model already in eval mode throughout is left alone."""
     if not eval_mode:
         yield
         return
     mods = list(model.modules())
+    flags = [m.training for m in mods]
+    if not any(flags):              # already in eval mode throughout: nothing to switch or restore
+        yield
+        return
     if all(type(m).train is nn.Module.train and type(m).eval is nn.Module.eval for m in mods):
-        flags = [m.training for m in mods]
+        # ``training`` is a plain instance attribute (``Module.__init__`` puts it in ``__dict__``): writing it there
+        # is what ``Module.train`` does per module, without ``Module.__setattr__``'s parameter/buffer/module checks
         for m in mods:
-            m.training = False
+            m.__dict__["training"] = False
         try:
             yield
         finally:
             for m, f in zip(mods, flags):
-                m.training = f
+                m.__dict__["training"] = f
         return
-    flags = [m.training for m in mods]
     model.eval()
     try:
         yield
