@@ -197,8 +197,8 @@ class _KeepsEvalFlag(nn.Sequential):
         return self
 
 
-@pytest.mark.parametrize("override", [False, True])
-def test_scoring_restores_every_submodules_own_training_flag(override):
+@pytest.mark.parametrize("override,all_eval", [(False, False), (True, False), (False, True)])
+def test_scoring_restores_every_submodules_own_training_flag(override, all_eval):
     """Candidates are scored in eval mode; after the step (and after reading the lazy ``base_loss``) every
     submodule is back in its own mode — a frozen, eval-mode submodule inside a training model stays frozen (a
     plain ``model.train(was_training)`` would switch it back on). Also through a module overriding ``train``."""
@@ -207,6 +207,8 @@ def test_scoring_restores_every_submodules_own_training_flag(override):
     model = cls(nn.Linear(37, 16), nn.Dropout(0.5), nn.BatchNorm1d(16), nn.Linear(16, 3))
     model.train()
     model[2].eval()                       # frozen normalization statistics
+    if all_eval:                          # nothing to switch: left alone
+        model.eval()
     seen = []
 
     def task_checking_mode(out, batch):
