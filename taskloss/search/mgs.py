@@ -36,10 +36,10 @@ checks on Python floats). The floor is the MLE step, the K forwards and the K·P
 loss at the current parameters, l(θ), cancels in the normalized weights, so the step does not compute it:
 :attr:`MGSStats.base_loss` evaluates it on first access (``eager_base_loss=True`` computes it inside the step
 and refuses a non-finite value, as a check). ``benchmarks/bench_mgs.py`` measures the step against this floor;
-for a 4.8K-parameter MLP the step is still ≈ 1.45× floor + noise on one thread: about 0.6 ms of a 1.8 ms step
-goes to σ_t, the float64 noise statistics, the candidate writes, log q, the weights, the clipping norms and the
-checks, spread over some 150 calls of a few microseconds each (no single one worth more than ≈ 0.1 ms); from
-85K parameters on one thread it is within 1.2×.
+for a 4.8K-parameter MLP the step is ≈ 1.5× floor + noise on one thread, where a bare loop of the same
+arithmetic (``_bare_mgs`` there: one σ, no density, no checks) is itself ≈ 1.2×; the rest, ≈ 0.35 ms of a 1.6 ms
+step, is the per-tensor σ_t and noise statistics, log q, the checks and the norms, spread over some 150 calls of a
+few microseconds each. From 85K parameters on one thread the step is within 1.2× floor + noise.
 """
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ from torch import Tensor, nn
 from taskloss.search.mgs_density import (
     DENSITIES,
     _check_choice,
-    _checked_shift,
+    _checked_shift_floats,
     _log_weights_floats,
     _seeds_for,
     _uniform_from_seed,
@@ -447,7 +447,8 @@ class MGS(_CandidateScoring):
         log_q = draws.log_q(self.mix, self.density)
         # the checks and formula of mgs_weights(losses, l(θ), log_q, alpha) on Python floats (K numbers: cheaper
         # than a chain of tiny tensor operations); l(θ) cancels, any finite value will do
-        lw = _log_weights_floats(L, log_q.tolist(), self.alpha, _checked_shift(losses, log_q))
+        lq = log_q.tolist()
+        lw = _log_weights_floats(L, lq, self.alpha, _checked_shift_floats(L, lq))
         w = [math.exp(v) for v in lw]
         update, kept = self._weighted_sum(w, draws, rows, theta, return_deltas)
         update_norm = self._apply(update)

@@ -198,7 +198,11 @@ def _checked_shift(L: Tensor, lq: Tensor) -> float:
     """The value checks of :func:`mgs_weights` on task losses ``L`` and log-densities ``lq`` (float64 ``[K]``),
     made on Python floats (one transfer of each vector): no NaN or −inf loss, not every loss +inf, every log q
     finite. Returns the smallest finite loss (the shift of :func:`_log_weights`)."""
-    losses, lqs = L.tolist(), lq.tolist()
+    return _checked_shift_floats(L.tolist(), lq.tolist())
+
+
+def _checked_shift_floats(losses: list[float], lqs: list[float]) -> float:
+    """:func:`_checked_shift` on Python floats."""
     if any(x != x or x == -math.inf for x in losses):
         raise ValueError(f"task_losses contain NaN or -inf: {losses}")
     finite = [x for x in losses if x != math.inf]
