@@ -467,12 +467,12 @@ Post-LN {sweep/post/fraction_failed:.0%}, Pre-LN {sweep/pre/fraction_failed:.0%}
 At the largest rate ({max_lr:g}, no warm-up) Post-LN failed on {post_top:.0%} of the seeds and RealFormer on
 {rf_top:.0%}, Pre-LN on {pre_top:.0%}: {collapse_reading} {budget_reading} With {seeds} seeds the paired comparisons decide only large,
 consistent effects: RealFormer against Post-LN reads **{best_nll/realformer_vs_post.verdict}** on the best
-validation NLL and **{entropy/realformer_vs_post.verdict}** on attention entropy (lower = sparser) here; the full
-run's ten seeds decide more.""",
+validation NLL and **{entropy/realformer_vs_post.verdict}** on attention entropy (lower = sparser) here{seeds_reading}""",
         rf_ratio=float(norms_rf[0] / norms_post[0]), deep_layers=deep_layers, steps=steps, lrs=lrs, seeds=seeds,
         unigram=unigram, p_post=np.round(ppl["post"], 1).tolist(), p_pre=np.round(ppl["pre"], 1).tolist(),
         p_rf=np.round(ppl["realformer"], 1).tolist(), max_lr=max(lrs), post_top=float(fail["post"][:, -1].mean()),
         rf_top=float(fail["realformer"][:, -1].mean()), pre_top=float(fail["pre"][:, -1].mean()),
+        seeds_reading="; the full run's ten seeds decide more." if seeds < 10 else ".",
         budget_reading=(
             f"At the entropy probe's rate ({entropy_lr:g}) Post-LN leaves the unigram level (perplexity "
             f"{ppl['post'][i_ent]:.1f} against {unigram:.0f}), so this run tells a collapse at the "
