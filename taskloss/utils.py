@@ -5,6 +5,7 @@ uniform and clear (``ValueError`` for bad values, ``TypeError`` for bad types) a
 """
 from __future__ import annotations
 
+import contextlib
 import importlib
 import math
 import os
@@ -21,6 +22,7 @@ __all__ = [
     "REPO_ROOT", "DATA_DIR", "RUNS_DIR", "atomic_write_text",
     "resolve_device", "seed_everything",
     "check_positive", "check_nonnegative", "check_probability", "check_int", "check_finite", "all_finite",
+    "eval_mode",
     "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids", "count_parameters",
     "resolve_name",
 ]
@@ -157,6 +159,37 @@ def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
     if not all_finite(tensor):
         raise ValueError(f"{name} contains NaN or inf")
     return tensor
+
+
+@contextlib.contextmanager
+def eval_mode(model: nn.Module, enabled: bool = True):
+    """``model.eval()`` inside the block (when ``enabled``), and every submodule's own ``training`` flag restored
+    after it, also on error: a frozen, eval-mode submodule of a training model stays frozen (a plain
+    ``model.train(was_training)`` switches it back on). Modules that do not override ``train``/``eval`` get their
+    flags written directly (``Module.train`` walks the tree through ``Module.__setattr__``: ≈ 14 µs for a 4-module
+    MLP, a third of its forward); a model already in eval mode throughout is left alone."""
+    mods = list(model.modules()) if enabled else []
+    flags = [m.training for m in mods]
+    if not any(flags):              # disabled, or already in eval mode throughout: nothing to switch or restore
+        yield model
+        return
+    # ``training`` is a plain instance attribute (``Module.__init__`` puts it in ``__dict__``): writing it there is
+    # what ``Module.train`` does per module, without ``Module.__setattr__``'s parameter/buffer/module checks
+    plain = all(type(m).train is nn.Module.train and type(m).eval is nn.Module.eval for m in mods)
+    if plain:
+        for m in mods:
+            m.__dict__["training"] = False
+    else:
+        model.eval()
+    try:
+        yield model
+    finally:
+        for m, f in zip(mods, flags):
+            if m.training != f:      # pre-order: a parent's train(f) is corrected below for its children
+                if plain:
+                    m.__dict__["training"] = f
+                else:
+                    m.train(f)
 
 
 def check_floating(name: str, tensor: torch.Tensor) -> torch.Tensor:

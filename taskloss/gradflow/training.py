@@ -26,7 +26,7 @@ from torch import nn
 
 from taskloss.lm.completion import block_nll
 from taskloss.models.transformer import TransformerLM
-from taskloss.utils import check_int, check_nonnegative, check_positive, check_token_ids
+from taskloss.utils import check_int, check_nonnegative, check_positive, check_token_ids, eval_mode
 
 __all__ = ["TrainResult", "train_lm", "evaluate_nll", "xavier_init_"]
 
@@ -67,16 +67,12 @@ def evaluate_nll(model: nn.Module, blocks: torch.Tensor, batch_size: int = 64) -
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     _check_blocks("blocks", blocks, getattr(model, "vocab_size", None))
     check_int("batch_size", batch_size, minimum=1)
-    was_training = model.training
-    model.eval()
     dev = next(model.parameters()).device
-    try:
-        total = 0.0
+    total = 0.0
+    with eval_mode(model):
         for i in range(0, len(blocks), batch_size):
             b = blocks[i:i + batch_size].to(dev)
             total += float(block_nll(model, b).double()) * len(b)
-    finally:
-        model.train(was_training)
     return total / len(blocks)
 
 

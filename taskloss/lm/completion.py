@@ -31,7 +31,7 @@ from taskloss.datasets.corpus import lm_blocks, load_corpus, prefix_continuation
 from taskloss.datasets.tokenizer import Tokenizer
 from taskloss.lm.causal_lm import greedy_decode
 from taskloss.losses import metrics
-from taskloss.utils import check_int, check_nonempty
+from taskloss.utils import check_int, check_nonempty, eval_mode
 
 __all__ = [
     "TASK_LOSSES", "parse_task_loss",
@@ -313,18 +313,14 @@ def perplexity(model: nn.Module, blocks: torch.Tensor, batch_size: int = 32) -> 
     check_nonempty("blocks", blocks)
     check_int("batch_size", batch_size, minimum=1)
     dev = next(model.parameters()).device
-    was = model.training
-    model.eval()
     total, count = 0.0, 0
-    try:
+    with eval_mode(model):
         for i in range(0, blocks.shape[0], batch_size):
             b = blocks[i:i + batch_size].to(dev)
             logits = model(b[:, :-1]).float()
             total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b[:, 1:].reshape(-1),
                                            reduction="sum"))
             count += b[:, 1:].numel()
-    finally:
-        model.train(was)
     ppl = math.exp(total / count)
     if not math.isfinite(ppl):
         raise ValueError("perplexity is not finite (the model produced inf/NaN log-probabilities)")
@@ -343,14 +339,10 @@ def evaluate_completions(model: nn.Module, batch: CompletionBatch, task: Complet
         raise TypeError(f"task must be a CompletionTask, got {type(task).__name__}")
     check_int("batch_size", batch_size, minimum=1)
     dev = next(model.parameters()).device
-    was = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         hyp = torch.cat([greedy_decode(model, batch.prefixes[i:i + batch_size].to(dev), task.decode_len,
                                        task.eos_id, task.pad_id, cache=task.cache)
                          for i in range(0, len(batch), batch_size)])
-    finally:
-        model.train(was)
     terms = task.terms(hyp, batch.refs.to(dev))
     out = {k: float(v.mean()) for k, v in terms.items()}
     out["task_loss"] = float(sum(terms[n] for n in task.names).mean())

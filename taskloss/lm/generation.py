@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from taskloss.lm.causal_lm import CausalLM
-from taskloss.utils import all_finite, check_int, check_positive, check_token_ids
+from taskloss.utils import all_finite, check_int, check_positive, check_token_ids, eval_mode
 
 __all__ = ["generate", "sequence_logprob"]
 
@@ -100,38 +100,36 @@ def generate(model: nn.Module, prefix: torch.Tensor, max_new_tokens: int, eos_id
     wrapped = isinstance(model, CausalLM)
     cached = (not recurrent and (wrapped or hasattr(model, "blocks"))
               and (max_len is None or P + max_new_tokens - 1 <= max_len))
-    was_training = model.training
-    model.eval()
     steps = None
-    try:
-        if recurrent:
-            logits, state = model(seq[:, :P], return_state=True)
-            last = logits[:, -1]
-        elif cached:
-            adapter = model if wrapped else CausalLM(model)
-            steps = (adapter._hf_cached_steps if adapter.kind == "hf" else adapter._tl_cached_steps)(seq[:, :P])
-            last = next(steps)
-        for t in range(max_new_tokens):
-            if not recurrent and not cached:
-                start = 0 if max_len is None else max(0, P + t - max_len)
-                last = model(seq[:, start:P + t])[:, -1]
-            nxt = _next_token(last, greedy, temperature, top_k, generator)
-            nxt = torch.where(finished, torch.full_like(nxt, pad_id), nxt)
-            seq[:, P + t] = nxt
-            if eos_id is not None:
-                finished |= nxt == eos_id
-                if bool(finished.all()):
-                    break
-            if t + 1 < max_new_tokens:
-                if recurrent:
-                    logits, state = model(nxt[:, None], state, return_state=True)
-                    last = logits[:, -1]
-                elif cached:
-                    last = steps.send(nxt)
-    finally:
-        if steps is not None:
-            steps.close()
-        model.train(was_training)
+    with eval_mode(model):
+        try:
+            if recurrent:
+                logits, state = model(seq[:, :P], return_state=True)
+                last = logits[:, -1]
+            elif cached:
+                adapter = model if wrapped else CausalLM(model)
+                steps = (adapter._hf_cached_steps if adapter.kind == "hf" else adapter._tl_cached_steps)(seq[:, :P])
+                last = next(steps)
+            for t in range(max_new_tokens):
+                if not recurrent and not cached:
+                    start = 0 if max_len is None else max(0, P + t - max_len)
+                    last = model(seq[:, start:P + t])[:, -1]
+                nxt = _next_token(last, greedy, temperature, top_k, generator)
+                nxt = torch.where(finished, torch.full_like(nxt, pad_id), nxt)
+                seq[:, P + t] = nxt
+                if eos_id is not None:
+                    finished |= nxt == eos_id
+                    if bool(finished.all()):
+                        break
+                if t + 1 < max_new_tokens:
+                    if recurrent:
+                        logits, state = model(nxt[:, None], state, return_state=True)
+                        last = logits[:, -1]
+                    elif cached:
+                        last = steps.send(nxt)
+        finally:
+            if steps is not None:
+                steps.close()
     return seq[:, P:]
 
 

@@ -60,8 +60,9 @@ from taskloss.search.mgs_density import (
     _uniform_from_seed,
 )
 from taskloss.search.mgs_noise import CandidateDraws, DrawPlan, build_proposal
-from taskloss.search.mgs_scoring import MODES, _CandidateScoring, _scoring_mode, _stack_losses, default_forward
+from taskloss.search.mgs_scoring import MODES, _CandidateScoring, _stack_losses, default_forward
 from taskloss.utils import check_int, check_positive, check_probability
+from taskloss.utils import eval_mode as _eval_mode  # (``eval_mode`` is also MGS's argument)
 
 __all__ = ["MGS", "MGSStats", "SIGMA_MODES", "ASSIGNMENTS"]
 
@@ -334,7 +335,7 @@ class MGS(_CandidateScoring):
         scratch = plan.buffer("scratch", theta.shape, theta.dtype) if self.low_memory else None
         base = None
         try:
-            with _scoring_mode(self.model, self.eval_mode), torch.no_grad():
+            with _eval_mode(self.model, self.eval_mode), torch.no_grad():
                 if self.eager_base_loss:
                     base = self._score_one(self.model, batch)
                 if self.low_memory:      # statistics of the candidates other ranks score

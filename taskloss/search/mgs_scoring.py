@@ -20,6 +20,8 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_map
 
+from taskloss.utils import eval_mode as _eval_mode
+
 __all__ = ["default_forward"]
 
 MODES = ("vmap", "vmap_forward", "loop")   # in the order of the "auto" fallback
@@ -74,40 +76,6 @@ class _FunctionalModel:
         return getattr(self._model, name)
 
 
-@contextlib.contextmanager
-def _scoring_mode(model: nn.Module, eval_mode: bool):
-    """``model.eval()`` inside the block when ``eval_mode``, and every submodule's own ``training`` flag restored
-    after it (a frozen, eval-mode submodule of a training model stays frozen). Modules that do not override
-    ``train``/``eval`` get their flags set directly (``Module.train`` walks the tree through ``Module.__setattr__``:
-    ≈ 14 µs for a 4-module MLP, a third of its forward); a model already in eval mode throughout is left alone."""
-    if not eval_mode:
-        yield
-        return
-    mods = list(model.modules())
-    flags = [m.training for m in mods]
-    if not any(flags):              # already in eval mode throughout: nothing to switch or restore
-        yield
-        return
-    if all(type(m).train is nn.Module.train and type(m).eval is nn.Module.eval for m in mods):
-        # ``training`` is a plain instance attribute (``Module.__init__`` puts it in ``__dict__``): writing it there
-        # is what ``Module.train`` does per module, without ``Module.__setattr__``'s parameter/buffer/module checks
-        for m in mods:
-            m.__dict__["training"] = False
-        try:
-            yield
-        finally:
-            for m, f in zip(mods, flags):
-                m.__dict__["training"] = f
-        return
-    model.eval()
-    try:
-        yield
-    finally:
-        for m, f in zip(mods, flags):
-            if m.training != f:      # pre-order: a parent's train(f) is corrected below for its children
-                m.train(f)
-
-
 class _CandidateScoring:
     """Candidate evaluation for :class:`taskloss.search.mgs.MGS` (a mixin). The host provides ``model``, ``params``,
     ``forward_fn``, ``task_loss_fn``, ``mode``, ``eval_mode``, ``_auto``, ``_mode_confirmed`` and ``_unflat``."""
@@ -138,7 +106,7 @@ class _CandidateScoring:
     def _loss_at(self, flat: Tensor, batch) -> float:
         """The task loss at the parameters ``flat`` (e.g. l(θ) of an earlier step), on the module as in loop mode
         and in the mode the candidates are scored in; the module's current parameters are restored after."""
-        with _scoring_mode(self.model, self.eval_mode), torch.no_grad():
+        with _eval_mode(self.model, self.eval_mode), torch.no_grad():
             now = torch.cat([p.detach().reshape(-1) for p in self.params])
             with self._loaded(flat, now) as model:
                 return float(self._score_one(model, batch))
