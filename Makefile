@@ -56,7 +56,7 @@ run: $(STAMP)
 
 # OMP threads = 1 per worker: two xdist workers share the two cores without oversubscription.
 # TASKLOSS_CHECK_HEADLINES: each notebook's fresh headline results must match the committed ones
-# (taskloss/runner/headlines.py) — nbval's --nbval-lax alone compares no outputs.
+# (taskloss/results/headlines.py) — nbval's --nbval-lax alone compares no outputs.
 test: $(STAMP)
 	$(SERIAL) MPLBACKEND=Agg HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 TASKLOSS_CHECK_HEADLINES=1 \
 	  $(PY) -m pytest -n $(JOBS) --dist loadfile tests notebooks --nbval-lax --nbval-current-env -p no:cacheprovider

@@ -68,8 +68,8 @@ import torch
 from scipy import integrate
 from tqdm.auto import tqdm
 
-import taskloss.runner
-from taskloss.runner.plotting import label_axes, median_band
+import taskloss.results
+from taskloss.results.plotting import label_axes, median_band
 from taskloss.sampling import (
     GaussianMixtureProposal,
     GaussianProposal,
@@ -85,7 +85,7 @@ from taskloss.sampling import (
 )
 
 # %%
-run = taskloss.runner.start("01_optimization_as_sampling", output_dir, device=device, seed=seed)
+run = taskloss.results.start("01_optimization_as_sampling", output_dir, device=device, seed=seed)
 dev, f64 = run.device, torch.float64
 gen = torch.Generator(device=dev).manual_seed(seed)
 print("device:", dev)

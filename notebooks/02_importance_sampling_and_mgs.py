@@ -64,15 +64,15 @@ from scipy.stats import norm
 from torch import nn
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss.datasets import load_digits_splits
 from taskloss.losses import accuracy
-from taskloss.runner.plotting import comparison_forest, label_axes, median_band, seed_band
+from taskloss.results.plotting import comparison_forest, label_axes, median_band, seed_band
 from taskloss.sampling import GaussianMixtureProposal, gaussian_update_distribution, newton_update
 from taskloss.search import MGS, classification_reinforce, effective_sample_size, mgs_weights, mixture_log_density
 
 # %%
-run = taskloss.runner.start("02_importance_sampling_and_mgs", output_dir, device=device, seed=seed)
+run = taskloss.results.start("02_importance_sampling_and_mgs", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 t_start = time.time()
 print("device:", dev)

@@ -71,15 +71,15 @@ import torch.nn.functional as F
 from sklearn.metrics import accuracy_score, f1_score
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss.datasets import load_digits_splits
 from taskloss.losses import accuracy, macro_f1
 from taskloss.models import MLP
-from taskloss.runner.plotting import comparison_forest, label_axes, seed_band
+from taskloss.results.plotting import comparison_forest, label_axes, seed_band
 from taskloss.search import MGS, classification_reinforce, functional_loss, gaussian_smoothing_grad
 
 # %%
-run = taskloss.runner.start("03_metric_optimization_classification", output_dir, device=device, seed=seed)
+run = taskloss.results.start("03_metric_optimization_classification", output_dir, device=device, seed=seed)
 dev = run.device
 t_start = time.time()
 splits = load_digits_splits(0)

@@ -81,7 +81,7 @@ from matplotlib.lines import Line2D
 from rapidfuzz.distance import Levenshtein
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss.lm import (
     TASK_LOSSES,
     CompletionBatch,
@@ -94,12 +94,12 @@ from taskloss.lm import (
     load_causal_lm,
     perplexity,
 )
-from taskloss.runner.plotting import comparison_forest, label_axes, seed_band
+from taskloss.results.plotting import comparison_forest, label_axes, seed_band
 from taskloss.search import MGS, mgs_weights, sequence_reinforce
 from taskloss.utils import count_parameters
 
 # %%
-run = taskloss.runner.start("04_sequence_task_losses", output_dir, device=device, seed=seed)
+run = taskloss.results.start("04_sequence_task_losses", output_dir, device=device, seed=seed)
 dev = run.device
 t_start = time.time()
 corpus = corpus_path or None

@@ -75,15 +75,15 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss.datasets import load_digits_splits
 from taskloss.losses import metrics
-from taskloss.runner.compare import paired_comparison
-from taskloss.runner.plotting import comparison_forest, label_axes, mean_interval, median_band, seed_band
+from taskloss.results.compare import paired_comparison
+from taskloss.results.plotting import comparison_forest, label_axes, mean_interval, median_band, seed_band
 from taskloss.search import policy_gradient as PG
 from taskloss.search import zeroth_order as ZO
 
-run = taskloss.runner.start("05_policy_gradient_vs_zeroth_order", output_dir, device=device, seed=seed)
+run = taskloss.results.start("05_policy_gradient_vs_zeroth_order", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 print("device:", dev)
 

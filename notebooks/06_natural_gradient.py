@@ -56,7 +56,7 @@ from scipy.optimize import minimize
 from torch.distributions import MultivariateNormal, kl_divergence
 from torch.func import functional_call, hessian, jacfwd, jacrev
 
-import taskloss.runner
+import taskloss.results
 from taskloss import curvature
 from taskloss.curvature import (
     CoupledGaussian,
@@ -68,9 +68,9 @@ from taskloss.curvature import (
 )
 from taskloss.datasets import load_digits_splits
 from taskloss.models import MLP
-from taskloss.runner.plotting import bars_with_interval, label_axes
+from taskloss.results.plotting import bars_with_interval, label_axes
 
-run = taskloss.runner.start("06_natural_gradient", output_dir, device=device, seed=seed)
+run = taskloss.results.start("06_natural_gradient", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 gen = torch.Generator(device=dev).manual_seed(seed)
 print("device:", dev)

@@ -65,14 +65,14 @@ from torch import nn
 from torch.func import functional_call
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss import curvature as C
 from taskloss.curvature import KFAC
 from taskloss.datasets import load_digits_splits
 from taskloss.models import MLP
-from taskloss.runner.plotting import bars_with_interval, comparison_forest, label_axes, median_band
+from taskloss.results.plotting import bars_with_interval, comparison_forest, label_axes, median_band
 
-run = taskloss.runner.start("07_fisher_approximations", output_dir, device=device, seed=seed)
+run = taskloss.results.start("07_fisher_approximations", output_dir, device=device, seed=seed)
 dev = run.device
 torch.set_default_dtype(torch.float32)
 

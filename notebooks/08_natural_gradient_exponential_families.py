@@ -64,7 +64,7 @@ from torch.func import grad, hessian, jacfwd, vmap
 from tqdm.auto import tqdm
 
 # %%
-import taskloss.runner
+import taskloss.results
 from taskloss.curvature import (
     CoupledGaussian,
     NaturalGaussianVI,
@@ -83,9 +83,9 @@ from taskloss.curvature import (
     sym_to_vec,
     vec_to_sym,
 )
-from taskloss.runner.plotting import label_axes, median_band
+from taskloss.results.plotting import label_axes, median_band
 
-run = taskloss.runner.start("08_natural_gradient_exponential_families", output_dir, device=device, seed=seed)
+run = taskloss.results.start("08_natural_gradient_exponential_families", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 gen = torch.Generator(device=dev).manual_seed(seed)
 print("device:", dev)

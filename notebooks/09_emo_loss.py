@@ -71,7 +71,7 @@ import transformers
 from scipy.optimize import linprog
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss.datasets import get_tokenizer, lm_blocks, minilm_token_embeddings, prefix_continuations
 from taskloss.lm import generate, load_pretrained_lm
 from taskloss.losses import (
@@ -85,10 +85,10 @@ from taskloss.losses import (
     repetition,
 )
 from taskloss.models import TransformerLM
-from taskloss.runner.plotting import label_axes, mean_interval, seed_band
+from taskloss.results.plotting import label_axes, mean_interval, seed_band
 
 # %%
-run = taskloss.runner.start("09_emo_loss", output_dir, device=device, seed=seed)
+run = taskloss.results.start("09_emo_loss", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 transformers.utils.logging.disable_progress_bar()   # no "Loading weights" bar when MiniLM loads
 torch.set_flush_denormal(True)     # a collapsed softmax underflows to denormals, which crawl on some CPUs

@@ -55,7 +55,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss.contrastive import (
     MiniLMTop,
     accumulated_backward,
@@ -67,9 +67,9 @@ from taskloss.contrastive import (
     retrieval_metrics,
     split_micro_batches,
 )
-from taskloss.runner.plotting import label_axes, seed_band
+from taskloss.results.plotting import label_axes, seed_band
 
-run = taskloss.runner.start("10_contrastive_accumulation", output_dir, device=device, seed=seed)
+run = taskloss.results.start("10_contrastive_accumulation", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 t_start = time.time()
 print("device:", dev)

@@ -71,7 +71,7 @@ import torch.nn.functional as F
 from matplotlib.ticker import NullFormatter
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss.datasets import UnknownTokenWarning, get_tokenizer, lm_blocks
 from taskloss.dynamics import (
     ClippedSGD,
@@ -83,10 +83,10 @@ from taskloss.dynamics import (
     top_hessian_eigenvalue,
 )
 from taskloss.models import RNNLM, TransformerLM
-from taskloss.runner.plotting import label_axes, seed_band
+from taskloss.results.plotting import label_axes, seed_band
 from taskloss.search import functional_loss
 
-run = taskloss.runner.start("11_gradient_clipping", output_dir, device=device, seed=seed)
+run = taskloss.results.start("11_gradient_clipping", output_dir, device=device, seed=seed)
 dev = run.device
 print("device:", dev)
 

@@ -63,7 +63,7 @@ import torch.nn.functional as F
 from matplotlib.ticker import NullFormatter
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss.curvature import flatten, unflatten
 from taskloss.datasets import load_digits_splits
 from taskloss.dynamics import (
@@ -76,10 +76,10 @@ from taskloss.dynamics import (
     top_hessian_eigenvalue,
 )
 from taskloss.models import MLP
-from taskloss.runner.plotting import bars_with_interval, label_axes, seed_band
+from taskloss.results.plotting import bars_with_interval, label_axes, seed_band
 from taskloss.search import functional_loss
 
-run = taskloss.runner.start("12_implicit_gradient_regularization", output_dir, device=device, seed=seed)
+run = taskloss.results.start("12_implicit_gradient_regularization", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 print("device:", dev)
 

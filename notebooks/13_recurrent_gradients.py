@@ -60,7 +60,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss.datasets import get_tokenizer, lm_blocks, unigram_perplexity
 from taskloss.gradflow import (
     gate_product_error,
@@ -71,9 +71,9 @@ from taskloss.gradflow import (
 )
 from taskloss.lm import block_nll
 from taskloss.models import RNNLM
-from taskloss.runner.plotting import label_axes, seed_band
+from taskloss.results.plotting import label_axes, seed_band
 
-run = taskloss.runner.start("13_recurrent_gradients", output_dir, device=device, seed=seed)
+run = taskloss.results.start("13_recurrent_gradients", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 t_start = time.time()
 print("device:", dev)

@@ -63,14 +63,14 @@ import torch.nn.functional as F
 from torch.func import jacrev
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss.datasets import UnknownTokenWarning, get_tokenizer, lm_blocks, unigram_perplexity
 from taskloss.gradflow import attention_entropy, layer_gradient_norms, train_lm, xavier_init_
 from taskloss.models import RESIDUAL_MODES, TransformerLM
-from taskloss.runner.plotting import label_axes, seed_band
+from taskloss.results.plotting import label_axes, seed_band
 from taskloss.utils import count_parameters
 
-run = taskloss.runner.start("14_realformer", output_dir, device=device, seed=seed)
+run = taskloss.results.start("14_realformer", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 assert init in ("xavier", "gpt2"), f"init must be 'xavier' or 'gpt2', got {init!r}"
 LAYOUTS = ("post", "pre", "realformer")

@@ -58,7 +58,7 @@ from IPython.display import HTML, display
 from scipy.integrate import quad
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss.attribution import (
     METHODS,
     EmbeddingIntegratedGradients,
@@ -76,10 +76,10 @@ from taskloss.attribution import (
 from taskloss.datasets import digits_images, load_digits_splits
 from taskloss.lm import load_pretrained_lm
 from taskloss.models import MLP, SmallCNN
-from taskloss.runner.plotting import bars_with_interval, label_axes, mean_interval
+from taskloss.results.plotting import bars_with_interval, label_axes, mean_interval
 
 t_start = time.time()
-run = taskloss.runner.start("15_integrated_gradients", output_dir, device=device, seed=seed)
+run = taskloss.results.start("15_integrated_gradients", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 print("device:", dev)
 

@@ -69,7 +69,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-import taskloss.runner
+import taskloss.results
 from taskloss.datasets import load_digits_splits
 from taskloss.harness import (
     RULES,
@@ -92,9 +92,9 @@ from taskloss.lm import (
 )
 from taskloss.losses import accuracy, macro_f1
 from taskloss.models import MLP
-from taskloss.runner.plotting import label_axes
+from taskloss.results.plotting import label_axes
 
-run = taskloss.runner.start("16_update_rule_harness", output_dir, device=device, seed=seed)
+run = taskloss.results.start("16_update_rule_harness", output_dir, device=device, seed=seed)
 dev, f64 = run.device, torch.float64
 print("device:", dev, "| rules:", ", ".join(RULES))
 

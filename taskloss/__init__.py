@@ -21,12 +21,13 @@ what it holds, each ``__init__`` naming its notebooks (``notebooks/NN_topic.py``
   networks, attention entropy and gradient norms by layer, an LM-training harness (13, 14)
 - :mod:`taskloss.harness`    — every update rule behind one interface, counted passes, the ideal update Δθ* with its
   Monte Carlo error, training to an equal pass budget, a causal LM with a sequence task loss (16)
-- :mod:`taskloss.runner`     — the results API of notebooks, parameters, the rerun/sweep runner (every notebook)
+- :mod:`taskloss.results`    — the results API of notebooks: records, paired comparisons, plots, headline checks
+- :mod:`taskloss.runner`     — parameters, kernels, run folders, the rerun/sweep runner (every notebook)
 - :mod:`taskloss.utils`      — device resolution, seeding, input validation (everywhere)
 
 Dependencies point one way (a test checks that the import graph has no cycle):
-``utils ← datasets, models ← losses ← lm ← sampling, search, curvature, gradflow``; ``runner`` and
-``attribution`` (which works on any model through callables) on ``utils`` alone.
+``utils ← datasets, models ← losses ← lm ← sampling, search, curvature, gradflow``; ``results`` and
+``attribution`` (which works on any model through callables) on ``utils`` alone; ``runner`` on ``results``.
 """
 from taskloss.utils import resolve_device, seed_everything
 

@@ -23,7 +23,7 @@ __all__ = ["INLINE_BACKEND", "KERNEL_LOG", "Cancellation", "kernel_env", "execut
 # Kernels would inherit MPLBACKEND=Agg from a test shell, which drops every inline figure.
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"
 KERNEL_LOG = "kernel.log"
-# Variables only the test suite sets for the kernels nbval starts (see taskloss.runner.notebook).
+# Variables only the test suite sets for the kernels nbval starts (see taskloss.results.run).
 _TEST_ONLY_VARS = ("TASKLOSS_CHECK_HEADLINES",)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 _QUIET = logging.getLogger("taskloss.runner.kernel")

@@ -8,8 +8,8 @@ import sys
 import time
 from pathlib import Path
 
+from taskloss.results.run import RESULTS_FILE
 from taskloss.runner.kernel import KERNEL_LOG, execute_notebook, kernel_env, progress_text_fallbacks
-from taskloss.runner.notebook import RESULTS_FILE
 from taskloss.runner.params import notebook_parameters, read_notebook
 from taskloss.runner.runs import environment_info, find_notebook
 from taskloss.runner.store import clear_run_folder, package_hash, run_key, run_lock, write_meta, write_summary

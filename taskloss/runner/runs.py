@@ -3,7 +3,7 @@ The command line lives in :mod:`taskloss.runner.cli`; refreshing the committed n
 :mod:`taskloss.runner.refresh`.
 
 Every run folder holds the executed notebook, its figures, ``results.json`` (written by the notebook through
-:mod:`taskloss.runner.notebook`), ``kernel.log`` and ``meta.json`` (parameters, the run key, package versions,
+:mod:`taskloss.results.run`), ``kernel.log`` and ``meta.json`` (parameters, the run key, package versions,
 git commit, timing, status, the failing cell and exception when it failed), written last and atomically. A
 folder whose ``meta.json`` says ``ok`` with the same key — parameters, notebook source and package source (see
 :mod:`taskloss.runner.store`) — is a finished run: running the same sweep again skips it (``--force`` redoes

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
-from taskloss.runner.notebook import RESULTS_FILE
+from taskloss.results.run import RESULTS_FILE
 from taskloss.utils import REPO_ROOT, atomic_write_text
 
 __all__ = ["META_FILE", "LOCK_FILE", "SUMMARY_FILE", "folder_name", "canonical", "source_hash",

@@ -115,12 +115,12 @@ def test_notebook_uses_reads_imports_calls_and_prose():
         nbformat.v4.new_markdown_cell("# T\n\nThe step is `taskloss.losses.emo_loss`; modules such as "
                                       "`taskloss.curvature.fisher` and `taskloss.curvature.natural_gradient` "
                                       "(also a function's name) are linked in place."),
-        nbformat.v4.new_code_cell("%matplotlib inline\nimport taskloss.runner\nfrom taskloss import curvature\n"
+        nbformat.v4.new_code_cell("%matplotlib inline\nimport taskloss.results\nfrom taskloss import curvature\n"
                                   "from taskloss.search import MGS as Search\n"
-                                  "run = taskloss.runner.start('x')\nF = curvature.ggn_matrix(m, x, y)"),
+                                  "run = taskloss.results.start('x')\nF = curvature.ggn_matrix(m, x, y)"),
     ])
     assert book_sources.notebook_uses(nb) == sorted([
-        ("taskloss.losses.emo_loss", "func"), ("taskloss.runner.start", "func"),
+        ("taskloss.losses.emo_loss", "func"), ("taskloss.results.start", "func"),
         ("taskloss.curvature.ggn_matrix", "func"), ("taskloss.search.MGS", "class")])
 
 

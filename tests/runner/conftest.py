@@ -1,4 +1,4 @@
-"""Small notebooks for the runner tests: ``tiny`` records through taskloss.runner.start (imports torch), ``bare``
+"""Small notebooks for the runner tests: ``tiny`` records through taskloss.results.start (imports torch), ``bare``
 imports nothing heavy (a kernel run takes ~2 s) and logs ``seed,sleep,pid`` of each execution to ``log_path``."""
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ output_dir: str = ""
 
 # %%
 import time
-import taskloss.runner.notebook as tn
+import taskloss.results.run as tn
 run = tn.start("tiny", output_dir, device="cpu", seed=seed)
 if log_path:
     with open(log_path, "a") as f:

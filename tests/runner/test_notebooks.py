@@ -4,7 +4,7 @@ valid params/ files.
 
 The notebooks themselves are executed by nbval (``make test`` collects ``notebooks/*.ipynb``), with
 ``TASKLOSS_CHECK_HEADLINES=1`` so each fresh headline result is compared with the committed one
-(:mod:`taskloss.runner.headlines`).
+(:mod:`taskloss.results.headlines`).
 """
 from __future__ import annotations
 
@@ -120,7 +120,7 @@ def test_parameters_cell(py: Path):
     check_constraints(params, {p.name: p.default for p in params.values()})  # defaults meet declared bounds
     untyped = [p.name for p in params.values() if p.type_name == "any"]
     assert not untyped, f"parameters without a type: {untyped}"
-    assert f'start("{py.stem}"' in py.read_text(), "the notebook must record through taskloss.runner.notebook.start"
+    assert f'start("{py.stem}"' in py.read_text(), "the notebook must record through taskloss.results.run.start"
 
 
 @pytest.mark.parametrize("yaml_file", PARAM_FILES, ids=lambda p: f"{p.parent.name}/{p.name}")

@@ -84,7 +84,7 @@ def test_yaml_then_cli_precedence_and_grid_expansion(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_sweep_writes_results_reports_failures_and_prints_no_kernel_noise(tiny, tmp_path):
-    """One parallel sweep through the real command: a run that records through taskloss.runner.start, a run that
+    """One parallel sweep through the real command: a run that records through taskloss.results.start, a run that
     fails; the failing cell and exception land in meta.json and SUMMARY.md; the terminal shows no kernel logs."""
     out = tmp_path / "out"
     cmd = [sys.executable, "-m", "taskloss.runner", "run", str(tiny), "-p", "seed", "2", "-p", "values", "[3, 4]",

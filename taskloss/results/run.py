@@ -3,7 +3,7 @@
 A notebook's ``parameters`` cell holds ``output_dir = ""``; the runner (``python -m taskloss.runner``) injects a
 folder, and an interactive session falls back to ``runs/interactive/<notebook>``::
 
-    run = taskloss.runner.start("01_optimization_as_sampling", output_dir, device=device, seed=seed)
+    run = taskloss.results.start("01_optimization_as_sampling", output_dir, device=device, seed=seed)
     run.record("sampling/ess_ratio", 0.83, headline=True)
     run.compare("mgs_vs_mle/accuracy", acc_mgs, acc_mle, name="MGS", baseline="MLE", metric="accuracy")
     run.savefig(fig, "isotropy.png")
@@ -12,7 +12,7 @@ folder, and an interactive session falls back to ``runs/interactive/<notebook>``
 
 ``results.json`` is rewritten atomically on every ``record`` so a notebook that fails half-way keeps what it
 had measured. The runner reads the ``headline`` keys into ``SUMMARY.md``. Comparisons between methods go
-through :meth:`Run.compare` (a paired test on the same seeds, :func:`taskloss.runner.compare.paired_comparison`),
+through :meth:`Run.compare` (a paired test on the same seeds, :func:`taskloss.results.compare.paired_comparison`),
 and closing text that quotes numbers goes through :meth:`Run.say`, so the prose cannot drift from the outputs.
 """
 from __future__ import annotations
@@ -27,8 +27,8 @@ from typing import Any, Sequence
 
 import torch
 
-from taskloss.runner.compare import Comparison, comparison_table, paired_comparison
-from taskloss.runner.headlines import (
+from taskloss.results.compare import Comparison, comparison_table, paired_comparison
+from taskloss.results.headlines import (
     HEADLINE_ATOL,
     HEADLINE_RTOL,
     HeadlineMismatch,
@@ -74,8 +74,8 @@ class Run:
         """Store ``value`` under ``key`` (e.g. ``"mgs/edit_distance"``) and rewrite ``results.json``.
 
         A ``headline`` result goes into ``SUMMARY.md`` and the committed notebook's metadata; under ``make test``
-        it must match the committed value within ``rtol``/``atol`` (see :mod:`taskloss.runner.headlines`),
-        else :class:`~taskloss.runner.headlines.HeadlineMismatch` is raised (after the value is saved).
+        it must match the committed value within ``rtol``/``atol`` (see :mod:`taskloss.results.headlines`),
+        else :class:`~taskloss.results.headlines.HeadlineMismatch` is raised (after the value is saved).
         """
         if not isinstance(key, str) or not key:
             raise ValueError("result key must be a non-empty string")
@@ -95,9 +95,9 @@ class Run:
 
     def compare(self, key: str, a: Sequence[float], b: Sequence[float], *, headline: bool = False,
                 **kwargs) -> Comparison:
-        """Paired comparison of per-seed values ``a`` and ``b`` (:func:`~taskloss.runner.compare.paired_comparison`,
+        """Paired comparison of per-seed values ``a`` and ``b`` (:func:`~taskloss.results.compare.paired_comparison`,
         keyword arguments passed on), recorded under ``key`` (effect, interval, p-value, verdict) and kept for
-        :meth:`comparison_table`. Returns the :class:`~taskloss.runner.compare.Comparison`."""
+        :meth:`comparison_table`. Returns the :class:`~taskloss.results.compare.Comparison`."""
         c = paired_comparison(a, b, **kwargs)
         self.comparisons[key] = c
         self.record(key, {**c.as_dict(), "a": list(map(float, a)), "b": list(map(float, b))}, headline=headline)

@@ -122,7 +122,7 @@ _VERDICT_COLORS = {"better": "C2", "worse": "C3", "inconclusive": "0.45"}
 
 
 def comparison_forest(ax, comparisons, labels: Sequence[str] | None = None, *, xlabel: str | None = None):
-    """A forest plot of paired comparisons (:class:`taskloss.runner.compare.Comparison`): one row per
+    """A forest plot of paired comparisons (:class:`taskloss.results.compare.Comparison`): one row per
     comparison with its effect (mean of a − b) and confidence interval, a vertical line at 0, coloured by
     verdict (better green, worse red, inconclusive grey). Rows read top to bottom in the given order; the
     x label says the unit and which side is better when all comparisons share one metric and direction.
@@ -132,7 +132,7 @@ def comparison_forest(ax, comparisons, labels: Sequence[str] | None = None, *, x
         ValueError: no comparisons, or ``labels`` of another length.
         TypeError: an element that is not a ``Comparison``.
     """
-    from taskloss.runner.compare import Comparison
+    from taskloss.results.compare import Comparison
 
     comparisons = list(comparisons)
     if not comparisons:

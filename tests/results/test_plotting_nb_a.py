@@ -5,8 +5,8 @@ import matplotlib
 import numpy as np
 import pytest
 
-from taskloss.runner import paired_comparison
-from taskloss.runner.plotting import comparison_forest, median_band
+from taskloss.results import paired_comparison
+from taskloss.results.plotting import comparison_forest, median_band
 
 matplotlib.use("Agg")
 

@@ -1,4 +1,4 @@
-"""Paired comparisons (taskloss.runner.compare), Run.compare / Run.say, and the plotting helpers."""
+"""Paired comparisons (taskloss.results.compare), Run.compare / Run.say, and the plotting helpers."""
 from __future__ import annotations
 
 import math
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from scipy import stats
 
-import taskloss.runner.notebook as tn
-from taskloss.runner import comparison_table, paired_comparison
-from taskloss.runner.plotting import bars_with_interval, label_axes, mean_interval, seed_band
+import taskloss.results.run as tn
+from taskloss.results import comparison_table, paired_comparison
+from taskloss.results.plotting import bars_with_interval, label_axes, mean_interval, seed_band
 
 matplotlib.use("Agg")
 

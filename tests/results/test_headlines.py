@@ -6,9 +6,9 @@ import json
 import pytest
 import torch
 
-from taskloss.runner import headlines
-from taskloss.runner.headlines import HeadlineMismatch, committed_headlines, headline_difference
-from taskloss.runner.notebook import Run
+from taskloss.results import headlines
+from taskloss.results.headlines import HeadlineMismatch, committed_headlines, headline_difference
+from taskloss.results.run import Run
 
 
 @pytest.mark.parametrize("committed, fresh, same", [
