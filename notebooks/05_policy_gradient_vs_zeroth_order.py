@@ -79,6 +79,7 @@ import taskloss.results
 from taskloss.datasets import load_digits_splits
 from taskloss.losses import metrics
 from taskloss.results.compare import paired_comparison
+from taskloss.results.headlines import seed_spread
 from taskloss.results.plotting import comparison_forest, label_axes, mean_interval, median_band, seed_band
 from taskloss.search import policy_gradient as PG
 from taskloss.search import zeroth_order as ZO
@@ -651,7 +652,8 @@ for mt in methods:
     print(f"{mt:16s} " + "  ".join(f"{lr:.3g}: {v:.3f}" for lr, v in zip(lrs, val))
           + f"  → lr {lrs[best[mt]]:.3g}{edge}; test 0-1 loss {final[mt].mean():.3f}")
     key = mt.lower().replace(" → ", "_then_").replace(" + ", "_plus_").replace(" ", "_").replace("-", "")
-    _ = run.record(f"train/test_01_{key}", float(final[mt].mean()), headline=mt in ("REINFORCE", "ZO 0-1"))
+    _ = run.record(f"train/test_01_{key}", float(final[mt].mean()), headline=mt in ("REINFORCE", "ZO 0-1"),
+                   across_machines=seed_spread(final[mt]))
     _ = run.record(f"train/lr_{key}", lrs[best[mt]])
 _ = run.record("train/test_01_per_seed", {mt: final[mt].tolist() for mt in methods})
 

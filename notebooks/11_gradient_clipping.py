@@ -83,6 +83,7 @@ from taskloss.dynamics import (
     top_hessian_eigenvalue,
 )
 from taskloss.models import RNNLM, TransformerLM
+from taskloss.results.headlines import correlation_spread
 from taskloss.results.plotting import label_axes, seed_band
 from taskloss.search import functional_loss
 
@@ -362,7 +363,8 @@ for kind, (traj, hess) in probes.items():
     print(f"{'':11s} checkpoints (‖∇f‖, |λ_max|, converged): "
           + ", ".join(f"({a:.2f}, {b:.2f}, {bool(cv)})" for a, b, cv in hess))
     assert (fit.envelope_L0 + fit.envelope_L1 * traj[:, 0] >= traj[:, 1] - 1e-9).all()
-    run.record(f"smoothness/{kind}_pearson_r", fit.r, headline=True)
+    run.record(f"smoothness/{kind}_pearson_r", fit.r, headline=True,
+               across_machines=correlation_spread(fit.r, len(traj)))
     run.record(f"smoothness/{kind}_L0", fit.L0)
     run.record(f"smoothness/{kind}_L1", fit.L1)
     run.record(f"smoothness/{kind}_envelope", [fit.envelope_L0, fit.envelope_L1])

@@ -28,12 +28,17 @@ from typing import Any, Sequence
 import torch
 
 from taskloss.results.compare import Comparison, comparison_table, paired_comparison
+from taskloss.results.fingerprint import numerics_fingerprint, same_numerics
 from taskloss.results.headlines import (
     HEADLINE_ATOL,
     HEADLINE_RTOL,
+    CommittedRun,
     HeadlineMismatch,
-    committed_headlines,
+    Tolerance,
+    committed_run,
     headline_difference,
+    mismatch_message,
+    portable_difference,
 )
 from taskloss.utils import RUNS_DIR, atomic_write_text, resolve_device, seed_everything
 
@@ -67,31 +72,55 @@ class Run:
     results: dict[str, Any] = field(default_factory=dict)
     headline: list[str] = field(default_factory=list)
     comparisons: dict[str, Comparison] = field(default_factory=dict)
-    committed: dict[str, Any] | None = None  # headline results of the committed notebook, when checked
+    committed: CommittedRun | None = None   # headline results and fingerprint of the committed notebook, when checked
+    fingerprint: dict[str, Any] | None = None   # this run's numerics (taskloss.results.fingerprint)
+    across_machines: dict[str, dict[str, Any]] = field(default_factory=dict)   # declared cross-machine tolerances
 
     def record(self, key: str, value: Any, *, headline: bool = False, rtol: float = HEADLINE_RTOL,
-               atol: float = HEADLINE_ATOL) -> Any:
+               atol: float = HEADLINE_ATOL, across_machines: Tolerance | None = None) -> Any:
         """Store ``value`` under ``key`` (e.g. ``"mgs/edit_distance"``) and rewrite ``results.json``.
 
         A ``headline`` result goes into ``SUMMARY.md`` and the committed notebook's metadata; under ``make test``
-        it must match the committed value within ``rtol``/``atol`` (see :mod:`taskloss.results.headlines`),
-        else :class:`~taskloss.results.headlines.HeadlineMismatch` is raised (after the value is saved).
+        it is compared with the committed value (see :mod:`taskloss.results.headlines`): within ``rtol``/``atol``
+        when this machine computes the same bits as the one that made the committed outputs, else within
+        ``across_machines`` — a :class:`~taskloss.results.headlines.Tolerance` with its reason, e.g.
+        :func:`~taskloss.results.headlines.seed_spread` of the per-seed values the headline averages; ``None``
+        holds the value to ``rtol``/``atol`` on every machine (a closed form or fixed-seed estimate). A recorded
+        comparison is held to its own seed spread on another machine. A difference raises
+        :class:`~taskloss.results.headlines.HeadlineMismatch` (after the value is saved).
         """
         if not isinstance(key, str) or not key:
             raise ValueError("result key must be a non-empty string")
+        if not isinstance(headline, bool):
+            raise TypeError(f"headline must be a bool, got {type(headline).__name__}")
+        if across_machines is not None and not isinstance(across_machines, Tolerance):
+            raise TypeError("across_machines must be a taskloss.results.headlines.Tolerance (e.g. seed_spread(...)) "
+                            f"or None, got {type(across_machines).__name__}")
         self.results[key] = _jsonable(value)
         if headline and key not in self.headline:
             self.headline.append(key)
+        if headline and across_machines is not None:
+            self.across_machines[key] = across_machines.as_dict()
         self._flush()
         if headline and self.committed is not None:
-            if key not in self.committed:
-                raise HeadlineMismatch(f"headline {key!r} is not in the committed notebooks/{self.name}.ipynb: "
-                                       "refresh it with `make notebooks`")
-            diff = headline_difference(self.committed[key], self.results[key], rtol=rtol, atol=atol)
-            if diff:
-                raise HeadlineMismatch(f"headline {key!r} of {self.name}: {diff}. The committed outputs are "
-                                       "stale or were edited: refresh them with `make notebooks`")
+            self._check_headline(key, rtol, atol, across_machines)
         return value
+
+    def _check_headline(self, key: str, rtol: float, atol: float, across_machines: Tolerance | None) -> None:
+        committed = self.committed
+        if key not in committed.headline:
+            raise HeadlineMismatch(f"headline {key!r} is not in the committed notebooks/{self.name}.ipynb: "
+                                   "refresh it with `make notebooks`")
+        same = same_numerics(committed.fingerprint, self.fingerprint)
+        tol = across_machines or Tolerance(rtol=rtol, atol=atol)
+        if same:
+            diff = headline_difference(committed.headline[key], self.results[key], rtol=rtol, atol=atol)
+        else:
+            diff = portable_difference(committed.headline[key], self.results[key], tol)
+        if diff:
+            raise HeadlineMismatch(mismatch_message(self.name, key, diff, same=same,
+                                                    committed_fp=committed.fingerprint,
+                                                    fresh_fp=self.fingerprint, tolerance=None if same else tol))
 
     def compare(self, key: str, a: Sequence[float], b: Sequence[float], *, headline: bool = False,
                 **kwargs) -> Comparison:
@@ -173,7 +202,8 @@ class Run:
 
     def _flush(self) -> None:
         payload = {"notebook": self.name, "device": str(self.device), "seed": self.seed,
-                   "headline": self.headline, "results": self.results}
+                   "fingerprint": self.fingerprint, "headline": self.headline,
+                   "across_machines": self.across_machines, "results": self.results}
         atomic_write_text(self.dir / RESULTS_FILE, json.dumps(payload, indent=1, sort_keys=False))
 
 
@@ -187,6 +217,10 @@ def start(name: str, output_dir: str = "", *, device: str = "auto", seed: int = 
     out.mkdir(parents=True, exist_ok=True)
     dev = resolve_device(device)
     seed_everything(seed)
-    run = Run(name=name, dir=out, device=dev, seed=seed, committed=committed_headlines(name))
+    run = Run(name=name, dir=out, device=dev, seed=seed, committed=committed_run(name),
+              fingerprint=numerics_fingerprint(dev))
     run._flush()
+    if run.committed is not None and not same_numerics(run.committed.fingerprint, run.fingerprint):
+        print(f"Headline results are checked at their cross-machine tolerances: the committed outputs of {name} "
+              "were computed with other numerics (taskloss.results.headlines).")
     return run

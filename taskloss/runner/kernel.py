@@ -122,8 +122,9 @@ def execute_notebook(nb, *, cwd: str | Path, env: dict[str, str], timeout: float
         cancel: a :class:`Cancellation`; when set, the kernel is killed and the run ends ``cancelled``.
 
     Returns:
-        ``{"status": "ok" | "failed" | "cancelled", "error": reason, "traceback": text}`` (the last two only
-        when the run did not succeed). Notebook errors never raise.
+        ``{"status": "ok" | "failed" | "cancelled", "cpu_seconds": s, "error": reason, "traceback": text}``
+        (the last two only when the run did not succeed; ``cpu_seconds``, the kernel process's user + system
+        CPU time after its last cell, when it could be read). Notebook errors never raise.
     """
     from jupyter_client.manager import AsyncKernelManager
     from nbclient import NotebookClient
@@ -138,6 +139,9 @@ def execute_notebook(nb, *, cwd: str | Path, env: dict[str, str], timeout: float
 
     def on_cell_complete(cell, cell_index):
         state["done"] += 1
+        cpu = _kernel_cpu_seconds(km)
+        if cpu is not None:
+            state["cpu"] = cpu
         if on_cell is not None:
             on_cell(state["done"], total)
 
@@ -150,7 +154,7 @@ def execute_notebook(nb, *, cwd: str | Path, env: dict[str, str], timeout: float
     log = open(log_path, "ab") if log_path else open(os.devnull, "wb")
     try:
         client.execute(cleanup_kc=True, env=env, cwd=str(cwd), stdout=log, stderr=log)
-        return {"status": "ok"}
+        return {"status": "ok", **({"cpu_seconds": round(state["cpu"], 2)} if "cpu" in state else {})}
     except BaseException as exc:  # noqa: BLE001 - a failing notebook is reported, not raised
         if isinstance(exc, KeyboardInterrupt):
             raise
@@ -162,6 +166,18 @@ def execute_notebook(nb, *, cwd: str | Path, env: dict[str, str], timeout: float
         log.close()
         if cancel is not None:
             cancel.unregister(km)
+
+
+def _kernel_cpu_seconds(km) -> float | None:
+    """User + system CPU seconds of the kernel process so far (``None`` when it cannot be read)."""
+    proc = getattr(getattr(km, "provisioner", None), "process", None)
+    try:
+        import psutil
+
+        t = psutil.Process(proc.pid).cpu_times()
+        return float(t.user + t.system)
+    except Exception:  # noqa: BLE001 - no psutil, no process, or it ended: the time is simply not recorded
+        return None
 
 
 def progress_text_fallbacks(nb) -> int:

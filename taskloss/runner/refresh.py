@@ -12,7 +12,15 @@ from taskloss.results.run import RESULTS_FILE
 from taskloss.runner.kernel import KERNEL_LOG, execute_notebook, kernel_env, progress_text_fallbacks
 from taskloss.runner.params import notebook_parameters, read_notebook
 from taskloss.runner.runs import environment_info, find_notebook
-from taskloss.runner.store import clear_run_folder, package_hash, run_key, run_lock, write_meta, write_summary
+from taskloss.runner.store import (
+    clear_run_folder,
+    package_hash,
+    recorded_fingerprint,
+    run_key,
+    run_lock,
+    write_meta,
+    write_summary,
+)
 from taskloss.utils import RUNS_DIR
 
 __all__ = ["refresh"]
@@ -51,13 +59,19 @@ def refresh(paths: list[Path], *, timeout: float = 1800, out: Path = RUNS_DIR / 
             resolved = {k: p.default for k, p in params.items()}
             write_meta(folder, {"notebook": py.stem, "source": str(py), "overrides": {}, "parameters": resolved,
                                 "key": run_key(resolved, py, package), **res, "seconds": seconds,
-                                **environment_info()})
+                                "fingerprint": recorded_fingerprint(folder), **environment_info()})
         if res["status"] != "ok":
             failures += 1
             print(f"  FAILED {py.name}: {res.get('error')}", file=sys.stderr, flush=True)
             continue
         recorded = json.loads((folder / RESULTS_FILE).read_text())
-        nb.metadata["taskloss"] = {"headline": {k: recorded["results"][k] for k in recorded.get("headline", [])}}
+        fingerprint = recorded.get("fingerprint")
+        nb.metadata["taskloss"] = {
+            "headline": {k: recorded["results"][k] for k in recorded.get("headline", [])},
+            "fingerprint": fingerprint,
+            "runtime": {"wall_s": seconds, "cpu_s": res.get("cpu_seconds"),
+                        "threads": (fingerprint or {}).get("threads")},
+        }
         progress_text_fallbacks(nb)
         for cell in nb.cells:  # volatile timing metadata would make every refresh a diff
             cell.metadata.pop("execution", None)

@@ -46,6 +46,7 @@ from taskloss.runner.store import (
     is_finished,
     package_hash,
     read_meta,
+    recorded_fingerprint,
     run_key,
     run_lock,
     write_meta,
@@ -200,6 +201,7 @@ def execute(spec: RunSpec, *, timeout: float | None = None, threads: int | None 
             meta.update(execute_notebook(nb, cwd=spec.notebook.parent, env=kernel_env(threads), timeout=timeout,
                                          log_path=folder / KERNEL_LOG, on_cell=on_cell, cancel=cancel))
             meta["seconds"] = round(time.perf_counter() - start, 2)
+            meta["fingerprint"] = recorded_fingerprint(folder)
             partial, executed = folder / f".{spec.name}.partial.ipynb", folder / f"{spec.name}.ipynb"
             nbformat.write(nb, str(partial))
             os.chmod(partial, 0o644)

@@ -28,8 +28,8 @@ from taskloss.results.run import RESULTS_FILE
 from taskloss.utils import REPO_ROOT, atomic_write_text
 
 __all__ = ["META_FILE", "LOCK_FILE", "SUMMARY_FILE", "folder_name", "canonical", "source_hash",
-           "package_hash", "run_key", "read_meta", "write_meta", "is_finished", "run_lock", "RunBusy",
-           "clear_run_folder", "summary_rows", "write_summary", "check_writable"]
+           "package_hash", "run_key", "read_meta", "write_meta", "recorded_fingerprint", "is_finished", "run_lock",
+           "RunBusy", "clear_run_folder", "summary_rows", "write_summary", "check_writable"]
 
 META_FILE = "meta.json"
 LOCK_FILE = ".lock"
@@ -93,6 +93,16 @@ def read_meta(folder: Path) -> dict[str, Any] | None:
 def write_meta(folder: Path, meta: dict[str, Any]) -> None:
     """Write ``meta.json`` atomically (readers see the old file or the new one, never half of one)."""
     atomic_write_text(Path(folder) / META_FILE, json.dumps(meta, indent=1, default=str))
+
+
+def recorded_fingerprint(folder: Path) -> dict[str, Any] | None:
+    """The numerics fingerprint the notebook's kernel recorded in ``results.json``
+    (:mod:`taskloss.results.fingerprint`), or ``None`` when the run recorded none."""
+    try:
+        fp = json.loads((Path(folder) / RESULTS_FILE).read_text(encoding="utf-8")).get("fingerprint")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return fp if isinstance(fp, dict) else None
 
 
 def is_finished(folder: Path, key: str | None = None) -> bool:

@@ -102,6 +102,9 @@ def test_sweep_writes_results_reports_failures_and_prints_no_kernel_noise(tiny, 
     assert set(meta["key"]) == {"run", "parameters", "notebook", "package"}
     results = json.loads((ok_dir / "results.json").read_text())
     assert results["results"]["score"] == 2 * 1.0 + 7.0 and results["headline"] == ["score"]
+    # the kernel's numerics fingerprint (one thread: two jobs share the two cores) and its CPU time
+    assert meta["fingerprint"] == results["fingerprint"] and meta["fingerprint"]["threads"] == 1
+    assert meta["fingerprint"]["cpu_capability"] and meta["cpu_seconds"] > 0
     executed = json.loads((ok_dir / "00_tiny.ipynb").read_text())
     assert any("injected-parameters" in c["metadata"].get("tags", []) for c in executed["cells"])
     assert not list(ok_dir.glob(".*partial*"))
@@ -191,3 +194,19 @@ def test_progress_widgets_get_their_final_text():
         "r": {"model_name": "HTMLModel", "state": {"value": "\u20074/4\u2007[00:01&lt;00:00]"}}}}}
     assert progress_text_fallbacks(nb) == 1
     assert nb.cells[0].outputs[0]["data"]["text/plain"] == "sweep: 100%|██████████| 4/4 [00:01<00:00]"
+
+
+@pytest.mark.slow
+def test_refresh_stores_headlines_fingerprint_and_runtime(tiny, tmp_path):
+    """``make notebooks`` (refresh) writes the executed notebook beside its source with the headline results, the
+    fingerprint of the kernel that computed them and the measured runtime in its metadata."""
+    from taskloss.runner.refresh import refresh
+
+    assert refresh([tiny], out=tmp_path / "runs", progress=False) == 0
+    meta = json.loads(tiny.with_suffix(".ipynb").read_text())["metadata"]["taskloss"]
+    assert meta["headline"] == {"score": 3.0}
+    assert meta["fingerprint"]["cpu_capability"] and meta["fingerprint"]["device"] == "cpu"
+    assert meta["runtime"]["wall_s"] > 0 and meta["runtime"]["cpu_s"] > 0
+    assert meta["runtime"]["threads"] == meta["fingerprint"]["threads"]
+    run_meta = json.loads((tmp_path / "runs" / "00_tiny" / "meta.json").read_text())
+    assert run_meta["fingerprint"] == meta["fingerprint"]
