@@ -43,8 +43,8 @@ seed: int = 0
 device: str = "auto"
 output_dir: str = ""
 n_seeds: int = 3                # [>= 2] seeds seed, seed+1, …: each one re-runs every method (paired comparisons)
-model_path: str = ""            # empty: the committed small LM; else a local Hugging Face causal-LM folder
-corpus_path: str = ""           # empty: the default corpus; else a WikiText raw folder (wiki.train.raw, ...)
+model_path: str = ""            # [data] empty: the committed small LM; else a local Hugging Face causal-LM folder
+corpus_path: str = ""           # [data] empty: the default corpus; else a WikiText raw folder (wiki.train.raw, ...)
 prefix_len: int = 16            # [> 0] prefix tokens given to the model
 cont_len: int = 16              # [> 0] reference continuation tokens (+ EOS when the line ends there)
 decode_len: int = 16            # [> 0] greedy tokens decoded; non-termination means no EOS among them

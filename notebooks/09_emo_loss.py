@@ -32,8 +32,8 @@ seed: int = 0
 device: str = "auto"
 output_dir: str = ""
 seeds: int = 3                 # [> 1] seeds of the continued-training experiment (paired comparisons)
-corpus_path: str = ""          # empty: default corpus; else a WikiText raw folder holding wiki.train.raw etc.
-pretrained_folder: str = ""    # empty: the committed small LM in data/pretrained/small_lm
+corpus_path: str = ""          # [data] empty: default corpus; else a WikiText raw folder holding wiki.train.raw etc.
+pretrained_folder: str = ""    # [data] empty: the committed small LM in data/pretrained/small_lm
 lm_d_model: int = 0            # [>= 0] 0: continue training the committed LM; positive: first pretrain one this wide
 lm_layers: int = 2             # [> 0] (used when lm_d_model > 0)
 lm_heads: int = 4              # [> 0] (used when lm_d_model > 0)

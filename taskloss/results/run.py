@@ -9,6 +9,15 @@ folder, and an interactive session falls back to ``runs/interactive/<notebook>``
     run.savefig(fig, "isotropy.png")
     run.table()
     run.say("The ESS ratio was {sampling/ess_ratio:.2f}.")   # Markdown rendered from the recorded values
+    run.claim("mgs/beats_mle", "MGS reaches a lower test error than MLE", c.verdict == "better",
+              value=c.effect, bound="verdict 'better'")
+
+Two kinds of statement live in a notebook. An *identity* — a derivation step, a parity with a reference, an
+invariant — holds for every valid parameter value: the notebook ``assert``s it. A *claim* — a finding of this run
+that depends on scale, seed, model or budget (an effect's sign, one method beating another) — goes through
+:meth:`Run.claim`: recorded with its evidence, printed as held or not held, listed in ``SUMMARY.md``, and enforced
+(:class:`ClaimNotHeld`) only in the strict mode ``make test`` uses at the default parameters
+(``TASKLOSS_CHECK_HEADLINES=1``). A rerun with other parameters or another model completes and reports what held.
 
 ``results.json`` is rewritten atomically on every ``record`` so a notebook that fails half-way keeps what it
 had measured. The runner reads the ``headline`` keys into ``SUMMARY.md``. Comparisons between methods go
@@ -17,6 +26,7 @@ and closing text that quotes numbers goes through :meth:`Run.say`, so the prose 
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -25,11 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 
-from taskloss.results.compare import Comparison, comparison_table, paired_comparison
+from taskloss.results.compare import Comparison, adjust, comparison_table, paired_comparison
 from taskloss.results.fingerprint import numerics_fingerprint, same_numerics
 from taskloss.results.headlines import (
+    CHECK_ENV,
     HEADLINE_ATOL,
     HEADLINE_RTOL,
     CommittedRun,
@@ -42,9 +54,28 @@ from taskloss.results.headlines import (
 )
 from taskloss.utils import RUNS_DIR, atomic_write_text, resolve_device, seed_everything
 
-__all__ = ["Run", "start", "RESULTS_FILE"]
+__all__ = ["Run", "start", "RESULTS_FILE", "ClaimNotHeld"]
 
 RESULTS_FILE = "results.json"
+
+
+_FAMILY_FIELDS = ("p_adjusted", "verdict_adjusted", "correction", "family_size")
+
+
+class ClaimNotHeld(AssertionError):
+    """A claim of the committed run does not hold in strict mode (``make test``, default parameters)."""
+
+
+def _checked_jsonable(key: str, value: Any) -> Any:
+    """``value`` as JSON-ready data, or a ``TypeError`` naming ``key`` — raised before anything is stored, so
+    a bad value leaves the run as it was."""
+    try:
+        out = _jsonable(value)
+        json.dumps(out, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"cannot record {key!r}: {type(value).__name__} is not a number, string, bool, list, "
+                        f"dict, tensor or array of them ({exc})") from None
+    return out
 
 
 def _jsonable(value: Any) -> Any:
@@ -75,6 +106,9 @@ class Run:
     committed: CommittedRun | None = None   # headline results and fingerprint of the committed notebook, when checked
     fingerprint: dict[str, Any] | None = None   # this run's numerics (taskloss.results.fingerprint)
     across_machines: dict[str, dict[str, Any]] = field(default_factory=dict)   # declared cross-machine tolerances
+    claims: dict[str, dict[str, Any]] = field(default_factory=dict)
+    adjusted: dict[str, dict[str, Any]] = field(default_factory=dict)   # family-wise fields of comparisons
+    strict: bool = False        # enforce claims (make test at the default parameters)
 
     def record(self, key: str, value: Any, *, headline: bool = False, rtol: float = HEADLINE_RTOL,
                atol: float = HEADLINE_ATOL, across_machines: Tolerance | None = None) -> Any:
@@ -96,7 +130,8 @@ class Run:
         if across_machines is not None and not isinstance(across_machines, Tolerance):
             raise TypeError("across_machines must be a taskloss.results.headlines.Tolerance (e.g. seed_spread(...)) "
                             f"or None, got {type(across_machines).__name__}")
-        self.results[key] = _jsonable(value)
+        stored = _checked_jsonable(key, value)
+        self.results[key] = stored
         if headline and key not in self.headline:
             self.headline.append(key)
         if headline and across_machines is not None:
@@ -129,13 +164,82 @@ class Run:
         :meth:`comparison_table`. Returns the :class:`~taskloss.results.compare.Comparison`."""
         c = paired_comparison(a, b, **kwargs)
         self.comparisons[key] = c
-        self.record(key, {**c.as_dict(), "a": list(map(float, a)), "b": list(map(float, b))}, headline=headline)
+        fields = {k: v for k, v in c.as_dict().items() if k not in _FAMILY_FIELDS}
+        self.record(key, {**fields, "a": list(map(float, a)), "b": list(map(float, b))}, headline=headline)
         return c
 
-    def comparison_table(self, keys: Sequence[str] | None = None) -> str:
-        """Print (and return) the Markdown table of the comparisons made so far (or of ``keys``)."""
+    def comparison_table(self, keys: Sequence[str] | None = None, *, correction: str | None = "holm") -> str:
+        """Print (and return) the Markdown table of the comparisons made so far (or of ``keys``), as one family:
+        with ``correction`` (``"holm"``, the default, or ``"bh"``; ``None`` for none) each comparison's adjusted
+        p-value and verdict are added to the table and recorded beside it (``results.json``'s ``adjusted``:
+        ``p_adjusted``, ``verdict_adjusted``, ``family_size``, ``correction``), where :meth:`say` reads them
+        (``{key.verdict_adjusted}``)."""
         keys = list(self.comparisons) if keys is None else list(keys)
-        text = comparison_table([self.comparisons[k] for k in keys])
+        missing = [k for k in keys if k not in self.comparisons]
+        if missing:
+            raise KeyError(f"comparison_table(): no comparison {missing}; made: {sorted(self.comparisons)}")
+        comps = [self.comparisons[k] for k in keys]
+        if correction is not None:
+            comps = adjust(comps, correction)
+            for k, c in zip(keys, comps):
+                self.comparisons[k] = c
+                self.adjusted[k] = {f: getattr(c, f) for f in _FAMILY_FIELDS}
+            self._flush()
+        else:
+            comps = [dataclasses.replace(c, **dict.fromkeys(_FAMILY_FIELDS)) for c in comps]
+        text = comparison_table(comps)
+        print(text)
+        return text
+
+    def claim(self, key: str, statement: str, held: bool, *, value: Any = None, bound: str | None = None) -> bool:
+        """Record a *claim*: a finding of this run, not an identity (see the module docstring).
+
+        Args:
+            key: its name, e.g. ``"pg/beats_mle"`` (one per claim; a claim is made once).
+            statement: the finding in words, e.g. ``"REINFORCE lowers the task loss by more than 0.03"``.
+            held: whether this run shows it (a ``bool``; ``numpy.bool_`` is accepted).
+            value: the evidence (a number, a recorded comparison's effect, …), stored with the claim.
+            bound: what the evidence was held to, e.g. ``"> 0.03"`` or ``"verdict 'better'"``.
+
+        Returns:
+            ``held``. In strict mode a claim that does not hold raises :class:`ClaimNotHeld` after it is saved.
+        """
+        if not isinstance(key, str) or not key:
+            raise ValueError("claim key must be a non-empty string")
+        if key in self.claims:
+            raise ValueError(f"claim {key!r} was already made in this run")
+        if not isinstance(statement, str) or not statement.strip():
+            raise ValueError("a claim needs a statement (the finding, in words)")
+        if not isinstance(held, (bool, np.bool_)):
+            raise TypeError(f"held must be a bool (the claim's outcome), got {type(held).__name__}")
+        if bound is not None and not isinstance(bound, str):
+            raise TypeError(f"bound must be a str or None, got {type(bound).__name__}")
+        entry = {"statement": statement, "held": bool(held), "value": _checked_jsonable(key, value), "bound": bound}
+        self.claims[key] = entry
+        self._flush()
+        evidence = ""
+        if value is not None:
+            shown = f"{value:.4g}" if isinstance(value, float) else str(entry["value"])
+            evidence = f" — {shown}" + (f" (bound {bound})" if bound else "")
+        print(f"{'✓ claim holds' if held else '✗ claim does not hold'}: {statement}{evidence} [{key}]")
+        if not held and self.strict:
+            raise ClaimNotHeld(
+                f"claim {key!r} of {self.name} does not hold at the default parameters: {statement}{evidence}. "
+                "make test enforces the committed run's findings: a change broke this finding, or the finding "
+                "is not robust (give it a margin that holds across seeds, or state it as not holding).")
+        return bool(held)
+
+    def claims_table(self) -> str:
+        """Print (and return) the Markdown table of this run's claims: statement, evidence, held or not."""
+        lines = [f"{sum(c['held'] for c in self.claims.values())} of {len(self.claims)} claims hold.", "",
+                 "| claim | statement | evidence | held |", "|---|---|---|---|"]
+        for k, c in self.claims.items():
+            v = c["value"]
+            shown = f"{v:.4g}" if isinstance(v, float) else ("" if v is None else str(v))
+            if c["bound"]:
+                shown += f" ({c['bound']})"
+            lines.append(f"| {k} | {c['statement']} | {shown} | {'✓' if c['held'] else '✗ **not held**'} |")
+        text = "\n".join(lines)
         print(text)
         return text
 
@@ -173,6 +277,10 @@ class Run:
         key, _, attr = field_name.rpartition(".")
         if key in self.results and isinstance(self.results[key], dict) and attr in self.results[key]:
             return self.results[key][attr]
+        if key in self.adjusted and attr in self.adjusted[key]:
+            return self.adjusted[key][attr]
+        if key in self.claims and attr in self.claims[key]:
+            return self.claims[key][attr]
         raise KeyError(f"say(): no recorded result {field_name!r}; recorded: {sorted(self.results)}")
 
     def savefig(self, fig, filename: str, **kwargs) -> Path:
@@ -203,7 +311,9 @@ class Run:
     def _flush(self) -> None:
         payload = {"notebook": self.name, "device": str(self.device), "seed": self.seed,
                    "fingerprint": self.fingerprint, "headline": self.headline,
-                   "across_machines": self.across_machines, "results": self.results}
+                   "across_machines": self.across_machines, "claims": self.claims, "adjusted": self.adjusted,
+                   "strict": self.strict,
+                   "results": self.results}
         atomic_write_text(self.dir / RESULTS_FILE, json.dumps(payload, indent=1, sort_keys=False))
 
 
@@ -217,8 +327,9 @@ def start(name: str, output_dir: str = "", *, device: str = "auto", seed: int = 
     out.mkdir(parents=True, exist_ok=True)
     dev = resolve_device(device)
     seed_everything(seed)
-    run = Run(name=name, dir=out, device=dev, seed=seed, committed=committed_run(name),
-              fingerprint=numerics_fingerprint(dev))
+    committed = committed_run(name)
+    run = Run(name=name, dir=out, device=dev, seed=seed, committed=committed,
+              fingerprint=numerics_fingerprint(dev), strict=bool(os.environ.get(CHECK_ENV)))
     run._flush()
     if run.committed is not None and not same_numerics(run.committed.fingerprint, run.fingerprint):
         print(f"Headline results are checked at their cross-machine tolerances: the committed outputs of {name} "

@@ -144,9 +144,15 @@ def main(argv: list[str] | None = None) -> int:
     except ParameterError as exc:  # the executor refused the sweep before running anything
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    text = write_summary(sweep, title="Summary" if args.cmd == "all" else f"Summary of {sweep.name}")
-    print(text)
-    print(f"summary: {sweep / SUMMARY_FILE}")
+    try:
+        text = write_summary(sweep, title="Summary" if args.cmd == "all" else f"Summary of {sweep.name}")
+        print(text)
+        print(f"summary: {sweep / SUMMARY_FILE}")
+    except OSError as exc:      # a full disk or a folder that became unwritable: say so, keep the exit status
+        print(f"error: could not write {sweep / SUMMARY_FILE}: {exc.strerror or exc}; the runs' own folders hold "
+              "what finished (meta.json, results.json)", file=sys.stderr)
+        if result is not None and not result.interrupted:
+            return 1
     if result is None or result.interrupted:
         print("interrupted: queued runs cancelled, running kernels stopped; rerun the command to resume",
               file=sys.stderr)

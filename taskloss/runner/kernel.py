@@ -87,7 +87,7 @@ def kernel_env(threads: int | None = None, extra: dict[str, str] | None = None) 
     return env
 
 
-def failure_reason(nb, cell_index: int | None, exc: BaseException) -> tuple[str, str]:
+def failure_reason(nb, cell_index: int | None, exc: BaseException, timeout: float | None = None) -> tuple[str, str]:
     """``(reason, traceback)`` of a failed execution: the reason names the failing cell (execution count and
     first source line) and the exception's last line, e.g. ``In [5] "assert ok": AssertionError: asked to
     fail``."""
@@ -98,6 +98,10 @@ def failure_reason(nb, cell_index: int | None, exc: BaseException) -> tuple[str,
         first = first if len(first) <= 60 else first[:57] + "…"
         where = f"In [{cell.get('execution_count') or '?'}] (cell {cell_index}: {first!r}): "
     ename, evalue = getattr(exc, "ename", None), getattr(exc, "evalue", None)
+    if type(exc).__name__ == "CellTimeoutError":     # nbclient's text ends in a row of dashes
+        limit = f"{timeout:g} s" if timeout else "its time limit"
+        return where + f"CellTimeoutError: the cell ran longer than {limit} (--timeout); raise the limit or " \
+                       "make the cell cheaper", _ANSI.sub("", str(exc))[-4000:]
     if ename:
         last = f"{ename}: {evalue}" if evalue else ename
     else:
@@ -160,7 +164,7 @@ def execute_notebook(nb, *, cwd: str | Path, env: dict[str, str], timeout: float
             raise
         if cancel is not None and cancel.is_set():
             return {"status": "cancelled", "error": "cancelled (Ctrl-C)"}
-        reason, tb = failure_reason(nb, state["index"], exc)
+        reason, tb = failure_reason(nb, state["index"], exc, timeout)
         return {"status": "failed", "error": reason, "traceback": tb}
     finally:
         log.close()

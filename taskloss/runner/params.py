@@ -9,7 +9,11 @@ comment::
 
 The comment is the parameter's help text (``python -m taskloss.runner params NN`` shows it). A bracket of
 bounds in it, ``[> 0]``, ``[>= 1]`` or several joined by commas (``[> 0, < 1]``), is a constraint that every
-run's value must meet (each element of a list); the runner checks it before a kernel starts.
+run's value must meet (each element of a list); the runner checks it before a kernel starts. A bounded value
+must also be finite (``.inf`` and ``.nan`` are refused) unless the bracket says ``inf`` (``[> 0, inf]``: a
+limit that may be switched off). A ``[data]`` tag marks a ``str`` parameter that names a file or folder the
+notebook reads (``corpus_path: str = ""  # [data] a WikiText folder``): its bytes join the run's key, so a
+finished run is redone when the data changes.
 
 Values from the command line (``-p lr 1e-4``) and from YAML files are read with the YAML 1.2 core schema:
 ``1e-4`` is a float and ``no``/``on``/``yes`` are strings (PyYAML follows YAML 1.1, where ``1e-4`` is a string
@@ -50,6 +54,8 @@ class Parameter:
     default: Any
     help: str = ""
     bounds: tuple[tuple[str, float], ...] = ()  # e.g. ((">", 0.0),) from a comment holding "[> 0]"
+    allow_inf: bool = False                     # the bracket says "inf": ±inf passes its bounds' check
+    data: bool = False                          # "[data]": the value names a file or folder the notebook reads
 
 
 class YAML12Loader(yaml.SafeLoader):
@@ -83,14 +89,18 @@ def _construct_int12(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> int:
 YAML12Loader.add_constructor("tag:yaml.org,2002:int", _construct_int12)
 
 
-def read_notebook(path: str | Path):
-    """Read a notebook from its jupytext ``.py`` source or an ``.ipynb`` (nbformat node, kernel python3)."""
+def read_notebook(path: str | Path, source: str | None = None):
+    """Read a notebook from its jupytext ``.py`` source or an ``.ipynb`` (nbformat node, kernel python3);
+    ``source``: the file's text already read (parsed as the format ``path``'s suffix names)."""
     import jupytext
 
     path = Path(path)
-    if not path.exists():
+    if source is not None:
+        nb = jupytext.reads(source, fmt=path.suffix.lstrip(".") or "py")
+    elif not path.exists():
         raise FileNotFoundError(f"notebook not found: {path}")
-    nb = jupytext.read(path)
+    else:
+        nb = jupytext.read(path)
     nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3 (ipykernel)", "language": "python"}
     nb.metadata.setdefault("language_info", {"name": "python"})
     for cell in nb.cells:  # papermill looks up ``metadata.tags`` on every cell
@@ -101,6 +111,7 @@ def read_notebook(path: str | Path):
 _TYPE_OF_VALUE = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict"}
 _BOUND = re.compile(r"([<>]=?)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
 _BOUNDS_BRACKET = re.compile(r"\[\s*([<>]=?\s*[^\]]*)\]")
+_DATA_TAG = re.compile(r"\[data\]")
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
 
 
@@ -115,18 +126,21 @@ def _comments_by_line(source: str) -> dict[int, str]:
     return comments
 
 
-def _parse_bounds(name: str, comment: str) -> tuple[tuple[str, float], ...]:
+def _parse_bounds(name: str, comment: str) -> tuple[tuple[tuple[str, float], ...], bool]:
     m = _BOUNDS_BRACKET.search(comment)
     if not m:
-        return ()
-    bounds = []
+        return (), False
+    bounds, allow_inf = [], False
     for part in m.group(1).split(","):
+        if part.strip() == "inf":
+            allow_inf = True
+            continue
         b = _BOUND.fullmatch(part.strip())
         if not b:
             raise ParameterError(f"parameter {name!r}: cannot read the bound {part.strip()!r} in '[{m.group(1)}]' "
                                  "(write e.g. [> 0], [>= 1] or [> 0, <= 1])")
         bounds.append((b.group(1), float(b.group(2))))
-    return tuple(bounds)
+    return tuple(bounds), allow_inf
 
 
 def notebook_parameters(nb_or_path) -> dict[str, Parameter]:
@@ -160,7 +174,13 @@ def notebook_parameters(nb_or_path) -> dict[str, Parameter]:
             raise ParameterError(f"parameter {name!r}: default must be a literal") from exc
         type_name = (annotation or _TYPE_OF_VALUE.get(type(default), "any")).replace(" ", "")
         comment = comments.get(node.end_lineno, comments.get(node.lineno, ""))
-        params[name] = Parameter(name, type_name, default, comment, _parse_bounds(name, comment))
+        if name in params:
+            raise ParameterError(f"parameter {name!r} is assigned twice in the parameters cell")
+        data = bool(_DATA_TAG.search(comment))
+        if data and type_name != "str":
+            raise ParameterError(f"parameter {name!r}: [data] marks a str parameter (a path), not a {type_name}")
+        bounds, allow_inf = _parse_bounds(name, _DATA_TAG.sub("", comment))
+        params[name] = Parameter(name, type_name, default, comment, bounds, allow_inf, data)
     return params
 
 
@@ -230,6 +250,9 @@ def check_constraints(params: dict[str, Parameter], values: dict[str, Any]) -> N
         for v in items:
             if isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
+            if math.isinf(v) and not p.allow_inf:
+                raise ParameterError(f"parameter {name!r} must be finite, got {value!r}"
+                                     f"{f' ({p.help})' if p.help else ''}")
             for op, bound in p.bounds:
                 if math.isnan(v) or not _OPS[op](v, bound):
                     raise ParameterError(f"parameter {name!r} must be {op} {bound:g}, got {value!r}"
@@ -277,6 +300,13 @@ def load_yaml_params(path: str | Path, params: dict[str, Parameter] | None = Non
         raise _yaml_error(path, exc) from exc
     if not isinstance(data, dict) or any(isinstance(v, dict) for v in data.values()):
         raise ParameterError(f"{path}: expected a flat mapping 'name: value'")
+    if isinstance(root, yaml.MappingNode):
+        seen: dict[str, int] = {}
+        for key_node, _ in root.value:
+            if key_node.value in seen:
+                raise ParameterError(f"{path}: line {key_node.start_mark.line + 1}: {key_node.value!r} is set twice "
+                                     f"(first on line {seen[key_node.value]}); keep one")
+            seen[key_node.value] = key_node.start_mark.line + 1
     if params and isinstance(root, yaml.MappingNode):
         for key_node, value_node in root.value:
             p = params.get(key_node.value)

@@ -41,7 +41,8 @@ def refresh(paths: list[Path], *, timeout: float = 1800, out: Path = RUNS_DIR / 
     for py in paths:
         py = find_notebook(str(py))
         folder = out / py.stem
-        nb = read_notebook(py)
+        source = py.read_text(encoding="utf-8")      # read once: hashed into the key and executed
+        nb = read_notebook(py, source)
         params = notebook_parameters(nb)
         print(f"executing {py.name} …", flush=True)
         bar = tqdm(desc=py.stem[:40], unit="cell", leave=False, disable=None if progress else True)
@@ -58,7 +59,7 @@ def refresh(paths: list[Path], *, timeout: float = 1800, out: Path = RUNS_DIR / 
             seconds = round(time.perf_counter() - t0, 2)
             resolved = {k: p.default for k, p in params.items()}
             write_meta(folder, {"notebook": py.stem, "source": str(py), "overrides": {}, "parameters": resolved,
-                                "key": run_key(resolved, py, package), **res, "seconds": seconds,
+                                "key": run_key(resolved, py, package, source=source), **res, "seconds": seconds,
                                 "fingerprint": recorded_fingerprint(folder), **environment_info()})
         if res["status"] != "ok":
             failures += 1

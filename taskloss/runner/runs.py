@@ -42,8 +42,10 @@ from taskloss.runner.store import (
     RunBusy,
     canonical,
     clear_run_folder,
+    data_hash,
     folder_name,
     is_finished,
+    output_hashes,
     package_hash,
     read_meta,
     recorded_fingerprint,
@@ -86,6 +88,8 @@ class RunSpec:
     overrides: dict[str, Any] = field(default_factory=dict)
     parameters: dict[str, Any] = field(default_factory=dict)  # defaults + overrides, all resolved
     key: dict[str, str] = field(default_factory=dict)
+    source: str | None = None       # the notebook text read when the run was planned: what the key hashes and
+                                    # what is executed (an edit after planning makes a later sweep's run stale)
 
     @property
     def name(self) -> str:
@@ -104,7 +108,11 @@ def plan_runs(notebook: Path, out: Path, *, param_files: list[str] = (), cli: li
     With ``nested`` each run goes to ``out/<notebook>/<folder_name(overrides)>``; otherwise to
     ``out/<notebook>``. Duplicate grid points give one run. Bounds declared in the parameters cell are checked.
     """
-    params = notebook_parameters(notebook)
+    try:
+        source = Path(notebook).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FileNotFoundError(f"notebook not found: {notebook}") from None
+    params = notebook_parameters(read_notebook(notebook, source))
     fixed: dict[str, Any] = {}
     for f in param_files:
         fixed.update(validate_overrides(params, load_yaml_params(f, params), source=str(f)))
@@ -115,6 +123,8 @@ def plan_runs(notebook: Path, out: Path, *, param_files: list[str] = (), cli: li
         if "=" not in g:
             raise ParameterError(f"--grid expects name=v1,v2,..., got {g!r}")
         name, values = g.split("=", 1)
+        if name in axes:
+            raise ParameterError(f"--grid {name} is given twice: list all its values in one --grid {name}=v1,v2")
         vals = [parse_cli_value(v, params.get(name)) for v in values.split(",") if v != ""]
         if not vals:
             raise ParameterError(f"--grid {name} has no values")
@@ -132,7 +142,10 @@ def plan_runs(notebook: Path, out: Path, *, param_files: list[str] = (), cli: li
         resolved = {k: p.default for k, p in params.items()}
         resolved.update(overrides)
         check_constraints(params, resolved)
-        specs.append(RunSpec(notebook, folder, overrides, resolved, run_key(resolved, notebook, package)))
+        specs.append(RunSpec(notebook, folder, overrides, resolved,
+                             run_key(resolved, notebook, package,
+                                     data_hash(resolved, [n for n, p in params.items() if p.data]),
+                                     source=source), source))
     return specs
 
 
@@ -189,7 +202,7 @@ def execute(spec: RunSpec, *, timeout: float | None = None, threads: int | None 
             if not force and is_finished(folder, spec.key.get("run")):
                 return {**read_meta(folder), "skipped": True}
             clear_run_folder(folder)
-            nb = read_notebook(spec.notebook)
+            nb = read_notebook(spec.notebook, spec.source)
             nb.metadata["papermill"] = {}
             nb = parameterize_notebook(nb,
                                        {**spec.overrides, "output_dir": str(folder.resolve())},
@@ -206,6 +219,8 @@ def execute(spec: RunSpec, *, timeout: float | None = None, threads: int | None 
             nbformat.write(nb, str(partial))
             os.chmod(partial, 0o644)
             os.replace(partial, executed)
+            if meta.get("status") == "ok":
+                meta["outputs"] = output_hashes(folder, spec.name)
             write_meta(folder, meta)
             return meta
     except RunBusy:

@@ -1,15 +1,21 @@
 """Run folders on disk: their names, keys, locks, ``meta.json`` and the ``SUMMARY.md`` of a sweep.
 
-- **Folder names** are a readable prefix of the overrides and a short hash of all of them
-  (``lr=0.001__seed=2-5d41402a``): two parameter sets never share a folder, whatever sanitizing or truncating
-  did to the prefix. A run without overrides goes to ``default``.
-- **Keys.** A run is *finished* when its ``meta.json`` says ``ok`` and its key equals the key of the run asked
-  for: a hash of the resolved parameters, of the notebook's source and of the package's source
-  (``taskloss/**/*.py``), so any edit — committed or not — makes the old result stale.
+- **Folder names** show every override as ``name=value`` (sorted by name, ``__`` between them:
+  ``lr=0.001__seed=2``), whole — never cut inside a pair, so a sweep's axis stays readable. Numbers, booleans,
+  lists of numbers and short strings of ``[A-Za-z0-9._+-]`` name a folder exactly; a value that had to be
+  sanitized or shortened (or a name over :data:`NAME_CHARS` characters) gets a short hash of all the overrides
+  after ``~`` (``label=a-b~5d41402a``), so two parameter sets never share a folder. No overrides: ``default``.
+- **Keys.** A run is *finished* when its ``meta.json`` says ``ok``, its key equals the key of the run asked for —
+  a hash of the resolved parameters, of the notebook source that was executed, of the package's source
+  (``taskloss/**/*.py``) and of the data it reads (:func:`data_hash`: the committed ``data/pretrained/`` and any
+  file or folder a ``*_path``/``*_folder`` parameter names) — and its outputs are still there and unchanged
+  (``results.json`` and the executed notebook, whose hashes ``meta.json`` records). Any edit, committed or not,
+  makes the old result stale.
 - **Locks.** Each run folder holds a ``.lock`` file locked (``flock``) while a process executes the run: two
   sweeps into one ``--out`` never execute the same run at once; the second waits and then finds it finished.
 - **Summary.** ``SUMMARY.md`` is rebuilt from every run folder in the sweep folder (under a lock of its own), so
-  two sweeps into one folder both end up in it and the last writer cannot drop the other's runs.
+  two sweeps into one folder both end up in it and the last writer cannot drop the other's runs. It has a column
+  per parameter the sweep's runs override and lists each run's claims as held / not held.
 """
 from __future__ import annotations
 
@@ -22,20 +28,24 @@ import re
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 from taskloss.results.run import RESULTS_FILE
 from taskloss.utils import REPO_ROOT, atomic_write_text
 
-__all__ = ["META_FILE", "LOCK_FILE", "SUMMARY_FILE", "folder_name", "canonical", "source_hash",
-           "package_hash", "run_key", "read_meta", "write_meta", "recorded_fingerprint", "is_finished", "run_lock",
-           "RunBusy", "clear_run_folder", "summary_rows", "write_summary", "check_writable"]
+__all__ = ["META_FILE", "LOCK_FILE", "SUMMARY_FILE", "NAME_CHARS", "folder_name", "canonical", "source_hash",
+           "package_hash", "data_hash", "run_key", "output_hashes", "read_meta", "write_meta",
+           "recorded_fingerprint", "is_finished", "run_lock", "RunBusy", "clear_run_folder", "summary_rows",
+           "write_summary", "check_writable"]
 
 META_FILE = "meta.json"
 LOCK_FILE = ".lock"
 SUMMARY_FILE = "SUMMARY.md"
 PACKAGE_DIR = REPO_ROOT / "taskloss"
-_PREFIX_CHARS = 60
+DATA_DIRS = (REPO_ROOT / "data" / "pretrained",)    # committed data the notebooks read by default
+NAME_CHARS = 150            # a folder name's length before the hash (file systems allow 255)
+_VALUE_CHARS = 40           # a value's text before it is shortened
+_SAFE = re.compile(r"[A-Za-z0-9._+-]+")
 
 
 def canonical(value: Any) -> str:
@@ -47,17 +57,40 @@ def _sha(text: str | bytes) -> str:
     return hashlib.sha256(text.encode() if isinstance(text, str) else text).hexdigest()
 
 
+def _value_text(v: Any) -> tuple[str, bool]:
+    """A value as folder-name text, and whether that text identifies it exactly."""
+    if isinstance(v, bool) or v is None:
+        return str(v), True
+    if isinstance(v, int):
+        return str(v), True
+    if isinstance(v, float):
+        return repr(v), True
+    if isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+        text = ",".join(repr(float(x)) if isinstance(x, float) else str(x) for x in v)
+        return (text, True) if len(text) <= _VALUE_CHARS else (text[:_VALUE_CHARS - 1] + "…", False)
+    text = str(v) if not isinstance(v, (list, dict)) else canonical(v)
+    exact = bool(_SAFE.fullmatch(text)) and len(text) <= _VALUE_CHARS and not isinstance(v, (list, dict))
+    clean = re.sub(r"[^A-Za-z0-9._+,=-]", "-", text).strip(".") or "-"
+    if len(clean) > _VALUE_CHARS:
+        clean = clean[:_VALUE_CHARS - 1] + "…"
+    return clean, exact
+
+
 def folder_name(overrides: dict[str, Any]) -> str:
-    """``name=value__name=value-<8 hex>``: a readable prefix (sanitized, at most 60 characters) and a hash of
-    the exact overrides, so different values never map to one folder; ``default`` without overrides."""
+    """``name=value__name=value``, every override whole; ``~<8 hex>`` of the exact overrides appended when a value
+    had to be sanitized or shortened (see the module docstring), so different values never map to one folder;
+    ``default`` without overrides."""
     if not overrides:
         return "default"
-    parts = []
+    parts, exact = [], True
     for k in sorted(overrides):
-        v = overrides[k]
-        parts.append(f"{k}={','.join(map(str, v)) if isinstance(v, list) else v}")
-    prefix = re.sub(r"[^A-Za-z0-9=.,_+-]", "-", "__".join(parts))[:_PREFIX_CHARS].strip(".")
-    return f"{prefix}-{_sha(canonical(overrides))[:8]}"
+        text, ok = _value_text(overrides[k])
+        parts.append(f"{k}={text}")
+        exact = exact and ok
+    name = "__".join(parts)
+    if len(name) > NAME_CHARS:
+        name, exact = name[:NAME_CHARS - 1] + "…", False
+    return name if exact else f"{name}~{_sha(canonical(overrides))[:8]}"
 
 
 def source_hash(path: Path) -> str:
@@ -73,12 +106,67 @@ def package_hash(root: Path = PACKAGE_DIR) -> str:
     return h.hexdigest()
 
 
-def run_key(parameters: dict[str, Any], notebook: Path, package: str | None = None) -> dict[str, str]:
-    """The hashes that decide whether a finished run can be reused: ``run`` combines the other three."""
-    key = {"parameters": _sha(canonical(parameters)), "notebook": source_hash(notebook),
-           "package": package or package_hash()}
+def _hash_path(h, path: Path) -> None:
+    path = Path(path)
+    if path.is_file():
+        h.update(b"f\0" + path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    elif path.is_dir():
+        for p in sorted(q for q in path.rglob("*") if q.is_file() and "__pycache__" not in q.parts):
+            h.update(p.relative_to(path).as_posix().encode() + b"\0" + p.read_bytes() + b"\0")
+    else:
+        h.update(b"missing\0" + str(path).encode())
+
+
+def data_hash(parameters: dict[str, Any] | None = None, data_names: Iterable[str] = (),
+              roots: tuple[Path, ...] = DATA_DIRS) -> str:
+    """SHA-256 over the data a run reads: the committed data folders (``roots``) and, for every parameter in
+    ``data_names`` (those a notebook tags ``[data]``) with a non-empty value, that file or that folder's files."""
+    h = hashlib.sha256()
+    for root in roots:
+        _hash_path(h, root)
+    for name in sorted(set(data_names)):
+        value = (parameters or {}).get(name)
+        if isinstance(value, str) and value:
+            h.update(name.encode() + b"=")
+            _hash_path(h, Path(value).expanduser())
+    return h.hexdigest()
+
+
+def run_key(parameters: dict[str, Any], notebook: Path, package: str | None = None, data: str | None = None, *,
+            source: str | bytes | None = None) -> dict[str, str]:
+    """The hashes that decide whether a finished run can be reused: ``run`` combines the other four.
+    ``source``: the notebook text that will be executed (the runner reads it once, hashes it and executes those
+    bytes); the file at ``notebook`` when ``None``."""
+    text = Path(notebook).read_bytes() if source is None else source
+    key = {"parameters": _sha(canonical(parameters)), "notebook": _sha(text),
+           "package": package or package_hash(), "data": data or data_hash(parameters)}
     key["run"] = _sha(canonical(key))
     return key
+
+
+def output_hashes(folder: Path, notebook_name: str) -> dict[str, str] | None:
+    """SHA-256 of a run's outputs — the executed notebook and, when the notebook recorded results,
+    ``results.json`` — or ``None`` without an executed notebook (recorded in ``meta.json``; a finished run is
+    reused only while every recorded output is still there and unchanged)."""
+    folder = Path(folder)
+    out = {}
+    for name in (f"{notebook_name}.ipynb", RESULTS_FILE):
+        try:
+            out[name] = _sha((folder / name).read_bytes())
+        except OSError:
+            if name != RESULTS_FILE:
+                return None
+    return out
+
+
+def _outputs_unchanged(folder: Path, recorded: dict[str, str]) -> bool:
+    for name, digest in recorded.items():
+        try:
+            if _sha((Path(folder) / name).read_bytes()) != digest:
+                return False
+        except OSError:
+            return False
+    return True
 
 
 def read_meta(folder: Path) -> dict[str, Any] | None:
@@ -106,11 +194,17 @@ def recorded_fingerprint(folder: Path) -> dict[str, Any] | None:
 
 
 def is_finished(folder: Path, key: str | None = None) -> bool:
-    """``meta.json`` says ``ok`` and, given the run ``key``, was made with that key."""
+    """``meta.json`` says ``ok``, was made with ``key`` (when given), and the outputs it recorded are still there
+    and unchanged (a run whose ``results.json`` or executed notebook was deleted or edited is redone)."""
     meta = read_meta(folder)
     if meta is None or meta.get("status") != "ok":
         return False
-    return key is None or (meta.get("key") or {}).get("run") == key
+    if key is not None and (meta.get("key") or {}).get("run") != key:
+        return False
+    recorded = meta.get("outputs")
+    if not isinstance(recorded, dict) or not recorded:
+        return key is None     # a meta without output hashes (written by hand or an old runner): never reused
+    return _outputs_unchanged(folder, recorded)
 
 
 class RunBusy(RuntimeError):
@@ -194,17 +288,35 @@ def _fmt(v: Any) -> str:
     return str(v)
 
 
-def _headline(folder: Path) -> str:
+def _read_results(folder: Path) -> dict[str, Any]:
     try:
         res = json.loads((folder / RESULTS_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return res if isinstance(res, dict) else {}
+
+
+def _headline(res: dict[str, Any]) -> str:
+    try:
         results, keys = res.get("results", {}), res.get("headline", [])
         return "<br>".join(f"{k} = {_fmt(results[k])}" for k in keys if k in results)
-    except (OSError, ValueError, AttributeError, TypeError):
+    except (AttributeError, TypeError):
         return ""
 
 
+def _claims(res: dict[str, Any]) -> str:
+    claims = res.get("claims")
+    if not isinstance(claims, dict) or not claims:
+        return ""
+    held = [k for k, c in claims.items() if isinstance(c, dict) and c.get("held") is True]
+    text = f"{len(held)}/{len(claims)} held"
+    missed = [k for k in claims if k not in held]
+    return text + (f"; not held: {', '.join(missed)}" if missed else "")
+
+
 def summary_rows(sweep: Path) -> list[dict[str, Any]]:
-    """One row per run folder directly inside ``sweep``: its meta (or the state of a folder without one)."""
+    """One row per run folder directly inside ``sweep``: its meta (or the state of a folder without one), its
+    headline results and its claims."""
     rows = []
     for folder in sorted(p for p in Path(sweep).iterdir() if p.is_dir() and not p.name.startswith(".")):
         has_meta = (folder / META_FILE).exists()
@@ -214,25 +326,38 @@ def summary_rows(sweep: Path) -> list[dict[str, Any]]:
         if meta is None:
             state = "corrupt meta.json" if has_meta else ("running" if _is_locked(folder) else "incomplete")
             meta = {"status": state}
-        rows.append({**meta, "folder": folder.name, "headline": _headline(folder)})
+        res = _read_results(folder)
+        rows.append({**meta, "folder": folder.name, "headline": _headline(res), "claims": _claims(res)})
     return rows
 
 
+def _cell(text: Any) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
 def write_summary(sweep: Path, title: str = "Summary") -> str:
-    """Rebuild ``sweep/SUMMARY.md`` from every run folder in ``sweep`` and return its text."""
+    """Rebuild ``sweep/SUMMARY.md`` from every run folder in ``sweep`` and return its text: a column per
+    overridden parameter (those whose value varies across the runs first), status, seconds, claims, headline."""
     sweep = Path(sweep)
     with run_lock(sweep, wait=True, name=".summary.lock"):
         rows = summary_rows(sweep)
         ok = sum(r.get("status") == "ok" for r in rows)
+        overrides = [r.get("overrides") if isinstance(r.get("overrides"), dict) else {} for r in rows]
+        names = sorted({k for o in overrides for k in o})
+        varies = [k for k in names if len({canonical(o.get(k)) for o in overrides}) > 1]
+        columns = varies + [k for k in names if k not in varies]
         lines = [f"# {title}", "", f"{ok} of {len(rows)} runs succeeded.", "",
-                 "| notebook | run | status | seconds | headline results |", "|---|---|---|---:|---|"]
-        for r in rows:
+                 "| notebook | run | " + "".join(f"{c} | " for c in columns)
+                 + "status | seconds | claims | headline results |",
+                 "|---|---|" + "---|" * len(columns) + "---|---:|---|---|"]
+        for r, o in zip(rows, overrides):
             status = r.get("status", "?")
             if status != "ok":
-                reason = str(r.get("error", "")).replace("|", "\\|").replace("\n", " ")[:200]
+                reason = _cell(r.get("error", ""))[:200]
                 status = f"**{status}**" + (f": {reason}" if reason else "")
-            lines.append(f"| {r.get('notebook', '')} | {r['folder']} | {status} | {r.get('seconds', '')} "
-                         f"| {r['headline']} |")
+            values = "".join(f"{_cell(_fmt(o[c])) if c in o else ''} | " for c in columns)
+            lines.append(f"| {r.get('notebook', '')} | {r['folder']} | {values}{status} | {r.get('seconds', '')} "
+                         f"| {_cell(r['claims'])} | {r['headline']} |")
         text = "\n".join(lines) + "\n"
         atomic_write_text(sweep / SUMMARY_FILE, text)
     return text

@@ -94,12 +94,12 @@ def test_sweep_writes_results_reports_failures_and_prints_no_kernel_noise(tiny, 
     assert r.returncode == 1, r.stderr
     for noise in NOISE:
         assert noise not in r.stdout + r.stderr, noise
-    ok_dir, = (out / "00_tiny").glob("fail=False__seed=2__values=3.0,4.0-*")
+    ok_dir = out / "00_tiny" / "fail=False__seed=2__values=3.0,4.0"      # every value readable, no hash needed
     bad_dir, = (out / "00_tiny").glob("fail=True__*")
     meta = json.loads((ok_dir / "meta.json").read_text())
     assert meta["status"] == "ok" and meta["parameters"]["seed"] == 2 and meta["overrides"]["values"] == [3.0, 4.0]
     assert meta["packages"]["torch"] and "commit" in meta["git"] and meta["seconds"] > 0
-    assert set(meta["key"]) == {"run", "parameters", "notebook", "package"}
+    assert set(meta["key"]) == {"run", "parameters", "notebook", "package", "data"}
     results = json.loads((ok_dir / "results.json").read_text())
     assert results["results"]["score"] == 2 * 1.0 + 7.0 and results["headline"] == ["score"]
     # the kernel's numerics fingerprint (one thread: two jobs share the two cores) and its CPU time
@@ -210,3 +210,15 @@ def test_refresh_stores_headlines_fingerprint_and_runtime(tiny, tmp_path):
     assert meta["runtime"]["threads"] == meta["fingerprint"]["threads"]
     run_meta = json.loads((tmp_path / "runs" / "00_tiny" / "meta.json").read_text())
     assert run_meta["fingerprint"] == meta["fingerprint"]
+
+
+@pytest.mark.slow
+def test_a_cell_timeout_names_the_cell_and_the_limit(bare, tmp_path):
+    from taskloss.runner.cli import main
+
+    out = tmp_path / "out"
+    assert main(["run", str(bare), "-p", "sleep", "30", "--timeout", "2", "--out", str(out)]) == 1
+    meta = json.loads(next((out / "00_bare").glob("sleep=*/meta.json")).read_text())
+    assert meta["status"] == "failed"
+    assert meta["error"].startswith("In [") and "longer than 2 s (--timeout)" in meta["error"]
+    assert "-------" not in meta["error"]

@@ -36,16 +36,133 @@ def nb(tmp_path) -> Path:
 
 
 def test_values_that_sanitize_alike_get_different_folders(nb, tmp_path):
-    long_a, long_b = "a" * 300 + "1", "a" * 300 + "2"  # equal after truncation
+    long_a, long_b = "a" * 300 + "1", "a" * 300 + "2"  # equal after shortening
     grid = ["label=a/b,a?b,a b,a-b," + long_a + "," + long_b]
     specs = runs.plan_runs(nb, tmp_path, grid=grid)
     assert len(specs) == 6 and len({s.out_dir for s in specs}) == 6
-    assert all(len(s.out_dir.name) <= 60 + 9 for s in specs)
-    assert specs[0].out_dir.name.startswith("label=a-b-")  # readable prefix + short hash
+    assert all(len(s.out_dir.name) <= store.NAME_CHARS + 9 for s in specs)
+    names = sorted(s.out_dir.name for s in specs)
+    assert "label=a-b" in names                        # a safe string names its folder exactly
+    assert sum(n.startswith("label=a-b~") for n in names) == 3    # the sanitized ones carry a hash
     assert runs.plan_runs(nb, tmp_path)[0].out_dir.name == "default"
     # the folder is a function of the overrides: the same values always map to the same folder
     assert runs.plan_runs(nb, tmp_path, cli=[("seed", "3")])[0].out_dir == \
         runs.plan_runs(nb, tmp_path, grid=["seed=3"])[0].out_dir
+
+
+def test_a_sweep_keeps_every_swept_value_readable(nb, tmp_path):
+    """A long fixed value no longer pushes the swept axis out of the folder name."""
+    specs = runs.plan_runs(nb, tmp_path, cli=[("label", "a-rather-long-label-for-this-run-" + "x" * 40)],
+                           grid=["seed=0,1", "values=[1.0],[2.0]"])
+    names = [s.out_dir.name for s in specs]
+    assert len(set(names)) == 4
+    for s in specs:
+        assert f"seed={s.overrides['seed']}" in s.out_dir.name
+        assert f"values={s.overrides['values'][0]!r}" in s.out_dir.name
+    assert store.folder_name({"seed": 2, "lr": 0.001}) == "lr=0.001__seed=2"
+    assert store.folder_name({"values": [1, 2.5]}) == "values=1,2.5"
+    assert "~" in store.folder_name({"label": "a,b"}) and "~" in store.folder_name({"values": ["x", "y"]})
+
+
+def test_grid_and_yaml_mistakes_are_refused(nb, tmp_path):
+    with pytest.raises(ParameterError, match="--grid seed is given twice"):
+        runs.plan_runs(nb, tmp_path, grid=["seed=2,3", "seed=4"])
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("seed: 1\nlabel: y\nseed: 2\n")
+    with pytest.raises(ParameterError, match=r"line 3: 'seed' is set twice \(first on line 1\)"):
+        runs.plan_runs(nb, tmp_path, param_files=[str(dup)])
+
+
+def test_bounds_require_finite_values_unless_they_say_inf(tmp_path):
+    path = tmp_path / "00_bounds.py"
+    path.write_text('# %% tags=["parameters"]\nlr: float = 0.1   # [> 0] step size\n'
+                    'clip: float = 1.0   # [> 0, inf] clipping threshold (inf: off)\noutput_dir: str = ""\n')
+    for value in (".inf", ".nan", "-1"):
+        with pytest.raises(ParameterError, match="lr"):
+            runs.plan_runs(path, tmp_path, cli=[("lr", value)])
+    assert runs.plan_runs(path, tmp_path, cli=[("clip", ".inf")])[0].parameters["clip"] == float("inf")
+    with pytest.raises(ParameterError, match="clip"):
+        runs.plan_runs(path, tmp_path, cli=[("clip", ".nan")])
+    path.write_text('# %% tags=["parameters"]\nlr: float = 0.1\nlr: float = 0.2\n')
+    with pytest.raises(ParameterError, match="assigned twice"):
+        runs.plan_runs(path, tmp_path)
+
+
+def test_the_key_covers_the_planned_source_and_the_data_a_run_reads(nb, tmp_path):
+    spec, = runs.plan_runs(nb, tmp_path)
+    assert spec.source == nb.read_text() and set(spec.key) == {"run", "parameters", "notebook", "package", "data"}
+    nb.write_text(NB + "\n# edited after planning\n")
+    assert spec.key == store.run_key(spec.parameters, nb, spec.key["package"], spec.key["data"],
+                                     source=spec.source)           # the key is the planned bytes'
+    assert runs.plan_runs(nb, tmp_path)[0].key["run"] != spec.key["run"]
+    data = tmp_path / "corpus.txt"
+    data.write_text("one")
+    h1 = store.data_hash({"corpus_path": str(data)}, ["corpus_path"])
+    data.write_text("two")
+    assert store.data_hash({"corpus_path": str(data)}, ["corpus_path"]) != h1   # declared data: its bytes count
+    assert store.data_hash({"corpus_path": str(data)}) == store.data_hash({})  # undeclared: not read
+    assert store.data_hash({"corpus_path": ""}, ["corpus_path"]) == store.data_hash({})
+    folder = tmp_path / "folder"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "sub" / "a.bin").write_bytes(b"1")
+    h2 = store.data_hash({"model_folder": str(folder)}, ["model_folder"])
+    (folder / "sub" / "a.bin").write_bytes(b"2")
+    assert store.data_hash({"model_folder": str(folder)}, ["model_folder"]) != h2
+    # through the notebook: a parameter tagged [data]
+    tagged = tmp_path / "00_data.py"
+    tagged.write_text('# %% tags=["parameters"]\ncorpus_path: str = ""   # [data] a text file to read\n'
+                      'output_dir: str = ""\n')
+    k1 = runs.plan_runs(tagged, tmp_path, cli=[("corpus_path", str(data))])[0].key["data"]
+    data.write_text("three")
+    assert runs.plan_runs(tagged, tmp_path, cli=[("corpus_path", str(data))])[0].key["data"] != k1
+    tagged.write_text('# %% tags=["parameters"]\nsteps: int = 1   # [data] not a path\n')
+    with pytest.raises(ParameterError, match=r"\[data\] marks a str parameter"):
+        runs.plan_runs(tagged, tmp_path)
+
+
+def test_a_finished_run_whose_outputs_went_missing_or_changed_is_not_reused(tmp_path):
+    folder = tmp_path / "run"
+    folder.mkdir()
+    (folder / "00_x.ipynb").write_text("{}")
+    (folder / "results.json").write_text('{"results": {}}')
+    store.write_meta(folder, {"notebook": "00_x", "status": "ok", "key": {"run": "k"},
+                              "outputs": store.output_hashes(folder, "00_x")})
+    assert store.is_finished(folder, "k") and not store.is_finished(folder, "other")
+    (folder / "results.json").write_text('{"results": {"edited": 1}}')
+    assert not store.is_finished(folder, "k")
+    (folder / "results.json").unlink()
+    assert not store.is_finished(folder, "k")
+    store.write_meta(folder, {"notebook": "00_x", "status": "ok", "key": {"run": "k"}})   # no recorded outputs
+    assert not store.is_finished(folder, "k")
+
+
+def test_summary_has_a_column_per_swept_parameter_and_the_claims(tmp_path):
+    sweep = tmp_path / "00_store"
+    for seed in (0, 1):
+        folder = sweep / store.folder_name({"seed": seed, "label": "x"})
+        store.write_meta(folder, {"notebook": "00_store", "status": "ok", "overrides": {"seed": seed, "label": "x"}})
+        atomic_write_text(folder / "results.json", json.dumps(
+            {"headline": ["acc"], "results": {"acc": seed / 2},
+             "claims": {"up": {"held": True}, "down": {"held": seed == 0}}}))
+    text = store.write_summary(sweep)
+    assert "| notebook | run | seed | label | status | seconds | claims | headline results |" in text
+    assert "| 00_store | label=x__seed=1 | 1 | x | ok |  | 1/2 held; not held: down | acc = 0.5 |" in text
+    assert "2/2 held |" in text
+
+
+def test_a_summary_that_cannot_be_written_is_reported(nb, tmp_path, capsys, monkeypatch):
+    import errno
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    import taskloss.runner.cli as cli
+
+    monkeypatch.setattr(cli, "run_many", lambda specs, **kw: runs.SweepResult(
+        [{"notebook": s.name, "status": "ok"} for s in specs]))
+    monkeypatch.setattr(store, "atomic_write_text", full)
+    assert main(["run", str(nb), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err
+    assert "could not write" in err and "No space left on device" in err and "Traceback" not in err
 
 
 def test_duplicate_grid_values_plan_one_run(nb, tmp_path):
