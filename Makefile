@@ -22,10 +22,11 @@ SERIAL := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # JupyterLab with the repository's settings (.jupyter/): notebooks/NN_topic.py opens as a notebook.
 LAB_ENV := JUPYTER_CONFIG_PATH=$(CURDIR)/.jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}
 
-.PHONY: help env run test test-portable test-fast notebooks sync lab lint bench pretrained clean
+.PHONY: help env run smoke test test-portable test-fast notebooks sync lab lint bench pretrained clean
 
 help:
 	@echo "make run        execute every notebook (default parameters) into runs/default/ + SUMMARY.md"
+	@echo "make smoke      every notebook at its smoke parameters (seconds each), claims reported -> runs/smoke/"
 	@echo "make test       unit tests + pairing + runner tests + every notebook through nbval"
 	@echo "make test-portable  make test on an emulated other CPU (one vectorized code path lower)"
 	@echo "make notebooks  re-execute notebooks and refresh the committed .ipynb outputs"
@@ -54,6 +55,11 @@ env: $(STAMP)
 
 run: $(STAMP)
 	$(PY) -m taskloss.runner all --out runs/default
+
+# Every notebook at its smoke parameters (params/NN_topic/smoke.yaml: seconds each): identities asserted, claims
+# reported as held or not (a smoke run is not the committed run, so nothing is enforced), SUMMARY.md in runs/smoke.
+smoke: $(STAMP)
+	$(SERIAL) $(PY) -m taskloss.runner all --set smoke --jobs $(JOBS) --out runs/smoke
 
 # OMP threads = 1 per worker: two xdist workers share the two cores without oversubscription.
 # TASKLOSS_CHECK_HEADLINES: each notebook's fresh headline results must match the committed ones

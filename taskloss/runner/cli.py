@@ -9,6 +9,9 @@ Examples::
     python -m taskloss.runner run 02 --grid seed=0,1,2 --executor slurm --cluster-param slurm_partition=gpu
     python -m taskloss.runner refresh notebooks/01_optimization_as_sampling.py   # make notebooks
     python -m taskloss.runner params 01                             # a notebook's parameters, explained
+    python -m taskloss.runner run 12 --set smoke                    # params/12_*/smoke.yaml: seconds, claims reported
+    python -m taskloss.runner all --set smoke --jobs 2              # make smoke: every notebook at smoke scale
+    python -m taskloss.runner table runs/02_importance_sampling_and_mgs --metric toy/gd_final_task_loss --by alpha
 
 Exit status: 0 when every run succeeded, 1 when one failed, 2 for bad parameters or an unusable ``--out``
 (nothing executed), 130 after Ctrl-C (queued runs cancelled, kernels stopped, a partial SUMMARY.md written).
@@ -71,6 +74,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("-f", "--params-file", action="append", default=[], metavar="YAML",
                        help="a flat YAML file 'name: value' (repeatable, applied in order, before -p), "
                             "e.g. params/NN_topic/full.yaml")
+        p.add_argument("--set", dest="param_set", default=None, metavar="NAME",
+                       help="a named parameter set, params/<notebook>/NAME.yaml (e.g. smoke, full), applied "
+                            "before -f files and -p values")
         p.add_argument("--jobs", type=int, default=1, metavar="N",
                        help="runs at once (default 1); CPU threads are split between them (at most OMP_NUM_THREADS each when "
                             "it is set). With "
@@ -101,7 +107,25 @@ def _parser() -> argparse.ArgumentParser:
     f.add_argument("notebooks", nargs="*", help="sources to refresh (default: all)")
     i = sub.add_parser("params", help="list a notebook's parameters with their explanations")
     i.add_argument("notebook")
+    t = sub.add_parser("table", help="a recorded metric against a swept parameter: a table and a figure")
+    t.add_argument("sweep", help="a sweep folder, e.g. runs/02_importance_sampling_and_mgs")
+    t.add_argument("--metric", required=True, help="a recorded result key (a comparison gives its effect)")
+    t.add_argument("--by", required=True, help="the swept parameter on the x axis")
+    t.add_argument("--over", default="seed", help="the replicate parameter averaged over (default: seed)")
+    t.add_argument("--no-figure", action="store_true", help="the table only")
     return ap
+
+
+def _param_files(notebook: Path, param_set: str | None, files: list[str]) -> list[str]:
+    """``params/<notebook>/<param_set>.yaml`` (when a set is named) before the ``-f`` files."""
+    if param_set is None:
+        return list(files)
+    path = REPO_ROOT / "params" / notebook.stem / f"{param_set}.yaml"
+    if not path.exists():
+        sets = sorted(p.stem for p in path.parent.glob("*.yaml")) if path.parent.exists() else []
+        raise ParameterError(f"{notebook.stem} has no parameter set {param_set!r} ({path}); its sets: "
+                             f"{', '.join(sets) or 'none'}")
+    return [str(path), *files]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -111,6 +135,11 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "params":
             print(describe_parameters(find_notebook(args.notebook)))
             return 0
+        if args.cmd == "table":
+            from taskloss.runner.tabulate import tabulate_sweep
+
+            print(tabulate_sweep(Path(args.sweep), args.metric, args.by, args.over, figure=not args.no_figure))
+            return 0
         if args.cmd == "refresh":
             return 1 if refresh([Path(p) for p in args.notebooks] or list_notebooks()) else 0
         if args.jobs < 1:
@@ -118,18 +147,20 @@ def main(argv: list[str] | None = None) -> int:
         out = Path(args.out)
         if args.cmd == "run":
             notebook = find_notebook(args.notebook)
-            specs = plan_runs(notebook, out, param_files=args.params_file, cli=args.param, grid=args.grid)
+            specs = plan_runs(notebook, out, param_files=_param_files(notebook, args.param_set, args.params_file),
+                              cli=args.param, grid=args.grid)
             sweep = out / notebook.stem
         else:
             specs, sweep = [], out
             for n in args.only or [p.stem for p in list_notebooks()]:  # validate everything before executing
-                specs += plan_runs(find_notebook(n), out, param_files=args.params_file, cli=args.param,
-                                   nested=False)
+                nb = find_notebook(n)
+                specs += plan_runs(nb, out, param_files=_param_files(nb, args.param_set, args.params_file),
+                                   cli=args.param, nested=False)
         if not args.force:
             check_no_clobber(specs)
         cluster = _cluster_params(args.cluster_param)
         check_writable(sweep)
-    except (ParameterError, FileNotFoundError) as exc:
+    except (ParameterError, FileNotFoundError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
