@@ -35,7 +35,7 @@
 # Everything used below lives in `taskloss.sampling`: `log_target`, `self_normalized_is`, `expected_update`,
 # the proposals (`GaussianProposal`, `UniformBallProposal`, `GaussianMixtureProposal`), the exact ball
 # quantities (`ball_log_partition`, `ball_log_partition_derivative`, `ball_expected_update`) and the quadratic
-# case (`newton_update`, `gaussian_update_distribution`).
+# case (`newton_direction`, `gaussian_update_distribution`).
 
 # %% tags=["parameters"]
 seed: int = 0
@@ -80,7 +80,7 @@ from taskloss.sampling import (
     expected_update,
     gaussian_update_distribution,
     log_target,
-    newton_update,
+    newton_direction,
     self_normalized_is,
 )
 
@@ -530,11 +530,11 @@ print("α → 0: a full step ε along −g;  α → ∞: gradient descent with l
 
 # %%
 g_q, H_q = grads["quadratic"], A_quad
-newton = newton_update(g_q, H_q)
+newton = -newton_direction(H_q, g_q)
 torch.testing.assert_close(newton, theta_star - theta0)  # Newton lands on the minimizer of a quadratic
 newton_rows = {}
 for a in (0.05, 0.5):
-    p = gaussian_update_distribution(g_q, H_q, a)
+    p = gaussian_update_distribution(H_q, g_q, a)
     res = expected_update(loss_quadratic, theta0, a, GaussianProposal(T([0.0, 0.0]), scale=1.0), n_samples_exact, gen)
     dd = res.samples - res.estimate
     cov_w = (res.weights[:, None, None] * dd[:, :, None] * dd[:, None, :]).sum(0)
@@ -554,9 +554,9 @@ assert abs(cov_ratio - 10) < 1.5
 # a random 6-D quadratic: exact sampling and SNIS both give −H⁻¹g
 B = torch.randn(6, 6, generator=gen, dtype=f64, device=dev)
 H6, g6 = B @ B.T / 6 + 0.5 * torch.eye(6, dtype=f64, device=dev), torch.randn(6, generator=gen, dtype=f64, device=dev)
-p6 = gaussian_update_distribution(g6, H6, 0.2)
+p6 = gaussian_update_distribution(H6, g6, 0.2)
 x6 = p6.sample(n_samples_exact, gen)
-newton6 = newton_update(g6, H6)
+newton6 = -newton_direction(H6, g6)
 wide6 = float(torch.linalg.eigvalsh(p6.covariance).max().sqrt()) * 1.5
 res6 = expected_update(lambda th: th @ g6 + 0.5 * ((th @ H6) * th).sum(-1), torch.zeros(6, dtype=f64, device=dev),
                        0.2, GaussianProposal(newton6, scale=wide6), n_samples_exact, gen)
@@ -620,7 +620,7 @@ plt.show()
 
 # %%
 alpha_is = 0.5
-p_is = gaussian_update_distribution(g_q, H_q, alpha_is)
+p_is = gaussian_update_distribution(H_q, g_q, alpha_is)
 mu, Lp, dim_is = p_is.mean, p_is.scale_tril, 2
 e_dir = T([1.0, 0.0])
 

@@ -68,7 +68,7 @@ import taskloss.results
 from taskloss.datasets import load_digits_splits
 from taskloss.losses import accuracy
 from taskloss.results.plotting import comparison_forest, label_axes, median_band, seed_band
-from taskloss.sampling import GaussianMixtureProposal, gaussian_update_distribution, newton_update
+from taskloss.sampling import GaussianMixtureProposal, gaussian_update_distribution, newton_direction
 from taskloss.search import MGS, classification_reinforce, effective_sample_size, mgs_weights, mixture_log_density
 
 # %%
@@ -112,9 +112,9 @@ grid = torch.linspace(-4, 4, 801, dtype=D)
 G = torch.stack(torch.meshgrid(grid, grid, indexing="ij"), -1).reshape(-1, 2)   # candidate steps Δ
 w_grid = torch.softmax(-(l2(theta2 + G) - l2(theta2)) / 0.3, 0)
 quad_mean = w_grid @ G
-torch.testing.assert_close(quad_mean, newton_update(g2, H2), rtol=1e-6, atol=1e-8)
-torch.testing.assert_close(gaussian_update_distribution(g2, H2, 0.3).mean, -torch.linalg.solve(H2, g2))
-print("grid mean", quad_mean.numpy(), " closed form -H^-1 g", newton_update(g2, H2).numpy())
+torch.testing.assert_close(quad_mean, -newton_direction(H2, g2), rtol=1e-6, atol=1e-8)
+torch.testing.assert_close(gaussian_update_distribution(H2, g2, 0.3).mean, -torch.linalg.solve(H2, g2))
+print("grid mean", quad_mean.numpy(), " closed form -H^-1 g", (-newton_direction(H2, g2)).numpy())
 
 # %% [markdown]
 # ## 2 · Self-normalized importance sampling
@@ -189,7 +189,7 @@ theta_iso, star_iso = torch.zeros(dim, dtype=D), torch.zeros(dim, dtype=D)
 star_iso[0] = 2.0
 l_iso, g_iso = quadratic(iso_H, star_iso), iso_H @ (theta_iso - star_iso)
 for off in [0.0, 0.5, 1.0, 1.5]:                                # ‖μ_p − μ_q‖ in units of σ
-    g_sur = -(newton_update(g_iso, iso_H) + off * sigma * F.normalize(torch.ones(dim, dtype=D), dim=0))
+    g_sur = newton_direction(iso_H, g_iso) - (off * sigma * F.normalize(torch.ones(dim, dtype=D), dim=0))
     _, w = snis(theta_iso, l_iso, g_sur, alpha, sigma, 0.0, ess_draws, torch.Generator().manual_seed(seed))
     got, want = effective_sample_size(w) / ess_draws, math.exp(-off**2)
     print(f"offset {off:.1f}σ: ESS/K = {got:.3f}   closed form {want:.3f}")
@@ -212,7 +212,7 @@ def make_problem(d, gen, g_scale=1.5):
 H, theta0, star = make_problem(dim, torch.Generator().manual_seed(seed))
 l_quad = quadratic(H, star)
 g_true = H @ (theta0 - star)
-target = newton_update(g_true, H)
+target = -newton_direction(H, g_true)
 print(f"‖Δθ*‖ = {target.norm():.2f},  ‖Δθ* + ∇l‖ = {(target + g_true).norm():.2f},  σ = {sigma}")
 
 

@@ -25,18 +25,15 @@ from taskloss.curvature.fisher import (
     empirical_fisher,
     empirical_fisher_diagonal,
     fisher_matrix,
-    flatten,
     ggn_diagonal,
     ggn_matrix,
     ggn_operator,
     ggn_vector_product,
     mc_fisher,
     mc_fisher_diagonal,
-    named_tensors,
     nll_loss,
     output_hessian_sqrt,
     sample_targets,
-    unflatten,
 )
 from taskloss.curvature.gaussian_family import (
     MCEstimate,
@@ -67,9 +64,9 @@ from taskloss.curvature.natural_gradient import (
 )
 
 __all__ = [
-    "LIKELIHOODS", "nll_loss", "sample_targets", "output_hessian_sqrt", "flatten", "unflatten", "ggn_matrix",
+    "LIKELIHOODS", "nll_loss", "sample_targets", "output_hessian_sqrt", "ggn_matrix",
     "fisher_matrix", "mc_fisher", "empirical_fisher", "ggn_diagonal", "mc_fisher_diagonal",
-    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "named_tensors", "curvature_scale",
+    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "curvature_scale",
     "conjugate_gradient",
     "hessian_free_direction", "HessianFree", "FisherDiagonalPreconditioner", "KFAC", "natural_gradient",
     "trust_region_step", "NaturalGradientDescent", "gaussian_kl", "gaussian_fisher", "CoupledGaussian",

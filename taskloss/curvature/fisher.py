@@ -39,12 +39,12 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp, vjp, vmap
 
-from taskloss.utils import check_finite, check_int
+from taskloss.utils import check_finite, check_int, flatten, unflatten
 
 __all__ = [
-    "LIKELIHOODS", "nll_loss", "sample_targets", "output_hessian_sqrt", "flatten", "unflatten",
+    "LIKELIHOODS", "nll_loss", "sample_targets", "output_hessian_sqrt",
     "ggn_matrix", "fisher_matrix", "mc_fisher", "empirical_fisher", "ggn_diagonal", "mc_fisher_diagonal",
-    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "named_tensors", "curvature_scale",
+    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "curvature_scale",
 ]
 
 Likelihood = Literal["categorical", "gaussian"]
@@ -199,47 +199,6 @@ def curvature_scale(curvature: str, loss: str, reduction: str, n: int, c: int) -
 
 
 # ----------------------------------------------------------------------------------------- params & models
-def flatten(tensors: Mapping[str, Tensor]) -> Tensor:
-    """Concatenate a dict of tensors into one flat vector (dict order)."""
-    if not isinstance(tensors, Mapping) or len(tensors) == 0:
-        raise ValueError("expected a non-empty dict of tensors")
-    return torch.cat([t.reshape(-1) for t in tensors.values()])
-
-
-def unflatten(flat: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Inverse of :func:`flatten`: split ``flat [P]`` into tensors shaped like ``like``."""
-    total = sum(t.numel() for t in like.values())
-    if not isinstance(flat, Tensor) or flat.ndim != 1 or flat.numel() != total:
-        raise ValueError(f"flat vector must have shape ({total},), got "
-                         f"{tuple(flat.shape) if isinstance(flat, Tensor) else type(flat).__name__}")
-    out, i = {}, 0
-    for k, t in like.items():
-        out[k] = flat[i:i + t.numel()].view_as(t)
-        i += t.numel()
-    return out
-
-
-def named_tensors(params, model_fn) -> tuple[list[str], list[Tensor]]:
-    """(names, tensors) of an optimizer's ``params``: a dict, ``(name, tensor)`` pairs, or tensors of ``model_fn``
-    (named after the module's parameters) or of a function (named ``"0"``, ``"1"``, …)."""
-    if isinstance(params, Mapping):
-        items = list(params.items())
-    else:
-        items = list(params)
-        if items and isinstance(items[0], tuple):
-            items = [(str(k), p) for k, p in items]
-        elif isinstance(model_fn, nn.Module):
-            names = {id(p): k for k, p in model_fn.named_parameters()}
-            if any(id(p) not in names for p in items):
-                raise ValueError("every parameter must belong to model_fn")
-            items = [(names[id(p)], p) for p in items]
-        else:
-            items = [(str(i), p) for i, p in enumerate(items)]
-    if not items:
-        raise ValueError("optimizer got an empty parameter list")
-    return [k for k, _ in items], [p for _, p in items]
-
-
 _RANDOM_OR_COUPLED = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 
 

@@ -13,8 +13,18 @@ from typing import Callable, Mapping
 import torch
 from torch import Tensor
 
-from taskloss.curvature.fisher import Likelihood, _check_likelihood, flatten, ggn_operator, named_tensors, unflatten
-from taskloss.utils import all_finite, check_finite, check_int, check_nonnegative, check_positive, check_probability
+from taskloss.curvature.fisher import Likelihood, _check_likelihood, ggn_operator
+from taskloss.utils import (
+    all_finite,
+    check_finite,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_probability,
+    flatten,
+    named_tensors,
+    unflatten,
+)
 
 __all__ = ["conjugate_gradient", "hessian_free_direction", "HessianFree"]
 

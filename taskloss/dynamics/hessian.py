@@ -3,7 +3,7 @@ top Hessian eigenvalue by power iteration.
 
 Derived in notebook 11_gradient_clipping (sharpness in 12_implicit_gradient_regularization). A *loss function* is
 a pure function ``loss_fn(params) → 0-d tensor`` of a tensor or a dict of tensors; for an ``nn.Module``,
-``taskloss.search.functional_loss(model, criterion, inputs)`` builds one with ``torch.func.functional_call``.
+:func:`taskloss.utils.functional_loss` (``functional_loss(model, criterion, inputs)``) builds one with ``torch.func.functional_call``.
 Gradients use autograd on detached copies of θ (the caller's tensors are never touched); Hessian-vector products
 are double backward, ``∇⟨∇f(θ), v⟩`` (about the cost of two gradients), never the Hessian itself. Fused kernels
 (cuDNN and oneDNN RNNs, flash attention) have no second-order derivatives, so second-order code runs inside
@@ -20,8 +20,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from taskloss.curvature.fisher import flatten
-from taskloss.utils import check_finite, check_int, check_positive
+from taskloss.utils import check_finite, check_int, check_positive, flatten
 
 __all__ = ["native_kernels", "loss_gradient", "hessian_vector_product", "top_hessian_eigenvalue", "EigenResult"]
 

@@ -40,7 +40,6 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from taskloss.curvature.fisher import flatten, unflatten
 from taskloss.dynamics.hessian import (
     _autograd_gradient,
     _check_params,
@@ -52,7 +51,15 @@ from taskloss.dynamics.hessian import (
     loss_gradient,
     native_kernels,
 )
-from taskloss.utils import _is_transformed, check_finite, check_int, check_nonnegative, check_positive
+from taskloss.utils import (
+    _is_transformed,
+    check_finite,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    flatten,
+    unflatten,
+)
 
 __all__ = [
     "gradient_norm_penalty", "per_example_gradient_penalty", "modified_loss", "modified_gradient",

@@ -10,7 +10,7 @@ Derived in notebook 16_update_rule_harness. Each wrapper *calls* the real implem
 :func:`~taskloss.search.zeroth_order.gaussian_smoothing_grad`, :func:`~taskloss.search.zeroth_order.spsa_grad`,
 :class:`~taskloss.search.zeroth_order.MeZO`, :class:`~taskloss.dynamics.clipping.ClippedSGD` and
 :func:`~taskloss.dynamics.implicit.gradient_norm_penalty` — and Newton's step by a dense Hessian
-(:meth:`~taskloss.harness.problem.Problem.grad_hessian`) solved with :func:`~taskloss.sampling.update.newton_update`.
+(:meth:`~taskloss.harness.problem.Problem.grad_hessian`) solved with :func:`~taskloss.sampling.update.newton_direction`.
 Nothing is reimplemented.
 
 Objectives: gradient and curvature rules descend the surrogate ``l̃``; MGS, the zeroth-order rules and REINFORCE
@@ -41,7 +41,7 @@ from taskloss.dynamics.clipping import ClippedSGD
 from taskloss.dynamics.implicit import gradient_norm_penalty
 from taskloss.harness.problem import Problem
 from taskloss.harness.sequence import SequenceProblem
-from taskloss.sampling.update import newton_update
+from taskloss.sampling.update import newton_direction
 from taskloss.search.mgs import MGS
 from taskloss.search.policy_gradient import classification_reinforce
 from taskloss.search.zeroth_order import MeZO, gaussian_smoothing_grad, spsa_grad
@@ -169,7 +169,7 @@ class Newton(_CurvatureRule):
         g, H = self.problem.grad_hessian()
         if self.damping:
             H = H + self.damping * torch.eye(H.shape[0], dtype=H.dtype, device=H.device)
-        self.problem.set_flat_params(theta + self.lr * newton_update(g, H))
+        self.problem.set_flat_params(theta - self.lr * newton_direction(H, g))
 
 
 class NaturalGradient(_CurvatureRule, _TorchOptim):
@@ -248,35 +248,41 @@ class HessianFreeRule(_CurvatureRule):
 
 class MGSRule(_Rule):
     """:class:`MGS` with SGD(lr=1) (θ ← θ + Δθ* exactly), candidates scored one after another (exact counts).
-    ``K``, ``alpha``, ``sigma``, ``mix``, ``sigma_mode``, clipping norms and ``seed`` as in :class:`MGS`; the MLE
-    component is centred at −lr·∇l̃ (MGS is handed the surrogate scaled by ``lr``). On a sequence problem each
-    candidate is scored by the task loss of its greedy continuations, as in notebook 04_sequence_task_losses."""
+    ``n_samples``, ``alpha``, ``sigma``, ``mix``, ``sigma_mode``, clipping norms and ``seed`` as in :class:`MGS`; the
+    MLE component is centred at −lr·∇l̃ (MGS's closure returns the surrogate scaled by ``lr``). On a sequence problem
+    each candidate is scored by the task loss of its greedy continuations, as in notebook 04_sequence_task_losses."""
 
     objective = "task"
 
-    def __init__(self, problem, K: int = 8, alpha: float = 0.01, sigma: float = 1.0, mix: float = 0.5,
+    def __init__(self, problem, n_samples: int = 8, alpha: float = 0.01, sigma: float = 1.0, mix: float = 0.5,
                  lr: float = 0.1, sigma_mode: str = "relative", max_update_norm: float | None = None,
                  max_grad_norm: float | None = None, seed: int = 0):
         super().__init__(problem)
         pb = problem
+        self.lr = check_positive("lr", lr)
         self.opt = torch.optim.SGD(pb.params, lr=1.0)
-        # the MLE component is centred at −lr·∇l̃ (MGS centres it at −g of the surrogate it is handed)
-        scaled = lambda model, batch: lr * pb.surrogate(model)  # noqa: E731
         task = lambda outputs, batch: pb.task_from_outputs(outputs)  # noqa: E731
         forward = lambda model, batch: pb.task_outputs(model)  # noqa: E731
-        self.mgs = MGS(pb.model, self.opt, scaled, task, forward_fn=forward, K=K, alpha=alpha, sigma=sigma, mix=mix,
-                       sigma_mode=sigma_mode, max_grad_norm=max_grad_norm, max_update_norm=max_update_norm,
+        self.mgs = MGS(pb.model, self.opt, task, forward_fn=forward, n_samples=n_samples, alpha=alpha, sigma=sigma,
+                       mix=mix, sigma_mode=sigma_mode, max_grad_norm=max_grad_norm, max_update_norm=max_update_norm,
                        parallel=False, eval_mode=False, seed=seed)
 
+    def _mgs_closure(self):
+        # the MLE component is centred at −lr·∇l̃ (MGS centres it at −g of the loss the closure differentiates)
+        loss = self.lr * self.problem.surrogate()
+        loss.backward()
+        return loss, (self.problem.inputs, self.problem.targets)
+
     def step(self) -> None:
-        self.last_stats = self.mgs.step((self.problem.inputs, self.problem.targets))
+        self.mgs.step(self._mgs_closure)
+        self.last_stats = self.mgs.last_stats
 
 
 class Reinforce(_Rule):
-    """SGD (``lr``) on the REINFORCE surrogate of the expected task loss of ``num_samples`` label vectors drawn
+    """SGD (``lr``) on the REINFORCE surrogate of the expected task loss of ``n_samples`` label vectors drawn
     from ``softmax(outputs)`` (leave-one-out baseline): per-example accuracy reward when the problem has no
     ``task_labels_fn``, else the batch-level reward −task(labels); ``mle_weight`` adds cross-entropy. On a
-    :class:`SequenceProblem`: ``num_samples`` sampled continuations per prefix, reward = −task loss
+    :class:`SequenceProblem`: ``n_samples`` sampled continuations per prefix, reward = −task loss
     (:meth:`SequenceProblem.sequence_reinforce_loss`), ``mle_weight`` adds the teacher-forced token NLL."""
 
     objective = "task"
@@ -287,10 +293,10 @@ class Reinforce(_Rule):
             return "REINFORCE samples class labels or tokens: it needs a categorical problem"
         return None
 
-    def __init__(self, problem, lr: float = 0.1, num_samples: int = 8, mle_weight: float = 0.0, seed: int = 0):
+    def __init__(self, problem, lr: float = 0.1, n_samples: int = 8, mle_weight: float = 0.0, seed: int = 0):
         super().__init__(problem)
         self.opt = torch.optim.SGD(problem.params, lr=check_positive("lr", lr))
-        self.S, self.mle_weight = num_samples, mle_weight
+        self.S, self.mle_weight = n_samples, mle_weight
         self.gen = torch.Generator(device=problem.inputs.device).manual_seed(seed)
 
     def step(self) -> None:
@@ -312,18 +318,18 @@ class Reinforce(_Rule):
 
 
 class ZerothOrder(_Rule):
-    """θ ← θ − lr·ĝ with a zeroth-order gradient ĝ of the task loss from ``num_samples`` directions: Gaussian
-    smoothing with antithetic pairs (``estimator="gaussian"``, scale ``sigma``) or SPSA (``"spsa"``, ε = ``sigma``);
+    """θ ← θ − lr·ĝ with a zeroth-order gradient ĝ of the task loss from ``n_samples`` directions: Gaussian
+    smoothing with antithetic pairs (``estimator="gaussian"``) or SPSA (``"spsa"``), both of scale ``sigma``;
     perturbed points evaluated one after another (``vectorize=False``), so every forward is counted."""
 
     objective = "task"
 
-    def __init__(self, problem, lr: float = 0.1, sigma: float = 1e-2, num_samples: int = 8,
+    def __init__(self, problem, lr: float = 0.1, sigma: float = 1e-2, n_samples: int = 8,
                  estimator: str = "gaussian", seed: int = 0):
         super().__init__(problem)
         if estimator not in ("gaussian", "spsa"):
             raise ValueError(f"estimator must be 'gaussian' or 'spsa', got {estimator!r}")
-        self.lr, self.sigma, self.n, self.estimator = check_positive("lr", lr), sigma, num_samples, estimator
+        self.lr, self.sigma, self.n, self.estimator = check_positive("lr", lr), sigma, n_samples, estimator
         self.gen = torch.Generator(device=problem.inputs.device).manual_seed(seed)
 
     def step(self) -> None:
@@ -345,14 +351,14 @@ class ZerothOrder(_Rule):
 
 
 class MeZORule(_Rule):
-    """:class:`MeZO` on the task loss (in-place perturbations, two forwards per perturbation; ``lr``, ``eps``,
-    ``num_perturbations``, ``seed`` as there)."""
+    """:class:`MeZO` on the task loss (in-place perturbations, two forwards per perturbation; ``lr``, ``sigma``,
+    ``n_samples``, ``seed`` as there)."""
 
     objective = "task"
 
-    def __init__(self, problem, lr: float = 0.1, eps: float = 1e-2, num_perturbations: int = 4, seed: int = 0):
+    def __init__(self, problem, lr: float = 0.1, sigma: float = 1e-2, n_samples: int = 4, seed: int = 0):
         super().__init__(problem)
-        self.opt = MeZO(problem.params, lr=lr, eps=eps, num_perturbations=num_perturbations, seed=seed)
+        self.opt = MeZO(problem.params, lr=lr, sigma=sigma, n_samples=n_samples, seed=seed)
 
     def step(self) -> None:
         self.opt.step(lambda: self.problem.task_from_outputs(self.problem.task_outputs()))
@@ -415,7 +421,7 @@ for _n, _c, _d, _t in [
     ("adam", Adam, {}, "torch.optim.Adam"),
     ("clipped_sgd", Clipped, {}, "taskloss.dynamics ClippedSGD (hard, global)"),
     ("grad_penalty", GradPenalty, {}, "SGD on l̃ + μ‖∇l̃‖² (taskloss.dynamics gradient_norm_penalty)"),
-    ("newton", Newton, {}, "dense Hessian (torch.func), newton_update"),
+    ("newton", Newton, {}, "dense Hessian (torch.func), newton_direction"),
     ("natural_exact", NaturalGradient, {"fisher": "exact"}, "NaturalGradientDescent, exact Fisher"),
     ("natural_empirical", NaturalGradient, {"fisher": "empirical"}, "NaturalGradientDescent, empirical Fisher"),
     ("kfac", KFACRule, {}, "SGD preconditioned by KFAC (exact factors)"),

@@ -78,7 +78,7 @@ class SequenceProblem(Problem):
     # -- what the rules call ---------------------------------------------------------------------------------
     @property
     def counted_module(self) -> nn.Module:
-        """The LM's output layer: one call per next-token evaluation (module docstring)."""
+        """The module whose calls count as passes, here the LM's output layer (one call per next-token evaluation)."""
         lm = self.model.lm
         return lm.get_output_embeddings() if self.model.kind == "hf" else lm.head
 
@@ -103,14 +103,14 @@ class SequenceProblem(Problem):
         """Mean task loss of continuations ``outputs`` ``[B, T]`` against the references (0-d tensor)."""
         return self.task.per_sequence(outputs, self.targets).mean()
 
-    def sequence_reinforce_loss(self, num_samples: int, generator: torch.Generator | None = None,
+    def sequence_reinforce_loss(self, n_samples: int, generator: torch.Generator | None = None,
                                 mle_weight: float = 0.0) -> Tensor:
-        """REINFORCE surrogate of the expected task loss of ``num_samples`` sampled continuations per prefix
+        """REINFORCE surrogate of the expected task loss of ``n_samples`` sampled continuations per prefix
         (reward = −task loss, leave-one-out baseline; :func:`~taskloss.search.policy_gradient.sequence_reinforce`)
         plus ``mle_weight`` × :meth:`surrogate`. Differentiable."""
-        check_int("num_samples", num_samples, minimum=2)
+        check_int("n_samples", n_samples, minimum=2)
         t = self.task
-        res = sequence_reinforce(self.model, self.inputs, self.targets, t.per_sequence, num_samples=num_samples,
+        res = sequence_reinforce(self.model, self.inputs, self.targets, t.per_sequence, n_samples=n_samples,
                                  max_new_tokens=t.decode_len, eos_id=t.eos_id, pad_id=t.pad_id, baseline="loo",
                                  generator=generator)
         return res.loss + mle_weight * self.surrogate() if mle_weight > 0 else res.loss

@@ -1,6 +1,6 @@
 """The ε-ball case of optimization as sampling, in closed form. Derived in notebook 01_optimization_as_sampling.
 
-For a linearized loss ``l(θ + Δ) − l(θ) = Δᵀg`` restricted to the ball ``‖Δ‖ ≤ ε`` the update density is
+For a linearized loss ``l(θ + Δ) − l(θ) = Δᵀg`` restricted to the ball ``‖Δ‖ ≤ ε`` (ε is the ``radius`` argument) the update density is
 ``p(Δ) ∝ exp(−Δᵀg/α)`` on the ball; its normalizer ``Z(‖g‖)`` and mean ``Δθ* = E_p[Δ]`` are Bessel-function
 expressions of ``x = ‖g‖ε/α``: :func:`ball_log_partition` (exact, in log space), :func:`ball_partition`,
 :func:`ball_log_partition_derivative` (``Z'/Z``) and :func:`ball_expected_update` (from steepest descent to the
@@ -75,9 +75,9 @@ def _log_iv(nu: float, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _ball_args(g_norm, alpha, eps: float, dim: int):
-    """Validate, move to CPU float64 NumPy; return (x = ‖g‖ε/α, α, eps, dim, device), broadcast."""
-    eps = check_positive("eps", eps)
+def _ball_args(g_norm, alpha, radius: float, dim: int):
+    """Validate, move to CPU float64 NumPy; return (x = ‖g‖ε/α, α, radius, dim, device), broadcast."""
+    radius = check_positive("radius", radius)
     dim = check_int("dim", dim, minimum=1)
     device = g_norm.device if isinstance(g_norm, torch.Tensor) else (
         alpha.device if isinstance(alpha, torch.Tensor) else torch.device("cpu"))
@@ -104,13 +104,13 @@ def _ball_args(g_norm, alpha, eps: float, dim: int):
     except ValueError as e:
         raise ValueError(f"g_norm of shape {s.shape} and alpha of shape {a.shape} do not broadcast") from e
     with np.errstate(over="ignore"):
-        x = np.asarray(s * eps / a, dtype=np.float64)
+        x = np.asarray(s * radius / a, dtype=np.float64)
     if not np.isfinite(x).all():
         raise ValueError("‖g‖·ε/α overflows float64 (g_norm too large or alpha too small for a finite log Z)")
-    return x, np.asarray(a, dtype=np.float64), eps, dim, device
+    return x, np.asarray(a, dtype=np.float64), radius, dim, device
 
 
-def ball_log_partition(g_norm, alpha, eps: float, dim: int) -> torch.Tensor:
+def ball_log_partition(g_norm, alpha, radius: float, dim: int) -> torch.Tensor:
     """log Z for Z(‖g‖) = ∫_{‖Δ‖≤ε} exp(−Δᵀg/α) dΔ in ``dim`` dimensions, exactly and in log space.
 
     With x = ‖g‖ε/α and ν = d/2, integrating over the sphere then the radius gives
@@ -118,23 +118,23 @@ def ball_log_partition(g_norm, alpha, eps: float, dim: int) -> torch.Tensor:
     ``g_norm`` and ``alpha`` broadcast (numbers or tensors); returns float64 on ``g_norm``'s device.
     Derived in notebook 01_optimization_as_sampling.
     """
-    x, _, eps, dim, device = _ball_args(g_norm, alpha, eps, dim)
+    x, _, radius, dim, device = _ball_args(g_norm, alpha, radius, dim)
     nu = 0.5 * dim
-    log_vol = log_ball_volume(dim, eps)
+    log_vol = log_ball_volume(dim, radius)
     out = np.full(x.shape, log_vol, dtype=np.float64)
     small = (x > 0) & (x <= 2.0)              # x²/4 ≤ 1, without squaring a huge x
     out[small] += np.log(special.hyp0f1(nu + 1, x[small] ** 2 / 4))
     big = x > 2.0
     if big.any():
         xb = x[big]
-        out[big] = dim * math.log(eps) + nu * np.log(2 * np.pi / xb) + _log_iv(nu, xb)
+        out[big] = dim * math.log(radius) + nu * np.log(2 * np.pi / xb) + _log_iv(nu, xb)
     return torch.from_numpy(out).to(device)
 
 
-def ball_partition(g_norm, alpha, eps: float, dim: int) -> torch.Tensor:
+def ball_partition(g_norm, alpha, radius: float, dim: int) -> torch.Tensor:
     """Z(‖g‖) = exp(:func:`ball_log_partition`); raises ``OverflowError`` rather than return inf (use the
     log version for large ‖g‖ε/α). Derived in notebook 01_optimization_as_sampling."""
-    log_z = ball_log_partition(g_norm, alpha, eps, dim)
+    log_z = ball_log_partition(g_norm, alpha, radius, dim)
     if bool((log_z > 709.0).any()):
         raise OverflowError("Z overflows float64 here; use ball_log_partition")
     return log_z.exp()
@@ -162,16 +162,16 @@ def _bessel_ratio(nu: float, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def ball_log_partition_derivative(g_norm, alpha, eps: float, dim: int) -> torch.Tensor:
+def ball_log_partition_derivative(g_norm, alpha, radius: float, dim: int) -> torch.Tensor:
     """Z'(‖g‖)/Z(‖g‖) = d log Z / d‖g‖ = (ε/α) · I_{d/2+1}(x) / I_{d/2}(x), x = ‖g‖ε/α.
 
     (From d/dx log[x^{−ν} I_ν(x)] = I_{ν+1}(x)/I_ν(x).) Returns float64 on ``g_norm``'s device.
     Derived in notebook 01_optimization_as_sampling."""
-    x, a, eps, dim, device = _ball_args(g_norm, alpha, eps, dim)
-    return torch.from_numpy(np.asarray(eps / a * _bessel_ratio(0.5 * dim, x))).to(device)
+    x, a, radius, dim, device = _ball_args(g_norm, alpha, radius, dim)
+    return torch.from_numpy(np.asarray(radius / a * _bessel_ratio(0.5 * dim, x))).to(device)
 
 
-def ball_expected_update(g: torch.Tensor, alpha, eps: float) -> torch.Tensor:
+def ball_expected_update(g: torch.Tensor, alpha, radius: float) -> torch.Tensor:
     """Exact Δθ* for the linearized loss on the ball ‖Δθ‖ ≤ ε: for ``g [..., d]`` returns ``[..., d]``
 
         Δθ* = −α (Z'/Z) g/‖g‖ = −ε · I_{d/2+1}(x)/I_{d/2}(x) · g/‖g‖,   x = ‖g‖ε/α,
@@ -188,7 +188,7 @@ def ball_expected_update(g: torch.Tensor, alpha, eps: float) -> torch.Tensor:
     unit = g64 / scale                      # ‖g‖ = scale·‖g/scale‖: no overflow or underflow of the squares
     unit_norm = torch.linalg.vector_norm(unit, dim=-1, keepdim=True)
     g_norm = (scale * unit_norm).squeeze(-1)
-    x, _, eps, dim, _ = _ball_args(g_norm, alpha, eps, g.shape[-1])
+    x, _, radius, dim, _ = _ball_args(g_norm, alpha, radius, g.shape[-1])
     ratio = torch.from_numpy(_bessel_ratio(0.5 * dim, x)).to(g.device)
     unit = unit / unit_norm.clamp_min(1e-300)
-    return (-eps * ratio.unsqueeze(-1) * unit).to(g.dtype)
+    return (-radius * ratio.unsqueeze(-1) * unit).to(g.dtype)

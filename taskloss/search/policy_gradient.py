@@ -213,12 +213,12 @@ class PGResult:
     reward_mean: float
 
 
-def classification_reinforce(logits: torch.Tensor, target: torch.Tensor, num_samples: int = 4, *,
+def classification_reinforce(logits: torch.Tensor, target: torch.Tensor, n_samples: int = 4, *,
                              reward: str | Callable = "accuracy", baseline="loo", mle_weight: float = 0.0,
                              generator: torch.Generator | None = None) -> PGResult:
     """REINFORCE for a categorical policy ``softmax(logits)`` over classes.
 
-    ``logits`` ``[N, C]`` (differentiable), ``target`` ``[N]`` int. Draws ``S = num_samples`` labels per input
+    ``logits`` ``[N, C]`` (differentiable), ``target`` ``[N]`` int. Draws ``S = n_samples`` labels per input
     (``samples [S, N]``). ``reward``: ``"accuracy"`` (per-example correctness), or a callable
     ``reward(samples [S, N], target [N])`` returning per-example rewards ``[S, N]`` or one batch-level reward
     per sampled label vector ``[S]`` (e.g. ``lambda s, t: macro_f1(s, t, C)``); for the latter the log-prob is
@@ -234,7 +234,7 @@ def classification_reinforce(logits: torch.Tensor, target: torch.Tensor, num_sam
         raise TypeError("target must be an integer tensor of class ids")
     if target.shape != logits.shape[:1]:
         raise ValueError(f"batch sizes differ: logits {tuple(logits.shape)}, target {tuple(target.shape)}")
-    S = check_int("num_samples", num_samples, minimum=1)
+    S = check_int("n_samples", n_samples, minimum=1)
     check_nonnegative("mle_weight", mle_weight)
     _check_generator(generator)
     check_finite("logits", logits.detach())
@@ -268,13 +268,13 @@ def classification_reinforce(logits: torch.Tensor, target: torch.Tensor, num_sam
 
 # ------------------------------------------------------------------------------------------------ sequences
 def sequence_reinforce(model: torch.nn.Module, prefix: torch.Tensor, references, task_loss: Callable, *,
-                       num_samples: int = 4, max_new_tokens: int = 16, eos_id: int | None, pad_id: int,
+                       n_samples: int = 4, max_new_tokens: int = 16, eos_id: int | None, pad_id: int,
                        baseline="loo", mle_weight: float = 0.0, mle_continuations: torch.Tensor | None = None,
                        top_k: int | None = None, generator: torch.Generator | None = None) -> PGResult:
     """REINFORCE for an autoregressive LM: sample continuations, reward = ``-task_loss``.
 
     ``prefix`` ``[B, P]`` LongTensor; ``references``: what ``task_loss`` compares against, one per prefix (a
-    list of token lists or a ``[B, T]`` tensor). For each prefix, ``S = num_samples`` continuations
+    list of token lists or a ``[B, T]`` tensor). For each prefix, ``S = n_samples`` continuations
     ``[S·B, max_new_tokens]`` are drawn with ``taskloss.lm.generate(..., greedy=False)`` (temperature 1,
     so the sampling distribution is the policy whose score we differentiate; ``top_k`` makes it a different
     policy and the estimator biased), scored by ``task_loss(samples, references_repeated) → [S·B]`` (lower is
@@ -288,7 +288,7 @@ def sequence_reinforce(model: torch.nn.Module, prefix: torch.Tensor, references,
         raise ValueError("prefix must be a [B, P] LongTensor")
     if not callable(task_loss):
         raise TypeError("task_loss must be a callable (hyp, ref) -> [N] losses")
-    S = check_int("num_samples", num_samples, minimum=1)
+    S = check_int("n_samples", n_samples, minimum=1)
     check_int("max_new_tokens", max_new_tokens, minimum=1)
     check_nonnegative("mle_weight", mle_weight)
     B = prefix.shape[0]

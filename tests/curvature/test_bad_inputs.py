@@ -6,6 +6,7 @@ import torch
 from torch import nn
 
 import taskloss.curvature as C
+from taskloss.utils import flatten
 
 D = torch.float64
 NAN = float("nan")
@@ -111,14 +112,6 @@ CASES = [
     ("curvature_scale", "value", lambda: C.curvature_scale("kfac", "mse", "sum", 3, 2), ValueError,
      "curvature must be one of"),
     # ------------------------------------------------------------------------------------ params & models
-    ("flatten", "empty", lambda: C.flatten({}), ValueError, "non-empty dict"),
-    ("flatten", "type", lambda: C.flatten([torch.ones(2)]), ValueError, "dict of tensors"),
-    ("unflatten", "shape", lambda: C.unflatten(torch.ones(P + 1, dtype=D), PARAMS), ValueError,
-     rf"shape \({P},\)"),
-    ("unflatten", "dtype", lambda: C.unflatten([1.0] * P, PARAMS), ValueError, "got list"),
-    ("named_tensors", "empty", lambda: C.named_tensors([], M), ValueError, "empty parameter list"),
-    ("named_tensors", "foreign", lambda: C.named_tensors([nn.Parameter(torch.ones(2))], M), ValueError,
-     "belong to model_fn"),
     # ---------------------------------------------------------------------------------- dense & diagonal
     *[(name, case, call, exc, msg) for name in ("ggn_matrix", "fisher_matrix", "ggn_diagonal")
       for case, call, exc, msg in [
@@ -365,7 +358,7 @@ def test_train_mode_random_or_batch_coupled_layers_give_a_clear_error(make_layer
         CURVATURE_PATHS[path](m)
     m.eval()                                                  # documented handling: evaluate in eval mode
     out = CURVATURE_PATHS[path](m)
-    assert bool(torch.isfinite(C.flatten(out) if isinstance(out, dict) else out).all())
+    assert bool(torch.isfinite(flatten(out) if isinstance(out, dict) else out).all())
 
 
 def test_a_random_function_is_caught_in_the_vmapped_and_matrix_free_paths():

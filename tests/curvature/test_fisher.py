@@ -7,6 +7,7 @@ from torch import nn
 from torch.func import functional_call
 
 import taskloss.curvature as C
+from taskloss.utils import flatten, unflatten
 
 curvlinops = pytest.importorskip("curvlinops")
 
@@ -34,8 +35,8 @@ def _params(m):
 
 def _jacobian(m, X):
     params = _params(m)
-    theta = C.flatten(params)
-    f = lambda t: functional_call(m, C.unflatten(t, params), (X,))  # noqa: E731
+    theta = flatten(params)
+    f = lambda t: functional_call(m, unflatten(t, params), (X,))  # noqa: E731
     return torch.autograd.functional.jacobian(f, theta), f(theta)  # [N, C, P], [N, C]
 
 
@@ -106,8 +107,8 @@ def test_ggn_is_hessian_for_linear_model_with_squared_error():
     lin = nn.Linear(D, K).double()
     X, Y = torch.randn(N, D, dtype=torch.float64), torch.randn(N, K, dtype=torch.float64)
     params = _params(lin)
-    loss = lambda t: C.nll_loss(functional_call(lin, C.unflatten(t, params), (X,)), Y, "gaussian")  # noqa
-    hess = torch.autograd.functional.hessian(loss, C.flatten(params))
+    loss = lambda t: C.nll_loss(functional_call(lin, unflatten(t, params), (X,)), Y, "gaussian")  # noqa
+    hess = torch.autograd.functional.hessian(loss, flatten(params))
     torch.testing.assert_close(C.ggn_matrix(lin, None, X, "gaussian"), hess)
 
 
@@ -146,10 +147,10 @@ def test_ggn_vector_product_equals_dense(setup, likelihood):
     G = _reference_ggn(m, X, likelihood)
     v = torch.randn(G.shape[0], dtype=torch.float64)
     torch.testing.assert_close(C.ggn_vector_product(m, None, X, v, likelihood), G @ v)
-    vd = C.unflatten(v, _params(m))
+    vd = unflatten(v, _params(m))
     out = C.ggn_vector_product(m, None, X, vd, likelihood)
     assert isinstance(out, dict) and out.keys() == vd.keys()
-    torch.testing.assert_close(C.flatten(out), G @ v)
+    torch.testing.assert_close(flatten(out), G @ v)
 
 
 def test_conjugate_gradient_matches_solve():
@@ -167,9 +168,9 @@ def test_conjugate_gradient_matches_solve():
     _, info = C.conjugate_gradient(lambda v: A @ v, b, x0=x_star, tol=1e-8, return_info=True)
     assert info["iterations"] == 0
     like = {"a": torch.zeros(5, dtype=A.dtype), "b": torch.zeros(7, dtype=A.dtype)}
-    xd = C.conjugate_gradient(lambda d: C.unflatten(A @ C.flatten(d), like), C.unflatten(b, like),
+    xd = C.conjugate_gradient(lambda d: unflatten(A @ flatten(d), like), unflatten(b, like),
                               max_iter=100, tol=1e-12)
-    torch.testing.assert_close(C.flatten(xd), x_star)
+    torch.testing.assert_close(flatten(xd), x_star)
 
 
 def test_hessian_free_direction_solves_damped_ggn(setup):

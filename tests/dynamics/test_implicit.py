@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from helpers import V, make_lm, tokens
 from torch.func import grad
 
-from taskloss.curvature import flatten
+
 from taskloss.dynamics import (
     flooding,
     gradient_flow,
@@ -23,7 +23,7 @@ from taskloss.dynamics import (
     per_example_gradient_penalty,
 )
 from taskloss.models import MLP
-from taskloss.search import functional_loss
+from taskloss.utils import flatten, functional_loss
 
 D = torch.float64
 

@@ -11,7 +11,7 @@ from helpers import V, make_lm, tokens
 from torch.func import hessian
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from taskloss.curvature import flatten
+
 from taskloss.dynamics import (
     ClippedSGD,
     TrajectorySmoothness,
@@ -22,7 +22,7 @@ from taskloss.dynamics import (
     top_hessian_eigenvalue,
 )
 from taskloss.models import MLP
-from taskloss.search import functional_loss
+from taskloss.utils import flatten, functional_loss
 
 D = torch.float64
 

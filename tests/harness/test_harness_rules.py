@@ -9,8 +9,9 @@ import torch
 from torch import nn
 
 from taskloss.harness import RULES, PassCounter, Problem, ideal_update, make_rule, propose, step_agreement, train
-from taskloss.sampling import ball_expected_update, newton_update
+from taskloss.sampling import ball_expected_update, newton_direction
 from taskloss.search import MGS, MeZO
+from helpers import mgs_closure
 
 
 def quadratic(d: int = 4, n: int = 32, seed: int = 0) -> Problem:
@@ -42,7 +43,7 @@ def closed_form(pb: Problem):
 def test_quadratic_newton_is_ideal_update_for_every_alpha():
     pb = quadratic()
     g, H = closed_form(pb)
-    newton = newton_update(g, H)
+    newton = -newton_direction(H, g)
     step = propose("newton", pb).delta
     torch.testing.assert_close(step, newton, rtol=1e-10, atol=1e-12)   # the rule is Newton's step
     for alpha in (1e-4, 1e-2, 1.0):   # no ball: p = N(−H⁻¹g, αH⁻¹), mean −H⁻¹g whatever α
@@ -84,10 +85,10 @@ def test_natural_gradient_is_newton_for_a_linear_softmax_model():
     ("sgd", {}, (1, 1, 0)),
     ("adam", {}, (1, 1, 0)),
     ("grad_penalty", {}, (1, 2, 0)),                         # double backward: the penalty's graph is traversed
-    ("mgs", {"K": 4}, (5, 1, 0)),                            # surrogate forward + K candidate forwards
-    ("zo_gaussian", {"num_samples": 3}, (6, 0, 0)),          # antithetic: 2n forwards
-    ("spsa", {"num_samples": 2}, (4, 0, 0)),
-    ("mezo", {"num_perturbations": 3}, (6, 0, 0)),
+    ("mgs", {"n_samples": 4}, (5, 1, 0)),                            # surrogate forward + K candidate forwards
+    ("zo_gaussian", {"n_samples": 3}, (6, 0, 0)),          # antithetic: 2n forwards
+    ("spsa", {"n_samples": 2}, (4, 0, 0)),
+    ("mezo", {"n_samples": 3}, (6, 0, 0)),
     ("reinforce", {}, (1, 1, 0)),
 ])
 def test_pass_counts_are_exact(name, hp, expected):
@@ -109,11 +110,11 @@ def test_functional_calls_are_counted_apart():
             pb.model, {"weight": w, "bias": pb.model.bias}, (pb.inputs,)).sum()))(torch.randn(2, 3, 3, 5).double())
     assert counter.count.functional == 6
     pb2, pb3 = softmax_regression(), softmax_regression()             # MGS: vmapped candidates = looped ones
-    c_loop = propose("mgs", pb2, K=5).passes
+    c_loop = propose("mgs", pb2, n_samples=5).passes
     with PassCounter(pb3.model) as counter:
-        MGS(pb3.model, torch.optim.SGD(pb3.model.parameters(), lr=1.0), lambda m, b: pb3.surrogate(m),
-            lambda out, b: pb3.surrogate_from_outputs(out), K=5, alpha=0.05, parallel=True,
-            eval_mode=False, seed=0).step((pb3.inputs, pb3.targets))
+        MGS(pb3.model, torch.optim.SGD(pb3.model.parameters(), lr=1.0), lambda out, b: pb3.surrogate_from_outputs(out),
+            n_samples=5, alpha=0.05, parallel=True, eval_mode=False, seed=0).step(
+            mgs_closure(pb3.model, lambda m, b: pb3.surrogate(m), (pb3.inputs, pb3.targets)))
     assert c_loop.forward + c_loop.functional == counter.count.forward + counter.count.functional == 1 + 5
     # per-example vmaps (a Fisher) over N rows one at a time count one pass over the batch when N is known
     pb4 = softmax_regression()
@@ -145,20 +146,19 @@ def test_wrapped_rules_equal_direct_use_bit_for_bit():
         assert torch.equal(a, b)
     # MGS (loop mode, SGD(lr=1))
     pb, direct = softmax_regression(wd=0.0), softmax_regression(wd=0.0)
-    rule = make_rule("mgs", pb, K=4, alpha=0.05, lr=1.0, seed=3)
+    rule = make_rule("mgs", pb, n_samples=4, alpha=0.05, lr=1.0, seed=3)
     sgd = torch.optim.SGD(direct.model.parameters(), lr=1.0)
-    mgs = MGS(direct.model, sgd, lambda m, b: direct.surrogate(m), lambda out, b: direct.surrogate_from_outputs(out),
-              K=4, alpha=0.05, sigma=1.0, max_grad_norm=None, max_update_norm=None, parallel=False,
-              eval_mode=False, seed=3)
+    mgs = MGS(direct.model, sgd, lambda out, b: direct.surrogate_from_outputs(out), n_samples=4, alpha=0.05,
+              sigma=1.0, max_grad_norm=None, max_update_norm=None, parallel=False, eval_mode=False, seed=3)
     for _ in range(3):
         rule.step()
-        mgs.step((direct.inputs, direct.targets))
+        mgs.step(mgs_closure(direct.model, lambda m, b: direct.surrogate(m), (direct.inputs, direct.targets)))
     for a, b in zip(_params(pb.model), _params(direct.model)):
         assert torch.equal(a, b)
     # MeZO
     pb, direct = softmax_regression(), softmax_regression()
-    rule = make_rule("mezo", pb, lr=0.1, eps=1e-2, num_perturbations=2, seed=5)
-    mezo = MeZO(direct.model.parameters(), lr=0.1, eps=1e-2, num_perturbations=2, seed=5)
+    rule = make_rule("mezo", pb, lr=0.1, sigma=1e-2, n_samples=2, seed=5)
+    mezo = MeZO(direct.model.parameters(), lr=0.1, sigma=1e-2, n_samples=2, seed=5)
     for _ in range(3):
         rule.step()
         mezo.step(lambda: direct.surrogate())
@@ -219,7 +219,7 @@ def test_bad_inputs_raise_clear_errors():
 def test_reported_stderr_matches_the_spread_of_independent_estimates(alpha, proposal):
     pb = quadratic(d=3)
     g, H = closed_form(pb)
-    eps = 2.0 * float(newton_update(g, H).norm())
+    eps = 2.0 * float(newton_direction(H, g).norm())
     reps = [ideal_update(pb, alpha, radius=eps, n_samples=2000, proposal=proposal,
                          generator=torch.Generator().manual_seed(100 + i)) for i in range(40)]
     est = torch.stack([r.delta for r in reps])
@@ -315,7 +315,7 @@ MORE_DIRECT = [
     ("kfac", dict(lr=0.2, damping=1e-2, seed=0), _direct_kfac),
     ("clipped_sgd", dict(lr=0.5, gamma=0.1), _direct_clipped),
     ("hessian_free", dict(lr=1.0, damping=1e-2, cg_iters=4, adapt_damping=True), _direct_hf),
-    ("zo_gaussian", dict(lr=0.3, sigma=1e-2, num_samples=5, seed=4), _direct_zo),
+    ("zo_gaussian", dict(lr=0.3, sigma=1e-2, n_samples=5, seed=4), _direct_zo),
 ]
 
 
@@ -346,7 +346,7 @@ def _direct_newton(pb):
     def step():
         theta = pb.flat_params()
         g, H = grad_hessian(pb.flat_loss(), theta)
-        pb.set_flat_params(theta + 0.5 * newton_update(g, H + 1e-3 * torch.eye(H.shape[0], dtype=H.dtype)))
+        pb.set_flat_params(theta - 0.5 * newton_direction(H + 1e-3 * torch.eye(H.shape[0], dtype=H.dtype), g))
     return step
 
 
@@ -414,8 +414,8 @@ REMAINING_DIRECT = [
     ("natural_empirical", dict(lr=0.5, damping=1e-3), _direct_natural("empirical")),
     ("diag_fisher", dict(lr=0.2, damping=1e-2, seed=2), _direct_diag("exact", 1.0)),
     ("diag_empirical", dict(lr=0.2, damping=1e-2, seed=2), _direct_diag("empirical", 0.5)),
-    ("reinforce", dict(lr=0.3, num_samples=5, seed=6), _direct_reinforce),
-    ("spsa", dict(lr=0.3, sigma=1e-2, num_samples=3, seed=7), _direct_spsa),
+    ("reinforce", dict(lr=0.3, n_samples=5, seed=6), _direct_reinforce),
+    ("spsa", dict(lr=0.3, sigma=1e-2, n_samples=3, seed=7), _direct_spsa),
 ]
 
 
