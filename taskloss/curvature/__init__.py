@@ -12,9 +12,9 @@ Modules:
 - :mod:`~taskloss.curvature.hessian_free`        — conjugate gradients, the Hessian-free direction and optimizer
 - :mod:`~taskloss.curvature.diagonal`            — diagonal-Fisher preconditioning
 - :mod:`~taskloss.curvature.kfac`                — K-FAC for Linear and Conv2d layers (hooks, averages, checkpoints)
-- :mod:`~taskloss.curvature.kfac_math`           — K-FAC's pure maths: rows, factors, damped inverses, preconditioning
-- :mod:`~taskloss.curvature.kfac_step`           — K-FAC's gradient side: inverses, step, KL clip, flat buffers
-- :mod:`~taskloss.curvature.kfac_checkpoint`     — K-FAC's state_dict / load_state_dict and dense view
+- :mod:`~taskloss.curvature.kfac_math`           — K-FAC's pure maths: rows, factors, damped inverses, the plain step
+- :mod:`~taskloss.curvature.kfac_factors`        — K-FAC's state: the layers, their factors and damped inverses
+- :mod:`~taskloss.curvature.kfac_gradients`      — K-FAC's gradient side: gradient matrices, KL clip, flat buffers
 - :mod:`~taskloss.curvature.natural_gradient`    — the natural-gradient step, trust region, Gaussian KL and Fisher, the coupled Gaussian
 - :mod:`~taskloss.curvature.gaussian_family`     — Gaussian natural/expectation parameters, Bonnet/Price, natural-gradient VI
 """

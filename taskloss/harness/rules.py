@@ -208,8 +208,8 @@ class KFACRule(_CurvatureRule):
             p.grad = None
         outputs = pb.model(pb.inputs)
         pb.surrogate_from_outputs(outputs).backward(retain_graph=True)
-        self.kfac.update(outputs, pb.targets)
-        self.kfac.step()
+        self.kfac.update_statistics(pb.inputs, pb.targets, outputs=outputs)
+        self.kfac.precondition_()
         self.opt.step()
 
 
@@ -227,8 +227,8 @@ class DiagonalFisher(_CurvatureRule):
 
     def step(self) -> None:
         self._closure()
-        self.pre.update(self.problem.inputs, self.problem.targets)
-        self.pre.step()
+        self.pre.update_statistics(self.problem.inputs, self.problem.targets)
+        self.pre.precondition_()
         self.opt.step()
 
 
@@ -242,8 +242,11 @@ class HessianFreeRule(_CurvatureRule):
         self.opt = HessianFree(problem.named_params, problem.model, lr=lr, damping=damping + problem.weight_decay,
                                cg_iters=cg_iters, likelihood=problem.likelihood, adapt_damping=adapt_damping)
 
+    def _hf_closure(self):
+        return self._closure(), self.problem.inputs        # the GGN batch travels with the loss
+
     def step(self) -> None:
-        self.opt.step(self._closure, self.problem.inputs)
+        self.opt.step(self._hf_closure)
 
 
 class MGSRule(_Rule):

@@ -211,7 +211,7 @@ def test_curvature_scale_converts_to_curvlinops_kfac(setup, fisher_type, clv_typ
     m, X, y, Y = setup
     likelihood, t = ("categorical", y) if loss == "cross_entropy" else ("gaussian", Y)
     k = C.KFAC(m, fisher_type=fisher_type, likelihood=likelihood, decay=0.0)
-    k.update(m(X), t)
+    k.update_statistics(outputs=m(X), targets=t)
     k.remove()
     params = list(m.parameters())
     op = curvlinops.KFACLinearOperator(m, _loss_module(loss, reduction), params, [(X[:4], t[:4]), (X[4:], t[4:])],
@@ -253,9 +253,9 @@ def test_hessian_free_one_step_solves_least_squares():
         opt.zero_grad()
         loss = C.nll_loss(lin(X), Y, "gaussian")
         loss.backward()
-        return loss
+        return loss, X
 
-    opt.step(closure, X)
+    opt.step(closure)
     Xa = torch.cat([X, torch.ones(30, 1, dtype=X.dtype)], 1)
     sol = torch.linalg.lstsq(Xa, Y).solution  # [D+1, K]
     torch.testing.assert_close(lin.weight.detach(), sol[:-1].T, atol=1e-8, rtol=1e-8)
@@ -270,9 +270,9 @@ def test_hessian_free_never_increases_the_loss(setup):
         opt.zero_grad()
         loss = C.nll_loss(m(X), y)
         loss.backward()
-        return loss
+        return loss, X
 
-    losses = [opt.step(closure, X) for _ in range(8)]
+    losses = [float(opt.step(closure).detach()) for _ in range(8)]
     assert all(b <= a + 1e-12 for a, b in zip(losses, losses[1:]))
     assert losses[-1] < 0.5 * losses[0]
     assert {"rho", "damping", "accepted", "iterations"} <= opt.last_info.keys()
@@ -281,17 +281,17 @@ def test_hessian_free_never_increases_the_loss(setup):
 def test_fisher_diagonal_preconditioner(setup):
     m, X, y, _ = setup
     pre = C.FisherDiagonalPreconditioner(m, "exact", damping=0.1, decay=0.5)
-    d1 = pre.update(X, y).clone()
+    d1 = pre.update_statistics(X, y).clone()
     torch.testing.assert_close(d1, C.ggn_diagonal(m, None, X))
     d2 = C.ggn_diagonal(m, None, X[:3])
-    torch.testing.assert_close(pre.update(X[:3]), 0.5 * d1 + 0.5 * d2)
+    torch.testing.assert_close(pre.update_statistics(X[:3]), 0.5 * d1 + 0.5 * d2)
     m.zero_grad()
     C.nll_loss(m(X), y).backward()
     g = torch.cat([p.grad.reshape(-1) for p in m.parameters()])
-    pre.step()
+    pre.precondition_()
     torch.testing.assert_close(torch.cat([p.grad.reshape(-1) for p in m.parameters()]), g / (pre.diagonal + 0.1))
     ef = C.FisherDiagonalPreconditioner(m, "empirical", power=0.5)
-    torch.testing.assert_close(ef.update(X, y), C.empirical_fisher_diagonal(m, None, X, y))
+    torch.testing.assert_close(ef.update_statistics(X, y), C.empirical_fisher_diagonal(m, None, X, y))
 
 
 # ------------------------------------------------------------------------------------------------ bad input
@@ -328,7 +328,7 @@ def test_bad_inputs_raise(setup):
     with pytest.raises(ValueError, match="lr"):
         C.HessianFree(m.parameters(), m, lr=0.0)
     with pytest.raises(ValueError, match="closure"):
-        C.HessianFree(m.parameters(), m).step(None, X)
+        C.HessianFree(m.parameters(), m).step(None)
     with pytest.raises(ValueError, match="belong"):
         C.HessianFree([nn.Parameter(torch.zeros(2))], m)
     with pytest.raises(ValueError, match="fisher_type"):
@@ -336,6 +336,6 @@ def test_bad_inputs_raise(setup):
     with pytest.raises(ValueError, match="decay"):
         C.FisherDiagonalPreconditioner(m, decay=1.0)
     with pytest.raises(RuntimeError, match="update"):
-        C.FisherDiagonalPreconditioner(m).step()
+        C.FisherDiagonalPreconditioner(m).precondition_()
     with pytest.raises(ValueError, match="targets"):
-        C.FisherDiagonalPreconditioner(m, "empirical").update(X)
+        C.FisherDiagonalPreconditioner(m, "empirical").update_statistics(X)

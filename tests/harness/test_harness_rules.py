@@ -264,8 +264,8 @@ def _direct_kfac(pb):
         opt.zero_grad()
         out = pb.model(pb.inputs)
         pb.surrogate_from_outputs(out).backward(retain_graph=True)
-        kfac.update(out, pb.targets)
-        kfac.step()
+        kfac.update_statistics(pb.inputs, pb.targets, outputs=out)
+        kfac.precondition_()
         opt.step()
     return step
 
@@ -291,8 +291,8 @@ def _direct_hf(pb):
         opt.zero_grad()
         loss = pb.surrogate()
         loss.backward()
-        return loss
-    return lambda: opt.step(closure, pb.inputs)
+        return loss, pb.inputs
+    return lambda: opt.step(closure)
 
 
 def _direct_zo(pb):
@@ -370,8 +370,8 @@ def _direct_diag(fisher_type, power):
 
         def step():
             _closure_of(pb, opt)()
-            pre.update(pb.inputs, pb.targets)
-            pre.step()
+            pre.update_statistics(pb.inputs, pb.targets)
+            pre.precondition_()
             opt.step()
         return step
     return build
