@@ -33,7 +33,8 @@ __all__ = [
     "resolve_device", "seed_everything",
     "check_positive", "check_nonnegative", "check_probability", "check_int", "check_bool", "check_choice",
     "check_finite", "all_finite", "eval_mode",
-    "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids", "count_parameters",
+    "is_transformed", "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids",
+    "count_parameters",
     "resolve_name", "unique_tensors", "distinct_param_group", "flatten", "unflatten", "flat_gradient",
     "named_tensors", "functional_loss",
 ]
@@ -273,8 +274,9 @@ def check_same_length(**named) -> int:
     return next(iter(lengths.values()))
 
 
-def _is_transformed(t: torch.Tensor) -> bool:
-    """True inside torch.func transforms (vmap/grad), where data-dependent checks (``.item()``) are impossible."""
+def is_transformed(t: torch.Tensor) -> bool:
+    """Whether ``t`` is wrapped by a ``torch.func`` transform (vmap/grad), where data-dependent checks (``.item()``)
+    are impossible."""
     fn = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
     return bool(fn(t)) if fn is not None else False
 
@@ -292,7 +294,7 @@ def check_token_ids(name: str, idx, vocab_size: int, max_len: int | None = None)
         raise ValueError(f"{name} is empty: shape {tuple(idx.shape)} (need B ≥ 1 and T ≥ 1)")
     if max_len is not None and idx.shape[1] > max_len:
         raise ValueError(f"{name} has length T={idx.shape[1]} > max_len={max_len}; crop the context")
-    if not _is_transformed(idx):
+    if not is_transformed(idx):
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} holds token ids in [{lo}, {hi}], outside [0, vocab_size={vocab_size})")
@@ -382,11 +384,11 @@ def distinct_param_group(group: dict | Iterable) -> dict:
     return {**group, "params": unique_tensors(params if not isinstance(params, set) else list(params))}
 
 
-def flatten(tensors: Mapping[str, Tensor] | Iterable[Tensor]) -> Tensor:
-    """Concatenate a dict (dict order) or a sequence of tensors into one flat vector ``[P]``.
+def flatten(tensors: Tensor | Mapping[str, Tensor] | Iterable[Tensor]) -> Tensor:
+    """Concatenate a dict (dict order) or a sequence of tensors into one flat vector ``[P]`` (a tensor: flattened).
 
     Args:
-        tensors: a non-empty dict name → tensor, or a non-empty list/tuple of tensors.
+        tensors: one tensor, a non-empty dict name → tensor, or a non-empty list/tuple of tensors.
 
     Returns:
         The flat concatenation (a new tensor).
@@ -394,6 +396,8 @@ def flatten(tensors: Mapping[str, Tensor] | Iterable[Tensor]) -> Tensor:
     Raises:
         ValueError: nothing to flatten.
     """
+    if isinstance(tensors, Tensor):
+        return tensors.reshape(-1)
     values = list(tensors.values()) if isinstance(tensors, Mapping) else list(tensors)
     if not values:
         raise ValueError("expected a non-empty dict or sequence of tensors")

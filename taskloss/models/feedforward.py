@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taskloss.utils import _is_transformed, check_finite, check_int
+from taskloss.utils import check_finite, check_int, is_transformed
 
 __all__ = ["MLP", "SmallCNN"]
 
@@ -25,7 +25,7 @@ def _check_input(name: str, model: nn.Module, x: torch.Tensor) -> None:
         raise TypeError(f"{name} expects floating-point input (features, not ids), got {x.dtype}")
     if x.ndim > 1 and x.shape[0] == 0:
         raise ValueError(f"{name} input is empty: shape {tuple(x.shape)}")
-    if getattr(model, "validate_inputs", True) and not _is_transformed(x):
+    if getattr(model, "validate_inputs", True) and not is_transformed(x):
         check_finite(f"{name} input", x)
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from taskloss.utils import _is_transformed, check_finite, check_int, check_probability, check_token_ids
+from taskloss.utils import check_finite, check_int, check_probability, check_token_ids, is_transformed
 
 __all__ = ["RNNLM"]
 
@@ -72,7 +72,7 @@ class RNNLM(nn.Module):
                                 f"{type(t).__name__ if not isinstance(t, torch.Tensor) else t.dtype}")
             if tuple(t.shape) != want:
                 raise ValueError(f"state {name} must have shape {want}, got {tuple(t.shape)}")
-            if self.validate_inputs and not _is_transformed(t):
+            if self.validate_inputs and not is_transformed(t):
                 check_finite(f"state {name}", t)
 
     def hidden_states(self, idx: torch.Tensor, state=None) -> torch.Tensor:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taskloss.utils import _is_transformed, check_int, check_probability, check_token_ids
+from taskloss.utils import check_int, check_probability, check_token_ids, is_transformed
 
 __all__ = ["TransformerLM", "RESIDUAL_MODES"]
 
@@ -51,7 +51,7 @@ class CausalSelfAttention(nn.Module):
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # [B,H,T,dh]
         p = self.dropout if self.training else 0.0
-        if not explicit_scores and not _is_transformed(x):
+        if not explicit_scores and not is_transformed(x):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
             scores = None
         else:

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from taskloss.lm.generation import generate, sequence_logprob
 from taskloss.losses.metrics import accuracy
-from taskloss.utils import _is_transformed, check_finite, check_floating, check_int, check_nonnegative
+from taskloss.utils import check_finite, check_floating, check_int, check_nonnegative, is_transformed
 
 __all__ = [
     "reinforce_loss", "leave_one_out_baseline", "MovingAverageBaseline", "expected_reward",
@@ -113,7 +113,7 @@ def leave_one_out_baseline(rewards: torch.Tensor, dim: int = 0) -> torch.Tensor:
     dim = check_int("dim", dim)
     if not -rewards.ndim <= dim < max(rewards.ndim, 1) or rewards.ndim == 0:
         raise ValueError(f"dim={dim} is out of range for rewards of shape {tuple(rewards.shape)}")
-    if not _is_transformed(rewards):
+    if not is_transformed(rewards):
         check_finite("rewards", rewards)
     S = rewards.shape[dim]
     if S < 2:
@@ -196,7 +196,7 @@ def expected_reward(logits: torch.Tensor, reward_table: torch.Tensor) -> torch.T
                          f"and {tuple(reward_table.shape)}")
     if logits.numel() == 0:
         raise ValueError(f"logits is empty: shape {tuple(logits.shape)}")
-    if not _is_transformed(logits):     # value checks need .item(): impossible inside torch.func transforms
+    if not is_transformed(logits):     # value checks need .item(): impossible inside torch.func transforms
         check_finite("logits", logits.detach())
         check_finite("reward_table", reward_table)
     return (logits.softmax(-1) * reward_table.to(logits.dtype)).sum(-1)
