@@ -32,7 +32,7 @@ __all__ = [
     "REPO_ROOT", "DATA_DIR", "RUNS_DIR", "atomic_write_text",
     "resolve_device", "seed_everything",
     "check_positive", "check_nonnegative", "check_probability", "check_int", "check_bool", "check_choice",
-    "check_finite", "all_finite", "eval_mode",
+    "check_finite", "check_no_nan", "all_finite", "eval_mode",
     "is_transformed", "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids",
     "count_parameters",
     "resolve_name", "unique_tensors", "distinct_param_group", "flatten", "unflatten", "flat_gradient",
@@ -208,6 +208,12 @@ def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
     if not all_finite(tensor):
         raise ValueError(f"{name} contains NaN or inf")
     return tensor
+
+
+def check_no_nan(name: str, tensor: torch.Tensor) -> None:
+    """Raise ``ValueError`` if ``tensor`` holds NaN (±inf allowed: a log density may be −inf)."""
+    if bool(torch.isnan(tensor).any()):
+        raise ValueError(f"{name} contains NaN")
 
 
 @contextlib.contextmanager

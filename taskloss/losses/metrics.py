@@ -24,7 +24,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from taskloss.losses.levenshtein import _levenshtein_rapidfuzz, _levenshtein_torch
+from taskloss.losses.levenshtein import levenshtein_rapidfuzz, levenshtein_torch
 from taskloss.utils import check_int, check_nonempty
 
 __all__ = [
@@ -267,7 +267,7 @@ def edit_distance(hyp, ref, eos_id: int | None = None, pad_id: int | None = None
         raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
     h, lh, r, lr = _pair(hyp, ref, eos_id, pad_id, hyp_lengths, ref_lengths)
     use_torch = backend == "torch" or (backend == "auto" and h.device.type != "cpu")
-    d = (_levenshtein_torch if use_torch else _levenshtein_rapidfuzz)(h, lh, r, lr)
+    d = (levenshtein_torch if use_torch else levenshtein_rapidfuzz)(h, lh, r, lr)
     if not normalize:
         return d
     dt = torch.get_default_dtype()

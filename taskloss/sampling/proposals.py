@@ -14,17 +14,12 @@ from typing import Sequence
 import torch
 
 from taskloss.sampling.ball import log_ball_volume
-from taskloss.utils import all_finite, check_finite, check_floating, check_int, check_ndim, check_positive
+from taskloss.utils import all_finite, check_finite, check_floating, check_int, check_ndim, check_no_nan, check_positive
 
 __all__ = ["GaussianProposal", "UniformBallProposal", "GaussianMixtureProposal"]
 
 
 # shared with taskloss.sampling.update (SNIS inputs may hold ±inf, never NaN)
-def _no_nan(name: str, t: torch.Tensor) -> None:
-    if bool(torch.isnan(t).any()):
-        raise ValueError(f"{name} contains NaN")
-
-
 # ---------------------------------------------------------------------------------------- proposals
 def _draw(kind: str, shape, generator, like: torch.Tensor) -> torch.Tensor:
     """Random draws on the generator's device (when given), returned on ``like``'s device and dtype."""
@@ -40,7 +35,7 @@ def _check_points(x: torch.Tensor, d: int) -> None:
     check_floating("x", x)
     if x.ndim < 1 or x.shape[-1] != d:
         raise ValueError(f"x must have shape [..., {d}], got {tuple(x.shape)}")
-    _no_nan("x", x)
+    check_no_nan("x", x)
 
 
 class GaussianProposal:

@@ -28,8 +28,8 @@ from typing import Callable
 
 import torch
 
-from taskloss.sampling.proposals import GaussianProposal, _no_nan
-from taskloss.utils import check_finite, check_floating, check_int, check_ndim, check_positive
+from taskloss.sampling.proposals import GaussianProposal
+from taskloss.utils import check_finite, check_floating, check_int, check_ndim, check_no_nan, check_positive
 
 __all__ = ["SNISResult", "normalized_log_weights", "effective_sample_size", "log_target", "vmap_loss",
            "self_normalized_is", "expected_update", "newton_direction", "gaussian_update_distribution"]
@@ -76,7 +76,7 @@ def normalized_log_weights(log_target: torch.Tensor, log_proposal: torch.Tensor)
     """
     for name, t in (("log_target", log_target), ("log_proposal", log_proposal)):
         check_floating(name, t)
-        _no_nan(name, t)
+        check_no_nan(name, t)
     if log_target.ndim < 1:
         raise ValueError("log_target must have shape [..., K] with at least one dimension")
     if log_proposal.shape != log_target.shape:
@@ -142,7 +142,7 @@ def self_normalized_is(log_target: torch.Tensor, log_proposal: torch.Tensor,
     01_optimization_as_sampling.
     """
     check_floating("values", values)
-    _no_nan("values", values)
+    check_no_nan("values", values)
     log_w = normalized_log_weights(log_target, log_proposal)
     if tuple(values.shape[: log_target.ndim]) != tuple(log_target.shape):
         raise ValueError(f"values shape {tuple(values.shape)} must start with the log_target shape "
@@ -194,7 +194,7 @@ def log_target(loss_fn: LossFn, theta: torch.Tensor, deltas: torch.Tensor, alpha
     if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (points.shape[0],):
         shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
         raise ValueError(f"loss_fn must map [K, d] -> [K]; got {shape} for input {tuple(points.shape)}")
-    _no_nan("loss_fn output", losses)
+    check_no_nan("loss_fn output", losses)
     if not bool(torch.isfinite(losses[0])):
         raise ValueError(f"loss at theta must be finite, got {losses[0].item()}")
     if bool((losses == -math.inf).any()):
