@@ -223,6 +223,7 @@ def eval_mode(model: nn.Module, enabled: bool = True):
     ``model.train(was_training)`` switches it back on). Modules that do not override ``train``/``eval`` get their
     flags written directly (``Module.train`` walks the tree through ``Module.__setattr__``: ≈ 14 µs for a 4-module
     MLP, a third of its forward); a model already in eval mode throughout is left alone."""
+    enabled = check_bool("enabled", enabled)
     mods = list(model.modules()) if enabled else []
     flags = [m.training for m in mods]
     if not any(flags):              # disabled, or already in eval mode throughout: nothing to switch or restore
@@ -309,6 +310,7 @@ def check_token_ids(name: str, idx, vocab_size: int, max_len: int | None = None)
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     """Number of scalar parameters of ``model`` (tied weights counted once)."""
+    trainable_only = check_bool("trainable_only", trainable_only)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
@@ -353,7 +355,7 @@ def unique_tensors(tensors, *, trainable_only: bool = False) -> list[Tensor]:
     Raises:
         TypeError: an element that is not a tensor.
     """
-    check_bool("trainable_only", trainable_only)
+    trainable_only = check_bool("trainable_only", trainable_only)
     if isinstance(tensors, Tensor):
         tensors = [tensors]
     out, seen = [], set()

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from taskloss.utils import all_finite, check_int
+from taskloss.utils import all_finite, check_bool, check_int
 
 __all__ = [
     "RNGState", "AccumulationResult", "batch_size", "split_micro_batches", "embed_micro_batches",
@@ -220,6 +220,7 @@ def replay_backward(encoder: Callable[[Any], Tensor], chunks: Sequence[Any], gra
         RuntimeError: the second pass returned another shape, or values further than ``replay_tol`` from the
             first (randomness or state the RNG replay does not cover).
     """
+    sync = check_bool("sync", sync)
     ddp = isinstance(encoder, DistributedDataParallel)
     for k, (chunk, g, state) in enumerate(zip(chunks, grads, states)):
         last = sync and k == len(chunks) - 1
@@ -314,6 +315,7 @@ def accumulated_backward(encoders: Callable | Sequence[Callable], inputs: Sequen
         ValueError: micro-batch size < 1, an empty batch, non-finite embeddings or loss, bad shapes.
         RuntimeError: the second pass does not reproduce the first.
     """
+    check_replay = check_bool("check_replay", check_replay)
     encs, sizes = _encoders_and_sizes(encoders, inputs, micro_batch_size)
     chunks = [split_micro_batches(x, m) for x, m in zip(inputs, sizes)]
     embedded = []

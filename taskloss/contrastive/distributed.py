@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from taskloss.contrastive.losses import REDUCTIONS, check_pair_embeddings, info_nce_rows
-from taskloss.utils import check_positive
+from taskloss.utils import check_bool, check_positive
 
 __all__ = ["world", "gather_with_grad", "distributed_info_nce"]
 
@@ -100,6 +100,7 @@ def distributed_info_nce(queries: Tensor, positives: Tensor, *, temperature: flo
     Raises:
         ValueError: as :func:`~taskloss.contrastive.losses.info_nce`.
     """
+    symmetric = check_bool("symmetric", symmetric)
     temperature = check_positive("temperature", temperature)
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")

@@ -105,6 +105,8 @@ def conjugate_gradient(matvec: Callable, b, damping: float = 0.0, max_iter: int 
         ValueError: bad arguments; ``matvec`` returning a wrong shape or NaN/inf; and, unless ``truncated``,
             non-positive curvature — the message names the iteration and ``pᵀ(A + λI)p``.
     """
+    truncated = check_bool("truncated", truncated)
+    return_info = check_bool("return_info", return_info)
     damping = check_nonnegative("damping", damping)
     check_int("max_iter", max_iter, minimum=1)
     tol = check_nonnegative("tol", tol)
@@ -180,6 +182,7 @@ def hessian_free_direction(model_or_fn, params, inputs: Tensor, grad, likelihood
     Returns:
         ``d`` (same kind as ``grad``; the update is ``θ ← θ − lr · d``), or ``(d, info)``.
     """
+    return_info = check_bool("return_info", return_info)
     check_positive("damping", damping)
     return conjugate_gradient(ggn_operator(model_or_fn, params, inputs, likelihood), grad, damping=damping,
                               max_iter=cg_iters, tol=tol, x0=x0, return_info=return_info)

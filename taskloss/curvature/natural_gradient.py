@@ -22,7 +22,7 @@ import torch
 from torch.func import jacfwd
 
 from taskloss.curvature.gaussian_family import check_mean_cov, check_square, check_tensor, checked_cholesky
-from taskloss.utils import all_finite, check_nonnegative, check_positive, distinct_param_group
+from taskloss.utils import all_finite, check_bool, check_nonnegative, check_positive, distinct_param_group
 
 __all__ = ["natural_gradient", "trust_region_step", "NaturalGradientDescent", "gaussian_kl", "gaussian_fisher",
            "CoupledGaussian"]
@@ -226,6 +226,7 @@ class CoupledGaussian:
         ``KL_t = ½ Σ_i λ_i (1 - lr·a_i)^{2t} (u_iᵀθ₀)²`` with ``F = Σ λ_i u_i u_iᵀ`` and ``a_i = λ_i`` (steepest
         descent) or ``a_i = 1`` (natural gradient). ``steps`` int or LongTensor [T]; returns [T] (or scalar).
         """
+        natural = check_bool("natural", natural)
         check_positive("lr", lr)
         theta0 = self._theta(theta0)
         if theta0.ndim != 1:

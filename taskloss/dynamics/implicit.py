@@ -51,6 +51,7 @@ from taskloss.dynamics.hessian import (
     value_and_gradient,
 )
 from taskloss.utils import (
+    check_bool,
     check_finite,
     check_int,
     check_nonnegative,
@@ -99,6 +100,7 @@ def gradient_norm_penalty(loss: Tensor, params, create_graph: bool = True) -> Te
     Checked against ``torch.func`` (grad of the squared gradient norm) in tests/dynamics.
     Derived in notebook 12_implicit_gradient_regularization.
     """
+    create_graph = check_bool("create_graph", create_graph)
     _check_scalar_loss(loss)
     params = unique_tensors(params, trainable_only=True)     # a shared tensor once, frozen ones left out
     if not params:

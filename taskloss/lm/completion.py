@@ -31,7 +31,7 @@ from taskloss.datasets.corpus import lm_blocks, load_corpus, prefix_continuation
 from taskloss.datasets.tokenizer import Tokenizer
 from taskloss.lm.causal_lm import greedy_decode
 from taskloss.losses import metrics
-from taskloss.utils import check_int, check_nonempty, eval_mode
+from taskloss.utils import check_bool, check_int, check_nonempty, eval_mode
 
 __all__ = [
     "TASK_LOSSES", "parse_task_loss",
@@ -203,6 +203,7 @@ class CompletionTask:
 
     def __init__(self, task_loss: str, decode_len: int, eos_id: int, pad_id: int, ngram: int = 4,
                  cache: bool = True):
+        cache = check_bool("cache", cache)
         self.names = parse_task_loss(task_loss)
         self.spec = "+".join(self.names)
         self.decode_len = check_int("decode_len", decode_len, minimum=1)
@@ -250,6 +251,7 @@ def completion_pairs(split: str, tokenizer, prefix_len: int, cont_len: int, max_
     :class:`HFTokenizer`) through the same rule here: the first ``prefix_len`` tokens of each line with at
     least ``prefix_len + cont_len`` tokens (``with_eos``: ``prefix_len + 1``, the reference then ends with EOS
     when the line ends within ``cont_len`` tokens), in corpus order, at most ``max_items``."""
+    with_eos = check_bool("with_eos", with_eos)
     check_int("prefix_len", prefix_len, minimum=1)
     check_int("cont_len", cont_len, minimum=1)
     if max_items is not None:

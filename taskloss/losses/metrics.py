@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from taskloss.losses.levenshtein import levenshtein_rapidfuzz, levenshtein_torch
-from taskloss.utils import check_int, check_nonempty
+from taskloss.utils import check_bool, check_int, check_nonempty
 
 __all__ = [
     "cut_at_eos", "to_lists",
@@ -261,6 +261,7 @@ def edit_distance(hyp, ref, eos_id: int | None = None, pad_id: int | None = None
     empty input, mismatched batch sizes, lengths out of range, or an unknown backend. Used as a task loss in
     notebooks 04 and 05; ``benchmarks/bench_metrics.py`` times both backends against a rapidfuzz loop.
     """
+    normalize = check_bool("normalize", normalize)
     if backend not in EDIT_DISTANCE_BACKENDS:
         raise ValueError(f"backend must be one of {EDIT_DISTANCE_BACKENDS}, got {backend!r}")
     if not isinstance(normalize, (bool, np.bool_)):
@@ -388,6 +389,7 @@ def bleu_from_ids(hyp, ref, decode: Callable[[list[int]], str], *, eos_id: int |
     """BLEU on token ids: cut at EOS/pad (:func:`cut_at_eos`), decode each row with ``decode`` (e.g.
     ``tokenizer.decode``), then :func:`sentence_bleu` (``sentence=True``, tensor [B] on the input's device) or
     :func:`bleu` (corpus, float)."""
+    sentence = check_bool("sentence", sentence)
     if not callable(decode):
         raise TypeError("decode must be a callable list[int] -> str")
     h, lh, r, lr = _pair(hyp, ref, eos_id, pad_id, None, None)

@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taskloss.utils import check_finite, check_int, is_transformed
+from taskloss.utils import check_bool, check_finite, check_int, is_transformed
 
 __all__ = ["MLP", "SmallCNN"]
 
@@ -36,6 +36,7 @@ class MLP(nn.Sequential):
 
     def __init__(self, in_dim: int, hidden: int | Sequence[int] = (64,), out_dim: int | None = None,
                  activation: str = "relu", bias: bool = True):
+        bias = check_bool("bias", bias)
         check_int("in_dim", in_dim, minimum=1)
         if out_dim is None:
             raise TypeError("MLP needs out_dim")

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from taskloss.sampling.update import normalized_log_weights
-from taskloss.utils import all_finite, check_choice, check_positive, check_probability
+from taskloss.utils import all_finite, check_bool, check_choice, check_positive, check_probability
 
 __all__ = ["mixture_log_density", "mgs_weights", "DENSITIES", "log_q_from_sq", "log_q_floats", "checked_shift_floats",
            "log_weights_floats", "candidate_seeds", "uniform_from_seed", "mle_components"]
@@ -205,6 +205,7 @@ def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = Fals
     cancels after normalization but must be finite); ``log_q``: ``[K]`` log q(Δθ_k); ``alpha`` > 0 the
     temperature. ``log=True`` returns the normalized log-weights. Derived in notebook 02.
     """
+    log = check_bool("log", log)
     alpha = check_positive("alpha", alpha)
     L = _real("task_losses", task_losses)
     lq = _real("log_q", log_q).to(L.device)
