@@ -27,6 +27,7 @@ that apply, and :func:`make_rule` raises ``ValueError`` with the reason for the 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -47,14 +48,20 @@ from taskloss.search.policy_gradient import classification_reinforce
 from taskloss.search.zeroth_order import MeZO, gaussian_smoothing_grad, spsa_grad
 from taskloss.utils import check_int, check_positive
 
-__all__ = ["RuleSpec", "RULES", "register", "make_rule", "applicable_rules"]
+__all__ = ["RuleSpec", "RULES", "DEFAULT_OVERRIDES", "OWN_MEANING", "register", "make_rule", "applicable_rules"]
 
 _CURVATURE = ("it needs outputs [N, C] with a per-example likelihood (a Fisher, a Kronecker factor or a GGN of "
               "the model's outputs); a sequence problem's surrogate is a token NLL over a Transformer's windows")
 
 
 class _Rule:
-    """Base: ``self.problem``; ``_backward()`` sets ``.grad`` of the surrogate at the current parameters."""
+    """Base of the rules: ``self.problem``; ``_closure()`` sets ``.grad`` of the surrogate at the current parameters.
+
+    Not a ``torch.optim.Optimizer``: a rule binds an update rule to a :class:`~taskloss.harness.problem.Problem`,
+    which supplies the batch, so ``rule.step()`` takes no closure; the optimizer it wraps, where there is one, is
+    ``rule.opt`` (``torch.optim`` shaped, with its ``param_groups``, schedulers and ``state_dict``). Newton's and the
+    zeroth-order rules apply θ ← θ − lr·d themselves and keep no state.
+    """
 
     objective = "surrogate"
 
@@ -369,15 +376,18 @@ class MeZORule(_Rule):
 
 @dataclass
 class RuleSpec:
-    """A registered rule: its class, default hyperparameters and a one-line description."""
+    """A registered rule: its class, default hyperparameters, a one-line description and what it wraps (the classes
+    and functions whose defaults :data:`DEFAULT_OVERRIDES` compares it with)."""
 
     name: str
     cls: Callable[..., Any]
     defaults: dict = field(default_factory=dict)
     description: str = ""
+    wraps: tuple = ()
 
     @property
     def objective(self) -> str:
+        """``"surrogate"`` or ``"task"``: the loss the rule descends."""
         return getattr(self.cls, "objective", "surrogate")
 
     def unsupported(self, problem: Problem) -> str | None:
@@ -388,14 +398,62 @@ class RuleSpec:
 
 RULES: dict[str, RuleSpec] = {}
 
+#: Every default of a rule that differs from the default of the class or function it wraps, as
+#: ``{rule: {argument: (the harness's default, the wrapped one's)}}`` (``"required"``: no default there). The
+#: harness's are chosen for the small problems of notebook 16_update_rule_harness (one full batch, a step compared
+#: with Δθ*); ``tests/harness/test_harness_rules.py`` derives this table from the signatures and
+#: ``docs/vocabulary.md`` prints it. Two arguments share a name without sharing a meaning, so they are left out: a
+#: natural-gradient rule's ``fisher`` picks the matrix (the optimizer's is the callable that computes it), and the
+#: MGS rule's ``lr`` scales the surrogate, centring the MLE component at −lr·∇l̃ (MGS's own ``lr``, the factor on
+#: Δθ*, stays 1). Besides, the MGS rule scores candidates with ``parallel=False, eval_mode=False`` (exact pass
+#: counts on the module as it is), and the curvature rules add the problem's weight decay to ``damping``.
+DEFAULT_OVERRIDES: dict[str, dict[str, tuple]] = {
+    "sgd": {"lr": (0.1, 0.001)},
+    "momentum": {"lr": (0.1, 0.001), "momentum": (0.9, 0)},
+    "adam": {"lr": (0.01, 0.001)},
+    "clipped_sgd": {"lr": (0.1, "required"), "gamma": (1.0, math.inf)},
+    "grad_penalty": {"lr": (0.1, 0.001)},
+    "newton": {},
+    "natural_exact": {"lr": (1.0, 0.1), "damping": (0.0001, 0.0)},
+    "natural_empirical": {"lr": (1.0, 0.1), "damping": (0.0001, 0.0)},
+    "kfac": {"damping": (0.01, 0.001), "fisher_type": ("exact", "mc"), "decay": (0.0, 0.95),
+             "inverse_update_interval": (1, 10), "lr": (0.1, 0.001)},
+    "diag_fisher": {"fisher_type": ("exact", "mc"), "decay": (0.0, 0.95), "lr": (0.1, 0.001)},
+    "diag_empirical": {"fisher_type": ("empirical", "mc"), "power": (0.5, 1.0), "decay": (0.0, 0.95),
+                       "lr": (0.1, 0.001)},
+    "hessian_free": {"damping": (0.001, 1.0), "cg_iters": (10, 20), "adapt_damping": (False, True)},
+    "mgs": {"n_samples": (8, 4), "max_update_norm": (None, 1.0), "max_grad_norm": (None, 1.0), "seed": (0, None)},
+    "reinforce": {"n_samples": (8, 4), "lr": (0.1, 0.001)},
+    "zo_gaussian": {"sigma": (0.01, "required"), "n_samples": (8, "required")},
+    "spsa": {"sigma": (0.01, "required"), "n_samples": (8, 1)},
+    "mezo": {"lr": (0.1, 0.001), "sigma": (0.01, 0.001), "n_samples": (4, 1)},
+}
+#: (rule, argument) pairs whose name the wrapped class uses for something else (see :data:`DEFAULT_OVERRIDES`)
+OWN_MEANING = {("natural_exact", "fisher"), ("natural_empirical", "fisher"), ("mgs", "lr")}
 
-def register(name: str, cls, defaults: dict | None = None, description: str = "") -> RuleSpec:
-    """Add (or replace) a rule in :data:`RULES`; ``cls(problem, **hp)`` must build it and ``.step()`` apply it."""
+
+def register(name: str, cls, defaults: dict | None = None, description: str = "", wraps: tuple = ()) -> RuleSpec:
+    """Add (or replace) a rule in :data:`RULES`.
+
+    Args:
+        name: the rule's name.
+        cls: ``cls(problem, **hp)`` builds it and ``.step()`` applies it.
+        defaults: hyperparameters that override the class's own defaults.
+        description: one line.
+        wraps: the classes and functions of the package (or torch) that the rule calls.
+
+    Returns:
+        The :class:`RuleSpec`.
+
+    Raises:
+        ValueError: an empty name.
+        TypeError: a class that is not callable.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError("rule name must be a non-empty string")
     if not callable(cls):
         raise TypeError("cls must be callable (problem, **hp) -> rule with .step()")
-    RULES[name] = RuleSpec(name, cls, dict(defaults or {}), description)
+    RULES[name] = RuleSpec(name, cls, dict(defaults or {}), description, tuple(wraps))
     return RULES[name]
 
 
@@ -418,25 +476,29 @@ def applicable_rules(problem: Problem) -> list[str]:
     return [n for n, spec in RULES.items() if spec.unsupported(problem) is None]
 
 
-for _n, _c, _d, _t in [
-    ("sgd", SGD, {}, "torch.optim.SGD"),
-    ("momentum", Momentum, {}, "torch.optim.SGD(momentum=0.9)"),
-    ("adam", Adam, {}, "torch.optim.Adam"),
-    ("clipped_sgd", Clipped, {}, "taskloss.dynamics ClippedSGD (hard, global)"),
-    ("grad_penalty", GradPenalty, {}, "SGD on l̃ + μ‖∇l̃‖² (taskloss.dynamics gradient_norm_penalty)"),
-    ("newton", Newton, {}, "dense Hessian (torch.func), newton_direction"),
-    ("natural_exact", NaturalGradient, {"fisher": "exact"}, "NaturalGradientDescent, exact Fisher"),
-    ("natural_empirical", NaturalGradient, {"fisher": "empirical"}, "NaturalGradientDescent, empirical Fisher"),
-    ("kfac", KFACRule, {}, "SGD preconditioned by KFAC (exact factors)"),
-    ("diag_fisher", DiagonalFisher, {"fisher_type": "exact"}, "SGD / exact GGN diagonal"),
+_TORCH_SGD = torch.optim.SGD
+for _n, _c, _d, _t, _w in [
+    ("sgd", SGD, {}, "torch.optim.SGD", (_TORCH_SGD,)),
+    ("momentum", Momentum, {}, "torch.optim.SGD(momentum=0.9)", (_TORCH_SGD,)),
+    ("adam", Adam, {}, "torch.optim.Adam", (torch.optim.Adam,)),
+    ("clipped_sgd", Clipped, {}, "taskloss.dynamics ClippedSGD (hard, global)", (ClippedSGD,)),
+    ("grad_penalty", GradPenalty, {}, "SGD on l̃ + μ‖∇l̃‖² (taskloss.dynamics gradient_norm_penalty)", (_TORCH_SGD,)),
+    ("newton", Newton, {}, "dense Hessian (torch.func), newton_direction", ()),
+    ("natural_exact", NaturalGradient, {"fisher": "exact"}, "NaturalGradientDescent, exact Fisher",
+     (NaturalGradientDescent,)),
+    ("natural_empirical", NaturalGradient, {"fisher": "empirical"}, "NaturalGradientDescent, empirical Fisher",
+     (NaturalGradientDescent,)),
+    ("kfac", KFACRule, {}, "SGD preconditioned by KFAC (exact factors)", (KFAC, _TORCH_SGD)),
+    ("diag_fisher", DiagonalFisher, {"fisher_type": "exact"}, "SGD / exact GGN diagonal",
+     (FisherDiagonalPreconditioner, _TORCH_SGD)),
     ("diag_empirical", DiagonalFisher, {"fisher_type": "empirical", "power": 0.5},
-     "SGD / sqrt of the empirical Fisher diagonal"),
-    ("hessian_free", HessianFreeRule, {}, "HessianFree, truncated CG on the GGN"),
-    ("mgs", MGSRule, {}, "MGS, SNIS with the MLE-guided mixture proposal"),
-    ("reinforce", Reinforce, {}, "SGD on classification_reinforce"),
-    ("zo_gaussian", ZerothOrder, {"estimator": "gaussian"}, "Gaussian smoothing, antithetic"),
-    ("spsa", ZerothOrder, {"estimator": "spsa"}, "SPSA"),
-    ("mezo", MeZORule, {}, "MeZO"),
+     "SGD / sqrt of the empirical Fisher diagonal", (FisherDiagonalPreconditioner, _TORCH_SGD)),
+    ("hessian_free", HessianFreeRule, {}, "HessianFree, truncated CG on the GGN", (HessianFree,)),
+    ("mgs", MGSRule, {}, "MGS, SNIS with the MLE-guided mixture proposal", (MGS,)),
+    ("reinforce", Reinforce, {}, "SGD on classification_reinforce", (classification_reinforce, _TORCH_SGD)),
+    ("zo_gaussian", ZerothOrder, {"estimator": "gaussian"}, "Gaussian smoothing, antithetic",
+     (gaussian_smoothing_grad,)),
+    ("spsa", ZerothOrder, {"estimator": "spsa"}, "SPSA", (spsa_grad,)),
+    ("mezo", MeZORule, {}, "MeZO", (MeZO,)),
 ]:
-    register(_n, _c, _d, _t)
-
+    register(_n, _c, _d, _t, wraps=_w)

@@ -43,7 +43,7 @@ def _pool(workers: int) -> ThreadPoolExecutor:
     """A process-wide pool of ``workers`` threads for drawing candidates in parallel (torch's random and
     elementwise kernels release the GIL); a forked child gets its own (the parent's threads do not exist there).
     Each worker runs torch (OpenMP and MKL) with one thread: the calls of a worker are cache-sized, and MKL would
-    otherwise start a team of threads for each small float64 ``addmv`` (3-4× its single-thread time here)."""
+    otherwise start a team of threads for each small float64 ``addmv`` (``benchmarks/RESULTS.md``)."""
     return _pool_of(workers, os.getpid())
 
 
@@ -105,7 +105,7 @@ class DrawPlan:
     gradient, its float64 copy, θ, the ``[K', P]`` candidate rows and the update — and the per-tensor views into
     them (:meth:`cached`, :meth:`views`). MGS keeps one across steps: allocating those buffers anew costs page
     faults at every step, and building the layouts and views costs more Python time than a small model's draws
-    (``benchmarks/RESULTS.md``, "MGS: tuning history")."""
+    (``benchmarks/RESULTS.md``, "Tuning history moved from the docstrings")."""
 
     def __init__(self, numels: list[int], device: torch.device):
         self.numels, self.device = list(numels), torch.device(device)
@@ -227,7 +227,7 @@ class CandidateDraws:
     KEEP_CHUNK64: bool | None = None   # keep the batched path's float64 chunk in the plan (None: on a CPU only;
                                        # on a GPU a whole tensor's float64 copy is taken per chunk and let go)
     THREAD_MIN = 1 << 18     # rows of fewer entries are drawn in the calling thread (measurements that chose it:
-                             # benchmarks/RESULTS.md, "MGS: tuning history")
+                             # benchmarks/RESULTS.md, "Tuning history moved from the docstrings")
 
     def __init__(self, proposal: StepProposal, seeds: list[int], mle: list[bool], include_mle: bool,
                  plan: DrawPlan | None = None):
