@@ -249,6 +249,7 @@ def eval_mode(model: nn.Module, enabled: bool = True):
 
 
 def check_floating(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` after checking it is a floating-point tensor (``TypeError`` otherwise)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.is_floating_point():
@@ -289,8 +290,10 @@ def is_transformed(t: torch.Tensor) -> bool:
 
 
 def check_token_ids(name: str, idx, vocab_size: int, max_len: int | None = None) -> torch.Tensor:
-    """Validate a token batch: integer tensor of shape ``[B, T]``, ``B, T ≥ 1``, ids in ``[0, vocab_size)``,
-    ``T ≤ max_len``. Returns ``idx`` unchanged. (The range check is skipped inside torch.func transforms.)"""
+    """Validate a token batch: integer tensor of shape ``[B, T]``, ``B, T ≥ 1``, ids in ``[0, vocab_size)``.
+
+    Also ``T ≤ max_len``; returns ``idx`` unchanged (the range check is skipped inside torch.func transforms).
+    """
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"{name} must be a torch.LongTensor, got {type(idx).__name__}")
     if idx.dtype not in (torch.int64, torch.int32):

@@ -88,9 +88,12 @@ def distributed_info_nce(queries: Tensor, positives: Tensor, *, temperature: flo
     gradient (module docstring). Without a process group it is :func:`~taskloss.contrastive.losses.info_nce`.
 
     Args:
-        queries, positives: ``[B_r, d]`` this rank's pairs.
-        temperature, hard_negatives, symmetric, reduction: as in :func:`~taskloss.contrastive.losses.info_nce`
-            (hard negatives are gathered too: every query sees every rank's).
+        queries: ``[B_r, d]`` this rank's queries.
+        positives: ``[B_r, d]`` their positives.
+        temperature: as in :func:`~taskloss.contrastive.losses.info_nce`.
+        hard_negatives: as there (gathered too: every query sees every rank's).
+        symmetric: as there.
+        reduction: as there.
         group: the process group (default: the world).
 
     Returns:

@@ -227,7 +227,8 @@ def curvature_scale(curvature: str, loss: str, reduction: str, n: int, c: int) -
         curvature: ``"ggn"`` (also ``"fisher"``, ``"exact"``, ``"mc"``) or ``"empirical"``.
         loss: ``"cross_entropy"`` or ``"mse"``.
         reduction: ``"mean"`` or ``"sum"``.
-        n: number of loss terms (≥ 1); c: output dimension (≥ 1).
+        n: number of loss terms (≥ 1).
+        c: output dimension (≥ 1).
 
     Returns:
         ``s`` as a float.

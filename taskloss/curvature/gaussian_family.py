@@ -305,7 +305,7 @@ def price_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor, V
 def gaussian_natural_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor, V: torch.Tensor,
                               n_samples: int, generator: torch.Generator | None = None
                               ) -> tuple[MCEstimate, MCEstimate]:
-    """Natural gradient of ``E_{N(m,V)}[f]`` w.r.t. ``(λ₁, λ₂)`` = its gradient w.r.t. ``(μ₁, μ₂)``:
+    """Natural gradient of ``E_{N(m,V)}[f]`` w.r.t. ``(λ₁, λ₂)``, equal to its gradient w.r.t. ``(μ₁, μ₂)``.
 
     ``(E[∇f] - E[∇²f] m,  ½ E[∇²f])`` from one set of ``n_samples`` draws (Bonnet + Price), each as an
     :class:`MCEstimate` of shape [d] and [d, d]. Derived in notebook 08_natural_gradient_exponential_families.
@@ -344,11 +344,13 @@ def gaussian_vi_natural_update(m: torch.Tensor, precision: torch.Tensor, grad_me
     ``P' = (1-ρ)P + ρ(P₀ - E[∇²f])`` and ``m' = m + ρ P'⁻¹ (E[∇f] - P₀(m - m₀))``.
 
     Args:
-        m, precision: the current q, [..., d] and [..., d, d] (leading batch dimensions update independent
-            runs at once).
-        grad_mean, hess_mean: estimates of ``E_q[∇f]`` [..., d] and ``E_q[∇²f]`` [..., d, d], same shapes.
+        m: the current mean of q, [..., d] (leading batch dimensions update independent runs at once).
+        precision: the current precision P of q, [..., d, d].
+        grad_mean: an estimate of ``E_q[∇f]`` [..., d].
+        hess_mean: an estimate of ``E_q[∇²f]`` [..., d, d].
         lr: ρ in (0, 1], a float or a tensor broadcastable to the batch shape ``m.shape[:-1]``.
-        prior_mean, prior_precision: ``m₀`` [d] and ``P₀`` [d, d] (or batch-broadcastable).
+        prior_mean: ``m₀`` [d] (or batch-broadcastable).
+        prior_precision: ``P₀`` [d, d] (or batch-broadcastable).
 
     Returns ``(m', P')`` with the shapes of ``(m, precision)``. Raises ``ValueError`` on mismatched shapes,
     ρ outside (0, 1] or a ``P'`` that is not positive definite. Derived in notebook
@@ -417,6 +419,7 @@ class NaturalGaussianVI:
 
     @property
     def covariance(self) -> torch.Tensor:
+        """The covariance ``precision⁻¹`` of the current posterior."""
         return torch.cholesky_inverse(torch.linalg.cholesky(self.precision))
 
     def state_dict(self) -> dict:

@@ -174,9 +174,15 @@ def hessian_free_direction(model_or_fn, params, inputs: Tensor, grad, likelihood
     """Hessian-free natural gradient ``d ≈ (G + λI)⁻¹ grad`` by CG on GGN-vector products (a checked solve).
 
     Args:
-        model_or_fn, params, inputs, likelihood: the GGN, as in :func:`taskloss.curvature.fisher.ggn_operator`.
+        model_or_fn: the model of the GGN, as in :func:`taskloss.curvature.fisher.ggn_operator`.
+        params: its parameters, as there.
+        inputs: the GGN batch, as there.
         grad: flat ``[P]`` or a dict like ``params``.
-        damping: ``λ > 0``; cg_iters, tol, x0: as ``max_iter``, ``tol``, ``x0`` of :func:`conjugate_gradient`.
+        likelihood: as in :func:`~taskloss.curvature.fisher.ggn_operator`.
+        damping: ``λ > 0``.
+        cg_iters: as ``max_iter`` of :func:`conjugate_gradient`.
+        tol: as ``tol`` there.
+        x0: as ``x0`` there (a warm start).
         return_info: also return CG's ``info`` (otherwise running out of iterations warns).
 
     Returns:

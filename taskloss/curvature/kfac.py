@@ -218,6 +218,7 @@ class KFAC:
     # ------------------------------------------------------------------------------------ hyperparameters
     @property
     def damping(self) -> float:
+        """The Tikhonov damping λ > 0 (checked on assignment)."""
         return self._damping
 
     @damping.setter
@@ -239,6 +240,7 @@ class KFAC:
 
     @property
     def factor_update_interval(self) -> int:
+        """Factors are recomputed in every k-th ``update_statistics`` call."""
         return self._factor_update_interval
 
     @factor_update_interval.setter

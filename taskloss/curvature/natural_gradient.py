@@ -204,18 +204,23 @@ class CoupledGaussian:
         return theta.to(self.J.dtype)
 
     def mean(self, theta: torch.Tensor) -> torch.Tensor:
+        """The mean ``μ(θ) = Jθ`` ``[..., 2]``."""
         return self._theta(theta) @ self.J.T
 
     def loss(self, theta: torch.Tensor) -> torch.Tensor:
+        """The loss ``½‖Jθ‖²``."""
         return 0.5 * self.mean(theta).square().sum(-1)
 
     def grad(self, theta: torch.Tensor) -> torch.Tensor:
+        """The gradient ``JᵀJθ = Fθ``."""
         return self.mean(theta) @ self.J
 
     def fisher(self) -> torch.Tensor:
+        """The constant Fisher ``F = JᵀJ``."""
         return self.J.T @ self.J
 
     def log_prob(self, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
+        """``log N(x; μ(θ), I)``."""
         check_tensor("x", x)
         return -0.5 * (x - self.mean(theta)).square().sum(-1) - math.log(2 * math.pi)
 

@@ -220,6 +220,7 @@ def hessian_vector_product(loss_fn: Callable, params: Params, vector: Params) ->
 
 
 def check_same_structure(a: Params, b: Params) -> None:
+    """Raise unless ``a`` and ``b`` are both tensors, or dicts with the same keys, of equal shapes."""
     if isinstance(a, Mapping) != isinstance(b, Mapping):
         raise TypeError("params and vector must both be tensors or both be dicts")
     pairs = [(k, a[k], b.get(k)) for k in a] if isinstance(a, Mapping) else [("tensor", a, b)]

@@ -257,7 +257,8 @@ def integrate_flow(field: Callable[[Tensor], Tensor], y0: Tensor, T: float, n_st
         y0: initial state, a floating tensor (use float64 for tight tolerances).
         T: final time ``T > 0``.
         n_steps: initial number of steps (≥ 1).
-        rtol, atol: tolerances on the estimated error (``atol ≥ 0``, ``rtol ≥ 0``, not both 0).
+        rtol: relative tolerance on the estimated error (``≥ 0``; not both 0).
+        atol: absolute tolerance on it (``≥ 0``).
         max_doublings: give up after this many doublings.
 
     Returns:
@@ -309,6 +310,10 @@ def gradient_flow(loss_fn: Callable, theta0, T: float, h: float = 0.0, **kwargs)
         theta0: θ(0), a tensor or a dict of tensors (the result has the same structure).
         T: final time ``T > 0`` (``n`` gradient steps of size ``h`` cover ``T = n·h``).
         h: step of the modified loss (``0`` → the flow of ``L`` itself).
+        **kwargs: passed on to :func:`integrate_flow` (``n_steps``, ``rtol``, ``atol``, ``max_doublings``).
+
+    Returns:
+        The :class:`FlowResult` of the flow, ``y`` with the structure of ``theta0``.
 
     Raises:
         ValueError: ``T ≤ 0``, ``h < 0``, empty/non-finite ``theta0``, a non-scalar loss.

@@ -287,7 +287,7 @@ def jacobian_norms(jac: torch.Tensor, ord: str | int = "fro") -> torch.Tensor:
 
 
 def gate_product_error(jac: LagJacobians, total: bool = True) -> torch.Tensor:
-    """Relative error of the gate-product approximation → ``[K, B]``:
+    """Relative error ``[K, B]`` of the gate-product approximation.
 
         err_k = ‖J_k − diag(∏ gate)‖_F / max(‖J_k‖_F, ‖diag(∏ gate)‖_F)   ∈ [0, 2],
 

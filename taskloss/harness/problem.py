@@ -118,6 +118,7 @@ class Problem:
 
     @property
     def named_params(self) -> dict[str, Tensor]:
+        """The trained parameters by name, in ``named_parameters`` order."""
         return {k: p for k, p in self.model.named_parameters() if p.requires_grad}
 
     def surrogate_from_outputs(self, outputs: Tensor, params=None) -> Tensor:
@@ -162,9 +163,11 @@ class Problem:
         return value
 
     def flat_params(self) -> Tensor:
+        """The trained parameters as one flat vector (a detached copy)."""
         return torch.cat([p.detach().reshape(-1) for p in self.params])
 
     def set_flat_params(self, flat: Tensor) -> None:
+        """Write the flat vector ``flat`` into the trained parameters."""
         with torch.no_grad():
             i = 0
             for p in self.params:

@@ -67,8 +67,11 @@ def ideal_update(problem: Problem, alpha: float, *, radius: float | None = None,
 
     Args:
         problem: the :class:`Problem` (its surrogate must have a positive definite Hessian: add weight decay).
-        alpha: temperature ``α > 0``. radius: the ball ε (``None``: no ball).
-        n_samples: draws per proposal. generator: their RNG. chunk_size: candidates per vmapped loss call.
+        alpha: temperature ``α > 0``.
+        radius: the ball ε (``None``: no ball).
+        n_samples: draws per proposal.
+        generator: their RNG.
+        chunk_size: candidates per vmapped loss call.
         proposal: ``"auto"`` (both, larger ESS kept), ``"laplace"`` or ``"ball"`` (uniform; needs radius).
         newton_iters: Newton iterations for the Laplace mode.
 
@@ -119,7 +122,7 @@ def ideal_update(problem: Problem, alpha: float, *, radius: float | None = None,
 
 
 def _minimizer(f, theta: Tensor, g: Tensor, H: Tensor, iters: int) -> tuple[Tensor, Tensor]:
-    """m = argmin_Δ f(θ+Δ) by Newton with step halving (from Δ = 0), and H(θ+m)."""
+    """M = argmin_Δ f(θ+Δ) by Newton with step halving (from Δ = 0), and H(θ+m)."""
     delta = torch.zeros_like(theta)
     value = float(f(theta))
     for _ in range(check_int("newton_iters", iters, minimum=0)):

@@ -84,9 +84,11 @@ class SequenceProblem(Problem):
 
     @property
     def batch(self) -> CompletionBatch:
+        """The problem's batch as a :class:`~taskloss.lm.completion.CompletionBatch`."""
         return CompletionBatch(self.inputs, self.targets)
 
     def surrogate_from_outputs(self, outputs, params=None):
+        """Refused: a sequence problem's surrogate is a function of the model (:meth:`surrogate`), not of outputs."""
         raise TypeError("a SequenceProblem's surrogate is a function of the model (window_nll), not of outputs; "
                         "call surrogate()")
 
@@ -116,7 +118,9 @@ class SequenceProblem(Problem):
         return res.loss + mle_weight * self.surrogate() if mle_weight > 0 else res.loss
 
     def grad_hessian(self):
+        """Refused: a dense Hessian over a Transformer is out of reach."""
         raise TypeError("a dense Hessian of a sequence problem is out of reach (P² memory over a Transformer)")
 
     def flat_loss(self):
+        """Refused: a sequence problem has no flat surrogate of the outputs."""
         raise TypeError("a SequenceProblem has no flat surrogate of the outputs; use surrogate()")

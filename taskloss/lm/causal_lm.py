@@ -205,11 +205,13 @@ class HFTokenizer:
         self.vocab_size = int(vocab_size) if vocab_size is not None else len(hf_tokenizer)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, through the wrapped tokenizer."""
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be a sequence of str")
         return [list(ids) for ids in self.hf(list(texts), add_special_tokens=False)["input_ids"]]
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of one text, through the wrapped tokenizer."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         return self.encode_batch([text])[0]

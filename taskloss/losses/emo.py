@@ -177,9 +177,11 @@ def emo_and_mle_per_token(logits: torch.Tensor, targets: torch.Tensor, cost_embe
         chunk_size: tokens per chunk of the fused kernel (default: about 2M logits per CPU thread).
         need_mle: compute ``mle`` (else zeros; ``variant="patch"`` computes it anyway).
         variant: ``"plain"`` or ``"patch"`` (the reference code's ``q - sg(q ⊙ onehot)``; module docstring).
+
     Returns:
         ``(emo, mle, valid)`` with the targets' shape, float32 (float64 for float64 logits); ``emo``/``mle`` are
         0 where ``targets == ignore_index``.
+
     Raises:
         TypeError: non-tensor or wrong-dtype inputs.
         ValueError: wrong shapes, empty logits, targets out of range,
@@ -212,8 +214,10 @@ def combine_emo_mle(emo: torch.Tensor, mle: torch.Tensor, combine: str = "emo", 
         ratio_max: cap of the detached ratio of ``"emo_mle_ratio"`` (> 0; the ``emoloss`` package's ``mode=1``
             uses 3.0); None = no cap. Other combinations reject it.
         eps: > 0, added to the denominators of the detached ratios (1e-10 in the reference code).
+
     Returns:
         The per-token loss, shape of ``emo``. ``sg`` is ``detach``.
+
     Raises:
         TypeError: non-tensor or non-floating inputs.
         ValueError: unknown ``combine``, shape or dtype mismatch,
@@ -275,8 +279,10 @@ def emo_loss(logits: torch.Tensor, targets: torch.Tensor, cost_embeddings: torch
         eps: > 0, added to the denominators of the detached ratios.
         chunk_size: tokens per chunk (default: about 2M logits per CPU thread; larger is faster on busy
             multi-threaded CPUs and costs one ``[chunk, V]`` float32 buffer).
+
     Returns:
         The loss in float32 (float64 for float64 logits).
+
     Raises:
         TypeError / ValueError as :func:`emo_and_mle_per_token` and :func:`combine_emo_mle`.
 
@@ -338,8 +344,10 @@ def emo_soft_upper_bound(logits: torch.Tensor, target_probs: torch.Tensor, cost_
         reduction: ``"mean"`` over rows, ``"sum"`` or ``"none"``.
         chunk_size: rows per chunk of the fused kernel.
         atol: tolerance of the row sums (> 0).
+
     Returns:
         The bound in float32 (float64 for float64 logits).
+
     Raises:
         TypeError: non-tensor or non-floating inputs.
         ValueError: shape mismatch, NaN/negative ``τ``, rows not
@@ -390,11 +398,13 @@ class EMOLoss(nn.Module):
         self.ratio_max, self.eps, self.chunk_size = ratio_max, eps, chunk_size
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of :func:`emo_loss` with the held cost embeddings and options."""
         return emo_loss(logits, targets, self.cost_embeddings, ignore_index=self.ignore_index,
                         reduction=self.reduction, combine=self.combine, variant=self.variant,
                         ratio_max=self.ratio_max, eps=self.eps, chunk_size=self.chunk_size)
 
     def extra_repr(self) -> str:
+        """The vocabulary, embedding size and options, for ``repr``."""
         v, d = self.cost_embeddings.shape
         return (f"vocab={v}, dim={d}, combine={self.combine!r}, variant={self.variant!r}, "
                 f"reduction={self.reduction!r}, ratio_max={self.ratio_max}")

@@ -87,6 +87,7 @@ class SmallCNN(nn.Module):
         self.fc = nn.Linear(2 * width * 4 * 4, n_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``[N, classes]`` of images ``[N, 1, 8, 8]`` (or flat ``[N, 64]``)."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"SmallCNN expects a tensor, got {type(x).__name__}")
         if x.ndim == 2 and x.shape[1] == self.in_channels * 64:

@@ -22,7 +22,7 @@ __all__ = ["log_ball_volume", "ball_log_partition", "ball_partition", "ball_log_
 
 
 def log_ball_volume(dim: int, radius: float) -> float:
-    """log of the volume of the d-ball of ``radius``: (d/2) log π − log Γ(d/2 + 1) + d log r."""
+    """Log of the volume of the d-ball of ``radius``: (d/2) log π − log Γ(d/2 + 1) + d log r."""
     dim = check_int("dim", dim, minimum=1)
     radius = check_positive("radius", radius)
     return 0.5 * dim * math.log(math.pi) - math.lgamma(0.5 * dim + 1) + dim * math.log(radius)
@@ -38,7 +38,7 @@ def _debye_u(nu, p):
 
 
 def _log_iv_debye(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """log I_ν(x) by the uniform (Debye) expansion, three correction terms — for large ν."""
+    """Log I_ν(x) by the uniform (Debye) expansion, three correction terms — for large ν."""
     z = x / nu
     s = np.hypot(1.0, z)          # √(1 + z²) without overflow for huge x
     p = 1.0 / s
@@ -47,7 +47,7 @@ def _log_iv_debye(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def _log_ratio_debye(nu: float, x: np.ndarray) -> np.ndarray:
-    """log I_{ν+1}(x) − log I_ν(x) from the uniform expansion, written so that nothing of size x cancels.
+    """Log I_{ν+1}(x) − log I_ν(x) from the uniform expansion, written so that nothing of size x cancels.
 
     With R_μ = √(μ² + x²) the expansion reads log I_μ(x) ≈ R_μ + μ log x − μ log(μ + R_μ) − ½ log(2π R_μ)
     + log(1 + U_μ); the difference of the large terms is (2ν+1)/(R₁ + R₀), and the rest are logs of O(1)
@@ -59,7 +59,7 @@ def _log_ratio_debye(nu: float, x: np.ndarray) -> np.ndarray:
 
 
 def _log_iv(nu: float, x: np.ndarray) -> np.ndarray:
-    """log I_ν(x) for x > 0 in float64: scaled Bessel (ive), else the power series ₀F₁, else Debye."""
+    """Log I_ν(x) for x > 0 in float64: scaled Bessel (ive), else the power series ₀F₁, else Debye."""
     x = np.asarray(x, dtype=np.float64)
     with np.errstate(all="ignore"):
         e = special.ive(nu, x)
@@ -111,7 +111,7 @@ def _ball_args(g_norm, alpha, radius: float, dim: int):
 
 
 def ball_log_partition(g_norm, alpha, radius: float, dim: int) -> torch.Tensor:
-    """log Z for Z(‖g‖) = ∫_{‖Δ‖≤ε} exp(−Δᵀg/α) dΔ in ``dim`` dimensions, exactly and in log space.
+    """Log Z for Z(‖g‖) = ∫_{‖Δ‖≤ε} exp(−Δᵀg/α) dΔ in ``dim`` dimensions, exactly and in log space.
 
     With x = ‖g‖ε/α and ν = d/2, integrating over the sphere then the radius gives
     Z = (2πε²/x)^{d/2} I_{d/2}(x) = vol(ε-ball) · ₀F₁(; d/2 + 1; x²/4), finite in log space for any x.
@@ -172,7 +172,7 @@ def ball_log_partition_derivative(g_norm, alpha, radius: float, dim: int) -> tor
 
 
 def ball_expected_update(g: torch.Tensor, alpha, radius: float) -> torch.Tensor:
-    """Exact Δθ* for the linearized loss on the ball ‖Δθ‖ ≤ ε: for ``g [..., d]`` returns ``[..., d]``
+    """Exact Δθ* ``[..., d]`` for the linearized loss on the ball ‖Δθ‖ ≤ ε, for ``g [..., d]``.
 
         Δθ* = −α (Z'/Z) g/‖g‖ = −ε · I_{d/2+1}(x)/I_{d/2}(x) · g/‖g‖,   x = ‖g‖ε/α,
 

@@ -132,6 +132,7 @@ class DrawPlan:
         return plan
 
     def generators(self, m: int) -> list[torch.Generator]:
+        """``m`` generators on the plan's device, created once and kept."""
         while len(self.gens) < m:
             self.gens.append(torch.Generator(device=self.device))
         return self.gens[:m]
@@ -414,7 +415,7 @@ class CandidateDraws:
         return out
 
     def log_q(self, mix: float, density: str) -> Tensor:
-        """log q(Δθ_k) for every candidate, CPU float64 ``[n]``, from the recorded statistics of s = σ_t z:
+        """Log q(Δθ_k) for every candidate, CPU float64 ``[n]``, from the recorded statistics of s = σ_t z:
         ‖Δθ_t‖² = ‖s_t‖² (zero component) or ‖g_t‖² − 2⟨s_t, g_t⟩ + ‖s_t‖² (MLE component), and ‖Δθ_t + g_t‖²
         symmetrically; candidate 0 with ``include_mle`` is −g (‖Δθ‖² = ‖g‖², ‖Δθ + g‖² = 0). The n × T numbers
         are combined on Python floats (one transfer; a tensor path only for tensors with σ_t = 0)."""

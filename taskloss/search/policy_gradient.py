@@ -1,9 +1,9 @@
-"""Policy gradient (REINFORCE): sample *outputs* from the model, score them with a task loss.
+r"""Policy gradient (REINFORCE): sample *outputs* from the model, score them with a task loss.
 
-For a policy :math:`p_\\theta(y|x)` and a reward :math:`R(y)` (here ``R = -task loss`` or a metric),
+For a policy :math:`p_\theta(y|x)` and a reward :math:`R(y)` (here ``R = -task loss`` or a metric),
 
-.. math::  \\nabla_\\theta\\, \\mathbb{E}_{y\\sim p_\\theta}[R(y)]
-           = \\mathbb{E}_{y\\sim p_\\theta}[(R(y) - b)\\, \\nabla_\\theta \\log p_\\theta(y)]
+.. math::  \nabla_\theta\, \mathbb{E}_{y\sim p_\theta}[R(y)]
+           = \mathbb{E}_{y\sim p_\theta}[(R(y) - b)\, \nabla_\theta \log p_\theta(y)]
 
 for any baseline ``b`` that does not depend on ``y`` (a moving average of past rewards, or the leave-one-out
 mean of the other samples drawn for the same input). The functional core is :func:`reinforce_loss`, a
@@ -136,6 +136,7 @@ class MovingAverageBaseline:
         self.value: float | None = None
 
     def __call__(self, rewards: torch.Tensor) -> torch.Tensor:
+        """The baseline for ``rewards`` (the running mean before this batch), then the mean updated."""
         check_floating("rewards", rewards)
         check_finite("rewards", rewards)
         if rewards.numel() == 0:
@@ -146,6 +147,7 @@ class MovingAverageBaseline:
         return torch.full_like(rewards, current)
 
     def state_dict(self) -> dict:
+        """The momentum and the running value."""
         return {"momentum": self.momentum, "value": self.value}
 
     def load_state_dict(self, state: dict) -> None:

@@ -1,9 +1,9 @@
-"""Zeroth-order optimization: sample *parameters*, use loss values only.
+r"""Zeroth-order optimization: sample *parameters*, use loss values only.
 
 Gaussian smoothing replaces ``f`` by ``f_σ(θ) = E_{ε~N(0,I)}[f(θ + σε)]``, whose gradient is
 
-.. math::  \\nabla f_\\sigma(\\theta) = \\frac{1}{\\sigma}\\,\\mathbb{E}[f(\\theta+\\sigma\\varepsilon)\\,\\varepsilon]
-           = \\frac{1}{\\sigma}\\,\\mathbb{E}[(f(\\theta+\\sigma\\varepsilon) - b)\\,\\varepsilon]
+.. math::  \nabla f_\sigma(\theta) = \frac{1}{\sigma}\,\mathbb{E}[f(\theta+\sigma\varepsilon)\,\varepsilon]
+           = \frac{1}{\sigma}\,\mathbb{E}[(f(\theta+\sigma\varepsilon) - b)\,\varepsilon]
 
 — exactly REINFORCE with the score ``ε/σ`` of the search distribution ``N(θ, σ²I)``, so any baseline ``b``
 independent of ``ε`` keeps it unbiased. Estimators here (``n`` perturbations, evaluated in one batched call
@@ -80,7 +80,7 @@ def _scalar_values(vals, n: int, where: str) -> torch.Tensor:
 
 def _evaluate(f: Callable, stacked: dict[str, torch.Tensor], single: bool, vectorize: bool,
               chunk_size: int | None) -> torch.Tensor:
-    """f on each of the stacked parameter sets → ``[n]`` (one vmap call, or a loop when not vectorizable)."""
+    """F on each of the stacked parameter sets → ``[n]`` (one vmap call, or a loop when not vectorizable)."""
     call = (lambda p: f(p[""])) if single else f
     n = next(iter(stacked.values())).shape[0]
     with torch.no_grad():
