@@ -2,8 +2,8 @@
 distance, repetition, non-termination, BLEU), the earth mover distance (EMO) loss, and distribution-level
 quality of generated text.
 
-Notebooks: 03_metric_optimization_classification, 04_sequence_task_losses, 05_policy_gradient_vs_zeroth_order,
-09_emo_loss.
+Notebooks: 02_importance_sampling_and_mgs, 03_metric_optimization_classification,
+05_policy_gradient_vs_zeroth_order, 09_emo_loss, 16_update_rule_harness.
 
 Modules:
 
