@@ -392,7 +392,9 @@ def distinct_param_group(group: dict | Iterable) -> dict:
     elif not isinstance(group, dict):
         raise TypeError(f"a parameter group must be a dict, got {type(group).__name__}")
     params = group.get("params", [])
-    return {**group, "params": unique_tensors(params if not isinstance(params, set) else list(params))}
+    if isinstance(params, set):       # unordered: left for torch.optim to refuse
+        return dict(group)
+    return {**group, "params": unique_tensors(params)}
 
 
 def flatten(tensors: Tensor | Mapping[str, Tensor] | Iterable[Tensor]) -> Tensor:

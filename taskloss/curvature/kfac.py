@@ -97,7 +97,8 @@ class KFAC:
             other module owning trainable parameters raises ``ValueError`` unless ``skip_unsupported=True`` (then
             its gradients are left untouched and it is listed in ``self.skipped``).
         damping: Tikhonov damping λ > 0 (an attribute; a new value is checked on assignment and at the next
-            ``precondition_``, which refreshes the inverses for it). ``damping_mode="eigen"`` inverts ``A ⊗ G + λI`` exactly
+            ``precondition_``, which refreshes the inverses for it).
+        damping_mode: ``"eigen"`` inverts ``A ⊗ G + λI`` exactly
             through the factors' eigendecompositions; ``"pi"`` uses the factored ``(A + π√λ I) ⊗ (G + √λ/π I)``
             with ``π = sqrt((tr A / dim A) / (tr G / dim G))`` (the K-FAC paper's π-heuristic).
         fisher_type: ``"mc"`` | ``"empirical"`` | ``"exact"`` (see the module docstring).

@@ -178,7 +178,8 @@ def nonfinite_keys(groups: dict[str, tuple[Tensor, ...]]) -> list[str]:
     if not tensors:
         return []
     sums = torch.stack([t.sum() for t in tensors]).tolist()
-    bad = {k for k, t, s in zip(keys, tensors, sums) if not math.isfinite(s) and not bool(torch.isfinite(t).all())}  # the sum is taken
+    bad = {k for k, t, s in zip(keys, tensors, sums)   # a non-finite sum is settled entry by entry
+           if not math.isfinite(s) and not bool(torch.isfinite(t).all())}
     return [k for k in groups if k in bad]
 
 

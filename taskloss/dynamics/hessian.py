@@ -3,7 +3,8 @@ top Hessian eigenvalue by power iteration.
 
 Derived in notebook 11_gradient_clipping (sharpness in 12_implicit_gradient_regularization). A *loss function* is
 a pure function ``loss_fn(params) → 0-d tensor`` of a tensor or a dict of tensors; for an ``nn.Module``,
-:func:`taskloss.utils.functional_loss` (``functional_loss(model, criterion, inputs)``) builds one with ``torch.func.functional_call``.
+:func:`taskloss.utils.functional_loss` (``functional_loss(model, criterion, inputs)``) builds one with
+``torch.func.functional_call``.
 Gradients use autograd on detached copies of θ (the caller's tensors are never touched); Hessian-vector products
 are double backward, ``∇⟨∇f(θ), v⟩`` (about the cost of two gradients), never the Hessian itself. Fused kernels
 (cuDNN and oneDNN RNNs, flash attention) have no second-order derivatives, so second-order code runs inside

@@ -167,11 +167,11 @@ class DrawPlan:
 
     def layout(self, width: int) -> list[tuple[int, int, list, list, list]]:
         """Chunks ``(start, stop, pieces, split, portions)`` of the flat vector, at most ``width`` entries each:
-        ``pieces`` ``(a, b)`` are the ``randn`` calls (runs cut at multiples of ``NORMAL_FILL`` from their start: the
-        cuts leave the stream unchanged, see :class:`CandidateDraws`), ``split`` ``(a, b, t)`` the same pieces cut again at
-        tensor boundaries (inside a run these are multiples of ``NORMAL_FILL`` from its start too) so that each lies in one
-        tensor t, ``portions`` ``(t, a, b)`` the part of each tensor in the chunk. A GPU gets one
-        chunk per run (``width`` is ignored there)."""
+        ``pieces`` ``(a, b)`` are the ``randn`` calls (runs cut at multiples of ``NORMAL_FILL`` from their start:
+        the cuts leave the stream unchanged, see :class:`CandidateDraws`), ``split`` ``(a, b, t)`` the same pieces
+        cut again at tensor boundaries (inside a run these are multiples of ``NORMAL_FILL`` from its start too) so
+        that each lies in one tensor t, ``portions`` ``(t, a, b)`` the part of each tensor in the chunk. A GPU gets
+        one chunk per run (``width`` is ignored there)."""
         if width in self.layouts:
             return self.layouts[width]
         cpu = self.device.type == "cpu"
@@ -210,16 +210,17 @@ class CandidateDraws:
     statistics of the scaled noise s_{k,t} = σ_t z_{k,t} (the float32 numbers Δθ_k is made of):
     ``ss[k, t] = ‖s_{k,t}‖²`` and ``sg[k, t] = ⟨s_{k,t}, g_t⟩``, which :meth:`log_q` turns into log q(Δθ_k).
 
-    Candidate k's noise z_k comes from its own generator, seeded with ``seeds[k]``, as a sequence of ``randn``
-    calls whose concatenation is the same stream as one call per parameter tensor: on a CPU consecutive tensors are
-    merged into one call while the sizes before the last are multiples of ``NORMAL_FILL``, and a long call is split
-    at multiples of it (torch's CPU generator fills ``NORMAL_FILL`` = 16 numbers at a time, so such cuts and merges
+    Candidate k's noise z_k comes from its own generator, seeded with ``seeds[k]``, as a sequence of ``randn`` calls
+    whose concatenation is the same stream as one call per parameter tensor: on a CPU consecutive tensors are merged
+    into one call while the sizes before the last are multiples of ``NORMAL_FILL``, and a long call is split at
+    multiples of it (torch's CPU generator fills ``NORMAL_FILL`` = 16 numbers at a time, so such cuts and merges
     leave the numbers unchanged); on a GPU one call per tensor. On a CPU with P ≥ ``ROW_BLOCK`` each row is
     processed in blocks of at most ``ROW_BLOCK`` entries — drawn already scaled (``normal_(0, σ_t)`` gives σ_t·z bit
     for bit for pieces of ``NORMAL_FILL`` or more numbers), reduced to its float64 statistics by one ``addmv`` per
     tensor and shifted by −g while in cache — the rows spread over worker threads; otherwise (small P, or a GPU) all
     rows together, in column chunks of at most ``CPU_BLOCK`` float64 numbers (a whole GPU tensor per chunk) — fewer
-    kernel calls when the work per call is small. Both paths draw the same numbers bit for bit (``tests/search/test_mgs.py``).
+    kernel calls when the work per call is small. Both paths draw the same numbers bit for bit
+    (``tests/search/test_mgs.py``).
     ``plan``: the :class:`DrawPlan` of this layout and device, reused across steps (a new one by default)."""
 
     CPU_BLOCK = 1 << 16      # float64 numbers per chunk over all rows (batched path)

@@ -426,6 +426,7 @@ def test_every_registered_rule_has_a_bit_for_bit_test():
     a rule registered without a bit-for-bit case (or a case for a rule that is gone) fails here."""
     marks = [m for m in test_more_wrapped_rules_equal_direct_use_bit_for_bit.pytestmark if m.name == "parametrize"]
     covered = [case[0] for m in marks for case in m.args[1]]
-    assert len(covered) == len(set(covered)), f"rules tested twice: {sorted({c for c in covered if covered.count(c) > 1})}"
+    twice = sorted({c for c in covered if covered.count(c) > 1})
+    assert not twice, f"rules tested twice: {twice}"
     assert set(covered) == set(RULES), (f"rules without a bit-for-bit test: {sorted(set(RULES) - set(covered))}; "
                                         f"tests of unregistered rules: {sorted(set(covered) - set(RULES))}")
