@@ -22,7 +22,7 @@ import torch
 from torch.func import jacfwd
 
 from taskloss.curvature.gaussian_family import check_mean_cov, check_square, check_tensor, checked_cholesky
-from taskloss.utils import all_finite, check_bool, check_nonnegative, check_positive, distinct_param_group
+from taskloss.utils import all_finite, check_bool, check_nonnegative, check_positive, distinct_param_group, flatten
 
 __all__ = ["natural_gradient", "trust_region_step", "NaturalGradientDescent", "gaussian_kl", "gaussian_fisher",
            "CoupledGaussian"]
@@ -128,7 +128,7 @@ class NaturalGradientDescent(torch.optim.Optimizer):
         active = [p.grad is not None and p.requires_grad for p in params]
         if not any(active):
             return loss
-        g = torch.cat([p.grad.reshape(-1) for p, a in zip(params, active) if a])
+        g = flatten([p.grad for p, a in zip(params, active) if a])
         if not all_finite(g):
             raise ValueError("a parameter gradient contains NaN or inf")
         F = self._fisher_block(params, active, g)

@@ -180,7 +180,7 @@ def loss_gradient(loss_fn: Callable, params: Params) -> tuple[Tensor, Params]:
     f = checked_loss_fn(loss_fn)
     x = detached_params(check_params("params", params))
     value, grads = value_and_gradient(f, x)
-    check_finite("gradient", torch.cat([g.reshape(-1) for g in grads]))
+    check_finite("gradient", flatten(grads))
     return value.detach(), rebuild_params(params, [g.detach() for g in grads])
 
 
@@ -216,7 +216,7 @@ def hessian_vector_product(loss_fn: Callable, params: Params, vector: Params) ->
             hv = (torch.autograd.grad(dot, param_leaves(x), allow_unused=True) if torch.is_tensor(dot)
                   else [None] * len(grads))           # a linear loss: ∇L does not depend on θ, H = 0
     hv = [torch.zeros_like(t) if h is None else h.detach() for t, h in zip(param_leaves(x), hv)]
-    check_finite("Hessian-vector product", torch.cat([h.reshape(-1) for h in hv]))
+    check_finite("Hessian-vector product", flatten(hv))
     return rebuild_params(params, hv)
 
 

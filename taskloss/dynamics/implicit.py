@@ -221,7 +221,7 @@ def modified_gradient(loss_fn: Callable, params, h: float):
             dot = sum((a * a.detach()).sum() for a in g if a.requires_grad)
             hg = torch.autograd.grad(dot, param_leaves(x), allow_unused=True) if torch.is_tensor(dot) else [None] * len(g)
     out = [a.detach() + (h / 2) * (0 if b is None else b) for a, b in zip(g, hg)]
-    check_finite("modified gradient", torch.cat([o.reshape(-1) for o in out]))
+    check_finite("modified gradient", flatten(out))
     return rebuild_params(params, out)
 
 

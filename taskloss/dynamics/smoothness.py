@@ -108,8 +108,7 @@ class TrajectorySmoothness:
         self._snapshot: tuple[Tensor, Tensor] | None = None
 
     def _flat_grads(self, grads) -> Tensor:
-        return torch.cat([(torch.zeros_like(p) if g is None else g).detach().reshape(-1)
-                          for p, g in zip(self.params, grads)])
+        return flatten([(torch.zeros_like(p) if g is None else g).detach() for p, g in zip(self.params, grads)])
 
     def before_step(self) -> None:
         """Snapshot θ_t and ∇f(θ_t) from ``.grad`` (call after ``backward`` and before ``optimizer.step``).
@@ -121,7 +120,7 @@ class TrajectorySmoothness:
         if all(g is None for g in grads):
             raise ValueError("no parameter has a gradient: call backward() before before_step()")
         g = check_finite("gradient", self._flat_grads(grads)).clone()
-        self._snapshot = (torch.cat([p.detach().reshape(-1) for p in self.params]).clone(), g)
+        self._snapshot = (flatten([p.detach() for p in self.params]), g)
 
     def after_step(self, closure: Callable[[], Tensor]) -> SmoothnessSample:
         """Evaluate ``closure()`` (the same batch's scalar loss) at θ_{t+1} and return the probe.
@@ -139,7 +138,7 @@ class TrajectorySmoothness:
         grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         t0, g0 = self._snapshot
         self._snapshot = None
-        t1 = torch.cat([p.detach().reshape(-1) for p in self.params])
+        t1 = flatten([p.detach() for p in self.params])
         return _sample(g0, check_finite("gradient", self._flat_grads(grads)), t0, t1)
 
 

@@ -23,6 +23,7 @@ from torch.utils._pytree import tree_map
 
 from taskloss.search.mgs_noise import CandidateDraws
 from taskloss.utils import eval_mode as _eval_mode
+from taskloss.utils import flatten
 
 __all__ = ["default_forward", "CandidateScorer", "stack_losses", "MODES"]
 
@@ -164,7 +165,7 @@ class CandidateScorer:
             The task loss; the module's current parameters are restored after.
         """
         with _eval_mode(self.model, self.eval_mode), torch.no_grad():
-            now = torch.cat([p.detach().reshape(-1) for p in self.params])
+            now = flatten([p.detach() for p in self.params])
             with self.loaded(flat, now) as model:
                 return float(self.score_one(model, batch))
 
