@@ -143,9 +143,27 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, n_samples: int, *,
     * ``"loo"``   — ``(1/nσ) Σ (F_i - mean_{j≠i} F_j) ε_i`` (needs n ≥ 2; no extra evaluation);
     * ``"antithetic"`` — ``(1/2nσ) Σ (f(θ+σε_i) - f(θ-σε_i)) ε_i`` (central differences; 2n evaluations).
 
-    All four are unbiased for ``∇ E[f(θ+σε)]``. Returns the gradient (same structure as ``theta``), plus
-    ``(eps, values)`` when ``return_samples`` (``eps``: stacked ``[n, ...]`` directions, ``values``: ``[n]``
-    — or ``[2, n]`` for ``+``/``-`` in the antithetic case).
+    All four are unbiased for ``∇ E[f(θ+σε)]``. Derived in notebook 05_policy_gradient_vs_zeroth_order.
+
+    Args:
+        f: θ ↦ scalar tensor (same structure as ``theta``).
+        theta: a tensor or a dict of tensors.
+        sigma: the perturbation scale σ > 0.
+        n_samples: the number of directions n ≥ 1.
+        baseline: ``"none"``, ``"value"``, ``"loo"`` or ``"antithetic"`` (above).
+        generator: the RNG of the directions.
+        vectorize: evaluate the points in one ``vmap`` (``False``: a loop).
+        chunk_size: points per vmap call.
+        return_samples: also return the draws and the values.
+
+    Returns:
+        The gradient (same structure as ``theta``), plus ``(directions, values)`` with ``return_samples``
+        (``directions``: the stacked ``[n, ...]`` draws ε_i; ``values``: ``[n]``, or ``[2, n]`` for ``+``/``-`` in the
+        antithetic case).
+
+    Raises:
+        TypeError: bad types (a non-callable ``f``, a flag that is not a bool).
+        ValueError: bad values, NaN/inf in θ or in ``f``'s values.
     """
     sigma, n = _validate(f, sigma, n_samples, generator, chunk_size, vectorize)
     check_bool("return_samples", return_samples)
@@ -155,10 +173,10 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, n_samples: int, *,
         raise ValueError(f"baseline must be 'none', 'value', 'loo' or 'antithetic', got {baseline!r}")
     if baseline == "loo" and n < 2:
         raise ValueError("baseline='loo' needs n_samples >= 2")
-    eps = _draw(th, n, "gaussian", generator)
-    plus = _evaluate(f, {k: th[k] + sigma * e for k, e in eps.items()}, single, vectorize, chunk_size)
+    directions = _draw(th, n, "gaussian", generator)
+    plus = _evaluate(f, {k: th[k] + sigma * e for k, e in directions.items()}, single, vectorize, chunk_size)
     if baseline == "antithetic":
-        minus = _evaluate(f, {k: th[k] - sigma * e for k, e in eps.items()}, single, vectorize, chunk_size)
+        minus = _evaluate(f, {k: th[k] - sigma * e for k, e in directions.items()}, single, vectorize, chunk_size)
         w, values, scale = plus - minus, torch.stack([plus, minus]), 1.0 / (2 * n * sigma)
     else:
         values, scale = plus, 1.0 / (n * sigma)
@@ -168,9 +186,9 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, n_samples: int, *,
             w = plus - _value(f, th, single).to(plus)
         else:
             w = plus - (plus.sum() - plus) / (n - 1)
-    g = _combine(w, eps, scale, single)
+    g = _combine(w, directions, scale, single)
     if return_samples:
-        return g, (eps[""] if single else eps), values
+        return g, (directions[""] if single else directions), values
     return g
 
 
