@@ -32,7 +32,7 @@ help:
 	@echo "make notebooks  re-execute notebooks and refresh the committed .ipynb outputs"
 	@echo "make sync       re-pair notebooks/*.py -> .ipynb (keeps outputs)"
 	@echo "make lab        JupyterLab on localhost (token login) with notebooks/*.py opening as notebooks"
-	@echo "make lint       ruff on the package (pyflakes + import order)"
+	@echo "make lint       ruff on the package (pyflakes, import order, Google-style docstrings)"
 	@echo "make env TORCH=cpu   create the venv with PyTorch's CPU wheel (TORCH=cu128 … for a CUDA build)"
 	@echo "make bench      run benchmarks/bench_*.py and write benchmarks/RESULTS.md"
 	@echo "make pretrained rebuild the cached pretrained small LM (data/pretrained/)"

@@ -108,14 +108,14 @@ class Trainer:
         out = self.net(x)
         loss = nll_loss(out, t, self.lik)
         if self.kfac is not None:
-            self.kfac.update(out, t)
+            self.kfac.update_statistics(x, t, outputs=out)
         self.opt.zero_grad()
         loss.backward()
         if self.kfac is not None:
-            self.kfac.step()
+            self.kfac.precondition_()
         if self.pre is not None:
-            self.pre.update(x, t)
-            self.pre.step()
+            self.pre.update_statistics(x, t)
+            self.pre.precondition_()
         if self.method == "curvlinops":
             self._curvlinops_precondition(x, t)
         self.opt.step()
@@ -164,8 +164,8 @@ class Trainer:
     def state_bytes(self):
         if self.kfac is None:
             return 0
-        tensors = list(self.kfac.A.values()) + list(self.kfac.G.values())
-        tensors += [t for inv in self.kfac._inv.values() for t in inv]
+        tensors = list(self.kfac.factors.A.values()) + list(self.kfac.factors.G.values())
+        tensors += [t for inv in self.kfac.factors.inverses.values() for t in inv]
         return sum(t.numel() * t.element_size() for t in tensors)
 
 

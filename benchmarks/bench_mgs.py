@@ -85,6 +85,15 @@ def _setup(hidden, batch_size, device, seed=0):
     return model, torch.optim.AdamW(model.parameters(), lr=1e-3), (X, y)
 
 
+def _closure(model, batch):
+    """MGS's closure: the surrogate's forward and backward, and the batch the candidates are scored on."""
+    def closure():
+        loss = surrogate(model, batch)
+        loss.backward()
+        return loss, batch
+    return closure
+
+
 def matmul_flops(hidden, batch_size, K) -> float:
     """Matrix-product FLOPs of one step's floor: forward 2·B·Σ in·out; backward the weight gradients (2·B·in·out
     per layer) and the input gradients of every layer but the first; plus K forwards."""
@@ -190,8 +199,8 @@ def bench_config(hidden, batch_size, K, device, repeats, rate, memory=True, stat
     steppers = {}
     for name, kw in VARIANTS.items():
         m, o, b = _setup(hidden, batch_size, device)
-        steppers[name] = MGS(m, o, surrogate, zero_one, K=K, seed=0, vmap_task_loss=True, **kw)
-        fns[name] = (lambda mgs=steppers[name], b=b: mgs.step(b))
+        steppers[name] = MGS(m, o, zero_one, n_samples=K, seed=0, vmap_task_loss=True, **kw)
+        fns[name] = (lambda mgs=steppers[name], b=b: mgs.step(_closure(mgs.model, b)))
     times = interleaved_median_times(fns, device, repeats, statistic=statistic, clock=clock)
     row.update({f"{k}_s": v for k, v in times.items()})
     row["noise_s"] = min(v for k, v in times.items() if k.startswith("noise"))     # the faster way to draw them

@@ -35,13 +35,13 @@
 # Everything used below lives in `taskloss.sampling`: `log_target`, `self_normalized_is`, `expected_update`,
 # the proposals (`GaussianProposal`, `UniformBallProposal`, `GaussianMixtureProposal`), the exact ball
 # quantities (`ball_log_partition`, `ball_log_partition_derivative`, `ball_expected_update`) and the quadratic
-# case (`newton_update`, `gaussian_update_distribution`).
+# case (`newton_direction`, `gaussian_update_distribution`).
 
 # %% tags=["parameters"]
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-eps: float = 0.5                      # [> 0] radius of the ball ‖Δθ‖ ≤ ε
+radius: float = 0.5                   # [> 0] radius ε of the ball ‖Δθ‖ ≤ ε
 alpha_demo: float = 0.3               # [> 0] temperature of the first pictures
 guide_frac: float = 0.5               # [> 0] guided proposals are centred at −ηg, a distance guide_frac·ε along −g
 sigma_frac: float = 0.5               # [> 0] their standard deviation σ = sigma_frac·ε
@@ -80,7 +80,7 @@ from taskloss.sampling import (
     expected_update,
     gaussian_update_distribution,
     log_target,
-    newton_update,
+    newton_direction,
     self_normalized_is,
 )
 
@@ -147,9 +147,9 @@ for k, g in grads.items():
 # The reference: a quadrature grid over the ball (cell area $h^2$), on which $p$ is a softmax of $-\Delta l/\alpha$.
 
 # %%
-u = torch.linspace(-eps, eps, grid_size, dtype=f64, device=dev)
+u = torch.linspace(-radius, radius, grid_size, dtype=f64, device=dev)
 grid = torch.stack(torch.meshgrid(u, u, indexing="xy"), -1).reshape(-1, 2)
-grid = grid[grid.norm(dim=-1) <= eps]
+grid = grid[grid.norm(dim=-1) <= radius]
 cell = float(u[1] - u[0]) ** 2
 grid_loss = {k: f(theta0 + grid) - f(theta0) for k, f in losses.items()}
 
@@ -168,7 +168,7 @@ print(f"{len(grid)} grid points inside the ball")
 # `taskloss.sampling.update.self_normalized_is`:
 
 # %%
-ball_q = UniformBallProposal(T([0.0, 0.0]), eps)
+ball_q = UniformBallProposal(T([0.0, 0.0]), radius)
 d_i = ball_q.sample(n_samples, gen)
 log_rho = -(loss_kinked(theta0 + d_i) - loss_kinked(theta0)) / alpha_demo
 log_q = ball_q.log_prob(d_i)
@@ -199,33 +199,33 @@ _ = run.say("* **uniform** on the ball;\n"
             "with $\\lambda$ = {lam} and the same $\\eta$, $\\sigma$.\n\n"
             "The Gaussian ones put mass outside the ball, where the restricted target is zero: those draws get "
             "weight 0. Every estimate must agree with the quadrature to within Monte Carlo error.",
-            c=guide_frac * eps, gf=guide_frac, eq=guide_frac * eps / g_norms["quadratic"],
-            ek=guide_frac * eps / g_norms["kinked"], sf=sigma_frac, s=sigma_frac * eps, lam=mgs_lambda)
+            c=guide_frac * radius, gf=guide_frac, eq=guide_frac * radius / g_norms["quadratic"],
+            ek=guide_frac * radius / g_norms["kinked"], sf=sigma_frac, s=sigma_frac * radius, lam=mgs_lambda)
 
 # %%
 def make_proposals(g):
-    guide = -guide_frac * eps * g / g.norm()                    # −ηg with η = guide_frac·ε/‖g‖
-    return {"uniform ball": UniformBallProposal(T([0.0, 0.0]), eps),
-            "Gaussian at −ηg": GaussianProposal(guide, scale=sigma_frac * eps),
-            "MGS mixture": GaussianMixtureProposal.mgs(guide, sigma_frac * eps, mgs_lambda)}
+    guide = -guide_frac * radius * g / g.norm()                    # −ηg with η = guide_frac·ε/‖g‖
+    return {"uniform ball": UniformBallProposal(T([0.0, 0.0]), radius),
+            "Gaussian at −ηg": GaussianProposal(guide, scale=sigma_frac * radius),
+            "MGS mixture": GaussianMixtureProposal.mgs(guide, sigma_frac * radius, mgs_lambda)}
 
 
 results_1 = {}
 for name, f in losses.items():
     ref, _ = grid_update(name, alpha_demo)
     for pname, q in make_proposals(grads[name]).items():
-        res = expected_update(f, theta0, alpha_demo, q, n_samples, gen, radius=eps)
+        res = expected_update(f, theta0, alpha_demo, q, n_samples, gen, radius=radius)
         err = float((res.estimate - ref).norm())
         results_1[(name, pname)] = (res, err)
         print(f"{name:9s} {pname:16s} Δθ* = {res.estimate.cpu().numpy().round(4)}  quadrature = "
-              f"{ref.cpu().numpy().round(4)}  |err|/ε = {err / eps:.4f}  ESS/n = {float(res.ess) / n_samples:.3f}")
-        assert err < 0.04 * eps, (name, pname, err)
+              f"{ref.cpu().numpy().round(4)}  |err|/ε = {err / radius:.4f}  ESS/n = {float(res.ess) / n_samples:.3f}")
+        assert err < 0.04 * radius, (name, pname, err)
 
 # %%
 short = {"uniform ball": "uniform", "Gaussian at −ηg": "gauss", "MGS mixture": "mgs"}
 for (name, pname), (res, err) in results_1.items():
     run.record(f"demo/ess_fraction_{name}_{short[pname]}", float(res.ess) / n_samples)
-    run.record(f"demo/err_over_eps_{name}_{short[pname]}", err / eps)
+    run.record(f"demo/err_over_eps_{name}_{short[pname]}", err / radius)
 ess_kinked = {p: float(results_1[("kinked", p)][0].ess) / n_samples for p in short}
 best_kinked, worst_kinked = max(ess_kinked, key=ess_kinked.get), min(ess_kinked, key=ess_kinked.get)
 spread = ess_kinked[best_kinked] / ess_kinked[worst_kinked]
@@ -240,10 +240,10 @@ guidance = (f"all within a factor {spread:.2f} of each other — at α = {alpha_
 # %%
 def draw_update_panel(ax, name, alpha):
     """log p on the ball, the MGS draws (area ∝ weight), −g, and Δθ* by quadrature and by SNIS."""
-    v = torch.linspace(-eps, eps, 201, dtype=f64, device=dev)
+    v = torch.linspace(-radius, radius, 201, dtype=f64, device=dev)
     mesh = torch.stack(torch.meshgrid(v, v, indexing="xy"), -1)
     lt = -(losses[name](theta0 + mesh) - losses[name](theta0)) / alpha
-    lt = torch.where(mesh.norm(dim=-1) <= eps, lt - lt.max(), torch.nan).cpu()
+    lt = torch.where(mesh.norm(dim=-1) <= radius, lt - lt.max(), torch.nan).cpu()
     tc = ax.contourf(v.cpu(), v.cpu(), lt, levels=np.linspace(-6, 0, 13), cmap="Blues", extend="min")
     res, _ = results_1[(name, "MGS mixture")]
     sub = torch.randperm(n_samples, generator=gen, device=dev)[:3000]  # a random subset keeps the picture light
@@ -252,12 +252,12 @@ def draw_update_panel(ax, name, alpha):
                label="MGS draws, area ∝ weight")
     ref, _ = grid_update(name, alpha)
     g = grads[name].cpu()
-    ax.arrow(0, 0, *(-eps * g / g.norm()).tolist(), color="gray", width=0.004, length_includes_head=True,
+    ax.arrow(0, 0, *(-radius * g / g.norm()).tolist(), color="gray", width=0.004, length_includes_head=True,
              label="−g (to ε)")
     ax.arrow(0, 0, *ref.cpu().tolist(), color="C3", width=0.008, length_includes_head=True, label="Δθ* quadrature")
     ax.plot(*res.estimate.cpu().tolist(), "o", color="C1", ms=8, label="Δθ* SNIS")
-    ax.add_patch(plt.Circle((0, 0), eps, fill=False, ls="--", color="k"))
-    ax.set(xlim=(-1.1 * eps, 1.1 * eps), ylim=(-1.1 * eps, 1.1 * eps), aspect="equal",
+    ax.add_patch(plt.Circle((0, 0), radius, fill=False, ls="--", color="k"))
+    ax.set(xlim=(-1.1 * radius, 1.1 * radius), ylim=(-1.1 * radius, 1.1 * radius), aspect="equal",
            title=f"{name} loss, α = {alpha}", xlabel="Δθ₁ (parameter units)", ylabel="Δθ₂ (parameter units)")
     ax.legend(loc="upper right", fontsize=7)
     return tc
@@ -304,7 +304,7 @@ argmin = grid[int(torch.argmin(grid_loss[name]))]
 print(f"argmin of l over the ball (grid): {argmin.tolist()}  angle to −g: {angle_deg(argmin, -g_k):.1f}°")
 # smoothed gradient E_U[(ε²−‖Δ‖²)/2 ∇l(θ+Δ)] by quadrature (grad of the kinked loss is defined a.e.)
 grad_grid = torch.func.vmap(torch.func.grad(loss_kinked))(theta0 + grid)
-smoothed = (((eps**2 - (grid**2).sum(-1)) / 2)[:, None] * grad_grid).mean(0)
+smoothed = (((radius**2 - (grid**2).sum(-1)) / 2)[:, None] * grad_grid).mean(0)
 lin_mean = -(grid * grid_loss[name][:, None]).mean(0)  # −E_U[Δ l(θ+Δ)], the α·Δθ* limit
 torch.testing.assert_close(lin_mean, -smoothed, rtol=2e-3, atol=1e-5)  # the divergence-theorem identity
 print("divergence-theorem identity holds: E_U[Δ l] = E_U[(ε² − ‖Δ‖²)/2 ∇l]")
@@ -316,11 +316,11 @@ for a in alphas:
     sweep["norm"].append(float(m.norm()))
     sweep["angle"].append(angle_deg(m, -g_k))
     sweep["to_argmin"].append(float((m - argmin).norm()))
-    res = expected_update(loss_kinked, theta0, a, UniformBallProposal(T([0.0, 0.0]), eps), n_samples, gen)
+    res = expected_update(loss_kinked, theta0, a, UniformBallProposal(T([0.0, 0.0]), radius), n_samples, gen)
     sweep["mc_norm"].append(float(res.estimate.norm()))
     sweep["mc_err"].append(float((res.estimate - m).norm()))
     sweep["mc_ess"].append(float(res.ess) / n_samples)
-    sweep["lin_norm"].append(float(ball_expected_update(g_k, a, eps).norm()))
+    sweep["lin_norm"].append(float(ball_expected_update(g_k, a, radius).norm()))
 alphas_t = np.array(alphas)
 for a, n_, ang, da, e in zip(alphas, sweep["norm"], sweep["angle"], sweep["to_argmin"], sweep["mc_err"]):
     print(f"α = {a:7.3f}  ‖Δθ*‖ = {n_:.4f}  angle to −g = {ang:5.1f}°  ‖Δθ* − argmin‖ = {da:.4f}  |MC − quad| = {e:.4f}")
@@ -329,16 +329,16 @@ for a, n_, ang, da, e in zip(alphas, sweep["norm"], sweep["angle"], sweep["to_ar
 # α → 0: the best point in the ball; α → ∞: zero, along the smoothed gradient at rate 1/α
 m_small, _ = grid_update(name, alphas[0])
 m_large, _ = grid_update(name, alphas[-1])
-assert float((m_small - argmin).norm()) < 0.02 * eps
+assert float((m_small - argmin).norm()) < 0.02 * radius
 assert sweep["to_argmin"][0] < sweep["to_argmin"][len(alphas) // 2]
-assert sweep["norm"][-1] < 0.02 * eps and all(np.diff(sweep["norm"]) < 0)
+assert sweep["norm"][-1] < 0.02 * radius and all(np.diff(sweep["norm"]) < 0)
 torch.testing.assert_close(alphas[-1] * m_large, -smoothed, rtol=0.02, atol=0.0)
 assert abs(angle_deg(m_large, -smoothed)) < 1.0 and abs(angle_deg(m_small, -g_k) - angle_deg(argmin, -g_k)) < 1.0
 # Monte Carlo with the uniform proposal: accurate when α is not small, ESS collapses as α → 0
-assert max(np.array(sweep["mc_err"])[alphas_t >= 0.1]) < 0.05 * eps
+assert max(np.array(sweep["mc_err"])[alphas_t >= 0.1]) < 0.05 * radius
 assert sweep["mc_ess"][0] < 0.01 < 0.9 < sweep["mc_ess"][-1]
-run.record("alpha_limit/dist_to_argmin_over_eps_small_alpha", float((m_small - argmin).norm()) / eps)
-run.record("alpha_limit/norm_over_eps_large_alpha", sweep["norm"][-1] / eps)
+run.record("alpha_limit/dist_to_argmin_over_eps_small_alpha", float((m_small - argmin).norm()) / radius)
+run.record("alpha_limit/norm_over_eps_large_alpha", sweep["norm"][-1] / radius)
 run.record("alpha_limit/angle_to_minus_g_small_alpha_deg", sweep["angle"][0])
 run.record("alpha_limit/angle_to_minus_g_large_alpha_deg", sweep["angle"][-1])
 run.record("alpha_limit/angle_argmin_deg", angle_deg(argmin, -g_k))
@@ -352,8 +352,8 @@ ax.loglog(alphas_t, sweep["norm"], "o-", label="kinked loss, quadrature")
 ax.loglog(alphas_t, sweep["mc_norm"], "x", ms=8, label="kinked loss, SNIS (uniform q)")
 ax.loglog(alphas_t, sweep["lin_norm"], "--", label="linearized loss, exact (Bessel)")
 ax.loglog(alphas_t, float(smoothed.norm()) / alphas_t, ":", label="‖smoothed grad‖/α")
-ax.axhline(eps / math.sqrt(4 * n_samples), color="C1", lw=0.8, ls="-.", label="MC std per coordinate ε/√((d+2)n)")
-ax.axhline(eps, color="gray", lw=0.8, label="ε (the ball's radius)")
+ax.axhline(radius / math.sqrt(4 * n_samples), color="C1", lw=0.8, ls="-.", label="MC std per coordinate ε/√((d+2)n)")
+ax.axhline(radius, color="gray", lw=0.8, label="ε (the ball's radius)")
 ax.set(ylim=(1e-3, 1))
 label_axes(ax, "temperature α (loss units)", "‖Δθ*‖ (parameter units)", "step length")
 ax = axes[1]
@@ -392,15 +392,15 @@ alpha_iso = 0.2
 
 def z_cartesian(gv, a):
     g1, g2_ = float(gv[0]), float(gv[1])
-    return integrate.dblquad(lambda y, x: math.exp(-(x * g1 + y * g2_) / a), -eps, eps,
-                             lambda x: -math.sqrt(max(eps**2 - x**2, 0.0)), lambda x: math.sqrt(max(eps**2 - x**2, 0.0)),
+    return integrate.dblquad(lambda y, x: math.exp(-(x * g1 + y * g2_) / a), -radius, radius,
+                             lambda x: -math.sqrt(max(radius**2 - x**2, 0.0)), lambda x: math.sqrt(max(radius**2 - x**2, 0.0)),
                              epsabs=0, epsrel=1e-10)[0]
 
 
 rot_angles = np.linspace(0, 2 * np.pi, 8, endpoint=False)
 z_rot = np.array([z_cartesian(T([[math.cos(p), -math.sin(p)], [math.sin(p), math.cos(p)]]) @ g2, alpha_iso)
                   for p in rot_angles])
-z_exact2 = float(torch.exp(ball_log_partition(g2.norm(), alpha_iso, eps, 2)))
+z_exact2 = float(torch.exp(ball_log_partition(g2.norm(), alpha_iso, radius, 2)))
 iso_spread = float(z_rot.std() / z_rot.mean())
 print(f"d=2: Z over 8 rotations of g: spread {iso_spread:.1e}; exact (Bessel) {z_exact2:.8f}; quadrature {z_rot.mean():.8f}")
 assert iso_spread < 1e-8 and abs(z_rot.mean() / z_exact2 - 1) < 1e-8
@@ -410,7 +410,7 @@ assert iso_spread < 1e-8 and abs(z_rot.mean() / z_exact2 - 1) < 1e-8
 d5, alpha5 = 5, 0.3
 g5 = torch.randn(d5, generator=gen, dtype=f64, device=dev)
 g5 = 2.0 * g5 / g5.norm()
-ball5 = UniformBallProposal(torch.zeros(d5, dtype=f64, device=dev), eps)
+ball5 = UniformBallProposal(torch.zeros(d5, dtype=f64, device=dev), radius)
 cos_to_minus_g, log_z_mc = [], []
 for _ in range(8):
     Q, _ = torch.linalg.qr(torch.randn(d5, d5, generator=gen, dtype=f64, device=dev))
@@ -419,7 +419,7 @@ for _ in range(8):
                           n_samples_exact, gen)
     cos_to_minus_g.append(float(-res.estimate @ gr / (res.estimate.norm() * gr.norm())))
     log_z_mc.append(float(res.log_z))
-log_z5 = float(ball_log_partition(g5.norm(), alpha5, eps, d5))
+log_z5 = float(ball_log_partition(g5.norm(), alpha5, radius, d5))
 print(f"d=5: cos(Δθ*, −g) over 8 rotations: min {min(cos_to_minus_g):.5f};  log Z MC {np.round(log_z_mc, 4)} vs exact {log_z5:.4f}")
 assert min(cos_to_minus_g) > 0.995
 assert max(abs(np.array(log_z_mc) - log_z5)) < 0.02
@@ -456,9 +456,9 @@ def z_slice(s, a, e, d, moment=False):
 worst = 0.0
 for d in (1, 2, 3, 10):
     for s, a in [(0.5, 1.0), (2.0, 0.3), (5.0, 0.05)]:
-        z, dz = z_slice(s, a, eps, d), z_slice(s, a, eps, d, moment=True)
-        z_pkg = float(torch.exp(ball_log_partition(s, a, eps, d)))
-        r_pkg = float(ball_log_partition_derivative(s, a, eps, d))
+        z, dz = z_slice(s, a, radius, d), z_slice(s, a, radius, d, moment=True)
+        z_pkg = float(torch.exp(ball_log_partition(s, a, radius, d)))
+        r_pkg = float(ball_log_partition_derivative(s, a, radius, d))
         worst = max(worst, abs(z_pkg / z - 1), abs(r_pkg / (dz / z) - 1))
 print(f"slice-integral quadrature vs closed form, d ∈ {{1,2,3,10}}: worst relative difference {worst:.1e}")
 assert worst < 1e-8
@@ -476,10 +476,10 @@ for d in (2, 3, 10):
     gd = torch.randn(d, generator=gen, dtype=f64, device=dev)
     gd = s_mc * gd / gd.norm()
     res = expected_update(lambda th, gd=gd: th @ gd, torch.zeros(d, dtype=f64, device=dev), alpha_mc,
-                          UniformBallProposal(torch.zeros(d, dtype=f64, device=dev), eps), n_samples_exact, gen)
+                          UniformBallProposal(torch.zeros(d, dtype=f64, device=dev), radius), n_samples_exact, gen)
     r_mc = float(-res.estimate @ gd) / (alpha_mc * s_mc)
-    r_ex = float(ball_log_partition_derivative(s_mc, alpha_mc, eps, d))
-    lz_ex = float(ball_log_partition(s_mc, alpha_mc, eps, d))
+    r_ex = float(ball_log_partition_derivative(s_mc, alpha_mc, radius, d))
+    lz_ex = float(ball_log_partition(s_mc, alpha_mc, radius, d))
     mc_rows.append((d, r_mc, r_ex, abs(r_mc / r_ex - 1), float(res.log_z), lz_ex))
     print(f"d={d:2d}: Z'/Z MC {r_mc:.4f} exact {r_ex:.4f} (rel err {abs(r_mc / r_ex - 1):.3%});  "
           f"log Z MC {float(res.log_z):.4f} exact {lz_ex:.4f};  ESS/n {float(res.ess) / n_samples_exact:.2f}")
@@ -494,7 +494,7 @@ for d in (1, 2, 3, 10, 100):
     ratio = ball_log_partition_derivative(torch.tensor(xs), 1.0, 1.0, d).numpy()  # ε = α = 1: r_{d/2}(x)
     ax.semilogx(xs, ratio, label=f"d = {d}")
 for d, r_mc, r_ex, *_ in mc_rows:
-    ax.plot(s_mc * eps / alpha_mc, r_mc * alpha_mc / eps, "kx", ms=8)
+    ax.plot(s_mc * radius / alpha_mc, r_mc * alpha_mc / radius, "kx", ms=8)
 ax.plot([], [], "kx", label="SNIS estimates (d = 2, 3, 10)")
 ax.set(ylim=(0, 1.02))
 label_axes(ax, "x = ‖g‖ε/α (dimensionless)", "‖Δθ*‖/ε = I_{d/2+1}(x) / I_{d/2}(x)",
@@ -511,8 +511,8 @@ plt.show()
 # %%
 for d in (2, 10):
     gd = torch.ones(d, dtype=f64, device=dev)
-    torch.testing.assert_close(ball_expected_update(gd, 1e-8, eps), -eps * gd / gd.norm())
-    torch.testing.assert_close(ball_expected_update(gd, 1e8, eps), -eps**2 * gd / ((d + 2) * 1e8), rtol=1e-6, atol=0.0)
+    torch.testing.assert_close(ball_expected_update(gd, 1e-8, radius), -radius * gd / gd.norm())
+    torch.testing.assert_close(ball_expected_update(gd, 1e8, radius), -radius**2 * gd / ((d + 2) * 1e8), rtol=1e-6, atol=0.0)
 print("α → 0: a full step ε along −g;  α → ∞: gradient descent with learning rate ε²/((d+2)α)")
 
 # %% [markdown]
@@ -530,11 +530,11 @@ print("α → 0: a full step ε along −g;  α → ∞: gradient descent with l
 
 # %%
 g_q, H_q = grads["quadratic"], A_quad
-newton = newton_update(g_q, H_q)
+newton = -newton_direction(H_q, g_q)
 torch.testing.assert_close(newton, theta_star - theta0)  # Newton lands on the minimizer of a quadratic
 newton_rows = {}
 for a in (0.05, 0.5):
-    p = gaussian_update_distribution(g_q, H_q, a)
+    p = gaussian_update_distribution(H_q, g_q, a)
     res = expected_update(loss_quadratic, theta0, a, GaussianProposal(T([0.0, 0.0]), scale=1.0), n_samples_exact, gen)
     dd = res.samples - res.estimate
     cov_w = (res.weights[:, None, None] * dd[:, :, None] * dd[:, None, :]).sum(0)
@@ -554,9 +554,9 @@ assert abs(cov_ratio - 10) < 1.5
 # a random 6-D quadratic: exact sampling and SNIS both give −H⁻¹g
 B = torch.randn(6, 6, generator=gen, dtype=f64, device=dev)
 H6, g6 = B @ B.T / 6 + 0.5 * torch.eye(6, dtype=f64, device=dev), torch.randn(6, generator=gen, dtype=f64, device=dev)
-p6 = gaussian_update_distribution(g6, H6, 0.2)
+p6 = gaussian_update_distribution(H6, g6, 0.2)
 x6 = p6.sample(n_samples_exact, gen)
-newton6 = newton_update(g6, H6)
+newton6 = -newton_direction(H6, g6)
 wide6 = float(torch.linalg.eigvalsh(p6.covariance).max().sqrt()) * 1.5
 res6 = expected_update(lambda th: th @ g6 + 0.5 * ((th @ H6) * th).sum(-1), torch.zeros(6, dtype=f64, device=dev),
                        0.2, GaussianProposal(newton6, scale=wide6), n_samples_exact, gen)
@@ -620,7 +620,7 @@ plt.show()
 
 # %%
 alpha_is = 0.5
-p_is = gaussian_update_distribution(g_q, H_q, alpha_is)
+p_is = gaussian_update_distribution(H_q, g_q, alpha_is)
 mu, Lp, dim_is = p_is.mean, p_is.scale_tril, 2
 e_dir = T([1.0, 0.0])
 

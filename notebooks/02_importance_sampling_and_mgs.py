@@ -24,7 +24,7 @@
 # Source: *MLE-guided parameter search for task loss minimization in neural sequence modeling* (Welleck & Cho,
 # AAAI 2021) and the essay that introduces it (reference 000 of this repository); the "Errata" box at the end
 # lists where the numbers below correct the essay. Package code: `taskloss.search.mgs` (`MGS`),
-# `taskloss.search.mgs_density` (`mixture_log_density`, `mgs_weights`, `effective_sample_size`); the
+# `taskloss.search.mgs_density` (`mixture_log_density`, `mgs_weights`), `taskloss.sampling` (`effective_sample_size`); the
 # importance-sampling machinery of notebook 01 lives in `taskloss.sampling.update`.
 #
 # Sections: 1 the update · 2 self-normalized importance sampling · 3 why the surrogate's step is a good
@@ -40,7 +40,7 @@ alpha: float = 0.05         # [> 0] temperature of the update distribution
 sigma: float = 0.25         # [> 0] proposal noise scale (absolute)
 n_seeds: int = 20           # [>= 2] repetitions of every Monte Carlo estimate
 max_log2_K: int = 10        # [>= 3] the error-vs-K curve doubles K from 2 up to 2^max_log2_K
-sweep_K: int = 32           # [> 0] candidates per estimate in the α / σ / λ sweeps
+sweep_samples: int = 32     # [> 0] candidates per estimate in the α / σ / λ sweeps
 ess_draws: int = 20000      # [> 0] draws for the closed-form ESS checks
 toy_steps: int = 60         # [> 0] optimization steps on the 2-D problem
 toy_seeds: int = 5          # [>= 2] MGS runs on the 2-D problem
@@ -50,7 +50,7 @@ pg_lrs: list[float] = [0.01, 0.03, 0.1]   # [> 0] §8: learning rates tuned per 
 pg_tune_seeds: int = 2      # [> 0] §8: seeds per learning rate when tuning
 pg_samples: int = 4         # [>= 2] §8: REINFORCE labels per input (leave-one-out baseline)
 pg_mle_weight: float = 0.1  # [>= 0] §8: cross-entropy weight in "REINFORCE + MLE"
-mgs_K: int = 4              # [> 0] §8: MGS candidates per step (the paper's n = 4)
+mgs_samples: int = 4        # [> 0] §8: MGS candidates per step (the paper's n = 4)
 
 # %%
 import math
@@ -68,8 +68,8 @@ import taskloss.results
 from taskloss.datasets import load_digits_splits
 from taskloss.losses import accuracy
 from taskloss.results.plotting import comparison_forest, label_axes, median_band, seed_band
-from taskloss.sampling import GaussianMixtureProposal, gaussian_update_distribution, newton_update
-from taskloss.search import MGS, classification_reinforce, effective_sample_size, mgs_weights, mixture_log_density
+from taskloss.sampling import GaussianMixtureProposal, effective_sample_size, gaussian_update_distribution, newton_direction
+from taskloss.search import MGS, classification_reinforce, mgs_weights, mixture_log_density
 
 # %%
 run = taskloss.results.start("02_importance_sampling_and_mgs", output_dir, device=device, seed=seed)
@@ -112,9 +112,9 @@ grid = torch.linspace(-4, 4, 801, dtype=D)
 G = torch.stack(torch.meshgrid(grid, grid, indexing="ij"), -1).reshape(-1, 2)   # candidate steps Δ
 w_grid = torch.softmax(-(l2(theta2 + G) - l2(theta2)) / 0.3, 0)
 quad_mean = w_grid @ G
-torch.testing.assert_close(quad_mean, newton_update(g2, H2), rtol=1e-6, atol=1e-8)
-torch.testing.assert_close(gaussian_update_distribution(g2, H2, 0.3).mean, -torch.linalg.solve(H2, g2))
-print("grid mean", quad_mean.numpy(), " closed form -H^-1 g", newton_update(g2, H2).numpy())
+torch.testing.assert_close(quad_mean, -newton_direction(H2, g2), rtol=1e-6, atol=1e-8)
+torch.testing.assert_close(gaussian_update_distribution(H2, g2, 0.3).mean, -torch.linalg.solve(H2, g2))
+print("grid mean", quad_mean.numpy(), " closed form -H^-1 g", (-newton_direction(H2, g2)).numpy())
 
 # %% [markdown]
 # ## 2 · Self-normalized importance sampling
@@ -189,7 +189,7 @@ theta_iso, star_iso = torch.zeros(dim, dtype=D), torch.zeros(dim, dtype=D)
 star_iso[0] = 2.0
 l_iso, g_iso = quadratic(iso_H, star_iso), iso_H @ (theta_iso - star_iso)
 for off in [0.0, 0.5, 1.0, 1.5]:                                # ‖μ_p − μ_q‖ in units of σ
-    g_sur = -(newton_update(g_iso, iso_H) + off * sigma * F.normalize(torch.ones(dim, dtype=D), dim=0))
+    g_sur = newton_direction(iso_H, g_iso) - (off * sigma * F.normalize(torch.ones(dim, dtype=D), dim=0))
     _, w = snis(theta_iso, l_iso, g_sur, alpha, sigma, 0.0, ess_draws, torch.Generator().manual_seed(seed))
     got, want = effective_sample_size(w) / ess_draws, math.exp(-off**2)
     print(f"offset {off:.1f}σ: ESS/K = {got:.3f}   closed form {want:.3f}")
@@ -212,7 +212,7 @@ def make_problem(d, gen, g_scale=1.5):
 H, theta0, star = make_problem(dim, torch.Generator().manual_seed(seed))
 l_quad = quadratic(H, star)
 g_true = H @ (theta0 - star)
-target = newton_update(g_true, H)
+target = -newton_direction(H, g_true)
 print(f"‖Δθ*‖ = {target.norm():.2f},  ‖Δθ* + ∇l‖ = {(target + g_true).norm():.2f},  σ = {sigma}")
 
 
@@ -331,7 +331,7 @@ assert c_unit.verdict == "worse"     # the unit-σ density does not converge to 
 # %% [markdown]
 # ## 5 · The roles of α, σ and λ
 #
-# Three sweeps at K = `sweep_K` (surrogate error ε = 0.1), each varying one knob around the defaults above:
+# Three sweeps at K = `sweep_samples` (surrogate error ε = 0.1), each varying one knob around the defaults above:
 #
 # * **α** sets the width of the target, αH⁻¹. As α → 0 the target concentrates on the minimizer of l and the
 #   weights collapse onto the best candidate (ESS → 1): the update becomes "take the best of K". Large α
@@ -346,7 +346,7 @@ assert c_unit.verdict == "worse"     # the unit-σ density does not converge to 
 #   surrogate still pulls with a gradient of norm 2.
 
 # %%
-def sweep(values, make_args, K=sweep_K):
+def sweep(values, make_args, K=sweep_samples):
     """Errors and ESS [n_seeds, len(values)] of the from-scratch estimator over one knob."""
     err, ess = np.zeros((n_seeds, len(values))), np.zeros((n_seeds, len(values)))
     for s in range(n_seeds):
@@ -373,21 +373,21 @@ l_at_min = quadratic(H, theta0)                                   # θ is the ta
 g_pull = 2.0 * F.normalize(g_true, dim=0)
 res_lam_b = sweep(lams, lambda v, s: (theta0, l_at_min, g_pull, alpha, sigma, v, torch.zeros(dim, dtype=D)))
 print("α sweep  error", np.median(res_alpha[0], 0).round(3), " ESS", np.median(res_alpha[1], 0).round(1))
-print(f"σ sweep  error K={sweep_K}", np.median(res_sigma[0], 0).round(3), f"\n         error K={2 ** max_log2_K}",
+print(f"σ sweep  error K={sweep_samples}", np.median(res_sigma[0], 0).round(3), f"\n         error K={2 ** max_log2_K}",
       np.median(res_sigma_big[0], 0).round(3), f"\n         plain surrogate step {surrogate_step_error:.3f}")
 print("λ sweep A error", np.median(res_lam_a[0], 0).round(3), "   B error", np.median(res_lam_b[0], 0).round(3))
 
 # %%
 fig, axes = plt.subplots(1, 3, figsize=(14, 3.9))
 median_band(axes[0], alphas, res_alpha[0], label="error ‖Δθ̂ − Δθ*‖", color="C0", marker="o", ms=3)
-label_axes(axes[0], "temperature α (loss units)", "error (parameter units)", f"sweep of α (K = {sweep_K})",
+label_axes(axes[0], "temperature α (loss units)", "error (parameter units)", f"sweep of α (K = {sweep_samples})",
            lower_is_better=True, logx=True, legend=False)
 ax2 = axes[0].twinx()
 median_band(ax2, alphas, res_alpha[1], label="ESS", color="C1", marker="s", ms=3, ls="--")
-ax2.set(ylabel="ESS (of K)", ylim=(0, sweep_K))
+ax2.set(ylabel="ESS (of K)", ylim=(0, sweep_samples))
 axes[0].legend(loc="upper left", fontsize=7)
 ax2.legend(loc="center right", fontsize=7)
-median_band(axes[1], sigmas, res_sigma[0], label=f"K = {sweep_K}", marker="o", ms=3)
+median_band(axes[1], sigmas, res_sigma[0], label=f"K = {sweep_samples}", marker="o", ms=3)
 median_band(axes[1], sigmas, res_sigma_big[0], label=f"K = {2 ** max_log2_K}", marker="s", ms=3)
 axes[1].axhline(surrogate_step_error, color="grey", ls="--", lw=0.8, label="plain step −∇l̃")
 label_axes(axes[1], "proposal width σ (parameter units)", "error (parameter units)", "sweep of σ",
@@ -395,7 +395,7 @@ label_axes(axes[1], "proposal width σ (parameter units)", "error (parameter uni
 median_band(axes[2], lams, res_lam_a[0], label="A: surrogate ≈ task loss", marker="o", ms=3)
 median_band(axes[2], lams, res_lam_b[0], label="B: θ at task minimum, surrogate pulls", marker="s", ms=3)
 label_axes(axes[2], "λ (weight of the zero-centred component)", "error (parameter units)",
-           f"sweep of λ (K = {sweep_K})", lower_is_better=True, logy=True)
+           f"sweep of λ (K = {sweep_samples})", lower_is_better=True, logy=True)
 fig.tight_layout()
 run.savefig(fig, "sweeps_alpha_sigma_lambda.png")
 plt.show()
@@ -435,9 +435,9 @@ _ = run.record("sweep/best_alpha", alphas[int(np.argmin(e_alpha))])
 j_inf, norms_inf = len(alphas) - 1, []
 for s in range(n_seeds):
     gen = torch.Generator().manual_seed(100_000 * seed + 50_000 + s)
-    zero = torch.rand(sweep_K, generator=gen) < 0.5
+    zero = torch.rand(sweep_samples, generator=gen) < 0.5
     deltas = torch.where(zero[:, None], torch.zeros(dim, dtype=D), -g_sweep[s]) + sigma * torch.randn(
-        sweep_K, dim, generator=gen, dtype=D)
+        sweep_samples, dim, generator=gen, dtype=D)
     log_q = mixture_log_density(deltas, g_sweep[s], sigma, 0.5)
     w_inf = mgs_weights(l_quad(theta0 + deltas), l_quad(theta0), log_q, alphas[-1])
     torch.testing.assert_close(w_inf, torch.softmax(-log_q, 0), rtol=1e-3, atol=1e-6)   # the task loss drops out
@@ -535,13 +535,24 @@ def surrogate(model, batch=None):
 # %%
 def mgs_for(model, lr, seed_, **kw):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    return MGS(model, opt, surrogate, staircase, forward_fn=lambda call, batch: call(), sigma_mode="absolute",
+    return MGS(model, opt, staircase, forward_fn=lambda call, batch: call(), sigma_mode="absolute",
                max_grad_norm=None, max_update_norm=None, seed=seed_, **kw)
+
+
+def surrogate_closure(model, batch=None):
+    """MGS's closure: the surrogate l̃ and its gradient, and the batch the candidates are scored on."""
+    def closure():
+        loss = surrogate(model, batch)
+        loss.backward()
+        return loss, batch
+    return closure
 
 
 start_pt = torch.tensor([-1.5, -1.5], dtype=D)
 pt = Point(start_pt)
-st = mgs_for(pt, 1.0, seed, K=6, alpha=0.1, sigma=0.3).step(None, return_deltas=True)
+mgs_pt = mgs_for(pt, 1.0, seed, n_samples=6, alpha=0.1, sigma=0.3, keep_deltas=True)
+mgs_pt.step(surrogate_closure(pt))
+st = mgs_pt.last_stats
 deltas_k = torch.stack([d["theta"] for d in st.deltas])
 lq = GaussianMixtureProposal.mgs(-(start_pt - b_pt), 0.3, 0.5).log_prob(deltas_k)
 w_scratch = torch.softmax(-(staircase(start_pt + deltas_k) - staircase(start_pt)) / 0.1 - lq, 0)
@@ -563,13 +574,14 @@ def run_mgs(steps, seed_, **kw):
     m = mgs_for(pt, 0.3, seed_, **kw)
     path, ess = [start_pt.clone()], []
     for _ in range(steps):
-        ess.append(m.step(None).ess)
+        m.step(surrogate_closure(pt))
+        ess.append(m.last_stats.ess)
         path.append(pt.theta.detach().clone())
     return torch.stack(path), ess
 
 
 gd_path = run_gd(toy_steps)
-mgs_runs = [run_mgs(toy_steps, 1000 * seed + 100 + s, K=8, alpha=0.05, sigma=0.3) for s in range(toy_seeds)]
+mgs_runs = [run_mgs(toy_steps, 1000 * seed + 100 + s, n_samples=8, alpha=0.05, sigma=0.3) for s in range(toy_seeds)]
 gd_final = float(staircase(gd_path[-1]))
 mgs_final = np.array([float(staircase(p[-1])) for p, _ in mgs_runs])
 print(f"task loss at the end: GD on l̃ {gd_final:.2f}; MGS {mgs_final} (start {float(staircase(start_pt)):.2f})")
@@ -624,7 +636,7 @@ assert c_toy.verdict == "better"
 # | MLE (cross-entropy, Adam) — the reference | forward + backward (≈ 2 forwards) | 3 |
 # | REINFORCE (`classification_reinforce`, `pg_samples` labels per input, leave-one-out baseline, Adam) | forward + backward; sampling labels from the softmax needs no further forward for a classifier | 3 |
 # | REINFORCE + MLE (the same plus `pg_mle_weight` × cross-entropy) | same | 3 |
-# | MGS (`MGS`, AdamW, `mgs_K` candidates, the reference's α = 0.01, σ = 1 relative, λ = ½, clipping at norm 1, the package's true mixture density) | the surrogate's forward + backward, then K candidate forwards (l(θ) cancels and is not computed) | 3 + K |
+# | MGS (`MGS`, AdamW, `mgs_samples` candidates, the reference's α = 0.01, σ = 1 relative, λ = ½, clipping at norm 1, the package's true mixture density) | the surrogate's forward + backward, then K candidate forwards (l(θ) cancels and is not computed) | 3 + K |
 #
 # So at equal compute REINFORCE takes (3 + K)/3 times as many steps as MGS. Classification is the most
 # favourable case for policy gradient: for a sequence model each sampled output is a decoded sequence and costs
@@ -637,7 +649,7 @@ assert c_toy.verdict == "better"
 splits = load_digits_splits(0)
 (Xtr, ytr), (Xva, yva), (Xte, yte) = [(X.to(dev), y.to(dev)) for X, y in (splits.train, splits.valid, splits.test)]
 METHODS = ["MLE", "REINFORCE", "REINFORCE + MLE", "MGS"]
-COST = {"MLE": 3, "REINFORCE": 3, "REINFORCE + MLE": 3, "MGS": 3 + mgs_K}
+COST = {"MLE": 3, "REINFORCE": 3, "REINFORCE + MLE": 3, "MGS": 3 + mgs_samples}
 MARKS = [round(pg_budget * (i + 1) / 6) for i in range(6)]     # budget sweep: accuracy at these costs
 
 
@@ -662,9 +674,17 @@ def zero_one(logits, b):
 def make_step(method, m, lr, s):
     """A function batch → MGS's ESS (or None) doing one optimizer step of `method` on the model m."""
     if method == "MGS":
-        mgs = MGS(m, torch.optim.AdamW(m.parameters(), lr=lr), ce, zero_one, K=mgs_K, alpha=0.01, sigma=1.0,
-                  mix=0.5, seed=s)
-        return lambda b: mgs.step(b).ess
+        mgs = MGS(m, torch.optim.AdamW(m.parameters(), lr=lr), zero_one, n_samples=mgs_samples, alpha=0.01,
+                  sigma=1.0, mix=0.5, seed=s)
+
+        def mgs_step(b):
+            def closure():
+                loss = ce(m, b)
+                loss.backward()
+                return loss, b
+            mgs.step(closure)
+            return mgs.last_stats.ess
+        return mgs_step
     opt, pg_gen = torch.optim.Adam(m.parameters(), lr=lr), torch.Generator(device=dev).manual_seed(s)
     mle_w = pg_mle_weight if method == "REINFORCE + MLE" else 0.0
 
@@ -828,7 +848,7 @@ _ = run.say(
     rf=vs("equal_compute/mgs_vs_reinforce"), rf_half=vs_short("equal_compute/mgs_vs_reinforce_half_budget"),
     rfm=vs("equal_compute/mgs_vs_reinforce_mle"), rfm_half=vs_short("equal_compute/mgs_vs_reinforce_mle_half_budget"),
     mle=vs("equal_compute/mgs_vs_mle"), mle_half=vs_short("equal_compute/mgs_vs_mle_half_budget"),
-    budget=pg_budget, n=pg_seeds, K=mgs_K, collapse=(
+    budget=pg_budget, n=pg_seeds, K=mgs_samples, collapse=(
         ": its weights pick one candidate per step, so each update is one surrogate-guided or random step "
         "rather than a task-loss-weighted average"
         if np.median(ess_eq) < 1.5 else ""))
@@ -855,7 +875,7 @@ _ = run.say(
 # %% [markdown]
 # ## Try this
 #
-# * `python -m taskloss.runner run 02 -p mgs_K 16 -p pg_budget 2400` — more candidates per MGS step at twice
+# * `python -m taskloss.runner run 02 -p mgs_samples 16 -p pg_budget 2400` — more candidates per MGS step at twice
 #   the budget: does the equal-compute verdict against REINFORCE + MLE move?
 # * `python -m taskloss.runner run 02 -p dim 50` — a 50-dimensional quadratic: how much larger must K be before
 #   MGS beats the plain surrogate step?

@@ -47,7 +47,7 @@ finetune_lr: float = 0.001   # [> 0] learning rate of every method started from 
 mle_steps: int = 300         # [> 0] MLE training steps that produce the MLE start
 finetune_steps: int = 100    # [> 0] steps of each method from the MLE start (MLE itself continues as many)
 scratch_steps: int = 200     # [> 0] steps of MGS and of MLE from a random initialization
-K: int = 4                   # [> 0] MGS candidates per step
+mgs_samples: int = 4         # [> 0] MGS candidates per step
 mgs_alpha: float = 0.01      # [> 0] MGS temperature (the reference's 1/β)
 mgs_sigma: float = 1.0       # [> 0] MGS noise, relative to mean|g| per tensor (the reference's default)
 mgs_mix: float = 0.5         # [>= 0, <= 1] λ, weight of the zero-centred component
@@ -76,7 +76,8 @@ from taskloss.datasets import load_digits_splits
 from taskloss.losses import accuracy, macro_f1
 from taskloss.models import MLP
 from taskloss.results.plotting import comparison_forest, label_axes, seed_band
-from taskloss.search import MGS, classification_reinforce, functional_loss, gaussian_smoothing_grad
+from taskloss.search import MGS, classification_reinforce, gaussian_smoothing_grad
+from taskloss.utils import functional_loss
 
 # %%
 run = taskloss.results.start("03_metric_optimization_classification", output_dir, device=device, seed=seed)
@@ -129,8 +130,8 @@ assert unchanged >= 15
 # %% [markdown]
 # ## 2 · What drives MGS's weights
 #
-# `MGS(model, optimizer, surrogate_loss_fn, task_loss_fn)` scores the K candidates θ+Δθ_k on the minibatch;
-# the task loss receives the candidate's logits and the batch. The update's log-weights are a sum of two terms,
+# `MGS(model, optimizer, task_loss_fn)` scores the K candidates θ+Δθ_k on the minibatch that its closure returns
+# with the surrogate loss (`mgs.step(closure)`); the task loss receives the candidate's logits and the batch. The update's log-weights are a sum of two terms,
 #
 # $$\log w_k = \underbrace{-\frac{l(\theta+\Delta\theta_k)-l(\theta)}{\alpha}}_{\text{task term}}
 #   \;\underbrace{-\,\log q(\Delta\theta_k)}_{\text{density term}} + \text{const}.$$
@@ -165,6 +166,15 @@ def ce(m, b):
     return F.cross_entropy(m(b[0]), b[1])
 
 
+def ce_closure(m, b):
+    """MGS's closure: the cross-entropy surrogate on batch b, its gradient, and b for scoring the candidates."""
+    def closure():
+        loss = ce(m, b)
+        loss.backward()
+        return loss, b
+    return closure
+
+
 # %%
 def pretrain(run_seed):
     """The MLE start of one seed (and its data streams): init, minibatches, `mle_steps` of Adam."""
@@ -191,9 +201,10 @@ starts = {s: pretrain(s) for s in tqdm(SEEDS, desc="MLE starts")}
 # %%
 def mgs_step_stats(model, density, sigma_=mgs_sigma, mix=mgs_mix, batch=None, noise_seed=seed, K_=8):
     """Diagnostics of one MGS step that leaves `model` unchanged (SGD with lr = 0 applies no update)."""
-    mgs = MGS(model, torch.optim.SGD(model.parameters(), lr=0.0), ce, zero_one, K=K_, alpha=mgs_alpha,
+    mgs = MGS(model, torch.optim.SGD(model.parameters(), lr=0.0), zero_one, n_samples=K_, alpha=mgs_alpha,
               sigma=sigma_, mix=mix, density=density, seed=noise_seed)
-    return mgs.step(batch if batch is not None else (Xtr[:batch_size], ytr[:batch_size]))
+    mgs.step(ce_closure(model, batch if batch is not None else (Xtr[:batch_size], ytr[:batch_size])))
+    return mgs.last_stats
 
 
 start0 = starts[SEEDS[0]][1]
@@ -219,11 +230,11 @@ probe_data = starts[SEEDS[0]][2]["ft"][:probe_batches]
 for dens in ess_grid:
     for i, mix in enumerate(probe_mixes):
         for j, sg in enumerate(probe_sigmas):
-            ess = [mgs_step_stats(start0, dens, sg, mix, b, noise_seed=100 * seed + t, K_=K).ess
+            ess = [mgs_step_stats(start0, dens, sg, mix, b, noise_seed=100 * seed + t, K_=mgs_samples).ess
                    for t, b in enumerate(probe_data)]
             ess_grid[dens][i, j] = np.median(ess)
 for dens, g in ess_grid.items():
-    print(f"median ESS of K = {K}, density = {dens} (rows λ = {probe_mixes}, columns σ = {probe_sigmas}):")
+    print(f"median ESS of K = {mgs_samples}, density = {dens} (rows λ = {probe_mixes}, columns σ = {probe_sigmas}):")
     print(np.round(g, 2))
 
 # %%
@@ -245,14 +256,14 @@ print("ESS > 1.5 with the unit-σ density at σ ∈", sig_keep)
 # %%
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
 for ax, (dens, g) in zip(axes, ess_grid.items()):
-    im = ax.imshow(g, vmin=1, vmax=K, cmap="viridis", aspect="auto", origin="lower")
+    im = ax.imshow(g, vmin=1, vmax=mgs_samples, cmap="viridis", aspect="auto", origin="lower")
     for (i, j), v in np.ndenumerate(g):
-        ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 * K else "k", fontsize=8)
+        ax.text(j, i, f"{v:.2f}", ha="center", va="center", color="w" if v < 0.6 * mgs_samples else "k", fontsize=8)
     ax.set_xticks(range(len(probe_sigmas)), probe_sigmas)
     ax.set_yticks(range(len(probe_mixes)), probe_mixes)
     ax.set(xlabel="σ (relative to mean|g_t| per tensor)", title=f"density = {dens!r}")
 axes[0].set_ylabel("λ (weight of the zero-centred component)")
-fig.colorbar(im, ax=axes, label=f"median ESS of K = {K} candidates (higher = more of them used)")
+fig.colorbar(im, ax=axes, label=f"median ESS of K = {mgs_samples} candidates (higher = more of them used)")
 run.savefig(fig, "ess_probe.png")
 plt.show()
 
@@ -299,11 +310,13 @@ def evaluate(model):
 def mgs_stepper(model, metric, lr_, seed_, density):
     """MGS with the reference's settings; macro-F1's `.item()` range check cannot be vmapped, so its candidates'
     logits are scored in a loop (vmap_task_loss=False)."""
-    mgs = MGS(model, torch.optim.AdamW(model.parameters(), lr=lr_), ce, TASKS[metric], K=K, alpha=mgs_alpha,
-              sigma=mgs_sigma, mix=mgs_mix, density=density, vmap_task_loss=(metric == "accuracy"), seed=seed_)
+    mgs = MGS(model, torch.optim.AdamW(model.parameters(), lr=lr_), TASKS[metric], n_samples=mgs_samples,
+              alpha=mgs_alpha, sigma=mgs_sigma, mix=mgs_mix, density=density, vmap_task_loss=(metric == "accuracy"),
+              seed=seed_)
 
     def step(batch):
-        st = mgs.step(batch)
+        mgs.step(ce_closure(model, batch))
+        st = mgs.last_stats
         return (st.ess, st.mle_weight, int(st.weights.argmax()) == int(st.task_losses.argmin()))
     return step
 
@@ -526,7 +539,7 @@ _ = run.say(
     "{mgs/follow_unit_sigma_vs_true_density.effect:+.3f}, {mgs/follow_unit_sigma_vs_true_density.verdict}). With "
     "the true density MGS's update is one candidate picked by its noise norm; the unit-σ density spreads the weight "
     "over the candidates, which lets the metric steer only where the candidates' minibatch task losses differ.",
-    K=K, chance=1 / K)
+    K=mgs_samples, chance=1 / mgs_samples)
 
 # %%
 _ = run.say(
@@ -570,7 +583,7 @@ _ = run.say(
 # %% [markdown]
 # ## Try this
 #
-# * `python -m taskloss.runner run 03 -p K 16` — more candidates per MGS step: does the unit-σ density's
+# * `python -m taskloss.runner run 03 -p mgs_samples 16` — more candidates per MGS step: does the unit-σ density's
 #   ESS, and its verdict against MLE, move?
 # * `python -m taskloss.runner run 03 -p finetune_steps 400 -p finetune_lr 0.0003` — a longer, gentler
 #   fine-tuning budget for every method.

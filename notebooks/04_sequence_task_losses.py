@@ -59,7 +59,7 @@ ppl_blocks: int = 32            # [> 0] held-out perplexity on the first N valid
 steps: int = 64                 # [> 0] training budget per method and seed (the verdicts are read here)
 eval_every: int = 16            # [> 0] evaluation points of the budget sweep
 lr: float = 1e-4                # [> 0] AdamW for every method
-mgs_K: int = 4                  # [> 0] MGS candidates per step
+mgs_samples: int = 4            # [> 0] MGS candidates per step
 mgs_alpha: float = 0.01         # [> 0] temperature α of p(Δθ) ∝ exp(−Δl/α)
 mgs_sigma: float = 1.0          # [> 0] noise scale σ, relative to mean|g| per tensor
 mgs_mix: float = 0.5            # [>= 0, <= 1] λ: weight of the zero-centred proposal component
@@ -224,7 +224,7 @@ for scale in (1e-4, 1e-2, 1.0):
 # **MGS** (MLE-guided parameter search) samples *parameter updates*. The ideal update is the mean of
 # $p(\Delta\theta) \propto e^{-[l(\theta+\Delta\theta)-l(\theta)]/\alpha}$ (notebooks 01–02), where the
 # *temperature* $\alpha$ (`mgs_alpha`) sets how sharply lower task losses are preferred. MGS estimates that mean
-# by self-normalized importance sampling from $K$ (`mgs_K`) candidates drawn from the *proposal*
+# by self-normalized importance sampling from $K$ (`mgs_samples`) candidates drawn from the *proposal*
 # $q = \lambda\,\mathcal N(0,\sigma^2 I) + (1-\lambda)\,\mathcal N(-g, \sigma^2 I)$, a mixture of two Gaussians:
 #
 # * $g$ is the MLE gradient $\nabla\tilde l$ clipped to norm `mgs_max_grad_norm`, so the second component is
@@ -253,10 +253,19 @@ def draw_batch(gen):
     return CompletionBatch(train_pairs.prefixes[idx], train_pairs.refs[idx], blk).to(dev)
 
 
-def make_mgs(model, opt, density, seed_):
-    return MGS(model, opt, task.surrogate_loss, task.batch_task_loss, forward_fn=task.decode, K=mgs_K,
-               alpha=mgs_alpha, sigma=mgs_sigma, mix=mgs_mix, density=density, max_grad_norm=mgs_max_grad_norm,
-               max_update_norm=2 * mgs_max_grad_norm, vmap_task_loss=False, seed=seed_)
+def make_mgs(model, opt, density, seed_, **kw):
+    return MGS(model, opt, task.batch_task_loss, forward_fn=task.decode, n_samples=mgs_samples, alpha=mgs_alpha,
+               sigma=mgs_sigma, mix=mgs_mix, density=density, max_grad_norm=mgs_max_grad_norm,
+               max_update_norm=2 * mgs_max_grad_norm, vmap_task_loss=False, seed=seed_, **kw)
+
+
+def mgs_closure(model, b):
+    """MGS's closure: the token NLL surrogate on batch b, its gradient, and b for scoring the candidates."""
+    def closure():
+        loss = task.surrogate_loss(model, b)
+        loss.backward()
+        return loss, b
+    return closure
 
 
 pb = draw_batch(torch.Generator().manual_seed(seed))
@@ -266,7 +275,9 @@ for dens in ("mixture", "unit_sigma"):
     m = copy.deepcopy(base).train()
     torch.manual_seed(seed)  # the same dropout mask in the surrogate gradient: the same candidates
     # SGD with lr = 1 applies θ ← θ + Δθ* exactly: lets us check the update below
-    probe[dens] = (make_mgs(m, torch.optim.SGD(m.parameters(), lr=1.0), dens, seed).step(pb, return_deltas=True), m)
+    mgs_probe = make_mgs(m, torch.optim.SGD(m.parameters(), lr=1.0), dens, seed, keep_deltas=True)
+    mgs_probe.step(mgs_closure(m, pb))
+    probe[dens] = (mgs_probe.last_stats, m)
 
 # %%
 for dens, (st, _) in probe.items():
@@ -324,11 +335,12 @@ print("candidate task losses reproduced on plain copies of the model")
 def train_step(method, model, opt, mgs, b, pg_gen):
     """One step of `method` on minibatch `b`; returns MGS's step statistics (None for the others)."""
     if method == "mgs":
-        return mgs.step(b)
+        mgs.step(mgs_closure(model, b))
+        return mgs.last_stats
     opt.zero_grad()
     loss = task.surrogate_loss(model, b)
     if method == "pg":
-        res = sequence_reinforce(model, b.prefixes, b.refs, task.per_sequence, num_samples=pg_samples,
+        res = sequence_reinforce(model, b.prefixes, b.refs, task.per_sequence, n_samples=pg_samples,
                                  max_new_tokens=decode_len, eos_id=tok.eos_id, pad_id=tok.pad_id,
                                  baseline="loo", generator=pg_gen)
         loss = res.loss + pg_mle_weight * loss
@@ -485,7 +497,7 @@ run.record("mgs/median_ess", float(np.median(diag[:, 0])))
 run.record("mgs/mean_mle_weight", float(diag[:, 1].mean()))
 run.record("mgs/steps_with_better_candidate", float(np.mean(diag[:, 2] < 0)))
 run.record("mgs/steps_with_tied_candidate", float(np.mean(diag[:, 2] == 0)))
-print(f"MGS over {len(diag)} steps: median ESS {np.median(diag[:, 0]):.2f} of K = {mgs_K}; mean weight on "
+print(f"MGS over {len(diag)} steps: median ESS {np.median(diag[:, 0]):.2f} of K = {mgs_samples}; mean weight on "
       f"MLE-centred candidates {diag[:, 1].mean():.2f} (λ = {mgs_mix} → {1 - mgs_mix:.2f} of the draws); best "
       f"candidate below l(θ) in {np.mean(diag[:, 2] < 0):.0%} of steps, equal in {np.mean(diag[:, 2] == 0):.0%}")
 
@@ -582,7 +594,7 @@ _ = run.say(
     "of 100 tokens, hundreds of steps); `params/04_sequence_task_losses/gpu.yaml` sets it up with a local GPT-2 "
     "folder and the WikiText-103 raw files (nothing is downloaded). `params/04_sequence_task_losses/full.yaml` "
     "runs the CPU setting with 10 seeds and 128 steps.",
-    steps=steps, K=mgs_K, reading=mgs_reading, mgs_t=said("mgs_vs_mle/task_loss"),
+    steps=steps, K=mgs_samples, reading=mgs_reading, mgs_t=said("mgs_vs_mle/task_loss"),
     mgs_n=said("mgs_vs_mle/non_termination"), mgs_r=said("mgs_vs_mle/repetition"),
     mgs_p=said("mgs_vs_mle/perplexity", ".2f"))
 

@@ -61,8 +61,8 @@ mezo_lr: float = 3.0           # [> 0] SGD step centre for MeZO
 pg_mle_weight: float = 0.1     # [>= 0] weight of the cross-entropy mixed into REINFORCE ("REINFORCE + MLE")
 warm_fraction: float = 0.5     # [> 0, < 1] "MLE → REINFORCE": fraction of the steps spent on MLE first
 zo_sigma: float = 0.1          # [> 0] parameter-noise scale of zeroth order on the 0-1 loss
-mezo_eps: float = 0.01         # [> 0] MeZO perturbation scale
-mezo_perturbations: int = 16   # [> 0] antithetic pairs per MeZO step
+mezo_sigma: float = 0.01       # [> 0] MeZO perturbation scale σ
+mezo_samples: int = 16         # [> 0] antithetic pairs per MeZO step
 eval_every: int = 25           # [> 0] steps between held-out evaluations
 
 # %%
@@ -83,6 +83,7 @@ from taskloss.results.headlines import seed_spread
 from taskloss.results.plotting import comparison_forest, label_axes, mean_interval, median_band, seed_band
 from taskloss.search import policy_gradient as PG
 from taskloss.search import zeroth_order as ZO
+from taskloss.utils import functional_loss
 
 run = taskloss.results.start("05_policy_gradient_vs_zeroth_order", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
@@ -403,8 +404,8 @@ for s in tqdm(range(grad_seeds), desc="gradient quality"):
     model, gen = new_model(seed + s), new_gen(seed + 100 + s)
     params = list(model.parameters())
     g_true = flat(torch.autograd.grad(PG.expected_reward(model(Xtr), onehot).mean(), params))
-    fJ, th0 = ZO.functional_loss(model, lambda out: PG.expected_reward(out, onehot).mean(), Xtr)
-    f01, _ = ZO.functional_loss(model, lambda out: metrics.accuracy(out.argmax(-1), ytr), Xtr)
+    fJ, th0 = functional_loss(model, lambda out: PG.expected_reward(out, onehot).mean(), Xtr)
+    f01, _ = functional_loss(model, lambda out: metrics.accuracy(out.argmax(-1), ytr), Xtr)
     est = {nm: [] for nm in names}
     for _ in range(grad_reps):
         res = PG.classification_reinforce(model(Xtr), ytr, pg_samples, baseline="loo", generator=gen)
@@ -471,7 +472,7 @@ _ = run.record("grad/cos_zo_theory", theory_cos)
 c_pg = float(cos_by[names[0]][0])
 n_star = int(math.ceil((n_par + 1) * c_pg**2 / (1 - c_pg**2)))
 model = new_model(seed)
-fJ, th0 = ZO.functional_loss(model, lambda out: PG.expected_reward(out, onehot).mean(), Xtr)
+fJ, th0 = functional_loss(model, lambda out: PG.expected_reward(out, onehot).mean(), Xtr)
 g_true = flat(torch.autograd.grad(PG.expected_reward(model(Xtr), onehot).mean(), list(model.parameters())))
 gen = new_gen(seed + 200)
 cos_star = cos(flat(ZO.gaussian_smoothing_grad(fJ, th0, 1e-3, n_star, baseline="antithetic", generator=gen,
@@ -509,7 +510,7 @@ _ = run.record("cost/zo_over_pg_time_ratio_not_asserted", time_ratio)
 # * **ZO, 0-1 loss** — the antithetic Gaussian-smoothing estimate of the minibatch 0-1 loss (`zo_dirs` directions,
 #   $\sigma$ = `zo_sigma`), Adam;
 # * **MeZO** — plain SGD on the antithetic estimate of the minibatch *expected* 0-1 loss $1 - J$
-#   (`mezo_perturbations` pairs, $\varepsilon$ = `mezo_eps`): the update of `ZO.MeZO` (checked below), which does it in
+#   (`mezo_samples` pairs, $\sigma$ = `mezo_sigma`): the update of `ZO.MeZO` (checked below), which does it in
 #   place with the memory of one model.
 #
 # **Tuning.** Each method's learning rate is its centre (`lr_mle`, `lr_pg`, `lr_pg_mle`, `lr_zo`, `mezo_lr`) times each of
@@ -554,14 +555,14 @@ def expected_01_batch(x, y):
 # %%
 m = new_model(seed)
 x1, y1 = Xtr[:batch_size], ytr[:batch_size]
-f1, th1 = ZO.functional_loss(m, lambda out: 1 - PG.expected_reward(out, F.one_hot(y1, C)).mean(), x1)
-g_pkg, eps_d, _ = ZO.gaussian_smoothing_grad(f1, th1, mezo_eps, 8, baseline="antithetic", return_samples=True,
+f1, th1 = functional_loss(m, lambda out: 1 - PG.expected_reward(out, F.one_hot(y1, C)).mean(), x1)
+g_pkg, eps_d, _ = ZO.gaussian_smoothing_grad(f1, th1, mezo_sigma, 8, baseline="antithetic", return_samples=True,
                                              generator=new_gen(seed))
 eps1 = torch.cat([eps_d["weight"].reshape(8, -1), eps_d["bias"]], 1)[None]            # [1, 8, P]
 theta1 = flat(th1)[None]
-g_ours = smoothing_estimates(expected_01_batch(x1[None], y1[None]), theta1, mezo_eps, eps1, "antithetic")
+g_ours = smoothing_estimates(expected_01_batch(x1[None], y1[None]), theta1, mezo_sigma, eps1, "antithetic")
 torch.testing.assert_close(g_ours[0], flat(g_pkg), rtol=1e-4, atol=1e-6)
-opt = ZO.MeZO(m.parameters(), lr=mezo_lr, eps=mezo_eps, num_perturbations=4, seed=seed)
+opt = ZO.MeZO(m.parameters(), lr=mezo_lr, sigma=mezo_sigma, n_samples=4, seed=seed)
 seeds_gen = torch.Generator().manual_seed(0)
 seeds_gen.set_state(opt.state_dict()["mezo"]["seed_generator"])
 z = []
@@ -569,7 +570,7 @@ for _ in range(4):                              # MeZO's z_k: one generator per 
     g_k = torch.Generator(device=dev).manual_seed(int(torch.randint(0, 2**62, (1,), generator=seeds_gen)))
     z.append(flat([torch.randn(p.shape, generator=g_k, device=dev) for p in m.parameters()]))
 opt.step(lambda: 1 - PG.expected_reward(m(x1), F.one_hot(y1, C)).mean())
-g_z = smoothing_estimates(expected_01_batch(x1[None], y1[None]), theta1, mezo_eps, torch.stack(z)[None], "antithetic")
+g_z = smoothing_estimates(expected_01_batch(x1[None], y1[None]), theta1, mezo_sigma, torch.stack(z)[None], "antithetic")
 torch.testing.assert_close(flat(m.parameters()).detach(), theta1[0] - mezo_lr * g_z[0], rtol=1e-4, atol=1e-5)
 print("batched estimate = gaussian_smoothing_grad; batched SGD step = ZO.MeZO step")
 
@@ -602,7 +603,7 @@ def surrogate(method, t, th, x, y, gen):
 
 
 def zo_direction(method, th, x, y, gen):
-    n, sig = (zo_dirs, zo_sigma) if method == "ZO 0-1" else (mezo_perturbations, mezo_eps)
+    n, sig = (zo_dirs, zo_sigma) if method == "ZO 0-1" else (mezo_samples, mezo_sigma)
     f_b = zero_one_batch(x, y) if method == "ZO 0-1" else expected_01_batch(x, y)
     eps = torch.randn(S, n, P, generator=gen, device=dev).repeat(L, 1, 1)       # shared across learning rates
     return smoothing_estimates(f_b, th, sig, eps, "antithetic")

@@ -39,7 +39,7 @@ n_steps: int = 1000                   # [> 0] iterations of both methods on the 
 kl_target: float = 1e-6               # [> 0] the KL both methods must reach in the step counts of §3
 n_step_sizes: int = 200               # [> 1] step sizes tried when tuning each method on the coupled Gaussian
 n_starts: int = 20                    # [> 1] random starting points for the tuned-vs-tuned comparison
-n_mc: int = 100000                    # [> 0] Monte-Carlo samples for the two forms of the Fisher
+mc_samples: int = 100000              # [> 0] Monte-Carlo samples for the two forms of the Fisher
 n_classifier: int = 200               # [> 0] digits examples for the Fisher-equals-GGN check
 hidden: int = 6                       # [> 0] hidden width of the small softmax classifier
 batch_size: int = 20                  # [> 0] mini-batch size for the Fisher-vs-Hessian noise check
@@ -142,21 +142,21 @@ _ = run.record("fisher/kl_quadratic_error_slope", slope_kl)
 # and compare both averages with the closed form, entry by entry, in units of their standard errors.
 
 # %%
-X_f = MultivariateNormal(m_f, V_f).sample((n_mc,))
+X_f = MultivariateNormal(m_f, V_f).sample((mc_samples,))
 
 
 def log_probs(t):
     m, V = family(t)
-    return MultivariateNormal(m, V).log_prob(X_f)                      # [n_mc]
+    return MultivariateNormal(m, V).log_prob(X_f)                      # [mc_samples]
 
 
-scores = jacfwd(log_probs)(theta_f)                                    # [n_mc, 4]
-hessians = jacfwd(jacfwd(log_probs))(theta_f)                          # [n_mc, 4, 4]
+scores = jacfwd(log_probs)(theta_f)                                    # [mc_samples, 4]
+hessians = jacfwd(jacfwd(log_probs))(theta_f)                          # [mc_samples, 4, 4]
 outer = scores.unsqueeze(-1) * scores.unsqueeze(-2)
 forms = {"E[score scoreᵀ]": outer, "-E[∇² log p]": -hessians}
 z_scores = {}
 for name, samples in forms.items():
-    est, se = samples.mean(0), samples.std(0) / math.sqrt(n_mc)
+    est, se = samples.mean(0), samples.std(0) / math.sqrt(mc_samples)
     z_scores[name] = float(((est - F_f) / se).abs().max())
     print(f"{name:>16}: max |estimate - closed form| = {float((est - F_f).abs().max()):.4f}, "
           f"max z-score = {z_scores[name]:.2f}")
@@ -285,7 +285,7 @@ torch.testing.assert_close(F, torch.tensor([[9 + 1 / 9, 1.0], [1.0, 1 / 9]], dty
 torch.testing.assert_close(gaussian_fisher(lambda t: (cg.mean(t), torch.eye(2, dtype=D, device=dev)),
                                            torch.tensor([0.3, 0.7], dtype=D, device=dev)), F)
 theta0 = torch.tensor([1.0, -1.0], dtype=D, device=dev)
-x_star = torch.randn(n_mc, 2, dtype=D, device=dev, generator=gen)           # data from p* = N(0, I)
+x_star = torch.randn(mc_samples, 2, dtype=D, device=dev, generator=gen)           # data from p* = N(0, I)
 essay_vector = torch.func.grad(lambda t: cg.log_prob(x_star, t).mean())(theta0)  # the essay's printed "gradient"
 grad_L = torch.func.grad(cg.loss)(theta0)
 torch.testing.assert_close(cg.grad(theta0), grad_L)

@@ -71,6 +71,7 @@ from taskloss.curvature import KFAC
 from taskloss.datasets import load_digits_splits
 from taskloss.models import MLP
 from taskloss.results.plotting import bars_with_interval, comparison_forest, label_axes, median_band
+from taskloss.utils import flatten, unflatten
 
 run = taskloss.results.start("07_fisher_approximations", output_dir, device=device, seed=seed)
 dev = run.device
@@ -110,13 +111,13 @@ tiny = nn.Sequential(nn.Linear(4, 6), nn.Tanh(), nn.Linear(6, 3)).double()
 Xt = torch.randn(10, 4, dtype=torch.float64)
 yt = torch.randint(0, 3, (10,))
 params = {k: p.detach() for k, p in tiny.named_parameters()}
-theta0 = C.flatten(params)
+theta0 = flatten(params)
 P = theta0.numel()
 
 
 def loss_at(theta, x, y):
     """ℓ(θ; x, y) for one example, θ flat."""
-    return nn.functional.cross_entropy(functional_call(tiny, C.unflatten(theta, params), (x[None],)), y[None])
+    return nn.functional.cross_entropy(functional_call(tiny, unflatten(theta, params), (x[None],)), y[None])
 
 
 F_score, F_hess, EF_scratch = (torch.zeros(P, P, dtype=torch.float64) for _ in range(3))
@@ -547,7 +548,7 @@ plt.show()
 # %%
 v = torch.randn(P, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
 torch.testing.assert_close(C.ggn_vector_product(tiny, None, Xt, v), F_pkg @ v)
-g_tiny = torch.func.grad(lambda t: C.nll_loss(functional_call(tiny, C.unflatten(t, params), (Xt,)), yt))(theta0)
+g_tiny = torch.func.grad(lambda t: C.nll_loss(functional_call(tiny, unflatten(t, params), (Xt,)), yt))(theta0)
 d_hf, info = C.conjugate_gradient(C.ggn_operator(tiny, None, Xt), g_tiny, damping=1e-3, max_iter=200, tol=1e-12,
                                   return_info=True)
 torch.testing.assert_close(d_hf, torch.linalg.solve(F_pkg + 1e-3 * torch.eye(P, dtype=torch.float64), g_tiny))
@@ -566,7 +567,7 @@ print(f"CG converged in {info['iterations']} products (P = {P}); matches torch.l
 
 # %%
 k1 = KFAC(tiny, fisher_type="exact", decay=0.0)
-k1.update(tiny(Xt[:1]))
+k1.update_statistics(Xt[:1])
 F1 = C.ggn_matrix(tiny, None, Xt[:1])
 n0 = sum(p.numel() for p in tiny[0].parameters())
 mask = torch.zeros_like(F1)
@@ -575,7 +576,7 @@ mask[n0:, n0:] = 1
 torch.testing.assert_close(k1.to_dense(), F1 * mask)
 k1.remove()  # a KFAC owns forward hooks on the model: remove them when done (or use it as a context manager)
 with KFAC(tiny, fisher_type="exact", decay=0.0) as kb:
-    kb.update(tiny(Xt))
+    kb.update_statistics(Xt)
 kfac_gap = ((kb.to_dense() - F_pkg * mask).norm() / (F_pkg * mask).norm()).item()
 print(f"one example: K-FAC == exact block-diagonal Fisher; {len(Xt)} examples: relative gap {kfac_gap:.2f}")
 _ = run.record("kfac/batch_block_gap", kfac_gap)
@@ -674,14 +675,14 @@ plt.show()
 # %%
 def hvp_fn(model, theta, like, inputs, targets):
     """v ↦ ∇²L(θ) v for the batch-mean cross-entropy (forward-over-reverse: jvp of the gradient)."""
-    loss = lambda t: C.nll_loss(functional_call(model, C.unflatten(t, like), (inputs,)), targets)  # noqa: E731
+    loss = lambda t: C.nll_loss(functional_call(model, unflatten(t, like), (inputs,)), targets)  # noqa: E731
     return lambda vec: torch.func.jvp(torch.func.grad(loss), (theta,), (vec,))[1]
 
 
-H_tiny = torch.func.hessian(lambda t: C.nll_loss(functional_call(tiny, C.unflatten(t, params), (Xt,)), yt))(theta0)
+H_tiny = torch.func.hessian(lambda t: C.nll_loss(functional_call(tiny, unflatten(t, params), (Xt,)), yt))(theta0)
 torch.testing.assert_close(hvp_fn(tiny, theta0, params, Xt, yt)(v), H_tiny @ v)
 ada_params = {k: p.detach() for k, p in ada_net.named_parameters()}
-theta_ada = C.flatten(ada_params)
+theta_ada = flatten(ada_params)
 probes = torch.randn(n_probes, theta_ada.numel(), generator=torch.Generator().manual_seed(seed), device="cpu").to(dev)
 
 
@@ -794,15 +795,15 @@ def train_step(net, opt, kfac, pre, x, t, lik, it):
     out = net(x)
     loss = C.nll_loss(out, t, lik)
     if kfac is not None:
-        kfac.update(out, t)
+        kfac.update_statistics(x, t, outputs=out)
     opt.zero_grad()
     loss.backward()
     if kfac is not None:
-        kfac.step()
+        kfac.precondition_()
     if pre is not None:
         if (it - 1) % curv_every == 0:
-            pre.update(x[:curv_batch], t[:curv_batch])
-        pre.step()
+            pre.update_statistics(x[:curv_batch], t[:curv_batch])
+        pre.precondition_()
     opt.step()
 
 
@@ -811,8 +812,8 @@ def hf_step(net, opt, x, t, lik):
         opt.zero_grad()
         loss = C.nll_loss(net(x), t, lik)
         loss.backward()
-        return loss
-    opt.step(closure, x[:curv_batch])
+        return loss, x[:curv_batch]          # the GGN batch travels with the loss
+    opt.step(closure)
 
 
 # %%

@@ -37,7 +37,7 @@
 seed: int = 0
 device: str = "auto"
 output_dir: str = ""
-n_mc: int = 20000                   # [> 0] Monte-Carlo samples for the Bonnet / Price checks
+mc_samples: int = 20000             # [> 0] Monte-Carlo samples for the Bonnet / Price checks
 n_reps: int = 200                   # [> 1] independent replications (interval coverage, Monte-Carlo-route sweep)
 rep_samples: int = 500              # [> 1] samples per replication in the coverage check
 mc_sizes: list = [8, 32, 128, 512, 2048]  # [> 2] samples S per estimate in the Monte-Carlo-route sweep
@@ -152,7 +152,7 @@ lam_vec = torch.cat([l1, sym_to_vec(l2)])
 torch.testing.assert_close(grad(lambda v: gaussian_log_partition(v[:2], vec_to_sym(v[2:])))(lam_vec),
                            torch.cat([mu1, sym_to_vec(mu2)]))
 F_2d = gaussian_natural_fisher(l1, l2)
-z_mc = gaussian_samples(m2d, V2d, n_mc, gen)
+z_mc = gaussian_samples(m2d, V2d, mc_samples, gen)
 cov_T = torch.cov(torch.cat([z_mc, sym_to_vec(z_mc.unsqueeze(-1) * z_mc.unsqueeze(-2))], -1).T)
 print(f"max |∇²A - Cov_MC[T]| = {float((F_2d - cov_T).abs().max()):.3f}  (max |F| = {float(F_2d.abs().max()):.2f})")
 torch.testing.assert_close(cov_T, F_2d, rtol=0.1, atol=0.1)
@@ -244,8 +244,8 @@ d = 2
 f2 = lambda z: f_point(z, a, c)                                                  # noqa: E731
 mr, Vr = m.clone().requires_grad_(), V.clone().requires_grad_()
 exact_gm, exact_gV = torch.autograd.grad(expected_f(mr, Vr, a, c), (mr, Vr))     # V's entries as free variables
-bon = bonnet_gradient(f2, m, V, n_mc, gen)
-pri = price_gradient(f2, m, V, n_mc, gen)
+bon = bonnet_gradient(f2, m, V, mc_samples, gen)
+pri = price_gradient(f2, m, V, mc_samples, gen)
 z_bon = ((bon.mean - exact_gm) / bon.stderr).abs().max()
 z_pri = ((pri.mean - exact_gV) / pri.stderr).abs().max()
 print(f"Bonnet: estimate {bon.mean.cpu().numpy().round(3)} ± {(1.96 * bon.stderr).cpu().numpy().round(3)}, "
@@ -255,7 +255,7 @@ print(f"Price:  estimate {pri.mean.cpu().numpy().round(3).tolist()} ± "
 print(f"largest |z-score|: Bonnet {float(z_bon):.2f}, Price {float(z_pri):.2f}")
 assert z_bon < 5 and z_pri < 5          # 5 standard errors: a real error would show as tens, noise stays below ~3
 # Bonnet + Price combined: the Monte-Carlo natural gradient against the exact ∇_μ L of section 2
-n1_mc, n2_mc = gaussian_natural_gradient(f2, m, V, n_mc, gen)
+n1_mc, n2_mc = gaussian_natural_gradient(f2, m, V, mc_samples, gen)
 z_nat = ((flat((n1_mc.mean, n2_mc.mean)) - nat_grad_exact["2-D"]) / flat((n1_mc.stderr, n2_mc.stderr))).abs().max()
 print(f"natural gradient by Monte Carlo vs exact ∇_μL: largest |z-score| {float(z_nat):.2f}")
 assert z_nat < 5
@@ -298,11 +298,11 @@ _ = run.say("The five intervals cover the exact value in {bonnet_price/min_cover
 # same draws, the ratio of their per-sample variances:
 
 # %%
-sf_samples = gaussian_samples(m, V, n_mc, gen)
+sf_samples = gaussian_samples(m, V, mc_samples, gen)
 sf = vmap(f2)(sf_samples).unsqueeze(-1) * torch.linalg.solve(V, (sf_samples - m).T).T
 bonnet_samples = vmap(grad(f2))(sf_samples)
 diff = sf - bonnet_samples                        # same expectation: the paired difference averages to 0
-assert ((diff.mean(0) / (diff.std(0) / math.sqrt(n_mc))).abs() < 5).all()
+assert ((diff.mean(0) / (diff.std(0) / math.sqrt(mc_samples))).abs() < 5).all()
 var_ratio = (sf.var(0) / bonnet_samples.var(0)).cpu()
 print(f"score-function / Bonnet per-sample variance, per entry of ∇_m: {var_ratio.numpy().round(1)}")
 assert var_ratio.min() > 1
@@ -316,7 +316,7 @@ upper = ([0, 0, 1], [0, 1, 1])
 est = torch.cat([bon.mean, pri.mean[upper]]).cpu()
 err = 1.96 * torch.cat([bon.stderr, pri.stderr[upper]]).cpu()
 ex = torch.cat([exact_gm, exact_gV[upper]]).cpu()
-axes[0].errorbar(range(5), est - ex, yerr=err, fmt="o", capsize=4, label=f"estimate − exact, 95% CI ({n_mc} samples)")
+axes[0].errorbar(range(5), est - ex, yerr=err, fmt="o", capsize=4, label=f"estimate − exact, 95% CI ({mc_samples} samples)")
 axes[0].axhline(0, color="k", lw=0.8)
 axes[0].set_xticks(range(5), labels)
 label_axes(axes[0], "entry of the gradient", "estimate − exact (units of ∂E[f])",
@@ -629,7 +629,7 @@ _ = run.record("vi/laplace_gap_nats", elbo_star - elbo_lap)
 
 # %%
 q_chk = MultivariateNormal(m_star, V_star)
-n_chk = min(n_mc, 20000)
+n_chk = min(mc_samples, 20000)
 z_chk = q_chk.sample((n_chk,))
 prior = MultivariateNormal(prior_mean, prior_var * torch.eye(d, dtype=D, device=dev))
 terms = vmap(log_lik)(z_chk) + prior.log_prob(z_chk) - q_chk.log_prob(z_chk)
@@ -858,7 +858,7 @@ plt.show()
 # %%
 cg = CoupledGaussian(dtype=D, device=dev)
 theta0 = torch.tensor([1.0, -1.0], dtype=D, device=dev)
-x_star = torch.randn(n_mc, 2, dtype=D, device=dev, generator=gen)                # data from p* = N(0, I)
+x_star = torch.randn(mc_samples, 2, dtype=D, device=dev, generator=gen)                # data from p* = N(0, I)
 printed = (x_star - cg.mean(theta0)) @ cg.J                                      # eq. (12) per draw: Mᵀ(x − Mθ)
 torch.testing.assert_close(printed.mean(0), torch.func.grad(lambda t: cg.log_prob(x_star, t).mean())(theta0))
 grad_L = torch.func.grad(cg.loss)(theta0)                                        # KL = cross-entropy − const

@@ -85,7 +85,7 @@ from taskloss.dynamics import (
 from taskloss.models import RNNLM, TransformerLM
 from taskloss.results.headlines import correlation_spread
 from taskloss.results.plotting import label_axes, seed_band
-from taskloss.search import functional_loss
+from taskloss.utils import functional_loss
 
 run = taskloss.results.start("11_gradient_clipping", output_dir, device=device, seed=seed)
 dev = run.device

@@ -64,7 +64,6 @@ from matplotlib.ticker import NullFormatter
 from tqdm.auto import tqdm
 
 import taskloss.results
-from taskloss.curvature import flatten, unflatten
 from taskloss.datasets import load_digits_splits
 from taskloss.dynamics import (
     flooding,
@@ -77,7 +76,7 @@ from taskloss.dynamics import (
 )
 from taskloss.models import MLP
 from taskloss.results.plotting import bars_with_interval, label_axes, seed_band
-from taskloss.search import functional_loss
+from taskloss.utils import flatten, functional_loss, unflatten
 
 run = taskloss.results.start("12_implicit_gradient_regularization", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64

@@ -123,7 +123,7 @@ pb_demo = Problem(nn.Linear(64, 10).to(dev), X_all[:64].to(dev), y_all[:64].to(d
 with PassCounter(pb_demo.model) as c:
     pb_demo.surrogate().backward()
 assert (c.count.forward, c.count.backward, c.count.functional) == (1, 1, 0)
-mgs_count = propose("mgs", pb_demo, K=6).passes
+mgs_count = propose("mgs", pb_demo, n_samples=6).passes
 assert (mgs_count.forward, mgs_count.backward) == (1 + 6, 1)   # one surrogate pass + K candidate forwards
 print("one surrogate backward:", c.count, "| one MGS step with K = 6:", mgs_count)
 
@@ -158,8 +158,8 @@ quad.set_flat_params((theta_star + v / v.norm()).to(dev))              # θ one 
 gq_ = torch.func.grad(quad.flat_loss())(quad.flat_params())
 newton_q = -torch.linalg.solve(Hq, gq_)
 torch.testing.assert_close(newton_q.norm(), torch.tensor(1.0, dtype=f64))
-eps_q = 1.5
-print(f"‖g‖ = {float(gq_.norm()):.3f}, ‖H⁻¹g‖ = {float(newton_q.norm()):.3f}, ε = {eps_q:.3f}")
+radius_q = 1.5
+print(f"‖g‖ = {float(gq_.norm()):.3f}, ‖H⁻¹g‖ = {float(newton_q.norm()):.3f}, ε = {radius_q:.3f}")
 
 # %% [markdown]
 # The hyperparameters of each rule, shared by the two Δθ* problems: one step from fresh state is taken (so
@@ -172,10 +172,10 @@ HP = {
     "grad_penalty": dict(lr=1.0, mu=0.1), "newton": {}, "natural_exact": dict(lr=1.0, damping=0.0),
     "natural_empirical": dict(lr=1.0, damping=1e-3), "kfac": dict(lr=1.0, damping=1e-3),
     "diag_fisher": dict(lr=1.0, damping=1e-3), "diag_empirical": dict(lr=0.1, damping=1e-3),
-    "hessian_free": dict(lr=1.0, damping=1e-4, cg_iters=10), "mgs": dict(K=32, alpha=1e-3, lr=1.0, seed=seed),
-    "zo_gaussian": dict(lr=1.0, sigma=1e-3, num_samples=16, seed=seed),
-    "spsa": dict(lr=1.0, sigma=1e-3, num_samples=16, seed=seed),
-    "mezo": dict(lr=1.0, eps=1e-3, num_perturbations=16, seed=seed),
+    "hessian_free": dict(lr=1.0, damping=1e-4, cg_iters=10), "mgs": dict(n_samples=32, alpha=1e-3, lr=1.0, seed=seed),
+    "zo_gaussian": dict(lr=1.0, sigma=1e-3, n_samples=16, seed=seed),
+    "spsa": dict(lr=1.0, sigma=1e-3, n_samples=16, seed=seed),
+    "mezo": dict(lr=1.0, sigma=1e-3, n_samples=16, seed=seed),
 }
 steps_q = {n: propose(n, quad, **hp) for n, hp in HP.items()}
 torch.testing.assert_close(steps_q["newton"].delta, newton_q)                  # Newton's rule is −H⁻¹g
@@ -185,7 +185,7 @@ torch.testing.assert_close(steps_q["sgd"].delta, -gq_)
 # %%
 refs_q, agree_q = {}, {n: [] for n in HP}
 for a in tqdm(quad_alphas, desc="quadratic: Δθ* over α"):
-    refs_q[a] = ideal_update(quad, a, radius=eps_q, n_samples=n_ref,
+    refs_q[a] = ideal_update(quad, a, radius=radius_q, n_samples=n_ref,
                              generator=torch.Generator(device=dev).manual_seed(seed))
     for n, s in steps_q.items():
         agree_q[n].append(step_agreement(s.delta, refs_q[a].delta))
@@ -235,7 +235,7 @@ m38 = (y_all == 3) | (y_all == 8)
 torch.manual_seed(seed)
 logit = Problem(nn.Linear(64, 2).to(dev, f64), X_all[m38].to(dev, f64), (y_all[m38] == 8).long().to(dev),
                 weight_decay=1e-2)
-HP_l = {**HP, "mgs": dict(K=32, alpha=1e-3, lr=1.0, seed=seed)}
+HP_l = {**HP, "mgs": dict(n_samples=32, alpha=1e-3, lr=1.0, seed=seed)}
 steps_l = {n: propose(n, logit, **hp) for n, hp in HP_l.items()}
 refs_l = {a: ideal_update(logit, a, n_samples=n_ref, generator=torch.Generator(device=dev).manual_seed(seed))
           for a in tqdm(logit_alphas, desc="logistic: Δθ* over α")}
@@ -328,8 +328,8 @@ HP_B = {
     "grad_penalty": dict(lr=0.5, mu=0.01), "kfac": dict(lr=0.3, damping=1e-2),
     "diag_empirical": dict(lr=0.01, damping=1e-4), "hessian_free": dict(lr=1.0, damping=1.0, cg_iters=5,
                                                                         adapt_damping=True),
-    "mgs": dict(lr=0.5, K=8, alpha=0.01), "reinforce": dict(lr=0.5, num_samples=8),
-    "zo_gaussian": dict(lr=0.5, sigma=0.01, num_samples=8), "mezo": dict(lr=0.5, eps=1e-2, num_perturbations=4),
+    "mgs": dict(lr=0.5, n_samples=8, alpha=0.01), "reinforce": dict(lr=0.5, n_samples=8),
+    "zo_gaussian": dict(lr=0.5, sigma=0.01, n_samples=8), "mezo": dict(lr=0.5, sigma=1e-2, n_samples=4),
 }
 SEARCH = [n for n in HP_B if RULES[n].objective == "task" or n == "reinforce"]
 print("search rules (trained on the task loss):", SEARCH)
@@ -476,7 +476,7 @@ plt.show()
 
 # %%
 HP_LR = {"sgd": dict(lr=0.5), "adam": dict(lr=1e-2), "newton": dict(lr=1.0, damping=0.0),
-         "natural_exact": dict(lr=1.0, damping=1e-4), "spsa": dict(lr=0.5, sigma=0.01, num_samples=8)}
+         "natural_exact": dict(lr=1.0, damping=1e-4), "spsa": dict(lr=0.5, sigma=0.01, n_samples=8)}
 LR_KW = dict(make_model=lambda: nn.Linear(64, 10), hps=HP_LR, search=["spsa"], budget_=logit_budget, wd=1e-3)
 tuned_lr, runs_lr = {}, {}
 for name in tqdm(HP_LR, desc="logistic race (tune, then compare)"):
@@ -579,9 +579,9 @@ print(f"{len(pool)} training prefixes, {len(held_lm)} held-out prefixes; one gre
 # and MeZO's ε keep hand-set values.
 
 # %%
-HP_LM = {"sgd": dict(lr=0.1), "adam": dict(lr=1e-3), "mgs": dict(lr=9.5e-3, K=4, alpha=0.01),
-         "reinforce": dict(lr=1e-3, num_samples=2, mle_weight=1.0),
-         "mezo": dict(lr=3.2e-4, eps=1e-3, num_perturbations=1)}
+HP_LM = {"sgd": dict(lr=0.1), "adam": dict(lr=1e-3), "mgs": dict(lr=9.5e-3, n_samples=4, alpha=0.01),
+         "reinforce": dict(lr=1e-3, n_samples=2, mle_weight=1.0),
+         "mezo": dict(lr=3.2e-4, sigma=1e-3, n_samples=1)}
 assert set(HP_LM) <= set(lm_rules)
 n_fit_lm = int(0.8 * len(pool))
 base_lm = {"task_loss": evaluate_completions(lm0, held_lm, lm_task)[0]["task_loss"],

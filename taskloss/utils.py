@@ -1,7 +1,17 @@
-"""Small shared helpers: device resolution, seeding, input validation.
+"""Small shared helpers: device resolution, seeding, input validation, and parameters as flat vectors and pure
+functions of them.
 
 Every public entry point of :mod:`taskloss` validates its inputs through these functions so that errors are
 uniform and clear (``ValueError`` for bad values, ``TypeError`` for bad types) and nothing returns NaN silently.
+
+Parameters (used by every room that updates or measures them): :func:`unique_tensors` keeps each tensor once by
+identity (a parameter shared between modules, or listed twice, is one parameter, as ``nn.Module.parameters``
+counts it) and drops frozen ones (``requires_grad=False``) on request; :func:`flatten` / :func:`unflatten` turn a
+dict or sequence of tensors into one flat vector and back; :func:`flat_gradient` is the flat ``.grad`` of a
+parameter list; :func:`named_tensors` names an optimizer's parameters; :func:`functional_loss` turns
+``(model, loss_fn, inputs)`` into a pure function of the parameters (``torch.func.functional_call``), the form
+the zeroth-order estimators (notebook 05_policy_gradient_vs_zeroth_order) and the second-order probes of
+:mod:`taskloss.dynamics` (notebooks 11_gradient_clipping, 12_implicit_gradient_regularization) take.
 """
 from __future__ import annotations
 
@@ -12,19 +22,21 @@ import os
 import random
 import tempfile
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable, Mapping
 
 import numpy as np
 import torch
-from torch import nn
+from torch import Tensor, nn
 
 __all__ = [
     "REPO_ROOT", "DATA_DIR", "RUNS_DIR", "atomic_write_text",
     "resolve_device", "seed_everything",
-    "check_positive", "check_nonnegative", "check_probability", "check_int", "check_finite", "all_finite",
-    "eval_mode",
-    "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids", "count_parameters",
-    "resolve_name",
+    "check_positive", "check_nonnegative", "check_probability", "check_int", "check_bool", "check_choice",
+    "check_finite", "check_no_nan", "all_finite", "eval_mode",
+    "is_transformed", "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids",
+    "count_parameters",
+    "resolve_name", "unique_tensors", "distinct_param_group", "flatten", "unflatten", "flat_gradient",
+    "named_tensors", "functional_loss",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -137,6 +149,43 @@ def check_int(name: str, value, *, minimum: int | None = None, maximum: int | No
     return int(value)
 
 
+def check_bool(name: str, value) -> bool:
+    """``value`` as a Python ``bool``.
+
+    Args:
+        name: the argument's name, for the message.
+        value: ``True``/``False`` or a ``numpy.bool_``.
+
+    Returns:
+        ``bool(value)``.
+
+    Raises:
+        TypeError: anything else — a string such as ``'no'`` (truthy), an int, ``None``: a flag is never coerced.
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
+
+
+def check_choice(name: str, value, choices):
+    """``value`` when it is one of ``choices``.
+
+    Args:
+        name: the argument's name, for the message.
+        value: the option given.
+        choices: the allowed options.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ValueError: ``value`` is not one of ``choices``.
+    """
+    if isinstance(value, bool) or value not in choices:   # True == 1 would otherwise match a choice 1
+        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    return value
+
+
 def all_finite(tensor: torch.Tensor) -> bool:
     """Whether every entry of a tensor is finite (no NaN, no ±inf); integer and bool tensors always are.
 
@@ -161,6 +210,12 @@ def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
     return tensor
 
 
+def check_no_nan(name: str, tensor: torch.Tensor) -> None:
+    """Raise ``ValueError`` if ``tensor`` holds NaN (±inf allowed: a log density may be −inf)."""
+    if bool(torch.isnan(tensor).any()):
+        raise ValueError(f"{name} contains NaN")
+
+
 @contextlib.contextmanager
 def eval_mode(model: nn.Module, enabled: bool = True):
     """``model.eval()`` inside the block (when ``enabled``), and every submodule's own ``training`` flag restored
@@ -168,6 +223,7 @@ def eval_mode(model: nn.Module, enabled: bool = True):
     ``model.train(was_training)`` switches it back on). Modules that do not override ``train``/``eval`` get their
     flags written directly (``Module.train`` walks the tree through ``Module.__setattr__``: ≈ 14 µs for a 4-module
     MLP, a third of its forward); a model already in eval mode throughout is left alone."""
+    enabled = check_bool("enabled", enabled)
     mods = list(model.modules()) if enabled else []
     flags = [m.training for m in mods]
     if not any(flags):              # disabled, or already in eval mode throughout: nothing to switch or restore
@@ -193,6 +249,7 @@ def eval_mode(model: nn.Module, enabled: bool = True):
 
 
 def check_floating(name: str, tensor: torch.Tensor) -> torch.Tensor:
+    """``tensor`` after checking it is a floating-point tensor (``TypeError`` otherwise)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     if not tensor.is_floating_point():
@@ -225,15 +282,18 @@ def check_same_length(**named) -> int:
     return next(iter(lengths.values()))
 
 
-def _is_transformed(t: torch.Tensor) -> bool:
-    """True inside torch.func transforms (vmap/grad), where data-dependent checks (``.item()``) are impossible."""
+def is_transformed(t: torch.Tensor) -> bool:
+    """Whether ``t`` is wrapped by a ``torch.func`` transform (vmap/grad), where data-dependent checks (``.item()``)
+    are impossible."""
     fn = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
     return bool(fn(t)) if fn is not None else False
 
 
 def check_token_ids(name: str, idx, vocab_size: int, max_len: int | None = None) -> torch.Tensor:
-    """Validate a token batch: integer tensor of shape ``[B, T]``, ``B, T ≥ 1``, ids in ``[0, vocab_size)``,
-    ``T ≤ max_len``. Returns ``idx`` unchanged. (The range check is skipped inside torch.func transforms.)"""
+    """Validate a token batch: integer tensor of shape ``[B, T]``, ``B, T ≥ 1``, ids in ``[0, vocab_size)``.
+
+    Also ``T ≤ max_len``; returns ``idx`` unchanged (the range check is skipped inside torch.func transforms).
+    """
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"{name} must be a torch.LongTensor, got {type(idx).__name__}")
     if idx.dtype not in (torch.int64, torch.int32):
@@ -244,7 +304,7 @@ def check_token_ids(name: str, idx, vocab_size: int, max_len: int | None = None)
         raise ValueError(f"{name} is empty: shape {tuple(idx.shape)} (need B ≥ 1 and T ≥ 1)")
     if max_len is not None and idx.shape[1] > max_len:
         raise ValueError(f"{name} has length T={idx.shape[1]} > max_len={max_len}; crop the context")
-    if not _is_transformed(idx):
+    if not is_transformed(idx):
         lo, hi = int(idx.min()), int(idx.max())
         if lo < 0 or hi >= vocab_size:
             raise ValueError(f"{name} holds token ids in [{lo}, {hi}], outside [0, vocab_size={vocab_size})")
@@ -253,6 +313,7 @@ def check_token_ids(name: str, idx, vocab_size: int, max_len: int | None = None)
 
 def count_parameters(model: nn.Module, trainable_only: bool = False) -> int:
     """Number of scalar parameters of ``model`` (tied weights counted once)."""
+    trainable_only = check_bool("trainable_only", trainable_only)
     if not isinstance(model, nn.Module):
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     return sum(p.numel() for p in model.parameters() if p.requires_grad or not trainable_only)
@@ -278,3 +339,191 @@ def resolve_name(dotted: str):
             obj = getattr(obj, attr)
         return obj
     raise LookupError(f"{dotted}: no prefix of it is an importable module")
+
+
+# ------------------------------------------------------------------------- parameters as flat vectors
+def unique_tensors(tensors, *, trainable_only: bool = False) -> list[Tensor]:
+    """The tensors of ``tensors`` (one tensor or an iterable of them) in first-seen order, each once.
+
+    Identity decides: a parameter shared between two modules, or listed twice, is one parameter (as
+    ``nn.Module.parameters()`` counts it), so nothing that clips, steps or measures parameters counts it twice.
+
+    Args:
+        tensors: a tensor or an iterable of tensors.
+        trainable_only: also drop the tensors with ``requires_grad=False`` (frozen parameters).
+
+    Returns:
+        A new list of the distinct tensors.
+
+    Raises:
+        TypeError: an element that is not a tensor.
+    """
+    trainable_only = check_bool("trainable_only", trainable_only)
+    if isinstance(tensors, Tensor):
+        tensors = [tensors]
+    out, seen = [], set()
+    for t in tensors:
+        if not isinstance(t, Tensor):
+            raise TypeError(f"expected tensors, got {type(t).__name__}")
+        if id(t) in seen or (trainable_only and not t.requires_grad):
+            continue
+        seen.add(id(t))
+        out.append(t)
+    return out
+
+
+def distinct_param_group(group: dict | Iterable) -> dict:
+    """A ``torch.optim`` parameter group whose ``params`` hold each tensor once (:func:`unique_tensors`).
+
+    The optimizers of the package pass every group through it in ``add_param_group`` (construction included), so a
+    parameter listed twice in a group is stepped once, as one shared between modules is.
+
+    Args:
+        group: a parameter-group dict (``{"params": ..., hyperparameters}``) or an iterable of tensors.
+
+    Returns:
+        A new dict with the same entries and ``params`` as a list of distinct tensors.
+
+    Raises:
+        TypeError: ``group`` is neither.
+    """
+    if isinstance(group, Tensor):
+        group = {"params": [group]}
+    elif not isinstance(group, dict):
+        raise TypeError(f"a parameter group must be a dict, got {type(group).__name__}")
+    params = group.get("params", [])
+    if isinstance(params, set):       # unordered: left for torch.optim to refuse
+        return dict(group)
+    return {**group, "params": unique_tensors(params)}
+
+
+def flatten(tensors: Tensor | Mapping[str, Tensor] | Iterable[Tensor]) -> Tensor:
+    """Concatenate a dict (dict order) or a sequence of tensors into one flat vector ``[P]`` (a tensor: flattened).
+
+    Args:
+        tensors: one tensor, a non-empty dict name → tensor, or a non-empty list/tuple of tensors.
+
+    Returns:
+        The flat concatenation (a new tensor).
+
+    Raises:
+        ValueError: nothing to flatten.
+    """
+    if isinstance(tensors, Tensor):
+        return tensors.reshape(-1)
+    values = list(tensors.values()) if isinstance(tensors, Mapping) else list(tensors)
+    if not values:
+        raise ValueError("expected a non-empty dict or sequence of tensors")
+    return torch.cat([t.reshape(-1) for t in values])
+
+
+def unflatten(flat: Tensor, like: Mapping[str, Tensor] | Iterable[Tensor]):
+    """Inverse of :func:`flatten`: split ``flat [P]`` into views shaped like the tensors of ``like``.
+
+    Args:
+        flat: a flat vector with as many entries as ``like`` holds.
+        like: a dict name → tensor (returns a dict with its keys) or a sequence of tensors (returns a list).
+
+    Returns:
+        Views of ``flat``, a dict or a list as ``like``.
+
+    Raises:
+        ValueError: ``flat`` is not a flat tensor of the right length.
+    """
+    as_dict = isinstance(like, Mapping)
+    items = list(like.items()) if as_dict else list(enumerate(like))
+    total = sum(t.numel() for _, t in items)
+    if not isinstance(flat, Tensor) or flat.ndim != 1 or flat.numel() != total:
+        raise ValueError(f"flat vector must have shape ({total},), got "
+                         f"{tuple(flat.shape) if isinstance(flat, Tensor) else type(flat).__name__}")
+    parts = flat.split([t.numel() for _, t in items]) if items else ()
+    views = [v.view_as(t) for v, (_, t) in zip(parts, items)]
+    return dict(zip((k for k, _ in items), views)) if as_dict else views
+
+
+def flat_gradient(params: Iterable[Tensor]) -> Tensor:
+    """The ``.grad`` of ``params`` as one flat vector, zeros for a tensor without a gradient.
+
+    Args:
+        params: a non-empty sequence of tensors.
+
+    Returns:
+        A new flat tensor ``[P]`` (detached).
+
+    Raises:
+        ValueError: ``params`` is empty.
+    """
+    params = list(params)
+    if not params:
+        raise ValueError("params is empty: no gradient to flatten")
+    return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad.detach()).reshape(-1) for p in params])
+
+
+def named_tensors(params, model_fn) -> tuple[list[str], list[Tensor]]:
+    """``(names, tensors)`` of an optimizer's ``params``, each tensor once (by identity).
+
+    Args:
+        params: a dict name → tensor, ``(name, tensor)`` pairs, or tensors of ``model_fn`` (named after the module's
+            parameters) or of a function (named ``"0"``, ``"1"``, …).
+        model_fn: the ``nn.Module`` owning the tensors, or a function.
+
+    Returns:
+        The names and the tensors, in the order given (a repeated tensor kept at its first place).
+
+    Raises:
+        ValueError: an empty list, or a tensor that is not a parameter of the module ``model_fn``.
+    """
+    if isinstance(params, Mapping):
+        items = list(params.items())
+    else:
+        items = list(params)
+        if items and isinstance(items[0], tuple):
+            items = [(str(k), p) for k, p in items]
+        elif isinstance(model_fn, nn.Module):
+            names = {id(p): k for k, p in model_fn.named_parameters()}
+            if any(id(p) not in names for p in items):
+                raise ValueError("every parameter must belong to model_fn")
+            items = [(names[id(p)], p) for p in items]
+        else:
+            items = [(str(i), p) for i, p in enumerate(items)]
+    if not items:
+        raise ValueError("optimizer got an empty parameter list")
+    seen: set[int] = set()
+    items = [(k, p) for k, p in items if not (id(p) in seen or seen.add(id(p)))]
+    return [k for k, _ in items], [p for _, p in items]
+
+
+def functional_loss(model: nn.Module, loss_fn: Callable, *args, **kwargs):
+    """``(f, theta)``: the loss as a pure function of the model's trainable parameters, and those parameters.
+
+    ``theta = {name: detached parameter}`` over the parameters with ``requires_grad`` (each shared parameter once,
+    under its first name), and ``f(params) = loss_fn(functional_call(model, params, args, kwargs))``: a function
+    that ``torch.func`` transforms and the zeroth-order estimators can vmap over; frozen parameters keep their
+    values. Derived in notebook 05_policy_gradient_vs_zeroth_order; used in 03_metric_optimization_classification,
+    11_gradient_clipping and 12_implicit_gradient_regularization.
+
+    Args:
+        model: the network.
+        loss_fn: model output → scalar tensor (e.g. ``lambda logits: 1 - (logits.argmax(-1) == y).float().mean()``).
+        *args: positional inputs of the model's forward.
+        **kwargs: keyword inputs of the model's forward.
+
+    Returns:
+        ``(f, theta)``.
+
+    Raises:
+        TypeError: ``model`` is not a module or ``loss_fn`` not callable.
+        ValueError: the model has no trainable parameter.
+    """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not callable(loss_fn):
+        raise TypeError("loss_fn must be callable")
+    theta = {k: p.detach() for k, p in model.named_parameters() if p.requires_grad}
+    if not theta:
+        raise ValueError("model has no parameter with requires_grad=True")
+
+    def f(params):
+        return loss_fn(torch.func.functional_call(model, params, args, kwargs))
+
+    return f, theta

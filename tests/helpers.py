@@ -68,3 +68,27 @@ def emo_official_reference(logits, targets, cost, *, combine="emo", variant="pla
     if reduction == "sum":
         return per.sum()
     return per.sum() / (1e-15 + mask.sum())
+
+
+# ------------------------------------------------------------------------------- MGS (tests/search, tests/lm)
+def mgs_closure(model: nn.Module, surrogate, batch):
+    """The closure ``MGS.step`` takes: ``surrogate(model, batch)``, ``backward()``, ``(loss, batch)``."""
+    def closure():
+        loss = surrogate(model, batch)
+        loss.backward()
+        return loss, batch
+    return closure
+
+
+def mgs_step(mgs, batch, surrogate=None, *, return_deltas: bool = False):
+    """One ``mgs.step`` on ``batch`` with the closure of ``surrogate`` (default: ``mgs.test_surrogate``, set by the
+    test modules' builders); returns the step's ``MGSStats`` (with every Δθ_k when ``return_deltas``)."""
+    mgs.keep_deltas = return_deltas
+    mgs.step(mgs_closure(mgs.model, surrogate or mgs.test_surrogate, batch))
+    return mgs.last_stats
+
+
+def with_surrogate(mgs, surrogate):
+    """``mgs`` with the surrogate loss ``(model, batch) → l̃`` that :func:`mgs_step` builds its closure from."""
+    mgs.test_surrogate = surrogate
+    return mgs

@@ -171,18 +171,158 @@ def test_named_taskloss_objects_exist(path):
     assert not bad, f"{path.name} names objects that do not exist: {bad}"
 
 
-@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "taskloss"))
-def test_docstring_notebook_references_exist(module):
-    """'notebook NN' / 'NN_topic' in a module's docstrings names a notebook that exists (d2l's checked 'Defined in')."""
-    text = MODULES[module].read_text(encoding="utf-8")
+def _named_notebooks(text: str) -> set[str]:
+    """The notebook numbers a text names: ``NN_topic`` names, ``notebook NN``, and every number of a range
+    ``notebooks NN–MM`` (a range is a list too: each of its numbers must exist)."""
     named = set(re.findall(r"\b(\d\d)_[a-z][a-z_]*[a-z]\b", text))
     named |= set(re.findall(r"notebooks? (\d\d)\b", text))
-    missing = sorted(n for n in named if n not in NOTEBOOK_IDS)
-    assert not missing, f"{module} names notebooks that do not exist: {missing}"
-    for full in set(re.findall(r"\b\d\d_[a-z][a-z_]*[a-z]\b", text)):
-        if full[:2] in NOTEBOOK_IDS:
-            assert full == NOTEBOOK_IDS[full[:2]] or NOTEBOOK_IDS[full[:2]].startswith(full), \
-                f"{module} names {full}, but notebook {full[:2]} is {NOTEBOOK_IDS[full[:2]]}"
+    for a, b in re.findall(r"notebooks? (\d\d)\s*[–-]\s*(\d\d)\b", text):
+        named |= {f"{i:02d}" for i in range(int(a), int(b) + 1)}
+    return named
+
+
+def _bad_notebook_names(text: str) -> list[str]:
+    """What a text names that is not a notebook: missing numbers, and ``NN_topic`` names that are not the
+    notebook's (or a prefix of it)."""
+    bad = sorted(n for n in _named_notebooks(text) if n not in NOTEBOOK_IDS)
+    for full in sorted(set(re.findall(r"\b\d\d_[a-z][a-z_]*[a-z]\b", text))):
+        if full[:2] in NOTEBOOK_IDS and not (full == NOTEBOOK_IDS[full[:2]] or NOTEBOOK_IDS[full[:2]].startswith(full)):
+            bad.append(full)
+    return bad
+
+
+def test_notebook_references_check_can_fail():
+    assert _bad_notebook_names("Used by notebooks 02–99.") == [str(n) for n in range(17, 100)]
+    assert _bad_notebook_names("Derived in 01_optimization_as_sampling.") == []
+    assert _bad_notebook_names("Derived in 01_optimisation.") == ["01_optimisation"]
+
+
+@pytest.mark.parametrize("module", sorted(m for m in MODULES if m != "taskloss"))
+def test_docstring_notebook_references_exist(module):
+    """'notebook NN', 'notebooks NN–MM' and 'NN_topic' in a module name notebooks that exist (d2l's checked
+    'Defined in')."""
+    bad = _bad_notebook_names(MODULES[module].read_text(encoding="utf-8"))
+    assert not bad, f"{module} names notebooks that do not exist: {bad}"
+
+
+# ------------------------------------------------------------------ "used by notebooks", derived from imports
+def _notebook_imports() -> dict[str, set[str]]:
+    """Subpackage name (``"search"``, ``"utils"``…) → the numbers of the notebooks that import it."""
+    used: dict[str, set[str]] = {}
+    for nb in sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py")):
+        for node in ast.walk(ast.parse(nb.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                mods = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                mods = [f"taskloss.{a.name}" for a in node.names] if node.module == "taskloss" else [node.module]
+            else:
+                continue
+            for m in mods:
+                parts = m.split(".")
+                if parts[0] == "taskloss" and len(parts) > 1:
+                    used.setdefault(parts[1], set()).add(nb.stem[:2])
+    return used
+
+
+USED = _notebook_imports()
+
+
+def _numbers(text: str) -> set[str]:
+    """``"02, 03–05, 16"`` → {"02", "03", "04", "05", "16"}."""
+    out: set[str] = set()
+    for a, b in re.findall(r"\b(\d\d)(?:\s*[–-]\s*(\d\d))?\b", text):
+        out |= {f"{i:02d}" for i in range(int(a), int(b or a) + 1)}
+    return out
+
+
+def _declared_notebooks(doc: str) -> set[str] | None:
+    """The notebooks of a subpackage docstring's ``Notebooks:`` paragraph (parenthesized asides left out);
+    every notebook if it says "Every notebook uses it"; ``None`` when it declares none."""
+    if "Every notebook uses it" in doc:
+        return set(NOTEBOOK_IDS)
+    m = re.search(r"^Notebooks?: (.*?)(?:\n\s*\n|\Z)", doc, re.S | re.M)
+    if m is None:
+        return None
+    text, depth, plain = m.group(1), 0, ""
+    for ch in text:                              # drop "(…)" asides, nested ones too
+        depth += ch == "("
+        plain += ch if depth == 0 else ""
+        depth -= ch == ")" and depth > 0
+    return set(re.findall(r"\b(\d\d)_[a-z]", plain))
+
+
+def test_declared_notebooks_parser_can_fail():
+    assert _declared_notebooks("Notebooks: 01_a, 02_b (after 05_c).\n\nModules:") == {"01", "02"}
+    assert _declared_notebooks("Nothing here.") is None
+    assert _numbers("(02, 05–07, 16)") == {"02", "05", "06", "07", "16"}
+
+
+@pytest.mark.parametrize("pkg", SUBPACKAGES)
+def test_subpackage_notebook_list_is_the_notebooks_that_import_it(pkg):
+    """The ``Notebooks:`` paragraph of each subpackage lists exactly the notebooks that import it."""
+    doc = importlib.import_module(pkg).__doc__ or ""
+    declared = _declared_notebooks(doc)
+    used = USED.get(pkg.split(".")[1], set())
+    if declared is None:
+        assert not used, f"{pkg} declares no notebooks but {sorted(used)} import it"
+    else:
+        assert declared == used, f"{pkg} declares notebooks {sorted(declared)}, the imports say {sorted(used)}"
+
+
+def _root_bullets() -> dict[str, str]:
+    """Subpackage → the text of its bullet in ``taskloss/__init__.py``'s docstring (continuation lines joined)."""
+    import taskloss
+    bullets: dict[str, str] = {}
+    current = None
+    for line in (taskloss.__doc__ or "").splitlines():
+        m = re.match(r"- :mod:`taskloss\.(\w+)`", line)
+        if m:
+            current = m.group(1)
+            bullets[current] = line
+        elif current and line.startswith("  "):
+            bullets[current] += " " + line.strip()
+        else:
+            current = None
+    return bullets
+
+
+def test_root_docstring_lists_every_subpackage_with_the_notebooks_that_import_it():
+    bullets = _root_bullets()
+    assert set(bullets) == {s.split(".")[1] for s in SUBPACKAGES} | {"utils"}
+    for pkg, text in bullets.items():
+        tail = re.search(r"\(([^()]*)\)$", text)
+        numbers = _numbers(tail.group(1)) if tail and re.search(r"\d\d", tail.group(1)) else set()
+        assert numbers == USED.get(pkg, set()), (f"taskloss/__init__.py lists notebooks {sorted(numbers)} for {pkg}, "
+                                                 f"the imports say {sorted(USED.get(pkg, set()))}")
+
+
+def _subpackage_graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {}
+    for m, deps in GRAPH.items():
+        if m == "taskloss":
+            continue
+        graph.setdefault(_subpackage(m), set()).update(_subpackage(d) for d in deps if _subpackage(d) != _subpackage(m))
+    return {k.split(".")[1]: {d.split(".")[1] for d in v} for k, v in graph.items()}
+
+
+def _declared_dependencies() -> dict[str, set[str]]:
+    import taskloss
+    doc = taskloss.__doc__ or ""
+    block = doc[doc.index("Dependencies point one way"):]
+    out: dict[str, set[str]] = {}
+    for left, right in re.findall(r"^- (.+?): (.+)$", block, re.M):
+        deps = set() if right.strip() == "nothing" else set(re.findall(r"``(\w+)``", right))
+        for pkg in re.findall(r"``(\w+)``", left):
+            out[pkg] = deps
+    return out
+
+
+def test_the_dependency_list_of_the_root_docstring_is_the_import_graph():
+    """Each line ``- a, b: c, d`` of ``taskloss/__init__.py`` says that ``a`` and ``b`` import exactly ``c`` and
+    ``d`` (other subpackages, ``utils`` included); every subpackage has its line."""
+    declared, actual = _declared_dependencies(), _subpackage_graph()
+    assert declared == actual, {k: (sorted(declared.get(k, ())), sorted(actual.get(k, ())))
+                                for k in set(declared) | set(actual) if declared.get(k) != actual.get(k)}
 
 
 def test_resolve_name_finds_modules_and_attributes_and_refuses_the_rest():

@@ -33,7 +33,7 @@ from taskloss.attribution.integrated_gradients import (
     _format_baselines,
     select_target,
 )
-from taskloss.utils import check_int
+from taskloss.utils import check_bool, check_int
 
 __all__ = ["EmbeddingIntegratedGradients"]
 
@@ -96,6 +96,7 @@ class EmbeddingIntegratedGradients:
             TypeError / ValueError: non-integer or empty ids, bad baselines, targets or ``n_steps``, a forward that
                 does not call ``embedding`` exactly once, NaN/inf outputs.
         """
+        sum_embedding = check_bool("sum_embedding", sum_embedding)
         if not isinstance(input_ids, Tensor) or input_ids.is_floating_point() or input_ids.dtype == torch.bool:
             raise TypeError("input_ids must be an integer tensor of token ids [B, T]")
         if input_ids.ndim != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:

@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from taskloss.utils import check_finite, check_int
+from taskloss.utils import check_bool, check_finite, check_int
 
 __all__ = ["average_ranks", "spearman_correlation", "randomized_copy", "cascading_randomization"]
 
@@ -56,6 +56,7 @@ def spearman_correlation(a: Tensor, b: Tensor, absolute: bool = False) -> Tensor
     Raises:
         ValueError: shape mismatch, ``n < 2``, NaN/inf, or a row whose ranks are all tied (correlation undefined).
     """
+    absolute = check_bool("absolute", absolute)
     if not isinstance(a, Tensor) or not isinstance(b, Tensor):
         raise TypeError("a and b must be tensors")
     if a.shape != b.shape:

@@ -39,7 +39,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from taskloss.utils import all_finite, check_int
+from taskloss.utils import all_finite, check_bool, check_int
 
 __all__ = [
     "RNGState", "AccumulationResult", "batch_size", "split_micro_batches", "embed_micro_batches",
@@ -79,12 +79,14 @@ class RNGState:
 
     @classmethod
     def capture(cls, *objs: Any) -> "RNGState":
+        """The RNG states of the CPU and of every CUDA device the tensors in ``objs`` live on."""
         devices = sorted({t.device.index if t.device.index is not None else torch.cuda.current_device()
                           for o in objs for t in _tensors(o) if t.device.type == "cuda"})
         return cls(torch.get_rng_state(), tuple((d, torch.cuda.get_rng_state(d)) for d in devices))
 
     @contextlib.contextmanager
     def replay(self):
+        """A context in which the recorded RNG states are current (the caller's are restored after)."""
         with torch.random.fork_rng(devices=[d for d, _ in self.cuda]):
             torch.set_rng_state(self.cpu)
             for d, state in self.cuda:
@@ -209,7 +211,8 @@ def replay_backward(encoder: Callable[[Any], Tensor], chunks: Sequence[Any], gra
 
     Args:
         encoder: the encoder of pass 1.
-        chunks, states: the micro-batches and RNG states of :func:`embed_micro_batches`.
+        chunks: the micro-batches of :func:`embed_micro_batches`.
+        states: their RNG states, from the same call.
         grads: the cache, split like ``chunks`` (``[n_k, d]`` each).
         reference: pass 1's embeddings, to check the replay against (skipped when None).
         replay_tol: largest allowed ``max|e₂ − e₁| / max|e₁|``; None takes the dtype's default.
@@ -220,6 +223,7 @@ def replay_backward(encoder: Callable[[Any], Tensor], chunks: Sequence[Any], gra
         RuntimeError: the second pass returned another shape, or values further than ``replay_tol`` from the
             first (randomness or state the RNG replay does not cover).
     """
+    sync = check_bool("sync", sync)
     ddp = isinstance(encoder, DistributedDataParallel)
     for k, (chunk, g, state) in enumerate(zip(chunks, grads, states)):
         last = sync and k == len(chunks) - 1
@@ -314,6 +318,7 @@ def accumulated_backward(encoders: Callable | Sequence[Callable], inputs: Sequen
         ValueError: micro-batch size < 1, an empty batch, non-finite embeddings or loss, bad shapes.
         RuntimeError: the second pass does not reproduce the first.
     """
+    check_replay = check_bool("check_replay", check_replay)
     encs, sizes = _encoders_and_sizes(encoders, inputs, micro_batch_size)
     chunks = [split_micro_batches(x, m) for x, m in zip(inputs, sizes)]
     embedded = []
@@ -342,7 +347,9 @@ def naive_accumulated_backward(encoders: Callable | Sequence[Callable], inputs: 
     computes). Every input must split into the same number of micro-batches.
 
     Args:
-        encoders, inputs, micro_batch_size: as in :func:`accumulated_backward`.
+        encoders: as in :func:`accumulated_backward`.
+        inputs: as there.
+        micro_batch_size: as there.
         loss_fn: ``loss_fn(*embeddings) -> scalar``, a mean over the micro-batch's pairs.
 
     Returns:

@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from taskloss.contrastive.losses import REDUCTIONS, check_pair_embeddings, info_nce_rows
-from taskloss.utils import check_positive
+from taskloss.utils import check_bool, check_positive
 
 __all__ = ["world", "gather_with_grad", "distributed_info_nce"]
 
@@ -88,9 +88,12 @@ def distributed_info_nce(queries: Tensor, positives: Tensor, *, temperature: flo
     gradient (module docstring). Without a process group it is :func:`~taskloss.contrastive.losses.info_nce`.
 
     Args:
-        queries, positives: ``[B_r, d]`` this rank's pairs.
-        temperature, hard_negatives, symmetric, reduction: as in :func:`~taskloss.contrastive.losses.info_nce`
-            (hard negatives are gathered too: every query sees every rank's).
+        queries: ``[B_r, d]`` this rank's queries.
+        positives: ``[B_r, d]`` their positives.
+        temperature: as in :func:`~taskloss.contrastive.losses.info_nce`.
+        hard_negatives: as there (gathered too: every query sees every rank's).
+        symmetric: as there.
+        reduction: as there.
         group: the process group (default: the world).
 
     Returns:
@@ -100,6 +103,7 @@ def distributed_info_nce(queries: Tensor, positives: Tensor, *, temperature: flo
     Raises:
         ValueError: as :func:`~taskloss.contrastive.losses.info_nce`.
     """
+    symmetric = check_bool("symmetric", symmetric)
     temperature = check_positive("temperature", temperature)
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")

@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from taskloss.utils import check_finite, check_floating, check_positive
+from taskloss.utils import check_bool, check_finite, check_floating, check_positive
 
 __all__ = ["REDUCTIONS", "info_nce", "info_nce_rows", "check_pair_embeddings"]
 
@@ -87,6 +87,7 @@ def info_nce_rows(queries: Tensor, positives: Tensor, all_queries: Tensor, candi
     Returns:
         ``[n]`` losses ``ℓ_i`` (or ``½(ℓ_i + ℓ'_i)``), in at least float32.
     """
+    symmetric = check_bool("symmetric", symmetric)
     dtype = _score_dtype(queries, candidates)
     with torch.autocast(device_type=queries.device.type, enabled=False):   # autocast would lower the matmuls
         q, p = queries.to(dtype), positives.to(dtype)
@@ -117,6 +118,7 @@ def info_nce(queries: Tensor, positives: Tensor, *, temperature: float = 0.05, h
     Raises:
         ValueError: temperature ≤ 0, unknown reduction, or bad embeddings (:func:`check_pair_embeddings`).
     """
+    symmetric = check_bool("symmetric", symmetric)
     temperature = check_positive("temperature", temperature)
     if reduction not in REDUCTIONS:
         raise ValueError(f"reduction must be one of {REDUCTIONS}, got {reduction!r}")

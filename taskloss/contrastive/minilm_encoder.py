@@ -91,6 +91,7 @@ class MiniLMTop(nn.Module):
         self.layers.train()
 
     def forward(self, batch: Mapping[str, Tensor]) -> Tensor:
+        """Mean-pooled, L2-normalized embeddings ``[n, 384]`` of a batch of hidden states and masks."""
         if not isinstance(batch, Mapping) or "hidden" not in batch or "mask" not in batch:
             raise TypeError("batch must be a mapping with 'hidden' [n, T, 384] and 'mask' [n, T]")
         hidden, mask = batch["hidden"], batch["mask"]

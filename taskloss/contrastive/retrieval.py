@@ -71,7 +71,8 @@ def retrieval_ranks(queries: Tensor, candidates: Tensor) -> Tensor:
     distractors) by dot product: ``r_i = #{j : ⟨q_i, c_j⟩ ≥ ⟨q_i, c_i⟩}`` (1 = first; ties count against).
 
     Args:
-        queries: ``[n, d]``; candidates: ``[m, d]`` with m ≥ n.
+        queries: ``[n, d]``.
+        candidates: ``[m, d]`` with m ≥ n.
 
     Returns:
         int64 ``[n]``.

@@ -12,9 +12,9 @@ Modules:
 - :mod:`~taskloss.curvature.hessian_free`        — conjugate gradients, the Hessian-free direction and optimizer
 - :mod:`~taskloss.curvature.diagonal`            — diagonal-Fisher preconditioning
 - :mod:`~taskloss.curvature.kfac`                — K-FAC for Linear and Conv2d layers (hooks, averages, checkpoints)
-- :mod:`~taskloss.curvature.kfac_math`           — K-FAC's pure maths: rows, factors, damped inverses, preconditioning
-- :mod:`~taskloss.curvature.kfac_step`           — K-FAC's gradient side: inverses, step, KL clip, flat buffers
-- :mod:`~taskloss.curvature.kfac_checkpoint`     — K-FAC's state_dict / load_state_dict and dense view
+- :mod:`~taskloss.curvature.kfac_math`           — K-FAC's pure maths: rows, factors, damped inverses, the plain step
+- :mod:`~taskloss.curvature.kfac_factors`        — K-FAC's state: the layers, their factors and damped inverses
+- :mod:`~taskloss.curvature.kfac_gradients`      — K-FAC's gradient side: gradient matrices, KL clip, flat buffers
 - :mod:`~taskloss.curvature.natural_gradient`    — the natural-gradient step, trust region, Gaussian KL and Fisher, the coupled Gaussian
 - :mod:`~taskloss.curvature.gaussian_family`     — Gaussian natural/expectation parameters, Bonnet/Price, natural-gradient VI
 """
@@ -25,18 +25,15 @@ from taskloss.curvature.fisher import (
     empirical_fisher,
     empirical_fisher_diagonal,
     fisher_matrix,
-    flatten,
     ggn_diagonal,
     ggn_matrix,
     ggn_operator,
     ggn_vector_product,
     mc_fisher,
     mc_fisher_diagonal,
-    named_tensors,
     nll_loss,
     output_hessian_sqrt,
     sample_targets,
-    unflatten,
 )
 from taskloss.curvature.gaussian_family import (
     MCEstimate,
@@ -67,9 +64,9 @@ from taskloss.curvature.natural_gradient import (
 )
 
 __all__ = [
-    "LIKELIHOODS", "nll_loss", "sample_targets", "output_hessian_sqrt", "flatten", "unflatten", "ggn_matrix",
+    "LIKELIHOODS", "nll_loss", "sample_targets", "output_hessian_sqrt", "ggn_matrix",
     "fisher_matrix", "mc_fisher", "empirical_fisher", "ggn_diagonal", "mc_fisher_diagonal",
-    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "named_tensors", "curvature_scale",
+    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "curvature_scale",
     "conjugate_gradient",
     "hessian_free_direction", "HessianFree", "FisherDiagonalPreconditioner", "KFAC", "natural_gradient",
     "trust_region_step", "NaturalGradientDescent", "gaussian_kl", "gaussian_fisher", "CoupledGaussian",

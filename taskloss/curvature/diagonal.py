@@ -11,7 +11,7 @@ from torch import Tensor, nn
 
 from taskloss.curvature.fisher import (
     Likelihood,
-    _check_likelihood,
+    check_likelihood,
     empirical_fisher_diagonal,
     ggn_diagonal,
     mc_fisher_diagonal,
@@ -26,8 +26,12 @@ class FisherDiagonalPreconditioner:
 
     ``D`` is a running average (``decay``) of the batch diagonal of the ``"mc"`` Fisher (labels drawn from the
     model), the ``"empirical"`` Fisher (observed labels; ``power=0.5`` gives an RMSProp/Adam-like scaling) or the
-    ``"exact"`` GGN diagonal. Usage: ``loss.backward(); pre.update(inputs, targets); pre.step(); opt.step()``.
-    Derived in notebook 07_fisher_approximations.
+    ``"exact"`` GGN diagonal. Usage: ``loss.backward(); pre.update_statistics(inputs, targets); pre.precondition_();
+    opt.step()``. Derived in notebook 07_fisher_approximations.
+
+    Not a ``torch.optim.Optimizer``: it moves no parameter, it transforms the gradients an optimizer of the caller's
+    choice applies (so its verb is ``precondition_()``, and learning rates and schedules live in that optimizer).
+    Its statistics come in as :class:`~taskloss.curvature.kfac.KFAC`'s do, ``update_statistics(inputs, targets)``.
 
     Args:
         model: the network (in eval mode while ``update`` measures the diagonal; see
@@ -51,7 +55,7 @@ class FisherDiagonalPreconditioner:
             raise TypeError("model must be an nn.Module")
         if fisher_type not in self.FISHER_TYPES:
             raise ValueError(f"fisher_type must be one of {self.FISHER_TYPES}, got {fisher_type!r}")
-        _check_likelihood(likelihood)
+        check_likelihood(likelihood)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError("generator must be a torch.Generator or None")
         self.model, self.fisher_type, self.likelihood = model, fisher_type, likelihood
@@ -70,8 +74,19 @@ class FisherDiagonalPreconditioner:
             raise ValueError("decay must be < 1 (decay = 1 never incorporates new statistics)")
         check_positive("power", self.power)
 
-    def update(self, inputs: Tensor, targets: Tensor | None = None) -> Tensor:
-        """Measure the batch diagonal at the current parameters and fold it into the running average."""
+    def update_statistics(self, inputs: Tensor, targets: Tensor | None = None) -> Tensor:
+        """Measure the batch diagonal at the current parameters and fold it into the running average.
+
+        Args:
+            inputs: the batch ``[N, ...]``.
+            targets: the observed targets (needed by ``"empirical"``).
+
+        Returns:
+            The running diagonal, flat ``[P]``.
+
+        Raises:
+            ValueError: bad inputs or hyperparameters, no targets for the empirical Fisher.
+        """
         self._check_hyperparameters()
         if self.fisher_type == "mc":
             d = mc_fisher_diagonal(self.model, self.params, inputs, self.likelihood, self.n_samples, self.generator)
@@ -85,12 +100,17 @@ class FisherDiagonalPreconditioner:
         return self.diagonal
 
     @torch.no_grad()
-    def step(self) -> None:
+    def precondition_(self) -> None:
         """Rewrite every ``.grad`` with the preconditioned gradient (call before ``optimizer.step()``).
 
-        Parameters without a gradient are skipped; a NaN/inf gradient raises ``ValueError`` (naming it)."""
+        Parameters without a gradient are skipped.
+
+        Raises:
+            RuntimeError: no statistics yet.
+            ValueError: a NaN/inf gradient (named), bad hyperparameters.
+        """
         if self.diagonal is None:
-            raise RuntimeError("call update(inputs, targets) before step()")
+            raise RuntimeError("call update_statistics(inputs, targets) before precondition_()")
         self._check_hyperparameters()
         for k, p in self.params.items():
             if p.grad is not None and not all_finite(p.grad):

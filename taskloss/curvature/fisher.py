@@ -39,12 +39,13 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, jvp, vjp, vmap
 
-from taskloss.utils import check_finite, check_int
+from taskloss.utils import check_finite, check_int, flatten, unflatten
 
 __all__ = [
-    "LIKELIHOODS", "nll_loss", "sample_targets", "output_hessian_sqrt", "flatten", "unflatten",
+    "LIKELIHOODS", "check_likelihood", "check_outputs", "check_targets", "nll_loss", "nll_grad", "sample_targets",
+    "draw_categorical", "output_hessian_sqrt",
     "ggn_matrix", "fisher_matrix", "mc_fisher", "empirical_fisher", "ggn_diagonal", "mc_fisher_diagonal",
-    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "named_tensors", "curvature_scale",
+    "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "curvature_scale",
 ]
 
 Likelihood = Literal["categorical", "gaussian"]
@@ -53,13 +54,27 @@ _CHUNK_ELEMENTS = 2**24  # bound on N_chunk · K · P floats held by the per-exa
 
 
 # ----------------------------------------------------------------------------------------------- likelihoods
-def _check_likelihood(likelihood: str) -> None:
+def check_likelihood(likelihood: str) -> None:
+    """Raise ``ValueError`` unless ``likelihood`` is one of :data:`LIKELIHOODS`."""
     if likelihood not in LIKELIHOODS:
         raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
 
 
-def _check_outputs(outputs: Tensor, likelihood: str) -> Tensor:
-    _check_likelihood(likelihood)
+def check_outputs(outputs: Tensor, likelihood: str) -> Tensor:
+    """``outputs`` after checking it is a finite, non-empty floating ``[N, C]`` tensor (and ``likelihood`` known).
+
+    Args:
+        outputs: the model's outputs.
+        likelihood: ``"categorical"`` or ``"gaussian"``.
+
+    Returns:
+        ``outputs``.
+
+    Raises:
+        TypeError: not a floating tensor.
+        ValueError: a bad shape, an empty batch, NaN/inf, an unknown likelihood.
+    """
+    check_likelihood(likelihood)
     if not isinstance(outputs, Tensor) or not outputs.is_floating_point():
         raise TypeError("outputs must be a floating-point torch.Tensor")
     if outputs.ndim != 2:
@@ -69,7 +84,21 @@ def _check_outputs(outputs: Tensor, likelihood: str) -> Tensor:
     return check_finite("outputs", outputs)
 
 
-def _check_targets(outputs: Tensor, targets: Tensor, likelihood: str) -> Tensor:
+def check_targets(outputs: Tensor, targets: Tensor, likelihood: str) -> Tensor:
+    """``targets`` after checking they fit ``outputs [N, C]``: class ids ``[N]`` in ``[0, C)`` or finite ``[N, C]``.
+
+    Args:
+        outputs: the (checked) outputs.
+        targets: the observed targets.
+        likelihood: ``"categorical"`` or ``"gaussian"``.
+
+    Returns:
+        ``targets``.
+
+    Raises:
+        TypeError: not a tensor.
+        ValueError: a bad dtype, shape or value.
+    """
     if not isinstance(targets, Tensor):
         raise TypeError("targets must be a torch.Tensor")
     n, c = outputs.shape
@@ -91,16 +120,25 @@ def nll_loss(outputs: Tensor, targets: Tensor, likelihood: Likelihood = "categor
 
     Categorical: cross-entropy of logits. Gaussian: ``½‖y − f‖²`` per example (NLL of ``N(f, I)``, no constant).
     """
-    _check_outputs(outputs, likelihood)
-    _check_targets(outputs, targets, likelihood)
+    check_outputs(outputs, likelihood)
+    check_targets(outputs, targets, likelihood)
     if likelihood == "categorical":
         return nn.functional.cross_entropy(outputs, targets.long())
     return 0.5 * (targets - outputs).pow(2).sum(-1).mean()
 
 
-def _nll_grad(outputs: Tensor, targets: Tensor, likelihood: str, probs: Tensor | None = None) -> Tensor:
-    """∂ℓ_n/∂f_n of the per-example NLL: ``softmax(f) − onehot(y)`` or ``f − y``; shape like ``outputs``
-    (``probs``: ``softmax(f)`` when the caller already has it — the same numbers, one softmax less)."""
+def nll_grad(outputs: Tensor, targets: Tensor, likelihood: str, probs: Tensor | None = None) -> Tensor:
+    """∂ℓ_n/∂f_n of the per-example NLL: ``softmax(f) − onehot(y)`` or ``f − y`` (checked inputs).
+
+    Args:
+        outputs: ``[..., C]`` the model's outputs f.
+        targets: class ids or target values y.
+        likelihood: ``"categorical"`` or ``"gaussian"``.
+        probs: ``softmax(f)`` when the caller already has it (the same numbers, one softmax less).
+
+    Returns:
+        The gradient, shaped like ``outputs``.
+    """
     if likelihood == "categorical":
         p = outputs.softmax(-1) if probs is None else probs
         return p - nn.functional.one_hot(targets.long(), outputs.shape[-1]).to(outputs.dtype)
@@ -114,19 +152,29 @@ def sample_targets(outputs: Tensor, likelihood: Likelihood = "categorical", n_sa
     Returns ``[n_samples, N]`` class ids (categorical) or ``[n_samples, N, C]`` draws ``f + ε``, ``ε ~ N(0, I)``.
     The generator may live on another device than ``outputs`` (draws are made on the generator's device).
     """
-    _check_outputs(outputs, likelihood)
+    check_outputs(outputs, likelihood)
     check_int("n_samples", n_samples, minimum=1)
     outputs = outputs.detach()
     if likelihood == "categorical":
-        return _draw_categorical(outputs.softmax(-1), n_samples, generator)
+        return draw_categorical(outputs.softmax(-1), n_samples, generator)
     gen_device = generator.device if generator is not None else outputs.device
     eps = torch.randn(n_samples, *outputs.shape, generator=generator, device=gen_device, dtype=outputs.dtype)
     return outputs.unsqueeze(0) + eps.to(outputs.device)
 
 
-def _draw_categorical(probs: Tensor, n_samples: int, generator: torch.Generator | None) -> Tensor:
-    """``[n_samples, N]`` class ids drawn from the rows of ``probs [N, C]`` by inverting the CDF with uniforms from
-    ``generator`` (the draws of :func:`sample_targets`, for callers that already hold the probabilities)."""
+def draw_categorical(probs: Tensor, n_samples: int, generator: torch.Generator | None) -> Tensor:
+    """Class ids drawn from the rows of ``probs`` by inverting the CDF with uniforms from ``generator``.
+
+    The draws of :func:`sample_targets`, for callers that already hold the probabilities (checked inputs).
+
+    Args:
+        probs: ``[N, C]`` probabilities.
+        n_samples: draws per row.
+        generator: their RNG (``None``: torch's global one).
+
+    Returns:
+        ``[n_samples, N]`` class ids.
+    """
     n, c = probs.shape
     gen_device = generator.device if generator is not None else probs.device
     u = torch.rand(n_samples, n, 1, generator=generator, device=gen_device, dtype=probs.dtype)
@@ -138,7 +186,7 @@ def output_hessian_sqrt(outputs: Tensor, likelihood: Likelihood = "categorical")
 
     Categorical: ``L = diag(√p) − p √pᵀ`` (uses ``Σp = 1``); Gaussian: ``L = I``.
     """
-    _check_outputs(outputs, likelihood)
+    check_outputs(outputs, likelihood)
     n, c = outputs.shape
     if likelihood == "gaussian":
         return torch.eye(c, dtype=outputs.dtype, device=outputs.device).expand(n, c, c)
@@ -179,7 +227,8 @@ def curvature_scale(curvature: str, loss: str, reduction: str, n: int, c: int) -
         curvature: ``"ggn"`` (also ``"fisher"``, ``"exact"``, ``"mc"``) or ``"empirical"``.
         loss: ``"cross_entropy"`` or ``"mse"``.
         reduction: ``"mean"`` or ``"sum"``.
-        n: number of loss terms (≥ 1); c: output dimension (≥ 1).
+        n: number of loss terms (≥ 1).
+        c: output dimension (≥ 1).
 
     Returns:
         ``s`` as a float.
@@ -199,47 +248,6 @@ def curvature_scale(curvature: str, loss: str, reduction: str, n: int, c: int) -
 
 
 # ----------------------------------------------------------------------------------------- params & models
-def flatten(tensors: Mapping[str, Tensor]) -> Tensor:
-    """Concatenate a dict of tensors into one flat vector (dict order)."""
-    if not isinstance(tensors, Mapping) or len(tensors) == 0:
-        raise ValueError("expected a non-empty dict of tensors")
-    return torch.cat([t.reshape(-1) for t in tensors.values()])
-
-
-def unflatten(flat: Tensor, like: Mapping[str, Tensor]) -> dict[str, Tensor]:
-    """Inverse of :func:`flatten`: split ``flat [P]`` into tensors shaped like ``like``."""
-    total = sum(t.numel() for t in like.values())
-    if not isinstance(flat, Tensor) or flat.ndim != 1 or flat.numel() != total:
-        raise ValueError(f"flat vector must have shape ({total},), got "
-                         f"{tuple(flat.shape) if isinstance(flat, Tensor) else type(flat).__name__}")
-    out, i = {}, 0
-    for k, t in like.items():
-        out[k] = flat[i:i + t.numel()].view_as(t)
-        i += t.numel()
-    return out
-
-
-def named_tensors(params, model_fn) -> tuple[list[str], list[Tensor]]:
-    """(names, tensors) of an optimizer's ``params``: a dict, ``(name, tensor)`` pairs, or tensors of ``model_fn``
-    (named after the module's parameters) or of a function (named ``"0"``, ``"1"``, …)."""
-    if isinstance(params, Mapping):
-        items = list(params.items())
-    else:
-        items = list(params)
-        if items and isinstance(items[0], tuple):
-            items = [(str(k), p) for k, p in items]
-        elif isinstance(model_fn, nn.Module):
-            names = {id(p): k for k, p in model_fn.named_parameters()}
-            if any(id(p) not in names for p in items):
-                raise ValueError("every parameter must belong to model_fn")
-            items = [(names[id(p)], p) for p in items]
-        else:
-            items = [(str(i), p) for i, p in enumerate(items)]
-    if not items:
-        raise ValueError("optimizer got an empty parameter list")
-    return [k for k, _ in items], [p for _, p in items]
-
-
 _RANDOM_OR_COUPLED = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 
 
@@ -294,7 +302,7 @@ def _call_model(fn, params, inputs):
 def _forward(fn, params, inputs, likelihood) -> Tensor:
     with torch.no_grad():
         out = _call_model(fn, params, inputs)
-    _check_outputs(out, likelihood)
+    check_outputs(out, likelihood)
     if out.shape[0] != inputs.shape[0]:
         raise ValueError(f"model returned {out.shape[0]} outputs for {inputs.shape[0]} inputs")
     return out
@@ -337,16 +345,16 @@ def _exact_factors(fn, params, inputs, likelihood):
 def _mc_factors(fn, params, inputs, likelihood, n_samples, generator):
     out = _forward(fn, params, inputs, likelihood)
     ys = sample_targets(out, likelihood, n_samples, generator)                       # [S, N] or [S, N, C]
-    g = torch.stack([_nll_grad(out, y, likelihood) for y in ys], dim=1)               # [N, S, C]
+    g = torch.stack([nll_grad(out, y, likelihood) for y in ys], dim=1)               # [N, S, C]
     return g / math.sqrt(n_samples)
 
 
 def _ef_factors(fn, params, inputs, targets, likelihood):
     out = _forward(fn, params, inputs, likelihood)
-    _check_targets(out, targets, likelihood)
+    check_targets(out, targets, likelihood)
     if targets.shape[0] != inputs.shape[0]:
         raise ValueError("inputs and targets have different batch sizes")
-    return _nll_grad(out, targets, likelihood).unsqueeze(1)
+    return nll_grad(out, targets, likelihood).unsqueeze(1)
 
 
 # ------------------------------------------------------------------------------------------ dense & diagonal
@@ -407,7 +415,7 @@ def ggn_operator(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "
     model function whose outputs change between calls (train-mode dropout) raises ``ValueError``.
     """
     fn, params = _prepare(model_or_fn, params, inputs)
-    _check_likelihood(likelihood)
+    check_likelihood(likelihood)
     params = {k: p.clone() for k, p in params.items()}  # the GGN at this point, even if the parameters move later
     n = inputs.shape[0]
 
@@ -415,7 +423,7 @@ def ggn_operator(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "
         return _call_model(fn, p, inputs)
 
     out, vjp_fn = vjp(f, params)
-    out = _check_outputs(out.detach(), likelihood)
+    out = check_outputs(out.detach(), likelihood)
     if out.shape[0] != n:
         raise ValueError(f"model returned {out.shape[0]} outputs for {n} inputs")
 

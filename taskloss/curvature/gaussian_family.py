@@ -24,12 +24,27 @@ __all__ = [
     "sym_to_vec", "vec_to_sym", "gaussian_to_natural", "gaussian_from_natural", "gaussian_to_expectation",
     "gaussian_from_expectation", "gaussian_log_partition", "gaussian_natural_fisher",
     "MCEstimate", "gaussian_samples", "bonnet_gradient", "price_gradient", "gaussian_natural_gradient",
-    "gaussian_vi_natural_update", "NaturalGaussianVI",
+    "gaussian_vi_natural_update", "NaturalGaussianVI", "check_tensor", "check_square", "checked_cholesky",
+    "check_mean_cov",
 ]
 
 
 # --------------------------------------------------------- validation (shared with taskloss.curvature.natural_gradient)
-def _tensor(name: str, x: torch.Tensor, ndim_min: int = 1) -> torch.Tensor:
+def check_tensor(name: str, x: torch.Tensor, ndim_min: int = 1) -> torch.Tensor:
+    """``x`` after checking it is a finite, non-empty floating tensor of at least ``ndim_min`` dimensions.
+
+    Args:
+        name: the argument's name, for the message.
+        x: the tensor.
+        ndim_min: the fewest dimensions allowed.
+
+    Returns:
+        ``x``.
+
+    Raises:
+        TypeError: not a floating tensor.
+        ValueError: NaN/inf, too few dimensions, no entries.
+    """
     check_floating(name, x)
     check_finite(name, x)
     if x.ndim < ndim_min:
@@ -39,14 +54,18 @@ def _tensor(name: str, x: torch.Tensor, ndim_min: int = 1) -> torch.Tensor:
     return x
 
 
-def _square(name: str, x: torch.Tensor) -> torch.Tensor:
-    _tensor(name, x, 2)
+def check_square(name: str, x: torch.Tensor) -> torch.Tensor:
+    """``x`` after checking it is a finite floating tensor whose last two dimensions are square (see
+    :func:`check_tensor`); raises ``ValueError`` otherwise."""
+    check_tensor(name, x, 2)
     if x.shape[-1] != x.shape[-2]:
         raise ValueError(f"{name} must be square in its last two dimensions, got shape {tuple(x.shape)}")
     return x
 
 
-def _cholesky(name: str, x: torch.Tensor) -> torch.Tensor:
+def checked_cholesky(name: str, x: torch.Tensor) -> torch.Tensor:
+    """The lower Cholesky factor of the (symmetrized) ``x``; ``ValueError`` when ``x`` is not symmetric positive
+    definite (the message names ``name``)."""
     asym = (x - x.transpose(-1, -2)).abs().amax()
     if bool(asym > 1e-6 * x.abs().amax() + 1e-12):
         raise ValueError(f"{name} is not symmetric (max |x - xᵀ| = {float(asym):.3g})")
@@ -68,12 +87,24 @@ def _matching(n1: str, v: torch.Tensor, n2: str, M: torch.Tensor) -> None:
                          "(expected [..., d] and [..., d, d] with broadcastable batch shapes)")
 
 
-def _mean_cov(m: torch.Tensor, V: torch.Tensor, name: str = "") -> torch.Tensor:
-    """Validate a mean [..., d] and covariance [..., d, d]; return the Cholesky factor of V."""
-    _tensor(f"{name}mean", m)
-    _square(f"{name}covariance", V)
+def check_mean_cov(m: torch.Tensor, V: torch.Tensor, name: str = "") -> torch.Tensor:
+    """The Cholesky factor of ``V`` after checking a mean ``m [..., d]`` and a covariance ``V [..., d, d]``.
+
+    Args:
+        m: the mean.
+        V: the covariance, symmetric positive definite.
+        name: a prefix for the messages (e.g. ``"first "``).
+
+    Returns:
+        The lower Cholesky factor of ``V``.
+
+    Raises:
+        ValueError: bad shapes or values, a covariance that is not positive definite.
+    """
+    check_tensor(f"{name}mean", m)
+    check_square(f"{name}covariance", V)
     _matching(f"{name}mean", m, "covariance", V)
-    return _cholesky(f"{name}covariance", V)
+    return checked_cholesky(f"{name}covariance", V)
 
 
 # ------------------------------------------------------------------ Gaussian exponential-family parameters
@@ -111,12 +142,12 @@ def sym_to_vec(S: torch.Tensor) -> torch.Tensor:
 
     An isometry: ``⟨A, B⟩_F = sym_to_vec(A) · sym_to_vec(B)`` for symmetric A, B. Only the upper triangle is read.
     """
-    return _sym_to_vec(_square("S", S))
+    return _sym_to_vec(check_square("S", S))
 
 
 def vec_to_sym(v: torch.Tensor) -> torch.Tensor:
     """Inverse of :func:`sym_to_vec`: [..., d(d+1)/2] → symmetric [..., d, d]."""
-    _tensor("v", v)
+    check_tensor("v", v)
     k = v.shape[-1]
     d = int(round((math.sqrt(8 * k + 1) - 1) / 2))
     if d * (d + 1) // 2 != k:
@@ -129,7 +160,7 @@ def gaussian_to_natural(m: torch.Tensor, V: torch.Tensor) -> tuple[torch.Tensor,
 
     Derived in notebook 08_natural_gradient_exponential_families.
     """
-    L = _mean_cov(m, V)
+    L = check_mean_cov(m, V)
     P = torch.cholesky_inverse(L)
     return (P @ m.unsqueeze(-1)).squeeze(-1), -0.5 * P
 
@@ -139,10 +170,10 @@ def gaussian_from_natural(l1: torch.Tensor, l2: torch.Tensor) -> tuple[torch.Ten
 
     Derived in notebook 08_natural_gradient_exponential_families.
     """
-    _tensor("lambda1", l1)
-    _square("lambda2", l2)
+    check_tensor("lambda1", l1)
+    check_square("lambda2", l2)
     _matching("lambda1", l1, "lambda2", l2)
-    L = _cholesky("-lambda2 (lambda2 must be negative definite)", -2.0 * l2)
+    L = checked_cholesky("-lambda2 (lambda2 must be negative definite)", -2.0 * l2)
     V = torch.cholesky_inverse(L)
     return (V @ l1.unsqueeze(-1)).squeeze(-1), V
 
@@ -152,7 +183,7 @@ def gaussian_to_expectation(m: torch.Tensor, V: torch.Tensor) -> tuple[torch.Ten
 
     Derived in notebook 08_natural_gradient_exponential_families.
     """
-    _mean_cov(m, V)
+    check_mean_cov(m, V)
     return m, V + m.unsqueeze(-1) * m.unsqueeze(-2)
 
 
@@ -161,11 +192,11 @@ def gaussian_from_expectation(mu1: torch.Tensor, mu2: torch.Tensor) -> tuple[tor
 
     Derived in notebook 08_natural_gradient_exponential_families.
     """
-    _tensor("mu1", mu1)
-    _square("mu2", mu2)
+    check_tensor("mu1", mu1)
+    check_square("mu2", mu2)
     _matching("mu1", mu1, "mu2", mu2)
     V = mu2 - mu1.unsqueeze(-1) * mu1.unsqueeze(-2)
-    _cholesky("mu2 - mu1 mu1^T", V)
+    checked_cholesky("mu2 - mu1 mu1^T", V)
     return mu1, 0.5 * (V + V.transpose(-1, -2))
 
 
@@ -193,8 +224,8 @@ def gaussian_natural_fisher(l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
     log-partition. Equals ``Cov[(z, sym_to_vec(zzᵀ))]`` under q.
     Derived in notebook 08_natural_gradient_exponential_families.
     """
-    _tensor("lambda1", l1)
-    _tensor("lambda2", l2)
+    check_tensor("lambda1", l1)
+    check_tensor("lambda2", l2)
     if l1.ndim != 1 or l2.ndim != 2:
         raise ValueError("gaussian_natural_fisher takes a single distribution: lambda1 [d], lambda2 [d, d]; got "
                          f"shapes {tuple(l1.shape)} and {tuple(l2.shape)}")
@@ -214,7 +245,7 @@ class MCEstimate(NamedTuple):
 def gaussian_samples(m: torch.Tensor, V: torch.Tensor, n_samples: int,
                      generator: torch.Generator | None = None) -> torch.Tensor:
     """``n_samples`` draws of ``N(m [d], V [d, d])`` as [S, d] (``z = m + Lε``, ``LLᵀ = V``)."""
-    L = _mean_cov(m, V)
+    L = check_mean_cov(m, V)
     check_int("n_samples", n_samples, minimum=1)
     if m.ndim != 1:
         raise ValueError("m must be a vector [d]")
@@ -274,7 +305,7 @@ def price_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor, V
 def gaussian_natural_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torch.Tensor, V: torch.Tensor,
                               n_samples: int, generator: torch.Generator | None = None
                               ) -> tuple[MCEstimate, MCEstimate]:
-    """Natural gradient of ``E_{N(m,V)}[f]`` w.r.t. ``(λ₁, λ₂)`` = its gradient w.r.t. ``(μ₁, μ₂)``:
+    """Natural gradient of ``E_{N(m,V)}[f]`` w.r.t. ``(λ₁, λ₂)``, equal to its gradient w.r.t. ``(μ₁, μ₂)``.
 
     ``(E[∇f] - E[∇²f] m,  ½ E[∇²f])`` from one set of ``n_samples`` draws (Bonnet + Price), each as an
     :class:`MCEstimate` of shape [d] and [d, d]. Derived in notebook 08_natural_gradient_exponential_families.
@@ -288,7 +319,7 @@ def gaussian_natural_gradient(f: Callable[[torch.Tensor], torch.Tensor], m: torc
 def _step_size(lr, batch_shape: torch.Size):
     """ρ in (0, 1] as a float, or a tensor of them broadcastable to ``batch_shape``."""
     if isinstance(lr, torch.Tensor):
-        _tensor("lr", lr, 0)
+        check_tensor("lr", lr, 0)
         if bool((lr <= 0).any()) or bool((lr > 1).any()):
             raise ValueError(f"lr must lie in (0, 1] for the natural-parameter update, got values in "
                              f"[{float(lr.min()):.3g}, {float(lr.max()):.3g}]")
@@ -313,33 +344,35 @@ def gaussian_vi_natural_update(m: torch.Tensor, precision: torch.Tensor, grad_me
     ``P' = (1-ρ)P + ρ(P₀ - E[∇²f])`` and ``m' = m + ρ P'⁻¹ (E[∇f] - P₀(m - m₀))``.
 
     Args:
-        m, precision: the current q, [..., d] and [..., d, d] (leading batch dimensions update independent
-            runs at once).
-        grad_mean, hess_mean: estimates of ``E_q[∇f]`` [..., d] and ``E_q[∇²f]`` [..., d, d], same shapes.
+        m: the current mean of q, [..., d] (leading batch dimensions update independent runs at once).
+        precision: the current precision P of q, [..., d, d].
+        grad_mean: an estimate of ``E_q[∇f]`` [..., d].
+        hess_mean: an estimate of ``E_q[∇²f]`` [..., d, d].
         lr: ρ in (0, 1], a float or a tensor broadcastable to the batch shape ``m.shape[:-1]``.
-        prior_mean, prior_precision: ``m₀`` [d] and ``P₀`` [d, d] (or batch-broadcastable).
+        prior_mean: ``m₀`` [d] (or batch-broadcastable).
+        prior_precision: ``P₀`` [d, d] (or batch-broadcastable).
 
     Returns ``(m', P')`` with the shapes of ``(m, precision)``. Raises ``ValueError`` on mismatched shapes,
     ρ outside (0, 1] or a ``P'`` that is not positive definite. Derived in notebook
     08_natural_gradient_exponential_families.
     """
-    _tensor("m", m)
+    check_tensor("m", m)
     rho = _step_size(lr, m.shape[:-1])
-    _cholesky("precision", _square("precision", precision))
+    checked_cholesky("precision", check_square("precision", precision))
     if precision.shape != m.shape + m.shape[-1:]:
         raise ValueError(f"m must be [..., d] and precision [..., d, d], got {tuple(m.shape)} and "
                          f"{tuple(precision.shape)}")
     for name, x, want in (("grad_mean", grad_mean, m.shape), ("hess_mean", hess_mean, precision.shape)):
-        if _tensor(name, x).shape != want:
+        if check_tensor(name, x).shape != want:
             raise ValueError(f"{name} must have shape {tuple(want)}, got {tuple(x.shape)}")
-    _square("prior_precision", prior_precision)
-    _matching("prior_mean", _tensor("prior_mean", prior_mean), "prior_precision", prior_precision)
+    check_square("prior_precision", prior_precision)
+    _matching("prior_mean", check_tensor("prior_mean", prior_mean), "prior_precision", prior_precision)
     if prior_mean.shape[-1] != m.shape[-1]:
         raise ValueError(f"prior_mean must have last dimension {m.shape[-1]}, got shape {tuple(prior_mean.shape)}")
     r = rho.unsqueeze(-1) if isinstance(rho, torch.Tensor) else rho                    # [..., 1]
     R = r.unsqueeze(-1) if isinstance(rho, torch.Tensor) else rho                      # [..., 1, 1]
     new_prec = (1 - R) * precision + R * (prior_precision - 0.5 * (hess_mean + hess_mean.transpose(-1, -2)))
-    L = _cholesky("updated precision (E[hessian of f] not negative semi-definite? lower lr)", new_prec)
+    L = checked_cholesky("updated precision (E[hessian of f] not negative semi-definite? lower lr)", new_prec)
     resid = grad_mean - (prior_precision @ (m - prior_mean).unsqueeze(-1)).squeeze(-1)
     step = torch.cholesky_solve(resid.unsqueeze(-1), L).squeeze(-1)
     return m + r * step, 0.5 * (new_prec + new_prec.transpose(-1, -2))
@@ -352,6 +385,12 @@ class NaturalGaussianVI:
     ``n_samples`` points, estimates ``E[∇ log_lik]`` and ``E[∇² log_lik]`` (Bonnet / Price) and applies
     :func:`gaussian_vi_natural_update`. ``log_lik`` maps a point [d] to a scalar (vmapped with torch.func).
     Derived in notebook 08_natural_gradient_exponential_families.
+
+    Not a ``torch.optim.Optimizer``: it moves no tensor of the caller's — it *is* the variational distribution,
+    owning its ``mean`` and ``precision`` and updating them in natural-parameter space from ``log_lik``, without
+    gradients in ``.grad``. Its hyperparameters ``lr`` and ``n_samples`` are attributes (checked at every
+    :meth:`step`, so a schedule may change ``lr``), and :meth:`state_dict` / :meth:`load_state_dict` carry the mean,
+    the precision, the hyperparameters and the generator's state, so a restored object continues bit-identically.
     """
 
     def __init__(self, log_lik: Callable[[torch.Tensor], torch.Tensor], prior_mean: torch.Tensor,
@@ -360,30 +399,73 @@ class NaturalGaussianVI:
                  generator: torch.Generator | None = None):
         if not callable(log_lik):
             raise TypeError("log_lik must be callable: point [d] -> scalar")
-        self.prior_mean = _tensor("prior_mean", prior_mean)
+        self.prior_mean = check_tensor("prior_mean", prior_mean)
         if prior_mean.ndim != 1:
             raise ValueError("prior_mean must be a vector [d]")
-        self.prior_precision = _square("prior_precision", prior_precision)
+        self.prior_precision = check_square("prior_precision", prior_precision)
         if prior_precision.shape != (prior_mean.shape[0],) * 2:
             raise ValueError("prior_precision must be [d, d] with d = len(prior_mean)")
-        _cholesky("prior_precision", prior_precision)
+        checked_cholesky("prior_precision", prior_precision)
         self.lr, self.n_samples = check_positive("lr", lr), check_int("n_samples", n_samples, minimum=1)
         if self.lr > 1:
             raise ValueError(f"lr must lie in (0, 1], got {lr}")
         self.log_lik, self.generator = log_lik, generator
-        self.mean = (prior_mean if init_mean is None else _tensor("init_mean", init_mean)).clone()
+        self.mean = (prior_mean if init_mean is None else check_tensor("init_mean", init_mean)).clone()
         self.precision = (prior_precision if init_precision is None
-                          else _square("init_precision", init_precision)).clone()
+                          else check_square("init_precision", init_precision)).clone()
         if self.mean.shape != prior_mean.shape or self.precision.shape != prior_precision.shape:
             raise ValueError("init_mean / init_precision must match the prior's shapes")
-        _cholesky("init_precision", self.precision)
+        checked_cholesky("init_precision", self.precision)
 
     @property
     def covariance(self) -> torch.Tensor:
+        """The covariance ``precision⁻¹`` of the current posterior."""
         return torch.cholesky_inverse(torch.linalg.cholesky(self.precision))
 
+    def state_dict(self) -> dict:
+        """Copies of the mean and precision, ``lr``, ``n_samples`` and the generator's state."""
+        return {"mean": self.mean.clone(), "precision": self.precision.clone(), "lr": self.lr,
+                "n_samples": self.n_samples,
+                "generator": None if self.generator is None else self.generator.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict`.
+
+        Args:
+            state: what :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: a state of other shapes, bad hyperparameters, or one that disagrees on the generator.
+        """
+        if not isinstance(state, dict) or not {"mean", "precision", "lr", "n_samples", "generator"} <= state.keys():
+            raise ValueError("not a NaturalGaussianVI state_dict")
+        if state["mean"].shape != self.mean.shape or state["precision"].shape != self.precision.shape:
+            raise ValueError("state_dict is for another dimension")
+        if (state["generator"] is None) != (self.generator is None):
+            raise ValueError("state_dict and this NaturalGaussianVI disagree on whether a generator is used")
+        self._check_hyperparameters(state["lr"], state["n_samples"])
+        self.mean = state["mean"].detach().clone().to(self.mean)
+        self.precision = state["precision"].detach().clone().to(self.precision)
+        self.lr, self.n_samples = state["lr"], state["n_samples"]
+        if self.generator is not None:
+            self.generator.set_state(state["generator"])
+
+    @staticmethod
+    def _check_hyperparameters(lr, n_samples) -> None:
+        if check_positive("lr", lr) > 1:
+            raise ValueError(f"lr must lie in (0, 1], got {lr}")
+        check_int("n_samples", n_samples, minimum=1)
+
     def step(self) -> torch.Tensor:
-        """One update; returns the Monte-Carlo estimate of ``E_q[log_lik]`` at the parameters before it."""
+        """One update.
+
+        Returns:
+            The Monte-Carlo estimate of ``E_q[log_lik]`` at the parameters before it.
+
+        Raises:
+            ValueError: ``lr`` or ``n_samples`` set to a bad value since construction.
+        """
+        self._check_hyperparameters(self.lr, self.n_samples)
         z = gaussian_samples(self.mean, self.covariance, self.n_samples, self.generator)
         values = vmap(self.log_lik)(z)
         g, H = (d.mean(0) for d in _derivatives(self.log_lik, z, ("grad", "hessian")))

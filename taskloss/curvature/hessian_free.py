@@ -13,8 +13,20 @@ from typing import Callable, Mapping
 import torch
 from torch import Tensor
 
-from taskloss.curvature.fisher import Likelihood, _check_likelihood, flatten, ggn_operator, named_tensors, unflatten
-from taskloss.utils import all_finite, check_finite, check_int, check_nonnegative, check_positive, check_probability
+from taskloss.curvature.fisher import Likelihood, check_likelihood, ggn_operator
+from taskloss.utils import (
+    all_finite,
+    check_bool,
+    check_finite,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_probability,
+    flat_gradient,
+    flatten,
+    named_tensors,
+    unflatten,
+)
 
 __all__ = ["conjugate_gradient", "hessian_free_direction", "HessianFree"]
 
@@ -93,6 +105,8 @@ def conjugate_gradient(matvec: Callable, b, damping: float = 0.0, max_iter: int 
         ValueError: bad arguments; ``matvec`` returning a wrong shape or NaN/inf; and, unless ``truncated``,
             non-positive curvature — the message names the iteration and ``pᵀ(A + λI)p``.
     """
+    truncated = check_bool("truncated", truncated)
+    return_info = check_bool("return_info", return_info)
     damping = check_nonnegative("damping", damping)
     check_int("max_iter", max_iter, minimum=1)
     tol = check_nonnegative("tol", tol)
@@ -160,14 +174,21 @@ def hessian_free_direction(model_or_fn, params, inputs: Tensor, grad, likelihood
     """Hessian-free natural gradient ``d ≈ (G + λI)⁻¹ grad`` by CG on GGN-vector products (a checked solve).
 
     Args:
-        model_or_fn, params, inputs, likelihood: the GGN, as in :func:`taskloss.curvature.fisher.ggn_operator`.
+        model_or_fn: the model of the GGN, as in :func:`taskloss.curvature.fisher.ggn_operator`.
+        params: its parameters, as there.
+        inputs: the GGN batch, as there.
         grad: flat ``[P]`` or a dict like ``params``.
-        damping: ``λ > 0``; cg_iters, tol, x0: as ``max_iter``, ``tol``, ``x0`` of :func:`conjugate_gradient`.
+        likelihood: as in :func:`~taskloss.curvature.fisher.ggn_operator`.
+        damping: ``λ > 0``.
+        cg_iters: as ``max_iter`` of :func:`conjugate_gradient`.
+        tol: as ``tol`` there.
+        x0: as ``x0`` there (a warm start).
         return_info: also return CG's ``info`` (otherwise running out of iterations warns).
 
     Returns:
         ``d`` (same kind as ``grad``; the update is ``θ ← θ − lr · d``), or ``(d, info)``.
     """
+    return_info = check_bool("return_info", return_info)
     check_positive("damping", damping)
     return conjugate_gradient(ggn_operator(model_or_fn, params, inputs, likelihood), grad, damping=damping,
                               max_iter=cg_iters, tol=tol, x0=x0, return_info=return_info)
@@ -184,106 +205,163 @@ class HessianFree(torch.optim.Optimizer):
     (ρ > ¾ → λ·⅔; ρ < ¼ → λ·3/2) and a step that raises the loss is undone.
 
     ``step(closure)`` follows torch.optim: ``closure()`` zeroes the gradients, computes the mean NLL (the
-    convention of :mod:`taskloss.curvature.fisher`), calls ``backward()`` and returns the loss. The one difference
-    from torch.optim: the GGN needs the model's *inputs*, which a loss closure does not expose. They come from,
-    in this order: ``step(closure, inputs)``; the closure returning ``(loss, inputs)``; ``ggn_inputs`` given at
-    construction (a fixed curvature batch). The closure is called twice per step when ``adapt_damping``.
+    convention of :mod:`taskloss.curvature.fisher`), calls ``backward()`` and returns ``(loss, inputs)``: the GGN
+    needs the model's inputs, which a loss alone does not expose, and returning the data a method needs besides
+    the gradient is the package's one way of passing it (:class:`taskloss.search.mgs.MGS` gets its batch the same
+    way). The closure is called twice per step when ``adapt_damping``; ``step`` returns the first loss.
+
+    ``param_groups``: each group may carry its own ``lr`` (a learning-rate scheduler works); ``damping``,
+    ``cg_iters``, ``cg_tol``, ``warm_start`` and ``min_damping`` are those of the one CG solve over all
+    parameters, so they must agree between groups (``damping`` is adapted in every group). Frozen parameters
+    (``requires_grad=False``) are not solved for and do not move; a parameter listed twice is one parameter.
 
     Args:
-        params: the parameters (tensors of ``model_fn``, ``(name, tensor)`` pairs or a dict); one group.
+        params: the parameters (tensors of ``model_fn``, ``(name, tensor)`` pairs, a dict, or parameter groups of
+            tensors of the module ``model_fn``).
         model_fn: the ``nn.Module`` owning ``params`` or ``fn(params_dict, inputs) → outputs [N, C]``.
-        lr, damping, cg_iters, cg_tol, warm_start, min_damping: the hyperparameters, kept in ``param_groups``
-            (``damping`` is adapted there).
+        lr: the step size (default of the groups).
+        damping: the initial λ > 0.
+        cg_iters: CG iterations per step.
+        cg_tol: CG's relative residual tolerance.
         likelihood: ``"categorical"`` or ``"gaussian"``.
         adapt_damping: Levenberg-Marquardt adaptation of λ (and undoing of steps that raise the loss).
-        ggn_inputs: a fixed curvature batch (optional).
+        warm_start: the factor on the previous direction CG starts from.
+        min_damping: the floor of the adapted λ.
 
     ``state_dict()`` holds λ and the previous direction, so a restored optimizer continues bit-identically.
     ``last_info`` holds CG's info of the last step and ``loss``, ``damping``, ``rho``, ``new_loss``, ``accepted``.
+
+    Raises:
+        TypeError: a bad ``model_fn`` or flag.
+        ValueError: bad hyperparameters; at ``step``, a closure that does not return ``(loss, inputs)``.
+        FloatingPointError: a non-finite loss.
     """
+
+    SHARED = ("damping", "cg_iters", "cg_tol", "warm_start", "min_damping")
 
     def __init__(self, params, model_fn, *, lr: float = 1.0, damping: float = 1.0, cg_iters: int = 20,
                  cg_tol: float = 1e-6, likelihood: Likelihood = "categorical", adapt_damping: bool = True,
-                 warm_start: float = 0.95, min_damping: float = 1e-8, ggn_inputs: Tensor | None = None):
+                 warm_start: float = 0.95, min_damping: float = 1e-8):
         if not callable(model_fn):
             raise TypeError("model_fn must be an nn.Module or a callable fn(params, inputs)")
-        _check_likelihood(likelihood)
-        self._names, tensors = named_tensors(params, model_fn)
+        check_likelihood(likelihood)
+        self.model_fn, self.likelihood = model_fn, likelihood
+        self.adapt_damping = check_bool("adapt_damping", adapt_damping)
+        self._names: dict[int, str] = {}
+        if not isinstance(params, Mapping):
+            params = list(params)
+        groups = params if params and all(isinstance(g, dict) for g in params) else [{"params": params}]
         defaults = dict(lr=check_positive("lr", lr), damping=check_positive("damping", damping),
                         cg_iters=check_int("cg_iters", cg_iters, minimum=1), cg_tol=check_nonnegative("cg_tol", cg_tol),
                         warm_start=check_probability("warm_start", warm_start),
                         min_damping=check_positive("min_damping", min_damping))
-        super().__init__(tensors, defaults)
-        if len(self.param_groups) != 1:
-            raise ValueError("HessianFree supports a single parameter group")
-        if ggn_inputs is not None and not isinstance(ggn_inputs, Tensor):
-            raise TypeError("ggn_inputs must be a torch.Tensor (the curvature batch)")
-        self.model_fn, self.likelihood, self.adapt_damping = model_fn, likelihood, bool(adapt_damping)
-        self.ggn_inputs = ggn_inputs
+        super().__init__(groups, defaults)
         self.last_info: dict = {}
+
+    def add_param_group(self, param_group: dict) -> None:
+        """``torch.optim``'s, with the tensors named (for the GGN) and each kept once (by identity)."""
+        names, tensors = named_tensors(param_group["params"], self.model_fn)
+        fresh = [(k, p) for k, p in zip(names, tensors) if id(p) not in self._names]
+        for k, p in fresh:
+            self._names[id(p)] = k
+        super().add_param_group({**param_group, "params": [p for _, p in fresh]})
 
     @staticmethod
     def _call(closure, finite: bool = True):
         with torch.enable_grad():
             out = closure()
-        if isinstance(out, tuple) and len(out) != 2:
-            raise ValueError("closure must return the loss or a pair (loss, ggn_inputs)")
-        loss, inputs = out if isinstance(out, tuple) else (out, None)
-        loss = torch.as_tensor(loss).detach()
-        if loss.numel() != 1:
-            raise ValueError(f"closure must return a scalar loss, got shape {tuple(loss.shape)}")
-        loss = float(loss)
-        if finite and not math.isfinite(loss):
-            raise FloatingPointError(f"closure returned a non-finite loss ({loss})")
-        return loss, inputs
+        if not (isinstance(out, tuple) and len(out) == 2):
+            raise ValueError("HessianFree's closure must return (loss, inputs): the loss it called backward() on "
+                             "and the inputs of the GGN batch")
+        loss, inputs = out
+        if not isinstance(inputs, Tensor):
+            raise TypeError(f"the GGN inputs returned by the closure must be a tensor, got {type(inputs).__name__}")
+        value = torch.as_tensor(loss).detach()
+        if value.numel() != 1:
+            raise ValueError(f"closure must return a scalar loss, got shape {tuple(value.shape)}")
+        value = float(value)
+        if finite and not math.isfinite(value):
+            raise FloatingPointError(f"closure returned a non-finite loss ({value})")
+        return loss, value, inputs
 
-    def _check_group(self, group) -> None:
-        check_positive("lr", group["lr"])
-        check_positive("damping", group["damping"])
-        check_int("cg_iters", group["cg_iters"], minimum=1)
+    def _shared(self) -> dict:
+        """The solver hyperparameters, equal in every group, checked."""
+        out = {}
+        for key in self.SHARED:
+            values = {g[key] for g in self.param_groups}
+            if len(values) != 1:
+                raise ValueError(f"HessianFree solves one CG system over all parameters: {key} must be the same in "
+                                 f"every parameter group, got {sorted(values)}")
+            out[key] = values.pop()
+        check_positive("damping", out["damping"])
+        check_int("cg_iters", out["cg_iters"], minimum=1)
+        for g in self.param_groups:
+            check_positive("lr", g["lr"])
+        return out
 
-    def step(self, closure, inputs: Tensor | None = None):  # type: ignore[override]
-        """One Hessian-free step; returns the loss before it. ``inputs``: the GGN batch (see the class doc)."""
+    @torch.no_grad()
+    def step(self, closure):  # type: ignore[override]
+        """One Hessian-free step (see the class docstring).
+
+        Args:
+            closure: zeroes the gradients, computes the loss, calls ``backward()``, returns ``(loss, inputs)``.
+
+        Returns:
+            The loss the closure returned first (before the step).
+
+        Raises:
+            ValueError: no closure, a bad closure result, bad hyperparameters in ``param_groups``.
+            FloatingPointError: a non-finite loss before the step.
+        """
         if not callable(closure):
             raise ValueError("HessianFree.step needs closure() (zeroes grads, computes the loss, calls backward, "
-                             "returns the loss or (loss, ggn_inputs))")
-        group = self.param_groups[0]
-        self._check_group(group)
-        ps = group["params"]
-        loss, from_closure = self._call(closure)
-        inputs = next((x for x in (inputs, from_closure, self.ggn_inputs) if x is not None), None)
-        if inputs is None:
-            raise ValueError("HessianFree needs the GGN batch: step(closure, inputs), a closure returning "
-                             "(loss, inputs), or ggn_inputs= at construction")
-        g = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in ps])
+                             "returns (loss, inputs))")
+        h = self._shared()
+        live = [(g, p) for g in self.param_groups for p in g["params"] if p.requires_grad]
+        if not live:
+            raise ValueError("HessianFree has no parameter with requires_grad=True to step")
+        ps = [p for _, p in live]
+        loss, value, inputs = self._call(closure)
+        g = flat_gradient(ps)
         check_finite("gradient", g)
-        params = dict(zip(self._names, (p.detach() for p in ps)))
+        params = {self._names[id(p)]: p.detach() for p in ps}
         op = ggn_operator(self.model_fn, params, inputs, self.likelihood)
         state = self.state[ps[0]]
-        x0 = state["direction"] * group["warm_start"] if "direction" in state else None
-        d, info = conjugate_gradient(op, g, damping=group["damping"], max_iter=group["cg_iters"],
-                                     tol=group["cg_tol"], x0=x0, truncated=True)
+        x0 = state["direction"] * h["warm_start"] if "direction" in state else None
+        d, info = conjugate_gradient(op, g, damping=h["damping"], max_iter=h["cg_iters"], tol=h["cg_tol"], x0=x0,
+                                     truncated=True)
         state["direction"] = d
-        lr = group["lr"]
+        lrs = [grp["lr"] for grp, _ in live]
+        one_lr = len(set(lrs)) == 1
+        if one_lr:
+            lr = lrs[0]
+            scaled = None
+        else:   # each group's learning rate on its own coordinates
+            scaled = d * torch.cat([torch.full((p.numel(),), r, dtype=d.dtype, device=d.device)
+                                    for r, p in zip(lrs, ps)])
         if self.adapt_damping:  # the quadratic model q(−lr·d) at the current parameters (before they move)
-            predicted = float(-lr * torch.dot(g, d) + 0.5 * lr**2 * torch.dot(d, op(d)))
-        with torch.no_grad():
-            offsets = torch.cumsum(torch.tensor([0] + [p.numel() for p in ps]), 0).tolist()
-            for p, a, b in zip(ps, offsets[:-1], offsets[1:]):
-                p.sub_(lr * d[a:b].view_as(p))
-        info.update(loss=loss, damping=group["damping"])
+            if one_lr:
+                predicted = float(-lr * torch.dot(g, d) + 0.5 * lr**2 * torch.dot(d, op(d)))
+            else:
+                predicted = float(-torch.dot(g, scaled) + 0.5 * torch.dot(scaled, op(scaled)))
+        views = unflatten(d if one_lr else scaled, ps)
+        for p, v in zip(ps, views):
+            p.sub_(lr * v if one_lr else v)
+        info.update(loss=value, damping=h["damping"])
         if self.adapt_damping:
-            new_loss = self._call(closure, finite=False)[0]  # NaN: the step is undone below
-            rho = (new_loss - loss) / predicted if predicted < 0 else -1.0
+            new_loss = self._call(closure, finite=False)[1]  # NaN: the step is undone below
+            rho = (new_loss - value) / predicted if predicted < 0 else -1.0
+            damping = h["damping"]
             if rho > 0.75:
-                group["damping"] = max(group["damping"] * 2 / 3, group["min_damping"])
+                damping = max(damping * 2 / 3, h["min_damping"])
             elif rho < 0.25:
-                group["damping"] *= 1.5
-            if not (new_loss <= loss):  # undo a step that did not decrease the loss (also catches NaN)
-                with torch.no_grad():
-                    for p, a, b in zip(ps, offsets[:-1], offsets[1:]):
-                        p.add_(lr * d[a:b].view_as(p))
+                damping *= 1.5
+            for grp in self.param_groups:
+                grp["damping"] = damping
+            if not (new_loss <= value):  # undo a step that did not decrease the loss (also catches NaN)
+                for p, v in zip(ps, views):
+                    p.add_(lr * v if one_lr else v)
                 state["direction"] = torch.zeros_like(d)
-            info.update(rho=rho, new_loss=new_loss, accepted=new_loss <= loss)
+            info.update(rho=rho, new_loss=new_loss, accepted=new_loss <= value)
         self.last_info = info
         return loss

@@ -2,10 +2,11 @@
 
 After Martens & Grosse, "Optimizing Neural Networks with Kronecker-factored Approximate Curvature" (ICML 2015) and
 Grosse & Martens, "A Kronecker-factored approximate Fisher matrix for convolution layers" (ICML 2016). Derived in
-notebook 07_fisher_approximations. The maths (rows, factors, inverses, preconditioning) is in
-:mod:`taskloss.curvature.kfac_math`; this module holds the stateful shell (hooks, running averages, intervals), its
-base classes the gradient side (:mod:`taskloss.curvature.kfac_step`: inverses, ``step``, KL clip, flat buffers) and
-the checkpoints (:mod:`taskloss.curvature.kfac_checkpoint`).
+notebook 07_fisher_approximations. The maths (rows, factors, inverses, preconditioning, and the plain step
+:func:`~taskloss.curvature.kfac_math.kfac_precondition_reference`) is in :mod:`taskloss.curvature.kfac_math`; the
+factors and their inverses are a state object, :class:`~taskloss.curvature.kfac_factors.KroneckerFactors`, and the
+gradient side another, :class:`~taskloss.curvature.kfac_gradients.LayerGradients`, both owned by :class:`KFAC` and
+built with the layers they cover; this module holds the shell (hooks, running averages, intervals, checkpoints).
 
 For a layer ``s = W a`` (bias as a homogeneous coordinate: ``a ← [a, 1]``, ``W ← [W, b]``) the per-example weight
 gradient is ``g aᵀ`` with ``g = ∂ℓ/∂s``, and the layer's Fisher block is approximated by ``A ⊗ G`` (acting on the
@@ -25,9 +26,9 @@ Fisher types for ``G`` (explicit, ``fisher_type``):
 * ``"empirical"``: ``g`` from the observed targets (the empirical Fisher — biased, see notebook 07);
 * ``"exact"``: the ``C`` columns of ``H_out^{1/2}`` are back-propagated (the "type-2" Fisher; exact for one example).
 
-Cost between refreshes: the forward hooks are attached only while the next ``update`` computes factors (a
-forward pass in between runs hook-free and ``update`` only counts it); ``step`` gathers all gradients into one flat
-buffer, preconditions each layer's view of it and scatters the result back in a handful of kernel launches. A
+Cost between refreshes: the forward hooks are attached only while the next ``update_statistics`` computes factors
+(a forward pass in between runs hook-free and the call only counts); ``precondition_`` gathers all gradients into one
+flat buffer, preconditions each layer's view of it and scatters the result back in a handful of kernel launches. A
 factor update draws the MC labels and forms ``softmax − onehot`` from one softmax, and folds each batch moment into
 its running average with one in-place ``addmm`` (:func:`~taskloss.curvature.kfac_math.fold_moment`); a
 convolution's ``A`` is built from channels-last patches (:func:`~taskloss.curvature.kfac_math.input_moment`).
@@ -38,11 +39,11 @@ Usage (the hooks belong to the ``KFAC`` object: ``remove()`` them, or use it as 
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     with KFAC(model, damping=1e-3, fisher_type="mc", kl_clip=1e-2, optimizer=opt) as kfac:
         for x, y in batches:
-            out = model(x)                  # forward hooks record layer inputs/outputs
-            loss = nll_loss(out, y)         # batch-mean NLL (taskloss.curvature.fisher convention)
-            kfac.update(out, y)             # G-backward (retains the graph) → running factors; y unused for "mc"
+            out = model(x)                           # forward hooks record layer inputs/outputs
+            loss = nll_loss(out, y)                  # batch-mean NLL (taskloss.curvature.fisher convention)
+            kfac.update_statistics(x, y, outputs=out)   # G-backward (retains the graph) → running factors
             opt.zero_grad(); loss.backward()
-            kfac.step()                     # .grad ← (A ⊗ G + λ)⁻¹ .grad (inverses refreshed every T_inv steps)
+            kfac.precondition_()                     # .grad ← (A ⊗ G + λ)⁻¹ .grad (inverses every T_inv calls)
             opt.step()
 """
 from __future__ import annotations
@@ -55,17 +56,16 @@ from torch import Tensor, nn
 
 from taskloss.curvature.fisher import (
     LIKELIHOODS,
-    _check_outputs,
-    _check_targets,
-    _draw_categorical,
-    _nll_grad,
+    check_outputs,
+    check_targets,
+    draw_categorical,
+    nll_grad,
     output_hessian_sqrt,
     sample_targets,
 )
-from taskloss.curvature.kfac_checkpoint import KFACCheckpointMixin
-from taskloss.curvature.kfac_math import fold_moment, input_moment
-from taskloss.curvature.kfac_step import KFACStepMixin
-from taskloss.utils import check_int, check_positive, check_probability
+from taskloss.curvature.kfac_factors import DAMPING_MODES, KFACLayer, KroneckerFactors
+from taskloss.curvature.kfac_gradients import LayerGradients
+from taskloss.utils import check_bool, check_int, check_positive, check_probability
 
 __all__ = ["KFAC"]
 
@@ -78,48 +78,62 @@ def _remove_handles(handles: list) -> None:
     handles.clear()
 
 
-class KFAC(KFACStepMixin, KFACCheckpointMixin):
-    """K-FAC preconditioner: ``kfac.update(outputs, targets)`` then ``kfac.step()`` rewrites ``.grad``.
+_HYPER = ("decay", "factor_update_interval", "inverse_update_interval", "eigenbasis_update_interval", "kl_clip")
 
-    Not a ``torch.optim.Optimizer``: it preconditions the gradients that any optimizer then uses (``step()`` takes
-    no closure and rewrites ``.grad``), and ``update`` needs the model's outputs, which a loss closure hides.
+
+class KFAC:
+    """K-FAC preconditioner: ``kfac.update_statistics(inputs, targets)`` folds a batch into the factors and
+    ``kfac.precondition_()`` rewrites ``.grad`` with ``(A ⊗ G + λ)⁻¹ .grad``; any optimizer then steps.
+
+    Not a ``torch.optim.Optimizer``: it moves no parameter, it transforms the gradients that an optimizer of the
+    caller's choice (SGD with momentum, Adam, …) applies — so its verb is ``precondition_()``, not ``step()``, and
+    learning rates and their schedules live in that optimizer (the KL clip reads them from it at every call). Its
+    statistics come in as :class:`~taskloss.curvature.diagonal.FisherDiagonalPreconditioner`'s do,
+    ``update_statistics(inputs, targets)``; ``outputs=`` passes the forward already run on ``inputs`` (with grad
+    enabled, while the hooks record) instead of running one more.
 
     Args:
         model: the network; every ``nn.Linear`` / ``nn.Conv2d`` with trainable parameters is preconditioned. Any
             other module owning trainable parameters raises ``ValueError`` unless ``skip_unsupported=True`` (then
             its gradients are left untouched and it is listed in ``self.skipped``).
         damping: Tikhonov damping λ > 0 (an attribute; a new value is checked on assignment and at the next
-            ``step``, which refreshes the inverses for it). ``damping_mode="eigen"`` inverts ``A ⊗ G + λI`` exactly
+            ``precondition_``, which refreshes the inverses for it).
+        damping_mode: ``"eigen"`` inverts ``A ⊗ G + λI`` exactly
             through the factors' eigendecompositions; ``"pi"`` uses the factored ``(A + π√λ I) ⊗ (G + √λ/π I)``
             with ``π = sqrt((tr A / dim A) / (tr G / dim G))`` (the K-FAC paper's π-heuristic).
         fisher_type: ``"mc"`` | ``"empirical"`` | ``"exact"`` (see the module docstring).
         likelihood: ``"categorical"`` (outputs are logits) or ``"gaussian"`` (outputs are means of N(f, I)).
         decay: running-average weight of old factors, ``F ← decay·F + (1 − decay)·F_batch`` (0 → batch only).
-        factor_update_interval, inverse_update_interval: recompute factors in every k-th ``update`` call, and the
-            eigendecompositions / inverses in every k-th ``step`` call.
+        factor_update_interval: recompute factors in every k-th ``update_statistics`` call.
+        inverse_update_interval: recompute the eigendecompositions / inverses in every k-th ``precondition_`` call.
         eigenbasis_update_interval: ``"eigen"`` mode only, a multiple of ``inverse_update_interval`` (default:
             equal to it). Between eigendecompositions the inverse refreshes keep the eigenbases and re-estimate the
             eigenvalues as ``diag(Qᵀ F Q)`` of the current factors (EKFAC-style rescaling, one matmul per factor
             instead of an ``eigh``).
-        kl_clip, optimizer: if ``kl_clip`` is set, scale the step by ``ν = min(1, sqrt(kl_clip / Σ lr² gᵀF⁻¹g))``
-            with each parameter's *current* learning rate read from ``optimizer.param_groups`` at every step
-            (so learning-rate schedules are followed).
-        n_samples, generator: MC labels per example and the generator drawing them (checkpointed; without a
-            generator the global RNG is used, which the caller checkpoints).
+        kl_clip: if set, scale the step by ``ν = min(1, sqrt(kl_clip / Σ lr² gᵀF⁻¹g))`` with each parameter's
+            *current* learning rate read from ``optimizer.param_groups`` at every call (so schedules are followed).
+        optimizer: the ``torch.optim`` optimizer that applies the gradients (needed by ``kl_clip``).
+        n_samples: MC labels per example.
+        generator: the generator drawing them (checkpointed; without one the global RNG is used, which the caller
+            checkpoints).
         skip_unsupported: see ``model``.
 
-    Attribute ``use_flat_buffers`` (default True): ``False`` runs ``step`` layer by layer instead of through the
-    flat gradient buffer (the same matmuls; only the KL clip's ``Σ vᵀg`` is summed in another order).
+    The state is composed, not inherited: ``factors`` (:class:`~taskloss.curvature.kfac_factors.KroneckerFactors`:
+    ``factors.A``, ``factors.G``, ``factors.inverses``) and ``gradients``
+    (:class:`~taskloss.curvature.kfac_gradients.LayerGradients`; attribute ``use_flat_buffers``, default True:
+    ``False`` runs ``precondition_`` layer by layer instead of through the flat gradient buffer — the same matmuls,
+    only the KL clip's ``Σ vᵀg`` summed in another order).
 
-    ``state_dict()`` / ``load_state_dict()`` hold the factors, inverses / eigenbases, step counters, damping and
+    ``state_dict()`` / ``load_state_dict()`` hold the factors, inverses / eigenbases, counters, damping and
     hyperparameters and the generator's state: a restored object continues bit-identically.
 
     Raises:
-        ValueError: bad arguments; NaN/inf in a gradient or a factor (at ``step``); a non-positive damping.
+        TypeError: a bad model, generator or flag.
+        ValueError: bad arguments; NaN/inf in a gradient or a factor (at ``precondition_``); a non-positive damping.
     """
 
     FISHER_TYPES = ("mc", "empirical", "exact")
-    DAMPING_MODES = ("eigen", "pi")
+    DAMPING_MODES = DAMPING_MODES
 
     def __init__(self, model: nn.Module, *, damping: float = 1e-3, fisher_type: str = "mc",
                  likelihood: str = "categorical", decay: float = 0.95, factor_update_interval: int = 1,
@@ -137,6 +151,7 @@ class KFAC(KFACStepMixin, KFACCheckpointMixin):
             raise ValueError(f"damping_mode must be one of {self.DAMPING_MODES}, got {damping_mode!r}")
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError("generator must be a torch.Generator or None")
+        check_bool("skip_unsupported", skip_unsupported)
         self.damping = damping
         self.decay = decay
         self.factor_update_interval = factor_update_interval
@@ -157,10 +172,9 @@ class KFAC(KFACStepMixin, KFACCheckpointMixin):
         self.damping_mode, self.generator = damping_mode, generator
         self.modules, self.skipped = self._find_layers(model, skip_unsupported)
         # the trained parameters of every layer (None where frozen or absent)
-        self._w = {k: m.weight if m.weight.requires_grad else None for k, m in self.modules.items()}
-        self._b = {k: m.bias if m.bias is not None and m.bias.requires_grad else None for k, m in self.modules.items()}
-        self._d = {k: math.prod(m.weight.shape[1:]) for k, m in self.modules.items()}
-        self._params = [p for k in self.modules for p in (self._w[k], self._b[k]) if p is not None]
+        self.layers = [KFACLayer(k, m, m.weight if m.weight.requires_grad else None,
+                                 m.bias if m.bias is not None and m.bias.requires_grad else None,
+                                 math.prod(m.weight.shape[1:])) for k, m in self.modules.items()]
         self._checked: tuple | None = None
         if optimizer is not None:
             owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
@@ -168,12 +182,8 @@ class KFAC(KFACStepMixin, KFACCheckpointMixin):
                        if p.requires_grad and id(p) not in owned]
             if missing:
                 raise ValueError(f"layers {sorted(set(missing))} have parameters the optimizer does not hold")
-        self.A: dict[str, Tensor] = {}
-        self.G: dict[str, Tensor] = {}
-        self._inv: dict[str, tuple[Tensor, ...]] = {}
-        self._inv_damping: float | None = None
-        self.use_flat_buffers = True  # False: the per-layer step path (same result up to the order of one sum)
-        self._flat: tuple | None = None
+        self.factors = KroneckerFactors(self.layers, damping_mode)
+        self.gradients = LayerGradients(self.layers)
         self._inputs: dict[str, list[Tensor]] = {n: [] for n in self.modules}
         self._outputs: dict[str, list[Tensor]] = {n: [] for n in self.modules}
         self._n_updates = self._n_steps = 0
@@ -209,6 +219,7 @@ class KFAC(KFACStepMixin, KFACCheckpointMixin):
     # ------------------------------------------------------------------------------------ hyperparameters
     @property
     def damping(self) -> float:
+        """The Tikhonov damping λ > 0 (checked on assignment)."""
         return self._damping
 
     @damping.setter
@@ -230,6 +241,7 @@ class KFAC(KFACStepMixin, KFACCheckpointMixin):
 
     @property
     def factor_update_interval(self) -> int:
+        """Factors are recomputed in every k-th ``update_statistics`` call."""
         return self._factor_update_interval
 
     @factor_update_interval.setter
@@ -276,34 +288,56 @@ class KFAC(KFACStepMixin, KFACCheckpointMixin):
         if self.fisher_type == "empirical":
             if targets is None:
                 raise ValueError("fisher_type='empirical' needs the observed targets")
-            return _nll_grad(out, targets, self.likelihood).unsqueeze(0)
+            return nll_grad(out, targets, self.likelihood).unsqueeze(0)
         if self.fisher_type == "exact":
             return output_hessian_sqrt(out, self.likelihood).permute(2, 0, 1)
         probs = None
         if self.likelihood == "categorical":  # one softmax for the draws and the gradients (outputs checked above)
             probs = out.softmax(-1)
-            ys = _draw_categorical(probs, self.n_samples, self.generator)
+            ys = draw_categorical(probs, self.n_samples, self.generator)
         else:
             ys = sample_targets(out, self.likelihood, self.n_samples, self.generator)
         if self.n_samples == 1:  # (dividing by √1 would only cost an allocation)
-            return _nll_grad(out, ys[0], self.likelihood, probs).unsqueeze(0)
-        return torch.stack([_nll_grad(out, y, self.likelihood, probs) for y in ys]) / math.sqrt(self.n_samples)
+            return nll_grad(out, ys[0], self.likelihood, probs).unsqueeze(0)
+        return torch.stack([nll_grad(out, y, self.likelihood, probs) for y in ys]) / math.sqrt(self.n_samples)
 
-    def update(self, outputs: Tensor, targets: Tensor | None = None) -> None:
+    def update_statistics(self, inputs: Tensor | None = None, targets: Tensor | None = None, *,
+                          outputs: Tensor | None = None) -> None:
         """Fold this batch's factors into the running averages (every ``factor_update_interval``-th call).
 
         Args:
-            outputs: ``[N, C]``, or per-token ``[N, T, C]`` (any ``[N, ..., C]``: every position is a loss term, as
-                curvlinops flattens them): the logits / means the loss is computed from, still attached to the
-                graph of the forward pass that the hooks recorded.
+            inputs: the batch the model sees, ``[N, ...]`` (may be ``None`` when ``outputs`` are given).
             targets: observed labels ``[N, ...]`` ids (categorical) or ``[N, ..., C]`` (gaussian); needed for
                 ``"empirical"``, checked for shape otherwise.
+            outputs: the model's outputs on ``inputs`` from the forward pass just run with grad enabled (the hooks
+                recorded it): ``[N, C]``, or per-token ``[N, T, C]`` (any ``[N, ..., C]``: every position is a loss
+                term, as curvlinops flattens them), still attached to the graph. Without it the call runs
+                ``model(inputs)`` itself — only on the calls that compute factors.
 
         The extra backward uses ``retain_graph=True`` and does not touch ``.grad``. The forward hooks are attached
         only before a call that computes factors (the others only count), so the checks that every layer ran once
         on this batch are made on those calls.
+
+        Raises:
+            TypeError: bad types.
+            ValueError: bad shapes or values (outputs not attached to the graph, batch sizes that differ).
+            RuntimeError: the hooks were removed, or a layer did not run exactly once on the batch.
         """
         try:
+            if not isinstance(inputs, Tensor) and not (inputs is None and outputs is not None):
+                raise TypeError(f"inputs must be a torch.Tensor (or None with outputs=), got {type(inputs).__name__}")
+            if self._removed:
+                raise RuntimeError("this KFAC's hooks were removed (remove() or the end of its with-block); create a "
+                                   "new one to record")
+            if self._n_updates % self.factor_update_interval != 0:  # no factors this call: nothing was recorded
+                self._n_updates += 1
+                return
+            if outputs is None:
+                with torch.enable_grad():
+                    outputs = self.model(inputs)
+            elif inputs is not None and isinstance(outputs, Tensor) and outputs.ndim >= 1 and inputs.ndim >= 1 and \
+                    outputs.shape[0] != inputs.shape[0]:
+                raise ValueError(f"outputs have batch size {outputs.shape[0]}, inputs {inputs.shape[0]}")
             self._update(outputs, targets)
         finally:
             self._clear()  # drop the recorded activations (and their graph) whatever happened
@@ -319,30 +353,24 @@ class KFAC(KFACStepMixin, KFACCheckpointMixin):
             raise ValueError(f"targets must have shape {tuple(want)} for outputs of shape {tuple(outputs.shape)}, "
                              f"got {tuple(targets.shape)}")
         flat = targets.reshape(-1) if self.likelihood == "categorical" else targets.reshape(-1, outputs.shape[-1])
-        return _check_targets(outputs.detach().reshape(-1, outputs.shape[-1]), flat, self.likelihood)
+        return check_targets(outputs.detach().reshape(-1, outputs.shape[-1]), flat, self.likelihood)
 
     def _update(self, outputs: Tensor, targets: Tensor | None) -> None:
-        if self._removed:
-            raise RuntimeError("this KFAC's hooks were removed (remove() or the end of its with-block); create a "
-                               "new one to record")
         if not isinstance(outputs, Tensor) or outputs.ndim < 2:
             raise ValueError("outputs must be a tensor of shape [N, C] (or per-token [N, T, C])")
         if not outputs.requires_grad:
             raise ValueError("outputs must be attached to the autograd graph (computed with grad enabled)")
-        if self._n_updates % self.factor_update_interval != 0:  # no factors this call: nothing was recorded
-            self._n_updates += 1
-            return
         counts = {n: len(v) for n, v in self._outputs.items()}
         if any(c != 1 for c in counts.values()):
-            raise RuntimeError(f"each K-FAC layer must be called exactly once per update (calls: {counts}); run "
-                               "one forward pass of the model with grad enabled before update()")
+            raise RuntimeError(f"each K-FAC layer must be called exactly once per update (calls: {counts}); pass the "
+                               "outputs of one forward pass of the model with grad enabled, or none")
         n = outputs.shape[0]
         for name in self.modules:
             seen = self._outputs[name][0].shape[0]
             if seen != n:
                 raise ValueError(f"layer {name!r} saw batch size {seen}, but outputs have batch size {n}")
         flat = outputs.detach().reshape(-1, outputs.shape[-1])
-        _check_outputs(flat, self.likelihood)  # value checks only when the factors are computed
+        check_outputs(flat, self.likelihood)  # value checks only when the factors are computed
         flat_targets = self._flat_targets(outputs, targets)
         names = list(self.modules)
         s_list = [self._outputs[k][0] for k in names]
@@ -363,18 +391,97 @@ class KFAC(KFACStepMixin, KFACCheckpointMixin):
         unused = [k for k, g in zip(names, grads) if g is None]
         if unused:
             raise ValueError(f"outputs do not depend on layers {unused}")
-        for k, g in zip(names, grads):
-            mod = self.modules[k]
-            if isinstance(mod, nn.Conv2d):
+        for layer, g in zip(self.layers, grads):
+            if isinstance(layer.module, nn.Conv2d):
                 g = g.movedim(2, -1)                                                   # [K, N, H, W, C_out]
-            g = g.reshape(-1, g.shape[-1])
             # folded into the running averages in place (one addmm per factor; the first batch starts them)
-            self.G[k] = fold_moment(self.G.get(k), g, n_terms, self.decay)
-            if self._w[k] is not None:
-                self.A[k] = input_moment(mod, self._inputs[k][0], self._b[k] is not None, self.A.get(k), self.decay)
-            elif k not in self.A:  # bias-only block: a = 1, A = [[1]] for ever
-                self.A[k] = g.new_ones(1, 1)
+            self.factors.fold(layer, g.reshape(-1, g.shape[-1]), n_terms, self._inputs[layer.name][0], self.decay)
 
+    # ------------------------------------------------------------------------------------------ the gradients
+    @property
+    def use_flat_buffers(self) -> bool:
+        """Whether ``precondition_`` runs through the flat gradient buffer (else layer by layer)."""
+        return self.gradients.use_flat_buffers
+
+    @use_flat_buffers.setter
+    def use_flat_buffers(self, value: bool) -> None:
+        self.gradients.use_flat_buffers = check_bool("use_flat_buffers", value)
+
+    def precondition_(self) -> float:
+        """Rewrite ``.grad`` of every K-FAC layer with ``(A ⊗ G + λ)⁻¹ grad`` (times ν under ``kl_clip``).
+
+        The inverses are refreshed every ``inverse_update_interval``-th call (eigenbases every
+        ``eigenbasis_update_interval``-th), and when the damping changed.
+
+        Returns:
+            The KL-clip factor ν (1 without ``kl_clip``).
+
+        Raises:
+            RuntimeError: no statistics yet.
+            ValueError: NaN/inf gradients or factors, an invalid (changed) hyperparameter.
+        """
+        if not self.factors.A:
+            raise RuntimeError("call update_statistics(inputs, targets) at least once before precondition_()")
+        hyper = (self._damping, self.decay, self.factor_update_interval, self.inverse_update_interval,
+                 self.eigenbasis_update_interval, self.kl_clip)
+        if hyper != self._checked:  # attributes may have been changed since the last check
+            self._check_hyperparameters()
+            self._checked = hyper
+        if self._n_steps % self.inverse_update_interval == 0 or not self.factors.inverses:
+            self.factors.refresh(self._damping, new_basis=self._n_steps % self.eigenbasis_update_interval == 0)
+        elif self._damping != self.factors.inverse_damping:
+            self.factors.set_damping(self._damping)
+        self._n_steps += 1
+        groups = self.optimizer.param_groups if self.kl_clip is not None else None
+        return self.gradients.precondition_(self.factors, self.kl_clip, groups)
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict:
+        """Factors, inverses / eigenbases, counters, damping, hyperparameters and generator state (copies)."""
+        factors = self.factors.state_dict()
+        return {
+            "layers": list(self.modules),
+            "config": {"fisher_type": self.fisher_type, "likelihood": self.likelihood,
+                       "damping_mode": self.damping_mode},
+            "A": factors["A"], "G": factors["G"], "inv": factors["inv"],
+            "damping": self._damping, "inv_damping": factors["inv_damping"],
+            "n_updates": self._n_updates, "n_steps": self._n_steps,
+            "hyper": {h: getattr(self, h) for h in _HYPER},
+            "generator": None if self.generator is None else self.generator.get_state(),
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore :meth:`state_dict` (checked against this object's layers and configuration).
+
+        Args:
+            state: what :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: a state of other layers, configuration, factor shapes or generator use.
+        """
+        if not isinstance(state, dict) or not {"A", "G", "inv", "config", "layers"} <= state.keys():
+            raise ValueError("not a KFAC state_dict")
+        mine = {"fisher_type": self.fisher_type, "likelihood": self.likelihood, "damping_mode": self.damping_mode}
+        if state["config"] != mine:
+            raise ValueError(f"state_dict was saved with {state['config']}, this KFAC has {mine}")
+        if set(state["layers"]) != set(self.modules):
+            raise ValueError(f"state_dict holds layers {sorted(state['layers'])}, this KFAC {sorted(self.modules)}")
+        if (state["generator"] is None) != (self.generator is None):
+            raise ValueError("state_dict and this KFAC disagree on whether a generator is used")
+        self.factors.load_state_dict({k: state[k] for k in ("A", "G", "inv", "inv_damping")})
+        for h, v in state["hyper"].items():
+            setattr(self, h, v)
+        self.damping = state["damping"]
+        self._check_hyperparameters()
+        self._n_updates, self._n_steps = state["n_updates"], state["n_steps"]
+        if self.generator is not None:
+            self.generator.set_state(state["generator"])
+        self._sync_hooks()
+
+    def to_dense(self) -> Tensor:
+        """Block-diagonal K-FAC matrix ``[P, P]`` (no damping) in the order of ``model.named_parameters()``
+        restricted to the K-FAC layers' trainable parameters (per layer: weight flattened row-major, then bias)."""
+        return self.factors.to_dense()
 
 
 class _Hook:

@@ -2,7 +2,8 @@
 
 The stateful shell (hooks, running averages, intervals, checkpoints) is :class:`taskloss.curvature.kfac.KFAC`;
 this module holds what can be tested without hooks, after the split of curvlinops' ``kfac.py`` /
-``computers/kfac_math.py``. Inputs are validated by ``KFAC``; these functions assume finite tensors of matching
+``computers/kfac_math.py``, and the plain K-FAC step :func:`kfac_precondition_reference` that the tuned one is tested
+against. Inputs are validated by ``KFAC``; these functions assume finite tensors of matching
 shapes. Derived in notebook 07_fisher_approximations.
 
 Per layer ``s = W a`` (bias as a homogeneous coordinate) the curvature block is ``A ⊗ G`` acting on the row-major
@@ -18,8 +19,8 @@ import math
 import torch
 from torch import Tensor, nn
 
-__all__ = ["layer_rows", "input_moment", "second_moment", "fold_moment", "eigen_inverse", "eigen_denominator", "eigenvalues_in_basis",
-           "pi_inverse", "precondition", "nonfinite_keys"]
+__all__ = ["layer_rows", "input_moment", "second_moment", "fold_moment", "eigen_inverse", "eigen_denominator",
+           "eigenvalues_in_basis", "pi_inverse", "precondition", "nonfinite_keys", "kfac_precondition_reference"]
 
 
 def layer_rows(mod: nn.Module, a: Tensor, bias: bool) -> Tensor:
@@ -177,5 +178,48 @@ def nonfinite_keys(groups: dict[str, tuple[Tensor, ...]]) -> list[str]:
     if not tensors:
         return []
     sums = torch.stack([t.sum() for t in tensors]).tolist()
-    bad = {k for k, t, s in zip(keys, tensors, sums) if not math.isfinite(s) and not bool(torch.isfinite(t).all())}  # the sum is taken
+    bad = {k for k, t, s in zip(keys, tensors, sums)   # a non-finite sum is settled entry by entry
+           if not math.isfinite(s) and not bool(torch.isfinite(t).all())}
     return [k for k in groups if k in bad]
+
+
+def kfac_precondition_reference(A: dict[str, Tensor], G: dict[str, Tensor], grads: dict[str, Tensor],
+                                damping: float, damping_mode: str = "eigen", kl_clip: float | None = None,
+                                lr: float | None = None) -> dict[str, Tensor]:
+    """The K-FAC step written plainly: every layer's preconditioned gradient matrix, KL-clipped.
+
+    The readable reference beside :meth:`taskloss.curvature.kfac.KFAC.precondition_` (which keeps inverses between
+    refreshes, works in flat buffers and reuses work space): with inverses refreshed at this call the two agree to
+    float rounding. ``"eigen"``: ``(A ⊗ G + λI)⁻¹`` applied to ``vec(M)`` by one dense solve of the
+    ``[out·cols]²`` matrix (on the row-major ``vec(M)`` it acts as ``G ⊗ A``); ``"pi"``: the factored damping of
+    Martens & Grosse (ICML 2015, §6.3), ``(G + √λ/π I)⁻¹ M (A + π√λ I)⁻¹`` with
+    ``π = sqrt((tr A / dim A) / (tr G / dim G))``. With ``kl_clip``: the whole step scaled by
+    ``ν = min(1, sqrt(kl_clip / (lr² Σ vᵀg)))``. Derived in notebook 07_fisher_approximations.
+
+    Args:
+        A: per layer, the input factor ``[cols, cols]``.
+        G: per layer, the output-gradient factor ``[out, out]``.
+        grads: per layer, the gradient matrix ``M = [∇W, ∇b]`` ``[out, cols]``.
+        damping: λ > 0.
+        damping_mode: ``"eigen"`` or ``"pi"``.
+        kl_clip: the KL bound (``None``: no clip).
+        lr: the (one) learning rate the clip assumes.
+
+    Returns:
+        Per layer, the preconditioned matrix ``[out, cols]``.
+    """
+    new = {}
+    for k, M in grads.items():
+        if damping_mode == "eigen":
+            K = torch.kron(G[k], A[k]) + damping * torch.eye(M.numel(), dtype=M.dtype, device=M.device)
+            new[k] = torch.linalg.solve(K, M.reshape(-1)).reshape(M.shape)
+        else:
+            pi = math.sqrt((float(A[k].trace()) / A[k].shape[0]) / (float(G[k].trace()) / G[k].shape[0]))
+            eye_g, eye_a = torch.eye(G[k].shape[0], dtype=M.dtype), torch.eye(A[k].shape[0], dtype=M.dtype)
+            left = torch.linalg.solve(G[k] + math.sqrt(damping) / pi * eye_g, M)
+            new[k] = torch.linalg.solve(A[k] + pi * math.sqrt(damping) * eye_a, left.T).T   # A symmetric
+    if kl_clip is not None:
+        total = lr ** 2 * sum(float((v * grads[k]).sum()) for k, v in new.items())
+        nu = min(1.0, math.sqrt(kl_clip / total)) if total > 0 else 1.0
+        new = {k: nu * v for k, v in new.items()}
+    return new

@@ -21,8 +21,8 @@ from typing import Callable
 import torch
 from torch.func import jacfwd
 
-from taskloss.curvature.gaussian_family import _cholesky, _mean_cov, _square, _tensor
-from taskloss.utils import all_finite, check_nonnegative, check_positive
+from taskloss.curvature.gaussian_family import check_mean_cov, check_square, check_tensor, checked_cholesky
+from taskloss.utils import all_finite, check_bool, check_nonnegative, check_positive, distinct_param_group, flatten
 
 __all__ = ["natural_gradient", "trust_region_step", "NaturalGradientDescent", "gaussian_kl", "gaussian_fisher",
            "CoupledGaussian"]
@@ -36,14 +36,14 @@ def natural_gradient(fisher: torch.Tensor, grad: torch.Tensor, damping: float = 
     Levenberg–Marquardt damping; needed when F is singular). Returns [..., P]. Raises when ``F + λI`` is not
     positive definite. Derived in notebook 06_natural_gradient.
     """
-    _square("fisher", fisher)
-    _tensor("grad", grad)
+    check_square("fisher", fisher)
+    check_tensor("grad", grad)
     lam = check_nonnegative("damping", damping)
     if grad.shape[-1] != fisher.shape[-1]:
         raise ValueError(f"grad of shape {tuple(grad.shape)} does not match fisher {tuple(fisher.shape)}")
     if lam > 0:
         fisher = fisher + lam * torch.eye(fisher.shape[-1], dtype=fisher.dtype, device=fisher.device)
-    chol = _cholesky("fisher + damping * I", fisher)
+    chol = checked_cholesky("fisher + damping * I", fisher)
     return torch.cholesky_solve(grad.unsqueeze(-1), chol).squeeze(-1)
 
 
@@ -77,10 +77,12 @@ class NaturalGradientDescent(torch.optim.Optimizer):
         damping: Tikhonov damping ``λ ≥ 0`` (default of the groups); ``Λ`` is diagonal with each coordinate's group
             ``λ`` (one λ for all groups gives the usual ``F + λI``).
 
-    As in torch.optim, parameters without a ``.grad`` (frozen, or unused by the loss) are skipped: the step solves
-    the natural-gradient system restricted to the parameters that have one. ``step(closure)`` re-evaluates the
-    loss when a closure is given (the closure must call ``backward``) and returns it. Hyperparameters live in
-    ``param_groups`` (checked at every step) and round-trip through ``state_dict``; there is no other state.
+    As in torch.optim, parameters without a ``.grad`` (unused by the loss) are skipped, and so are frozen ones
+    (``requires_grad=False``, even with a stale ``.grad``): the step solves the natural-gradient system restricted
+    to the parameters that have a gradient. A parameter listed twice is one parameter. ``step(closure)``
+    re-evaluates the loss when a closure is given (the closure must call ``backward``) and returns it.
+    Hyperparameters live in ``param_groups`` (checked at every step; a learning-rate scheduler works) and round-trip
+    through ``state_dict``; there is no other state.
     """
 
     def __init__(self, params, fisher: Callable[[], torch.Tensor], lr: float = 0.1, damping: float = 0.0):
@@ -88,6 +90,10 @@ class NaturalGradientDescent(torch.optim.Optimizer):
             raise TypeError("fisher must be a callable returning the [P, P] curvature matrix")
         super().__init__(params, dict(lr=check_positive("lr", lr), damping=check_nonnegative("damping", damping)))
         self.fisher = fisher
+
+    def add_param_group(self, param_group: dict) -> None:
+        """``torch.optim``'s, with each tensor of the group kept once (by identity)."""
+        super().add_param_group(distinct_param_group(param_group))
 
     def _fisher_block(self, params: list, active: list[bool], g: torch.Tensor) -> torch.Tensor:
         with torch.enable_grad():
@@ -106,6 +112,11 @@ class NaturalGradientDescent(torch.optim.Optimizer):
 
     @torch.no_grad()
     def step(self, closure=None):
+        """One natural-gradient step on every group; returns the closure's loss (``None`` without a closure).
+
+        Raises:
+            ValueError: a NaN/inf gradient, a Fisher of the wrong shape, bad hyperparameters.
+        """
         loss = None
         if closure is not None:
             with torch.enable_grad():
@@ -114,28 +125,27 @@ class NaturalGradientDescent(torch.optim.Optimizer):
             check_positive("lr", group["lr"])
             check_nonnegative("damping", group["damping"])
         params = [p for group in self.param_groups for p in group["params"]]
-        active = [p.grad is not None for p in params]
+        active = [p.grad is not None and p.requires_grad for p in params]
         if not any(active):
             return loss
-        g = torch.cat([p.grad.reshape(-1) for p in params if p.grad is not None])
+        g = flatten([p.grad for p, a in zip(params, active) if a])
         if not all_finite(g):
             raise ValueError("a parameter gradient contains NaN or inf")
         F = self._fisher_block(params, active, g)
-        lams = [group["damping"] for group in self.param_groups for p in group["params"] if p.grad is not None]
+        live = [(group, p) for group in self.param_groups for p in group["params"] if p.grad is not None and
+                p.requires_grad]
+        lams = [group["damping"] for group, _ in live]
         if len(set(lams)) == 1:
             direction = natural_gradient(F, g, lams[0])
         else:
-            sizes = [p.numel() for group in self.param_groups for p in group["params"] if p.grad is not None]
+            sizes = [p.numel() for _, p in live]
             lam = torch.repeat_interleave(torch.tensor(lams, dtype=g.dtype), torch.tensor(sizes)).to(g.device)
             direction = natural_gradient(F + torch.diag(lam), g, 0.0)
         offset = 0
-        for group in self.param_groups:
-            for p in group["params"]:
-                if p.grad is None:
-                    continue
-                n = p.numel()
-                p.add_(direction[offset:offset + n].view_as(p), alpha=-group["lr"])
-                offset += n
+        for group, p in live:
+            n = p.numel()
+            p.add_(direction[offset:offset + n].view_as(p), alpha=-group["lr"])
+            offset += n
         return loss
 
 
@@ -146,7 +156,7 @@ def gaussian_kl(m0: torch.Tensor, V0: torch.Tensor, m1: torch.Tensor, V1: torch.
     ``½[tr(V1⁻¹V0) + (m1-m0)ᵀV1⁻¹(m1-m0) - d + log det V1 - log det V0]``, via Cholesky factors.
     Derived in notebook 06_natural_gradient.
     """
-    L0, L1 = _mean_cov(m0, V0, "first "), _mean_cov(m1, V1, "second ")
+    L0, L1 = check_mean_cov(m0, V0, "first "), check_mean_cov(m1, V1, "second ")
     if m0.shape[-1] != m1.shape[-1]:
         raise ValueError(f"dimensions differ: {m0.shape[-1]} vs {m1.shape[-1]}")
     d = m0.shape[-1]
@@ -163,11 +173,11 @@ def gaussian_fisher(param_fn: Callable[[torch.Tensor], tuple[torch.Tensor, torch
     ``param_fn(theta [P]) -> (m [d], V [d, d])``; returns [P, P]. Jacobians by forward-mode autodiff.
     Derived in notebook 06_natural_gradient.
     """
-    _tensor("theta", theta)
+    check_tensor("theta", theta)
     if theta.ndim != 1:
         raise ValueError(f"theta must be a vector [P], got shape {tuple(theta.shape)}")
     m, V = param_fn(theta)
-    L = _mean_cov(m, V)
+    L = check_mean_cov(m, V)
     if m.ndim != 1:
         raise ValueError("param_fn must return a mean [d] and a covariance [d, d]")
     Jm, JV = jacfwd(lambda t: param_fn(t))(theta)                        # [d, P], [d, d, P]
@@ -188,25 +198,30 @@ class CoupledGaussian:
         self.J = torch.tensor([[3.0, 1.0 / 3.0], [1.0 / 3.0, 0.0]], dtype=dtype, device=device)
 
     def _theta(self, theta):
-        _tensor("theta", theta)
+        check_tensor("theta", theta)
         if theta.shape[-1] != 2:
             raise ValueError(f"theta must have last dimension 2, got shape {tuple(theta.shape)}")
         return theta.to(self.J.dtype)
 
     def mean(self, theta: torch.Tensor) -> torch.Tensor:
+        """The mean ``μ(θ) = Jθ`` ``[..., 2]``."""
         return self._theta(theta) @ self.J.T
 
     def loss(self, theta: torch.Tensor) -> torch.Tensor:
+        """The loss ``½‖Jθ‖²``."""
         return 0.5 * self.mean(theta).square().sum(-1)
 
     def grad(self, theta: torch.Tensor) -> torch.Tensor:
+        """The gradient ``JᵀJθ = Fθ``."""
         return self.mean(theta) @ self.J
 
     def fisher(self) -> torch.Tensor:
+        """The constant Fisher ``F = JᵀJ``."""
         return self.J.T @ self.J
 
     def log_prob(self, x: torch.Tensor, theta: torch.Tensor) -> torch.Tensor:
-        _tensor("x", x)
+        """``log N(x; μ(θ), I)``."""
+        check_tensor("x", x)
         return -0.5 * (x - self.mean(theta)).square().sum(-1) - math.log(2 * math.pi)
 
     def kl_after_steps(self, theta0: torch.Tensor, lr: float, steps: torch.Tensor | int,
@@ -216,6 +231,7 @@ class CoupledGaussian:
         ``KL_t = ½ Σ_i λ_i (1 - lr·a_i)^{2t} (u_iᵀθ₀)²`` with ``F = Σ λ_i u_i u_iᵀ`` and ``a_i = λ_i`` (steepest
         descent) or ``a_i = 1`` (natural gradient). ``steps`` int or LongTensor [T]; returns [T] (or scalar).
         """
+        natural = check_bool("natural", natural)
         check_positive("lr", lr)
         theta0 = self._theta(theta0)
         if theta0.ndim != 1:

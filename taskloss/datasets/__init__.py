@@ -2,7 +2,12 @@
 Python's own prose (and a WikiText reader), MiniLM's WordPiece tokenizer cut to a corpus, and offline
 MiniLM token and sentence embeddings.
 
-Sources, licenses and builds: ``data/README.md``. Used by notebooks 02–09.
+Sources, licenses and builds: ``data/README.md``.
+
+Notebooks: 02_importance_sampling_and_mgs, 03_metric_optimization_classification, 05_policy_gradient_vs_zeroth_order,
+06_natural_gradient, 07_fisher_approximations, 09_emo_loss, 11_gradient_clipping,
+12_implicit_gradient_regularization, 13_recurrent_gradients, 14_realformer, 15_integrated_gradients,
+16_update_rule_harness.
 
 Modules:
 

@@ -45,7 +45,7 @@ import torch
 from taskloss.datasets import stdlib_corpus
 from taskloss.datasets.stdlib_corpus import split_of
 from taskloss.datasets.tokenizer import DEFAULT_MIN_COUNT, SPECIAL_TOKENS, Tokenizer
-from taskloss.utils import DATA_DIR, atomic_write_text, check_int
+from taskloss.utils import DATA_DIR, atomic_write_text, check_bool, check_int
 
 __all__ = [
     "SPLITS", "CACHE_DIR", "MAX_UNK_RATE", "UnknownTokenWarning", "Document", "load_documents", "load_corpus",
@@ -216,6 +216,7 @@ def get_tokenizer(min_count: int = DEFAULT_MIN_COUNT, path: str | os.PathLike | 
                   cache: bool = True) -> Tokenizer:
     """The compact tokenizer of a corpus' train split (default corpus, or WikiText at ``path``), built
     deterministically and cached in ``data/cache/tokenizer-<corpus hash>-m<min_count>.json``."""
+    cache = check_bool("cache", cache)
     check_int("min_count", min_count, minimum=1)
     if not isinstance(cache, bool):
         raise TypeError(f"cache must be a bool, got {type(cache).__name__}")
@@ -296,6 +297,7 @@ def prefix_continuations(split: str, prefix_len: int, cont_len: int, tokenizer: 
     Returns (prefixes LongTensor ``[N, prefix_len]``, continuations list of N lists), the first
     ``max_items`` in corpus order. Used by the text-completion tasks (MGS) and 09_emo_loss.
     """
+    with_eos = check_bool("with_eos", with_eos)
     check_int("prefix_len", prefix_len, minimum=1)
     check_int("cont_len", cont_len, minimum=1)
     if max_items is not None:

@@ -196,6 +196,7 @@ def build_documents() -> list[tuple[str, list[str]]]:
 
 
 def main(argv=None) -> None:
+    """Command line: write the corpus documents as JSON to the one path given (``OUT.json``)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1:
         raise SystemExit("usage: python -I -S stdlib_corpus.py OUT.json")

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from taskloss.utils import atomic_write_text, check_int, check_nonempty
+from taskloss.utils import atomic_write_text, check_bool, check_int, check_nonempty
 
 __all__ = ["Tokenizer", "minilm_path", "SPECIAL_TOKENS", "DEFAULT_MIN_COUNT"]
 
@@ -110,6 +110,7 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
+        """The number of token ids."""
         return len(self._ids)
 
     def __len__(self) -> int:
@@ -127,6 +128,9 @@ class Tokenizer:
         return hashlib.sha256(payload.encode()).hexdigest()
 
     def encode_batch(self, texts: Sequence[str], add_eos: bool = False, add_bos: bool = False) -> list[list[int]]:
+        """Token ids of each text (with ``add_bos`` / ``add_eos`` markers)."""
+        add_eos = check_bool("add_eos", add_eos)
+        add_bos = check_bool("add_bos", add_bos)
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be a sequence of str")
         out = []
@@ -137,6 +141,8 @@ class Tokenizer:
 
     def encode(self, text: str, add_eos: bool = False, add_bos: bool = False) -> list[int]:
         """Text → compact ids (lowercased WordPiece; optional BOS/EOS)."""
+        add_eos = check_bool("add_eos", add_eos)
+        add_bos = check_bool("add_bos", add_bos)
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         return self.encode_batch([text], add_eos=add_eos, add_bos=add_bos)[0]
@@ -144,6 +150,7 @@ class Tokenizer:
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Compact ids (list or 1-D tensor) → text; PAD/BOS/EOS are dropped unless ``skip_special_tokens=False``
         (``[UNK]`` is always shown)."""
+        skip_special_tokens = check_bool("skip_special_tokens", skip_special_tokens)
         if isinstance(ids, torch.Tensor):
             if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
                 raise TypeError(f"ids must be an integer tensor, got dtype {ids.dtype}")
@@ -166,17 +173,20 @@ class Tokenizer:
         return _wordpiece().decode([int(self._ids[i]) for i in ids if i not in drop], skip_special_tokens=False)
 
     def to_dict(self) -> dict:
+        """The JSON-serializable form :meth:`save` writes."""
         return {"format": "taskloss.text.Tokenizer/1", "base": "sentence-transformers/all-MiniLM-L6-v2",
                 "special": dict(zip(("pad", "unk", "bos", "eos"), SPECIAL_TOKENS)), "meta": self.meta,
                 "sha256": self.hash, "tokens": self.tokens, "bert_ids": self._ids.tolist()}
 
     def save(self, path: str | os.PathLike) -> Path:
+        """Write the tokenizer to ``path`` as JSON (atomically); returns the path."""
         path = Path(path)
         atomic_write_text(path, json.dumps(self.to_dict(), ensure_ascii=False, indent=0))
         return path
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Tokenizer":
+        """Read a tokenizer :meth:`save` wrote (its hash checked)."""
         path = Path(path)
         if not path.is_file():
             raise FileNotFoundError(f"tokenizer file {path} does not exist")

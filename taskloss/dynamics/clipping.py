@@ -23,7 +23,14 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor
 
-from taskloss.utils import all_finite, check_nonnegative, check_positive
+from taskloss.utils import (
+    all_finite,
+    check_bool,
+    check_nonnegative,
+    check_positive,
+    distinct_param_group,
+    unique_tensors,
+)
 
 __all__ = ["CLIP_MODES", "clip_coefficient", "clip_grad_", "ClippedSGD"]
 
@@ -85,6 +92,7 @@ def _grads(params, name: str = "params") -> list[Tensor]:
     for p in params:
         if not isinstance(p, Tensor):
             raise TypeError(f"{name} must hold tensors, got {type(p).__name__}")
+    params = unique_tensors(params, trainable_only=True)      # a shared tensor once, frozen ones left alone
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         raise ValueError(f"no tensor in {name} has a gradient (.grad is None everywhere): call backward() first")
@@ -96,7 +104,8 @@ def clip_grad_(params: Iterable[Tensor] | Tensor, gamma: float, mode: str = "har
     """Clip the ``.grad`` of ``params`` in place: ``g ← c(‖g‖)·g`` (see :func:`clip_coefficient`).
 
     Args:
-        params: tensors (or one tensor) whose ``.grad`` is clipped; tensors without a gradient are skipped.
+        params: tensors (or one tensor) whose ``.grad`` is clipped; tensors without a gradient are skipped, a tensor
+            listed twice counts once and frozen ones (``requires_grad=False``) are left alone.
         gamma: threshold ``γ > 0`` (``math.inf``: leave the gradients unchanged, still return the norm).
         mode: ``"hard"`` (``min{1, γ/‖g‖}``) or ``"soft"`` (``γ/(‖g‖ + γ)``).
         per_tensor: ``False`` — one coefficient from the norm of all gradients together (global);
@@ -115,6 +124,7 @@ def clip_grad_(params: Iterable[Tensor] | Tensor, gamma: float, mode: str = "har
     """
     gamma = _check_gamma(gamma)
     _check_mode(mode)
+    check_bool("per_tensor", per_tensor)
     eps = check_nonnegative("eps", eps)
     norm_type = check_positive("norm_type", norm_type, allow_inf=True)
     grads = _grads(params)
@@ -154,7 +164,9 @@ class ClippedSGD(torch.optim.Optimizer):
         per_tensor: clip each tensor by its own norm instead of the group's global norm.
         momentum: heavy-ball coefficient ``μ ∈ [0, 1)`` (``torch.optim.SGD``'s convention, no dampening).
 
-    ``step(closure)`` follows torch.optim (the closure re-evaluates the loss and calls ``backward``).
+    ``step(closure)`` follows torch.optim (the closure re-evaluates the loss and calls ``backward``); every group is
+    stepped, a learning-rate scheduler works, frozen parameters (``requires_grad=False``, even with a stale ``.grad``)
+    do not move and a parameter listed twice is stepped once.
     ``state[p]["momentum_buffer"]`` holds ``b``; ``self.last_norms[i]`` the norm(s) of group ``i`` before clipping
     at the last step (a diagnostic, not state). ``state_dict`` / ``load_state_dict`` resume bit-identically.
     Derived in notebook 11_gradient_clipping.
@@ -163,13 +175,17 @@ class ClippedSGD(torch.optim.Optimizer):
     def __init__(self, params, lr: float, gamma: float = math.inf, mode: str = "hard", per_tensor: bool = False,
                  momentum: float = 0.0):
         defaults = dict(lr=check_positive("lr", lr), gamma=_check_gamma(gamma), mode=_check_mode(mode),
-                        per_tensor=bool(per_tensor), momentum=self._check_momentum(momentum))
+                        per_tensor=check_bool("per_tensor", per_tensor), momentum=self._check_momentum(momentum))
         super().__init__(params, defaults)
         for group in self.param_groups:
             if not group["params"]:
                 raise ValueError("a parameter group is empty: no parameters to optimize")
             self._validate_group(group)
         self.last_norms: list[Tensor | None] = [None] * len(self.param_groups)
+
+    def add_param_group(self, param_group: dict) -> None:
+        """``torch.optim``'s, with each tensor of the group kept once (by identity)."""
+        super().add_param_group(distinct_param_group(param_group))
 
     @staticmethod
     def _check_momentum(momentum) -> float:
@@ -182,6 +198,7 @@ class ClippedSGD(torch.optim.Optimizer):
         check_positive("lr", group["lr"])
         _check_gamma(group["gamma"])
         _check_mode(group["mode"])
+        check_bool("per_tensor", group["per_tensor"])
         self._check_momentum(group["momentum"])
 
     @torch.no_grad()
@@ -199,7 +216,7 @@ class ClippedSGD(torch.optim.Optimizer):
         self.last_norms = [None] * len(self.param_groups)
         for i, group in enumerate(self.param_groups):
             self._validate_group(group)
-            params = [p for p in group["params"] if p.grad is not None]
+            params = [p for p in group["params"] if p.grad is not None and p.requires_grad]
             if not params:
                 raise ValueError(f"parameter group {i} has no gradients: call backward() before step()")
             self.last_norms[i] = clip_grad_(params, group["gamma"], group["mode"], group["per_tensor"])

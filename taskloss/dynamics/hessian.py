@@ -3,7 +3,8 @@ top Hessian eigenvalue by power iteration.
 
 Derived in notebook 11_gradient_clipping (sharpness in 12_implicit_gradient_regularization). A *loss function* is
 a pure function ``loss_fn(params) → 0-d tensor`` of a tensor or a dict of tensors; for an ``nn.Module``,
-``taskloss.search.functional_loss(model, criterion, inputs)`` builds one with ``torch.func.functional_call``.
+:func:`taskloss.utils.functional_loss` (``functional_loss(model, criterion, inputs)``) builds one with
+``torch.func.functional_call``.
 Gradients use autograd on detached copies of θ (the caller's tensors are never touched); Hessian-vector products
 are double backward, ``∇⟨∇f(θ), v⟩`` (about the cost of two gradients), never the Hessian itself. Fused kernels
 (cuDNN and oneDNN RNNs, flash attention) have no second-order derivatives, so second-order code runs inside
@@ -20,17 +21,30 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from taskloss.curvature.fisher import flatten
-from taskloss.utils import check_finite, check_int, check_positive
+from taskloss.utils import check_finite, check_int, check_positive, flatten
 
-__all__ = ["native_kernels", "loss_gradient", "hessian_vector_product", "top_hessian_eigenvalue", "EigenResult"]
+__all__ = ["native_kernels", "loss_gradient", "hessian_vector_product", "top_hessian_eigenvalue", "EigenResult",
+           "Params", "check_params", "checked_loss_fn", "map_params", "params_dot", "param_leaves", "rebuild_params",
+           "detached_params", "value_and_gradient", "check_same_structure"]
 
 Params = Tensor | Mapping[str, Tensor]
 
 
 # ------------------------------------------------------------------------------------------------ validation
-def _check_params(name: str, params) -> Params:
-    """A non-empty floating tensor, or a non-empty dict of them, all finite."""
+def check_params(name: str, params) -> Params:
+    """``params`` after checking it is a non-empty floating tensor, or a non-empty dict of them, all finite.
+
+    Args:
+        name: the argument's name, for the messages.
+        params: a tensor or a dict name → tensor.
+
+    Returns:
+        ``params``.
+
+    Raises:
+        TypeError: not floating tensors.
+        ValueError: empty, or NaN/inf.
+    """
     if isinstance(params, Tensor):
         items = [(name, params)]
     elif isinstance(params, Mapping):
@@ -49,8 +63,18 @@ def _check_params(name: str, params) -> Params:
     return params
 
 
-def _checked_loss(loss_fn: Callable) -> Callable:
-    """Wrap ``loss_fn`` so that a non-scalar or non-floating output raises a clear ``ValueError``."""
+def checked_loss_fn(loss_fn: Callable) -> Callable:
+    """``loss_fn`` wrapped so that a non-scalar or non-floating output raises a clear error.
+
+    Args:
+        loss_fn: ``params → 0-d tensor``.
+
+    Returns:
+        The checked function.
+
+    Raises:
+        TypeError: ``loss_fn`` is not callable (and, when called, a non-tensor or non-floating loss).
+    """
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
 
@@ -68,19 +92,16 @@ def _checked_loss(loss_fn: Callable) -> Callable:
     return f
 
 
-def _flat(x: Params) -> Tensor:
-    return flatten(x) if isinstance(x, Mapping) else x.reshape(-1)
-
-
-def _map(fn, *trees):
+def map_params(fn, *trees):
     """Apply ``fn`` leafwise to tensors or dicts of tensors (all of the same structure)."""
     if isinstance(trees[0], Mapping):
         return {k: fn(*(t[k] for t in trees)) for k in trees[0]}
     return fn(*trees)
 
 
-def _dot(a: Params, b: Params) -> Tensor:
-    return (_flat(a).double() * _flat(b).double()).sum()
+def params_dot(a: Params, b: Params) -> Tensor:
+    """⟨a, b⟩ over all entries, in float64."""
+    return (flatten(a).double() * flatten(b).double()).sum()
 
 
 # ------------------------------------------------------------------------------------------ gradient and HVP
@@ -104,27 +125,41 @@ def native_kernels():
         torch.backends.cudnn.enabled, torch.backends.mkldnn.enabled = prev
 
 
-def _leaves(params: Params) -> list[Tensor]:
+def param_leaves(params: Params) -> list[Tensor]:
+    """The tensors of a tensor or a dict of tensors, as a list."""
     return list(params.values()) if isinstance(params, Mapping) else [params]
 
 
-def _rebuild(like: Params, leaves: Sequence[Tensor]) -> Params:
+def rebuild_params(like: Params, leaves: Sequence[Tensor]) -> Params:
+    """``leaves`` in the structure of ``like`` (a dict with its keys, or the one tensor)."""
     return dict(zip(like.keys(), leaves)) if isinstance(like, Mapping) else leaves[0]
 
 
-def _detached_leaves(params: Params) -> Params:
+def detached_params(params: Params) -> Params:
     """Fresh leaf copies of ``params`` that require grad (the caller's tensors are never touched)."""
-    return _map(lambda t: t.detach().requires_grad_(True), params)
+    return map_params(lambda t: t.detach().requires_grad_(True), params)
 
 
-def _autograd_gradient(f: Callable, x: Params, create_graph: bool = False) -> tuple[Tensor, list[Tensor]]:
-    """``(L, ∇L leaves)`` of ``f`` at leaf tensors ``x`` (zeros where ``f`` does not use a leaf)."""
+def value_and_gradient(f: Callable, x: Params, create_graph: bool = False) -> tuple[Tensor, list[Tensor]]:
+    """``(L, ∇L leaves)`` of ``f`` at leaf tensors ``x`` (zeros where ``f`` does not use a leaf).
+
+    Args:
+        f: the (checked) loss function.
+        x: leaf tensors that require grad (:func:`detached_params`).
+        create_graph: keep the graph of the gradient (for a second derivative).
+
+    Returns:
+        The loss and its gradient, one tensor per leaf.
+
+    Raises:
+        ValueError: the loss is not finite.
+    """
     with torch.enable_grad():
         value = f(x)
         if not bool(torch.isfinite(value.detach())):
             raise ValueError(f"the loss is not finite at params (L = {float(value)})")
-        grads = torch.autograd.grad(value, _leaves(x), create_graph=create_graph, allow_unused=True)
-    return value, [torch.zeros_like(t) if g is None else g for t, g in zip(_leaves(x), grads)]
+        grads = torch.autograd.grad(value, param_leaves(x), create_graph=create_graph, allow_unused=True)
+    return value, [torch.zeros_like(t) if g is None else g for t, g in zip(param_leaves(x), grads)]
 
 
 def loss_gradient(loss_fn: Callable, params: Params) -> tuple[Tensor, Params]:
@@ -142,11 +177,11 @@ def loss_gradient(loss_fn: Callable, params: Params) -> tuple[Tensor, Params]:
 
     Derived in notebook 11_gradient_clipping.
     """
-    f = _checked_loss(loss_fn)
-    x = _detached_leaves(_check_params("params", params))
-    value, grads = _autograd_gradient(f, x)
-    check_finite("gradient", torch.cat([g.reshape(-1) for g in grads]))
-    return value.detach(), _rebuild(params, [g.detach() for g in grads])
+    f = checked_loss_fn(loss_fn)
+    x = detached_params(check_params("params", params))
+    value, grads = value_and_gradient(f, x)
+    check_finite("gradient", flatten(grads))
+    return value.detach(), rebuild_params(params, [g.detach() for g in grads])
 
 
 def hessian_vector_product(loss_fn: Callable, params: Params, vector: Params) -> Params:
@@ -169,23 +204,24 @@ def hessian_vector_product(loss_fn: Callable, params: Params, vector: Params) ->
 
     Checked against the dense ``torch.func.hessian`` in tests/dynamics. Derived in notebook 11_gradient_clipping.
     """
-    f = _checked_loss(loss_fn)
-    _check_params("params", params)
-    _check_params("vector", vector)
-    _same_structure(params, vector)
-    x = _detached_leaves(params)
+    f = checked_loss_fn(loss_fn)
+    check_params("params", params)
+    check_params("vector", vector)
+    check_same_structure(params, vector)
+    x = detached_params(params)
     with native_kernels():
-        _, grads = _autograd_gradient(f, x, create_graph=True)
+        _, grads = value_and_gradient(f, x, create_graph=True)
         with torch.enable_grad():
-            dot = sum((g * v.detach().to(g.dtype)).sum() for g, v in zip(grads, _leaves(vector)) if g.requires_grad)
-            hv = (torch.autograd.grad(dot, _leaves(x), allow_unused=True) if torch.is_tensor(dot)
+            dot = sum((g * v.detach().to(g.dtype)).sum() for g, v in zip(grads, param_leaves(vector)) if g.requires_grad)
+            hv = (torch.autograd.grad(dot, param_leaves(x), allow_unused=True) if torch.is_tensor(dot)
                   else [None] * len(grads))           # a linear loss: ∇L does not depend on θ, H = 0
-    hv = [torch.zeros_like(t) if h is None else h.detach() for t, h in zip(_leaves(x), hv)]
-    check_finite("Hessian-vector product", torch.cat([h.reshape(-1) for h in hv]))
-    return _rebuild(params, hv)
+    hv = [torch.zeros_like(t) if h is None else h.detach() for t, h in zip(param_leaves(x), hv)]
+    check_finite("Hessian-vector product", flatten(hv))
+    return rebuild_params(params, hv)
 
 
-def _same_structure(a: Params, b: Params) -> None:
+def check_same_structure(a: Params, b: Params) -> None:
+    """Raise unless ``a`` and ``b`` are both tensors, or dicts with the same keys, of equal shapes."""
     if isinstance(a, Mapping) != isinstance(b, Mapping):
         raise TypeError("params and vector must both be tensors or both be dicts")
     pairs = [(k, a[k], b.get(k)) for k in a] if isinstance(a, Mapping) else [("tensor", a, b)]
@@ -214,12 +250,12 @@ def _power(hvp: Callable, v: Params, shift: float, max_iter: int, tol: float) ->
     for it in range(1, max_iter + 1):
         hv = hvp(v)
         if shift:
-            hv = _map(lambda a, b: a - shift * b, hv, v)
-        lam = float(_dot(v, hv))
-        norm = float(_flat(hv).double().norm())
+            hv = map_params(lambda a, b: a - shift * b, hv, v)
+        lam = float(params_dot(v, hv))
+        norm = float(flatten(hv).double().norm())
         if norm == 0.0:                      # v in the null space: H v = 0 (λ = 0 is then the answer)
             return 0.0, v, it, True
-        v = _map(lambda a: a / norm, hv)
+        v = map_params(lambda a: a / norm, hv)
         if abs(lam - lam_prev) <= tol * abs(lam):
             return lam, v, it, True
         lam_prev = lam
@@ -255,16 +291,16 @@ def top_hessian_eigenvalue(loss_fn: Callable, params: Params, which: str = "magn
         raise ValueError(f"which must be 'magnitude' or 'largest', got {which!r}")
     check_int("max_iter", max_iter, minimum=1)
     tol = check_positive("tol", tol)
-    params = _map(lambda t: t.detach(), _check_params("params", params))
+    params = map_params(lambda t: t.detach(), check_params("params", params))
 
     def draw(t: Tensor) -> Tensor:
         dev = generator.device if generator is not None else t.device
         return torch.randn(t.shape, generator=generator, device=dev, dtype=t.dtype).to(t.device)
 
     def start() -> Params:
-        v = _map(draw, params)
-        n0 = float(_flat(v).double().norm())
-        return _map(lambda a: a / n0, v)
+        v = map_params(draw, params)
+        n0 = float(flatten(v).double().norm())
+        return map_params(lambda a: a / n0, v)
 
     def hvp(u):
         return hessian_vector_product(loss_fn, params, u)
@@ -274,5 +310,5 @@ def top_hessian_eigenvalue(loss_fn: Callable, params: Params, which: str = "magn
         mu, v, it2, conv = _power(hvp, start(), lam, max_iter, tol)
         lam, it = mu + lam, it + it2
     hv = hvp(v)
-    residual = float((_flat(hv).double() - lam * _flat(v).double()).norm())
+    residual = float((flatten(hv).double() - lam * flatten(v).double()).norm())
     return EigenResult(float(lam), v, it, conv, residual)

@@ -40,19 +40,27 @@ import torch
 from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 
-from taskloss.curvature.fisher import flatten, unflatten
 from taskloss.dynamics.hessian import (
-    _autograd_gradient,
-    _check_params,
-    _checked_loss,
-    _detached_leaves,
-    _flat,
-    _leaves,
-    _rebuild,
+    check_params,
+    checked_loss_fn,
+    detached_params,
     loss_gradient,
     native_kernels,
+    param_leaves,
+    rebuild_params,
+    value_and_gradient,
 )
-from taskloss.utils import _is_transformed, check_finite, check_int, check_nonnegative, check_positive
+from taskloss.utils import (
+    check_bool,
+    check_finite,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    flatten,
+    is_transformed,
+    unflatten,
+    unique_tensors,
+)
 
 __all__ = [
     "gradient_norm_penalty", "per_example_gradient_penalty", "modified_loss", "modified_gradient",
@@ -67,7 +75,7 @@ def _check_scalar_loss(loss) -> Tensor:
         raise ValueError(f"loss must be a scalar (0-d) tensor, got shape {tuple(loss.shape)}; reduce it first")
     if not loss.is_floating_point():
         raise TypeError(f"loss must be floating point, got dtype {loss.dtype}")
-    if not _is_transformed(loss) and not bool(torch.isfinite(loss.detach())):
+    if not is_transformed(loss) and not bool(torch.isfinite(loss.detach())):
         raise ValueError(f"loss is not finite ({float(loss)})")
     return loss
 
@@ -77,7 +85,8 @@ def gradient_norm_penalty(loss: Tensor, params, create_graph: bool = True) -> Te
 
     Args:
         loss: a scalar loss built from ``params`` with autograd.
-        params: the tensors θ (e.g. ``model.parameters()``); ones the loss does not use contribute 0.
+        params: the tensors θ (e.g. ``model.parameters()``); ones the loss does not use contribute 0, a tensor listed
+            twice counts once and frozen ones (``requires_grad=False``) are left out.
         create_graph: keep the graph so that ``(loss + λ·penalty).backward()`` reaches θ (the explicit
             regularizer); ``False`` gives the value only.
 
@@ -91,10 +100,11 @@ def gradient_norm_penalty(loss: Tensor, params, create_graph: bool = True) -> Te
     Checked against ``torch.func`` (grad of the squared gradient norm) in tests/dynamics.
     Derived in notebook 12_implicit_gradient_regularization.
     """
+    create_graph = check_bool("create_graph", create_graph)
     _check_scalar_loss(loss)
-    params = [params] if isinstance(params, Tensor) else list(params)
+    params = unique_tensors(params, trainable_only=True)     # a shared tensor once, frozen ones left out
     if not params:
-        raise ValueError("params is empty: the gradient norm of no parameters is undefined")
+        raise ValueError("params is empty (or frozen): the gradient norm of no parameters is undefined")
     grads = torch.autograd.grad(loss, params, create_graph=create_graph, allow_unused=True)
     grads = [g for g in grads if g is not None]
     if not grads:
@@ -153,11 +163,11 @@ def per_example_gradient_penalty(model: nn.Module, example_loss: Callable, input
 
 def _check_params_outside_transforms(params) -> None:
     """Validate ``params`` unless inside a ``torch.func`` transform (where values cannot be inspected)."""
-    if isinstance(params, Mapping) and params and _is_transformed(next(iter(params.values()))):
+    if isinstance(params, Mapping) and params and is_transformed(next(iter(params.values()))):
         return
-    if isinstance(params, Tensor) and _is_transformed(params):
+    if isinstance(params, Tensor) and is_transformed(params):
         return
-    _check_params("params", params)
+    check_params("params", params)
 
 
 def modified_loss(loss_fn: Callable, params, h: float) -> Tensor:
@@ -174,11 +184,11 @@ def modified_loss(loss_fn: Callable, params, h: float) -> Tensor:
     Derived in notebook 12_implicit_gradient_regularization.
     """
     h = check_positive("h", h)
-    f = _checked_loss(loss_fn)
+    f = checked_loss_fn(loss_fn)
     _check_params_outside_transforms(params)
     with native_kernels():
         g = grad(f)(params)
-        return f(params) + (h / 4) * _flat(g).pow(2).sum()
+        return f(params) + (h / 4) * flatten(g).pow(2).sum()
 
 
 def modified_gradient(loss_fn: Callable, params, h: float):
@@ -201,18 +211,18 @@ def modified_gradient(loss_fn: Callable, params, h: float):
     Derived in notebook 12_implicit_gradient_regularization.
     """
     h = check_nonnegative("h", h)
-    f = _checked_loss(loss_fn)
+    f = checked_loss_fn(loss_fn)
     if h == 0:
         return loss_gradient(f, params)[1]
-    x = _detached_leaves(_check_params("params", params))
+    x = detached_params(check_params("params", params))
     with native_kernels():                       # one forward: ∇L with its graph, then ∇⟨∇L, stop_grad(∇L)⟩
-        _, g = _autograd_gradient(f, x, create_graph=True)
+        _, g = value_and_gradient(f, x, create_graph=True)
         with torch.enable_grad():
             dot = sum((a * a.detach()).sum() for a in g if a.requires_grad)
-            hg = torch.autograd.grad(dot, _leaves(x), allow_unused=True) if torch.is_tensor(dot) else [None] * len(g)
+            hg = torch.autograd.grad(dot, param_leaves(x), allow_unused=True) if torch.is_tensor(dot) else [None] * len(g)
     out = [a.detach() + (h / 2) * (0 if b is None else b) for a, b in zip(g, hg)]
-    check_finite("modified gradient", torch.cat([o.reshape(-1) for o in out]))
-    return _rebuild(params, out)
+    check_finite("modified gradient", flatten(out))
+    return rebuild_params(params, out)
 
 
 @dataclass(frozen=True)
@@ -247,7 +257,8 @@ def integrate_flow(field: Callable[[Tensor], Tensor], y0: Tensor, T: float, n_st
         y0: initial state, a floating tensor (use float64 for tight tolerances).
         T: final time ``T > 0``.
         n_steps: initial number of steps (≥ 1).
-        rtol, atol: tolerances on the estimated error (``atol ≥ 0``, ``rtol ≥ 0``, not both 0).
+        rtol: relative tolerance on the estimated error (``≥ 0``; not both 0).
+        atol: absolute tolerance on it (``≥ 0``).
         max_doublings: give up after this many doublings.
 
     Returns:
@@ -262,7 +273,7 @@ def integrate_flow(field: Callable[[Tensor], Tensor], y0: Tensor, T: float, n_st
     """
     if not callable(field):
         raise TypeError("field must be callable")
-    _check_params("y0", y0)
+    check_params("y0", y0)
     T = check_positive("T", T)
     n = check_int("n_steps", n_steps, minimum=1)
     rtol, atol = check_nonnegative("rtol", rtol), check_nonnegative("atol", atol)
@@ -299,13 +310,17 @@ def gradient_flow(loss_fn: Callable, theta0, T: float, h: float = 0.0, **kwargs)
         theta0: θ(0), a tensor or a dict of tensors (the result has the same structure).
         T: final time ``T > 0`` (``n`` gradient steps of size ``h`` cover ``T = n·h``).
         h: step of the modified loss (``0`` → the flow of ``L`` itself).
+        **kwargs: passed on to :func:`integrate_flow` (``n_steps``, ``rtol``, ``atol``, ``max_doublings``).
+
+    Returns:
+        The :class:`FlowResult` of the flow, ``y`` with the structure of ``theta0``.
 
     Raises:
         ValueError: ``T ≤ 0``, ``h < 0``, empty/non-finite ``theta0``, a non-scalar loss.
 
     Derived in notebook 12_implicit_gradient_regularization.
     """
-    _check_params("theta0", theta0)
+    check_params("theta0", theta0)
     h = check_nonnegative("h", h)
     if isinstance(theta0, Mapping):
         like = {k: v.detach() for k, v in theta0.items()}

@@ -24,8 +24,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from taskloss.dynamics.hessian import Params, _check_params, _checked_loss, _flat, _same_structure, loss_gradient
-from taskloss.utils import check_finite
+from taskloss.dynamics.hessian import Params, check_params, check_same_structure, checked_loss_fn, loss_gradient
+from taskloss.utils import check_finite, flatten, unique_tensors
 
 __all__ = ["local_smoothness", "SmoothnessSample", "TrajectorySmoothness", "fit_l0_l1", "SmoothnessFit"]
 
@@ -61,12 +61,12 @@ def local_smoothness(loss_fn: Callable, params: Params, params_next: Params,
 
     Derived in notebook 11_gradient_clipping.
     """
-    _check_params("params", params)
-    _check_params("params_next", params_next)
-    _same_structure(params, params_next)
-    g0 = loss_gradient(loss_fn, params)[1] if grad is None else _check_params("grad", grad)
+    check_params("params", params)
+    check_params("params_next", params_next)
+    check_same_structure(params, params_next)
+    g0 = loss_gradient(loss_fn, params)[1] if grad is None else check_params("grad", grad)
     g1 = loss_gradient(loss_fn, params_next)[1]
-    return _sample(_flat(g0), _flat(g1), _flat(params), _flat(params_next))
+    return _sample(flatten(g0), flatten(g1), flatten(params), flatten(params_next))
 
 
 def _sample(g0: Tensor, g1: Tensor, t0: Tensor, t1: Tensor) -> SmoothnessSample:
@@ -92,23 +92,23 @@ class TrajectorySmoothness:
     ``after_step`` leaves ``.grad`` untouched. Parameters without a gradient count as zero gradient.
 
     Args:
-        params: the parameters the optimizer updates (non-empty).
+        params: the parameters the optimizer updates (non-empty; each tensor counted once, frozen ones ignored).
 
     Derived in notebook 11_gradient_clipping.
     """
 
     def __init__(self, params):
-        self.params = [p for p in (params if not isinstance(params, Tensor) else [params])]
-        if not self.params:
-            raise ValueError("params is empty: nothing to probe")
-        for p in self.params:
+        params = [params] if isinstance(params, Tensor) else list(params)
+        for p in params:
             if not isinstance(p, Tensor) or not p.is_floating_point():
                 raise TypeError("params must be floating-point tensors")
+        self.params = unique_tensors(params, trainable_only=True)    # a shared tensor once, frozen ones left out
+        if not self.params:
+            raise ValueError("params is empty (or every tensor is frozen): nothing to probe")
         self._snapshot: tuple[Tensor, Tensor] | None = None
 
     def _flat_grads(self, grads) -> Tensor:
-        return torch.cat([(torch.zeros_like(p) if g is None else g).detach().reshape(-1)
-                          for p, g in zip(self.params, grads)])
+        return flatten([(torch.zeros_like(p) if g is None else g).detach() for p, g in zip(self.params, grads)])
 
     def before_step(self) -> None:
         """Snapshot θ_t and ∇f(θ_t) from ``.grad`` (call after ``backward`` and before ``optimizer.step``).
@@ -120,7 +120,7 @@ class TrajectorySmoothness:
         if all(g is None for g in grads):
             raise ValueError("no parameter has a gradient: call backward() before before_step()")
         g = check_finite("gradient", self._flat_grads(grads)).clone()
-        self._snapshot = (torch.cat([p.detach().reshape(-1) for p in self.params]).clone(), g)
+        self._snapshot = (flatten([p.detach() for p in self.params]), g)
 
     def after_step(self, closure: Callable[[], Tensor]) -> SmoothnessSample:
         """Evaluate ``closure()`` (the same batch's scalar loss) at θ_{t+1} and return the probe.
@@ -132,13 +132,13 @@ class TrajectorySmoothness:
         if self._snapshot is None:
             raise RuntimeError("call before_step() (after backward, before optimizer.step) first")
         with torch.enable_grad():
-            loss = _checked_loss(lambda _: closure())(None)
+            loss = checked_loss_fn(lambda _: closure())(None)
         if not bool(torch.isfinite(loss)):
             raise ValueError(f"the loss after the step is not finite ({float(loss)})")
         grads = torch.autograd.grad(loss, self.params, allow_unused=True)
         t0, g0 = self._snapshot
         self._snapshot = None
-        t1 = torch.cat([p.detach().reshape(-1) for p in self.params])
+        t1 = flatten([p.detach() for p in self.params])
         return _sample(g0, check_finite("gradient", self._flat_grads(grads)), t0, t1)
 
 

@@ -1,9 +1,9 @@
 """Gradient flow through architectures: how a gradient travels back through time in recurrent networks and
 back through depth in the three residual layouts of a Transformer (Post-LN, Pre-LN, RealFormer).
 
-Derived in notebooks 13_recurrent_gradients (∂h_t/∂h_{t−k} and ∂c_t/∂c_{t−k} of RNN/LSTM/GRU, the ∏ f_t
-argument, vanishing and exploding regimes) and 14_realformer (the three layouts' gradient paths, per-layer
-gradient norms at initialisation, attention entropy, and one learning-rate sweep comparing them).
+Notebooks: 13_recurrent_gradients (∂h_t/∂h_{t−k} and ∂c_t/∂c_{t−k} of RNN/LSTM/GRU, the ∏ f_t argument,
+vanishing and exploding regimes), 14_realformer (the three layouts' gradient paths, per-layer gradient norms at
+initialisation, attention entropy, and one learning-rate sweep comparing them).
 
 Modules:
 

@@ -24,7 +24,7 @@ import torch
 
 from taskloss.lm.completion import block_nll
 from taskloss.models.transformer import TransformerLM
-from taskloss.utils import check_token_ids
+from taskloss.utils import check_bool, check_token_ids
 
 __all__ = ["attention_probabilities", "attention_entropy", "LayerGradients", "layer_gradient_norms"]
 
@@ -64,6 +64,7 @@ def attention_entropy(model: TransformerLM, idx: torch.Tensor, normalized: bool 
         idx: token ids ``[B, T]`` with ``T ≥ 2``.
         normalized: divide by the row's maximal entropy.
     """
+    normalized = check_bool("normalized", normalized)
     _check_model(model)
     check_token_ids("idx", idx, model.vocab_size, model.max_len)
     T = idx.shape[1]

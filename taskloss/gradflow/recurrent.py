@@ -37,7 +37,7 @@ from torch import nn
 from torch.func import jacrev, vmap
 
 from taskloss.models.recurrent import RNNLM
-from taskloss.utils import check_finite, check_int, check_positive, check_token_ids
+from taskloss.utils import check_bool, check_finite, check_int, check_positive, check_token_ids
 
 __all__ = ["LagJacobians", "lag_jacobians", "jacobian_norms", "gate_product_error", "init_recurrent_"]
 
@@ -287,7 +287,7 @@ def jacobian_norms(jac: torch.Tensor, ord: str | int = "fro") -> torch.Tensor:
 
 
 def gate_product_error(jac: LagJacobians, total: bool = True) -> torch.Tensor:
-    """Relative error of the gate-product approximation → ``[K, B]``:
+    """Relative error ``[K, B]`` of the gate-product approximation.
 
         err_k = ‖J_k − diag(∏ gate)‖_F / max(‖J_k‖_F, ‖diag(∏ gate)‖_F)   ∈ [0, 2],
 
@@ -301,6 +301,7 @@ def gate_product_error(jac: LagJacobians, total: bool = True) -> torch.Tensor:
         jac: the Jacobians of an LSTM or GRU (:func:`lag_jacobians`).
         total: LSTM only: compare with the total derivative (what backpropagation delivers) or the state block.
     """
+    total = check_bool("total", total)
     if not isinstance(jac, LagJacobians):
         raise TypeError(f"jac must be a LagJacobians, got {type(jac).__name__}")
     if jac.kind not in ("lstm", "gru"):

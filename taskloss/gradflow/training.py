@@ -84,14 +84,19 @@ def train_lm(model: nn.Module, train_blocks: torch.Tensor, valid_blocks: torch.T
 
     Args:
         model: a causal LM (``idx [B, T] → logits [B, T, V]``), on the device to train on.
-        train_blocks, valid_blocks: token blocks ``[N, T + 1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``).
-        steps: optimizer steps (≥ 1); batches of ``batch_size`` rows drawn with replacement from ``seed``.
-        lr: peak learning rate (> 0); with ``warmup_steps > 0`` it rises linearly from ``lr/warmup_steps``.
+        train_blocks: token blocks ``[N, T + 1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``).
+        valid_blocks: held-out blocks of the same form.
+        steps: optimizer steps (≥ 1).
+        lr: peak learning rate (> 0).
+        batch_size: rows per batch, drawn with replacement in an order seeded by ``seed``.
+        warmup_steps: with ``warmup_steps > 0`` the learning rate rises linearly from ``lr/warmup_steps``.
         clip: global gradient-norm threshold (``None``: no clipping, so divergence is visible).
-        weight_decay, betas: AdamW's (β₂ = 0.98 as in the Transformer papers).
+        weight_decay: AdamW's.
+        betas: AdamW's (β₂ = 0.98 as in the Transformer papers).
         seed: seeds the batch order (the model's initialisation is the caller's).
         divergence_ppl: a final validation perplexity above this also counts as diverged (``None``: only
             non-finite losses and ending above the initial validation NLL count).
+        eval_batch_size: rows per forward of the held-out evaluation.
         progress: optional callable ``progress(step)`` (e.g. a tqdm bar's ``update``).
 
     Returns:

@@ -72,6 +72,7 @@ class TrainRecord:
 
     @property
     def final(self) -> dict:
+        """The last evaluation of the run."""
         return self.history[-1]
 
 

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from taskloss.curvature.fisher import LIKELIHOODS, nll_loss
-from taskloss.utils import check_finite, check_nonnegative
+from taskloss.utils import check_finite, check_nonnegative, flatten, unflatten
 
 __all__ = ["Problem", "PassCounter", "PassCount", "grad_hessian"]
 
@@ -118,6 +118,7 @@ class Problem:
 
     @property
     def named_params(self) -> dict[str, Tensor]:
+        """The trained parameters by name, in ``named_parameters`` order."""
         return {k: p for k, p in self.model.named_parameters() if p.requires_grad}
 
     def surrogate_from_outputs(self, outputs: Tensor, params=None) -> Tensor:
@@ -162,14 +163,13 @@ class Problem:
         return value
 
     def flat_params(self) -> Tensor:
-        return torch.cat([p.detach().reshape(-1) for p in self.params])
+        """The trained parameters as one flat vector (a detached copy)."""
+        return flatten([p.detach() for p in self.params])
 
     def set_flat_params(self, flat: Tensor) -> None:
+        """Write the flat vector ``flat`` into the trained parameters."""
         with torch.no_grad():
-            i = 0
-            for p in self.params:
-                p.copy_(flat[i:i + p.numel()].view_as(p))
-                i += p.numel()
+            torch._foreach_copy_(self.params, unflatten(flat, self.params))
 
     def flat_loss(self) -> Callable[[Tensor], Tensor]:
         """``θ [P] ↦ l̃(θ)``: the surrogate as a pure function of the flat parameters (for ``torch.func``)."""

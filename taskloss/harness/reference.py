@@ -30,7 +30,7 @@ from torch import Tensor
 
 from taskloss.harness.problem import Problem, grad_hessian
 from taskloss.sampling.proposals import GaussianProposal, UniformBallProposal
-from taskloss.sampling.update import expected_update, gaussian_update_distribution, newton_update, vmap_loss
+from taskloss.sampling.update import expected_update, gaussian_update_distribution, newton_direction, vmap_loss
 from taskloss.utils import check_finite, check_int, check_positive
 
 __all__ = ["IdealUpdate", "ideal_update", "step_agreement"]
@@ -56,7 +56,7 @@ class IdealUpdate:
 
     @property
     def rel_stderr(self) -> float:
-        """‖se‖ / ‖Δθ*‖: the noise floor of any relative error measured against this estimate."""
+        """The relative standard error ‖se‖ / ‖Δθ*‖, the noise floor of any relative error measured against Δθ*."""
         return float(self.stderr.norm() / self.delta.norm().clamp_min(torch.finfo(self.delta.dtype).tiny))
 
 
@@ -67,8 +67,11 @@ def ideal_update(problem: Problem, alpha: float, *, radius: float | None = None,
 
     Args:
         problem: the :class:`Problem` (its surrogate must have a positive definite Hessian: add weight decay).
-        alpha: temperature ``α > 0``. radius: the ball ε (``None``: no ball).
-        n_samples: draws per proposal. generator: their RNG. chunk_size: candidates per vmapped loss call.
+        alpha: temperature ``α > 0``.
+        radius: the ball ε (``None``: no ball).
+        n_samples: draws per proposal.
+        generator: their RNG.
+        chunk_size: candidates per vmapped loss call.
         proposal: ``"auto"`` (both, larger ESS kept), ``"laplace"`` or ``"ball"`` (uniform; needs radius).
         newton_iters: Newton iterations for the Laplace mode.
 
@@ -89,7 +92,7 @@ def ideal_update(problem: Problem, alpha: float, *, radius: float | None = None,
     candidates = []
     if proposal in ("auto", "laplace"):
         mode, H_mode = _minimizer(f, theta, g, H, newton_iters)
-        laplace = gaussian_update_distribution(torch.zeros_like(g), H_mode, alpha)
+        laplace = gaussian_update_distribution(H_mode, torch.zeros_like(g), alpha)
         candidates.append(("laplace", GaussianProposal(mode, cov=laplace.covariance)))
     if proposal in ("auto", "ball") and radius is not None:
         candidates.append(("ball", UniformBallProposal(torch.zeros_like(theta), radius)))
@@ -115,15 +118,15 @@ def ideal_update(problem: Problem, alpha: float, *, radius: float | None = None,
         raise ValueError("no proposal put a draw inside the ball: raise n_samples or the radius")
     name, res, est, se = best
     return IdealUpdate(delta=est, stderr=se, ess=float(res.ess), proposal=name, grad=g, hessian=H,
-                       newton=newton_update(g, H), alpha=alpha, radius=radius)
+                       newton=-newton_direction(H, g), alpha=alpha, radius=radius)
 
 
 def _minimizer(f, theta: Tensor, g: Tensor, H: Tensor, iters: int) -> tuple[Tensor, Tensor]:
-    """m = argmin_Δ f(θ+Δ) by Newton with step halving (from Δ = 0), and H(θ+m)."""
+    """M = argmin_Δ f(θ+Δ) by Newton with step halving (from Δ = 0), and H(θ+m)."""
     delta = torch.zeros_like(theta)
     value = float(f(theta))
     for _ in range(check_int("newton_iters", iters, minimum=0)):
-        step, t = newton_update(g, H), 1.0
+        step, t = -newton_direction(H, g), 1.0
         while t > 1e-6:
             new = float(f(theta + delta + t * step))
             if new <= value:

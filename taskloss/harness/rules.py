@@ -10,7 +10,7 @@ Derived in notebook 16_update_rule_harness. Each wrapper *calls* the real implem
 :func:`~taskloss.search.zeroth_order.gaussian_smoothing_grad`, :func:`~taskloss.search.zeroth_order.spsa_grad`,
 :class:`~taskloss.search.zeroth_order.MeZO`, :class:`~taskloss.dynamics.clipping.ClippedSGD` and
 :func:`~taskloss.dynamics.implicit.gradient_norm_penalty` — and Newton's step by a dense Hessian
-(:meth:`~taskloss.harness.problem.Problem.grad_hessian`) solved with :func:`~taskloss.sampling.update.newton_update`.
+(:meth:`~taskloss.harness.problem.Problem.grad_hessian`) solved with :func:`~taskloss.sampling.update.newton_direction`.
 Nothing is reimplemented.
 
 Objectives: gradient and curvature rules descend the surrogate ``l̃``; MGS, the zeroth-order rules and REINFORCE
@@ -27,6 +27,7 @@ that apply, and :func:`make_rule` raises ``ValueError`` with the reason for the 
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -41,20 +42,26 @@ from taskloss.dynamics.clipping import ClippedSGD
 from taskloss.dynamics.implicit import gradient_norm_penalty
 from taskloss.harness.problem import Problem
 from taskloss.harness.sequence import SequenceProblem
-from taskloss.sampling.update import newton_update
+from taskloss.sampling.update import newton_direction
 from taskloss.search.mgs import MGS
 from taskloss.search.policy_gradient import classification_reinforce
 from taskloss.search.zeroth_order import MeZO, gaussian_smoothing_grad, spsa_grad
 from taskloss.utils import check_int, check_positive
 
-__all__ = ["RuleSpec", "RULES", "register", "make_rule", "applicable_rules"]
+__all__ = ["RuleSpec", "RULES", "DEFAULT_OVERRIDES", "OWN_MEANING", "register", "make_rule", "applicable_rules"]
 
 _CURVATURE = ("it needs outputs [N, C] with a per-example likelihood (a Fisher, a Kronecker factor or a GGN of "
               "the model's outputs); a sequence problem's surrogate is a token NLL over a Transformer's windows")
 
 
 class _Rule:
-    """Base: ``self.problem``; ``_backward()`` sets ``.grad`` of the surrogate at the current parameters."""
+    """Base of the rules: ``self.problem``; ``_closure()`` sets ``.grad`` of the surrogate at the current parameters.
+
+    Not a ``torch.optim.Optimizer``: a rule binds an update rule to a :class:`~taskloss.harness.problem.Problem`,
+    which supplies the batch, so ``rule.step()`` takes no closure; the optimizer it wraps, where there is one, is
+    ``rule.opt`` (``torch.optim`` shaped, with its ``param_groups``, schedulers and ``state_dict``). Newton's and the
+    zeroth-order rules apply θ ← θ − lr·d themselves and keep no state.
+    """
 
     objective = "surrogate"
 
@@ -169,7 +176,7 @@ class Newton(_CurvatureRule):
         g, H = self.problem.grad_hessian()
         if self.damping:
             H = H + self.damping * torch.eye(H.shape[0], dtype=H.dtype, device=H.device)
-        self.problem.set_flat_params(theta + self.lr * newton_update(g, H))
+        self.problem.set_flat_params(theta - self.lr * newton_direction(H, g))
 
 
 class NaturalGradient(_CurvatureRule, _TorchOptim):
@@ -208,8 +215,8 @@ class KFACRule(_CurvatureRule):
             p.grad = None
         outputs = pb.model(pb.inputs)
         pb.surrogate_from_outputs(outputs).backward(retain_graph=True)
-        self.kfac.update(outputs, pb.targets)
-        self.kfac.step()
+        self.kfac.update_statistics(pb.inputs, pb.targets, outputs=outputs)
+        self.kfac.precondition_()
         self.opt.step()
 
 
@@ -227,8 +234,8 @@ class DiagonalFisher(_CurvatureRule):
 
     def step(self) -> None:
         self._closure()
-        self.pre.update(self.problem.inputs, self.problem.targets)
-        self.pre.step()
+        self.pre.update_statistics(self.problem.inputs, self.problem.targets)
+        self.pre.precondition_()
         self.opt.step()
 
 
@@ -242,41 +249,50 @@ class HessianFreeRule(_CurvatureRule):
         self.opt = HessianFree(problem.named_params, problem.model, lr=lr, damping=damping + problem.weight_decay,
                                cg_iters=cg_iters, likelihood=problem.likelihood, adapt_damping=adapt_damping)
 
+    def _hf_closure(self):
+        return self._closure(), self.problem.inputs        # the GGN batch travels with the loss
+
     def step(self) -> None:
-        self.opt.step(self._closure, self.problem.inputs)
+        self.opt.step(self._hf_closure)
 
 
 class MGSRule(_Rule):
     """:class:`MGS` with SGD(lr=1) (θ ← θ + Δθ* exactly), candidates scored one after another (exact counts).
-    ``K``, ``alpha``, ``sigma``, ``mix``, ``sigma_mode``, clipping norms and ``seed`` as in :class:`MGS`; the MLE
-    component is centred at −lr·∇l̃ (MGS is handed the surrogate scaled by ``lr``). On a sequence problem each
-    candidate is scored by the task loss of its greedy continuations, as in notebook 04_sequence_task_losses."""
+    ``n_samples``, ``alpha``, ``sigma``, ``mix``, ``sigma_mode``, clipping norms and ``seed`` as in :class:`MGS`; the
+    MLE component is centred at −lr·∇l̃ (MGS's closure returns the surrogate scaled by ``lr``). On a sequence problem
+    each candidate is scored by the task loss of its greedy continuations, as in notebook 04_sequence_task_losses."""
 
     objective = "task"
 
-    def __init__(self, problem, K: int = 8, alpha: float = 0.01, sigma: float = 1.0, mix: float = 0.5,
+    def __init__(self, problem, n_samples: int = 8, alpha: float = 0.01, sigma: float = 1.0, mix: float = 0.5,
                  lr: float = 0.1, sigma_mode: str = "relative", max_update_norm: float | None = None,
                  max_grad_norm: float | None = None, seed: int = 0):
         super().__init__(problem)
         pb = problem
+        self.lr = check_positive("lr", lr)
         self.opt = torch.optim.SGD(pb.params, lr=1.0)
-        # the MLE component is centred at −lr·∇l̃ (MGS centres it at −g of the surrogate it is handed)
-        scaled = lambda model, batch: lr * pb.surrogate(model)  # noqa: E731
         task = lambda outputs, batch: pb.task_from_outputs(outputs)  # noqa: E731
         forward = lambda model, batch: pb.task_outputs(model)  # noqa: E731
-        self.mgs = MGS(pb.model, self.opt, scaled, task, forward_fn=forward, K=K, alpha=alpha, sigma=sigma, mix=mix,
-                       sigma_mode=sigma_mode, max_grad_norm=max_grad_norm, max_update_norm=max_update_norm,
+        self.mgs = MGS(pb.model, self.opt, task, forward_fn=forward, n_samples=n_samples, alpha=alpha, sigma=sigma,
+                       mix=mix, sigma_mode=sigma_mode, max_grad_norm=max_grad_norm, max_update_norm=max_update_norm,
                        parallel=False, eval_mode=False, seed=seed)
 
+    def _mgs_closure(self):
+        # the MLE component is centred at −lr·∇l̃ (MGS centres it at −g of the loss the closure differentiates)
+        loss = self.lr * self.problem.surrogate()
+        loss.backward()
+        return loss, (self.problem.inputs, self.problem.targets)
+
     def step(self) -> None:
-        self.last_stats = self.mgs.step((self.problem.inputs, self.problem.targets))
+        self.mgs.step(self._mgs_closure)
+        self.last_stats = self.mgs.last_stats
 
 
 class Reinforce(_Rule):
-    """SGD (``lr``) on the REINFORCE surrogate of the expected task loss of ``num_samples`` label vectors drawn
+    """SGD (``lr``) on the REINFORCE surrogate of the expected task loss of ``n_samples`` label vectors drawn
     from ``softmax(outputs)`` (leave-one-out baseline): per-example accuracy reward when the problem has no
     ``task_labels_fn``, else the batch-level reward −task(labels); ``mle_weight`` adds cross-entropy. On a
-    :class:`SequenceProblem`: ``num_samples`` sampled continuations per prefix, reward = −task loss
+    :class:`SequenceProblem`: ``n_samples`` sampled continuations per prefix, reward = −task loss
     (:meth:`SequenceProblem.sequence_reinforce_loss`), ``mle_weight`` adds the teacher-forced token NLL."""
 
     objective = "task"
@@ -287,10 +303,10 @@ class Reinforce(_Rule):
             return "REINFORCE samples class labels or tokens: it needs a categorical problem"
         return None
 
-    def __init__(self, problem, lr: float = 0.1, num_samples: int = 8, mle_weight: float = 0.0, seed: int = 0):
+    def __init__(self, problem, lr: float = 0.1, n_samples: int = 8, mle_weight: float = 0.0, seed: int = 0):
         super().__init__(problem)
         self.opt = torch.optim.SGD(problem.params, lr=check_positive("lr", lr))
-        self.S, self.mle_weight = num_samples, mle_weight
+        self.S, self.mle_weight = n_samples, mle_weight
         self.gen = torch.Generator(device=problem.inputs.device).manual_seed(seed)
 
     def step(self) -> None:
@@ -312,18 +328,18 @@ class Reinforce(_Rule):
 
 
 class ZerothOrder(_Rule):
-    """θ ← θ − lr·ĝ with a zeroth-order gradient ĝ of the task loss from ``num_samples`` directions: Gaussian
-    smoothing with antithetic pairs (``estimator="gaussian"``, scale ``sigma``) or SPSA (``"spsa"``, ε = ``sigma``);
+    """θ ← θ − lr·ĝ with a zeroth-order gradient ĝ of the task loss from ``n_samples`` directions: Gaussian
+    smoothing with antithetic pairs (``estimator="gaussian"``) or SPSA (``"spsa"``), both of scale ``sigma``;
     perturbed points evaluated one after another (``vectorize=False``), so every forward is counted."""
 
     objective = "task"
 
-    def __init__(self, problem, lr: float = 0.1, sigma: float = 1e-2, num_samples: int = 8,
+    def __init__(self, problem, lr: float = 0.1, sigma: float = 1e-2, n_samples: int = 8,
                  estimator: str = "gaussian", seed: int = 0):
         super().__init__(problem)
         if estimator not in ("gaussian", "spsa"):
             raise ValueError(f"estimator must be 'gaussian' or 'spsa', got {estimator!r}")
-        self.lr, self.sigma, self.n, self.estimator = check_positive("lr", lr), sigma, num_samples, estimator
+        self.lr, self.sigma, self.n, self.estimator = check_positive("lr", lr), sigma, n_samples, estimator
         self.gen = torch.Generator(device=problem.inputs.device).manual_seed(seed)
 
     def step(self) -> None:
@@ -345,14 +361,14 @@ class ZerothOrder(_Rule):
 
 
 class MeZORule(_Rule):
-    """:class:`MeZO` on the task loss (in-place perturbations, two forwards per perturbation; ``lr``, ``eps``,
-    ``num_perturbations``, ``seed`` as there)."""
+    """:class:`MeZO` on the task loss (in-place perturbations, two forwards per perturbation; ``lr``, ``sigma``,
+    ``n_samples``, ``seed`` as there)."""
 
     objective = "task"
 
-    def __init__(self, problem, lr: float = 0.1, eps: float = 1e-2, num_perturbations: int = 4, seed: int = 0):
+    def __init__(self, problem, lr: float = 0.1, sigma: float = 1e-2, n_samples: int = 4, seed: int = 0):
         super().__init__(problem)
-        self.opt = MeZO(problem.params, lr=lr, eps=eps, num_perturbations=num_perturbations, seed=seed)
+        self.opt = MeZO(problem.params, lr=lr, sigma=sigma, n_samples=n_samples, seed=seed)
 
     def step(self) -> None:
         self.opt.step(lambda: self.problem.task_from_outputs(self.problem.task_outputs()))
@@ -360,15 +376,18 @@ class MeZORule(_Rule):
 
 @dataclass
 class RuleSpec:
-    """A registered rule: its class, default hyperparameters and a one-line description."""
+    """A registered rule: its class, default hyperparameters, a one-line description and what it wraps (the classes
+    and functions whose defaults :data:`DEFAULT_OVERRIDES` compares it with)."""
 
     name: str
     cls: Callable[..., Any]
     defaults: dict = field(default_factory=dict)
     description: str = ""
+    wraps: tuple = ()
 
     @property
     def objective(self) -> str:
+        """``"surrogate"`` or ``"task"``: the loss the rule descends."""
         return getattr(self.cls, "objective", "surrogate")
 
     def unsupported(self, problem: Problem) -> str | None:
@@ -379,14 +398,62 @@ class RuleSpec:
 
 RULES: dict[str, RuleSpec] = {}
 
+#: Every default of a rule that differs from the default of the class or function it wraps, as
+#: ``{rule: {argument: (the harness's default, the wrapped one's)}}`` (``"required"``: no default there). The
+#: harness's are chosen for the small problems of notebook 16_update_rule_harness (one full batch, a step compared
+#: with Δθ*); ``tests/harness/test_harness_rules.py`` derives this table from the signatures and
+#: ``docs/vocabulary.md`` prints it. Two arguments share a name without sharing a meaning, so they are left out: a
+#: natural-gradient rule's ``fisher`` picks the matrix (the optimizer's is the callable that computes it), and the
+#: MGS rule's ``lr`` scales the surrogate, centring the MLE component at −lr·∇l̃ (MGS's own ``lr``, the factor on
+#: Δθ*, stays 1). Besides, the MGS rule scores candidates with ``parallel=False, eval_mode=False`` (exact pass
+#: counts on the module as it is), and the curvature rules add the problem's weight decay to ``damping``.
+DEFAULT_OVERRIDES: dict[str, dict[str, tuple]] = {
+    "sgd": {"lr": (0.1, 0.001)},
+    "momentum": {"lr": (0.1, 0.001), "momentum": (0.9, 0)},
+    "adam": {"lr": (0.01, 0.001)},
+    "clipped_sgd": {"lr": (0.1, "required"), "gamma": (1.0, math.inf)},
+    "grad_penalty": {"lr": (0.1, 0.001)},
+    "newton": {},
+    "natural_exact": {"lr": (1.0, 0.1), "damping": (0.0001, 0.0)},
+    "natural_empirical": {"lr": (1.0, 0.1), "damping": (0.0001, 0.0)},
+    "kfac": {"damping": (0.01, 0.001), "fisher_type": ("exact", "mc"), "decay": (0.0, 0.95),
+             "inverse_update_interval": (1, 10), "lr": (0.1, 0.001)},
+    "diag_fisher": {"fisher_type": ("exact", "mc"), "decay": (0.0, 0.95), "lr": (0.1, 0.001)},
+    "diag_empirical": {"fisher_type": ("empirical", "mc"), "power": (0.5, 1.0), "decay": (0.0, 0.95),
+                       "lr": (0.1, 0.001)},
+    "hessian_free": {"damping": (0.001, 1.0), "cg_iters": (10, 20), "adapt_damping": (False, True)},
+    "mgs": {"n_samples": (8, 4), "max_update_norm": (None, 1.0), "max_grad_norm": (None, 1.0), "seed": (0, None)},
+    "reinforce": {"n_samples": (8, 4), "lr": (0.1, 0.001)},
+    "zo_gaussian": {"sigma": (0.01, "required"), "n_samples": (8, "required")},
+    "spsa": {"sigma": (0.01, "required"), "n_samples": (8, 1)},
+    "mezo": {"lr": (0.1, 0.001), "sigma": (0.01, 0.001), "n_samples": (4, 1)},
+}
+#: (rule, argument) pairs whose name the wrapped class uses for something else (see :data:`DEFAULT_OVERRIDES`)
+OWN_MEANING = {("natural_exact", "fisher"), ("natural_empirical", "fisher"), ("mgs", "lr")}
 
-def register(name: str, cls, defaults: dict | None = None, description: str = "") -> RuleSpec:
-    """Add (or replace) a rule in :data:`RULES`; ``cls(problem, **hp)`` must build it and ``.step()`` apply it."""
+
+def register(name: str, cls, defaults: dict | None = None, description: str = "", wraps: tuple = ()) -> RuleSpec:
+    """Add (or replace) a rule in :data:`RULES`.
+
+    Args:
+        name: the rule's name.
+        cls: ``cls(problem, **hp)`` builds it and ``.step()`` applies it.
+        defaults: hyperparameters that override the class's own defaults.
+        description: one line.
+        wraps: the classes and functions of the package (or torch) that the rule calls.
+
+    Returns:
+        The :class:`RuleSpec`.
+
+    Raises:
+        ValueError: an empty name.
+        TypeError: a class that is not callable.
+    """
     if not isinstance(name, str) or not name:
         raise ValueError("rule name must be a non-empty string")
     if not callable(cls):
         raise TypeError("cls must be callable (problem, **hp) -> rule with .step()")
-    RULES[name] = RuleSpec(name, cls, dict(defaults or {}), description)
+    RULES[name] = RuleSpec(name, cls, dict(defaults or {}), description, tuple(wraps))
     return RULES[name]
 
 
@@ -409,25 +476,29 @@ def applicable_rules(problem: Problem) -> list[str]:
     return [n for n, spec in RULES.items() if spec.unsupported(problem) is None]
 
 
-for _n, _c, _d, _t in [
-    ("sgd", SGD, {}, "torch.optim.SGD"),
-    ("momentum", Momentum, {}, "torch.optim.SGD(momentum=0.9)"),
-    ("adam", Adam, {}, "torch.optim.Adam"),
-    ("clipped_sgd", Clipped, {}, "taskloss.dynamics ClippedSGD (hard, global)"),
-    ("grad_penalty", GradPenalty, {}, "SGD on l̃ + μ‖∇l̃‖² (taskloss.dynamics gradient_norm_penalty)"),
-    ("newton", Newton, {}, "dense Hessian (torch.func), newton_update"),
-    ("natural_exact", NaturalGradient, {"fisher": "exact"}, "NaturalGradientDescent, exact Fisher"),
-    ("natural_empirical", NaturalGradient, {"fisher": "empirical"}, "NaturalGradientDescent, empirical Fisher"),
-    ("kfac", KFACRule, {}, "SGD preconditioned by KFAC (exact factors)"),
-    ("diag_fisher", DiagonalFisher, {"fisher_type": "exact"}, "SGD / exact GGN diagonal"),
+_TORCH_SGD = torch.optim.SGD
+for _n, _c, _d, _t, _w in [
+    ("sgd", SGD, {}, "torch.optim.SGD", (_TORCH_SGD,)),
+    ("momentum", Momentum, {}, "torch.optim.SGD(momentum=0.9)", (_TORCH_SGD,)),
+    ("adam", Adam, {}, "torch.optim.Adam", (torch.optim.Adam,)),
+    ("clipped_sgd", Clipped, {}, "taskloss.dynamics ClippedSGD (hard, global)", (ClippedSGD,)),
+    ("grad_penalty", GradPenalty, {}, "SGD on l̃ + μ‖∇l̃‖² (taskloss.dynamics gradient_norm_penalty)", (_TORCH_SGD,)),
+    ("newton", Newton, {}, "dense Hessian (torch.func), newton_direction", ()),
+    ("natural_exact", NaturalGradient, {"fisher": "exact"}, "NaturalGradientDescent, exact Fisher",
+     (NaturalGradientDescent,)),
+    ("natural_empirical", NaturalGradient, {"fisher": "empirical"}, "NaturalGradientDescent, empirical Fisher",
+     (NaturalGradientDescent,)),
+    ("kfac", KFACRule, {}, "SGD preconditioned by KFAC (exact factors)", (KFAC, _TORCH_SGD)),
+    ("diag_fisher", DiagonalFisher, {"fisher_type": "exact"}, "SGD / exact GGN diagonal",
+     (FisherDiagonalPreconditioner, _TORCH_SGD)),
     ("diag_empirical", DiagonalFisher, {"fisher_type": "empirical", "power": 0.5},
-     "SGD / sqrt of the empirical Fisher diagonal"),
-    ("hessian_free", HessianFreeRule, {}, "HessianFree, truncated CG on the GGN"),
-    ("mgs", MGSRule, {}, "MGS, SNIS with the MLE-guided mixture proposal"),
-    ("reinforce", Reinforce, {}, "SGD on classification_reinforce"),
-    ("zo_gaussian", ZerothOrder, {"estimator": "gaussian"}, "Gaussian smoothing, antithetic"),
-    ("spsa", ZerothOrder, {"estimator": "spsa"}, "SPSA"),
-    ("mezo", MeZORule, {}, "MeZO"),
+     "SGD / sqrt of the empirical Fisher diagonal", (FisherDiagonalPreconditioner, _TORCH_SGD)),
+    ("hessian_free", HessianFreeRule, {}, "HessianFree, truncated CG on the GGN", (HessianFree,)),
+    ("mgs", MGSRule, {}, "MGS, SNIS with the MLE-guided mixture proposal", (MGS,)),
+    ("reinforce", Reinforce, {}, "SGD on classification_reinforce", (classification_reinforce, _TORCH_SGD)),
+    ("zo_gaussian", ZerothOrder, {"estimator": "gaussian"}, "Gaussian smoothing, antithetic",
+     (gaussian_smoothing_grad,)),
+    ("spsa", ZerothOrder, {"estimator": "spsa"}, "SPSA", (spsa_grad,)),
+    ("mezo", MeZORule, {}, "MeZO", (MeZO,)),
 ]:
-    register(_n, _c, _d, _t)
-
+    register(_n, _c, _d, _t, wraps=_w)

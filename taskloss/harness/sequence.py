@@ -78,15 +78,17 @@ class SequenceProblem(Problem):
     # -- what the rules call ---------------------------------------------------------------------------------
     @property
     def counted_module(self) -> nn.Module:
-        """The LM's output layer: one call per next-token evaluation (module docstring)."""
+        """The module whose calls count as passes, here the LM's output layer (one call per next-token evaluation)."""
         lm = self.model.lm
         return lm.get_output_embeddings() if self.model.kind == "hf" else lm.head
 
     @property
     def batch(self) -> CompletionBatch:
+        """The problem's batch as a :class:`~taskloss.lm.completion.CompletionBatch`."""
         return CompletionBatch(self.inputs, self.targets)
 
     def surrogate_from_outputs(self, outputs, params=None):
+        """Refused: a sequence problem's surrogate is a function of the model (:meth:`surrogate`), not of outputs."""
         raise TypeError("a SequenceProblem's surrogate is a function of the model (window_nll), not of outputs; "
                         "call surrogate()")
 
@@ -103,20 +105,22 @@ class SequenceProblem(Problem):
         """Mean task loss of continuations ``outputs`` ``[B, T]`` against the references (0-d tensor)."""
         return self.task.per_sequence(outputs, self.targets).mean()
 
-    def sequence_reinforce_loss(self, num_samples: int, generator: torch.Generator | None = None,
+    def sequence_reinforce_loss(self, n_samples: int, generator: torch.Generator | None = None,
                                 mle_weight: float = 0.0) -> Tensor:
-        """REINFORCE surrogate of the expected task loss of ``num_samples`` sampled continuations per prefix
+        """REINFORCE surrogate of the expected task loss of ``n_samples`` sampled continuations per prefix
         (reward = −task loss, leave-one-out baseline; :func:`~taskloss.search.policy_gradient.sequence_reinforce`)
         plus ``mle_weight`` × :meth:`surrogate`. Differentiable."""
-        check_int("num_samples", num_samples, minimum=2)
+        check_int("n_samples", n_samples, minimum=2)
         t = self.task
-        res = sequence_reinforce(self.model, self.inputs, self.targets, t.per_sequence, num_samples=num_samples,
+        res = sequence_reinforce(self.model, self.inputs, self.targets, t.per_sequence, n_samples=n_samples,
                                  max_new_tokens=t.decode_len, eos_id=t.eos_id, pad_id=t.pad_id, baseline="loo",
                                  generator=generator)
         return res.loss + mle_weight * self.surrogate() if mle_weight > 0 else res.loss
 
     def grad_hessian(self):
+        """Refused: a dense Hessian over a Transformer is out of reach."""
         raise TypeError("a dense Hessian of a sequence problem is out of reach (P² memory over a Transformer)")
 
     def flat_loss(self):
+        """Refused: a sequence problem has no flat surrogate of the outputs."""
         raise TypeError("a SequenceProblem has no flat surrogate of the outputs; use surrogate()")

@@ -2,7 +2,8 @@
 Hugging Face causal LMs with cached greedy decoding, text-completion tasks scored by sequence task losses,
 and the committed pretrained small LM.
 
-Notebooks: 04_sequence_task_losses, 05_policy_gradient_vs_zeroth_order, 09_emo_loss.
+Notebooks: 04_sequence_task_losses, 09_emo_loss, 13_recurrent_gradients, 15_integrated_gradients,
+16_update_rule_harness.
 
 Modules:
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from taskloss.lm.pretrained import load_pretrained_lm
-from taskloss.utils import check_int, check_token_ids, resolve_device
+from taskloss.utils import check_bool, check_int, check_token_ids, resolve_device
 
 __all__ = ["CausalLM", "HFTokenizer", "load_causal_lm", "greedy_decode"]
 
@@ -77,6 +77,8 @@ class CausalLM(nn.Module):
         """Logits of ``idx`` ``[B, T]`` (``[B, V]`` with ``last_only``), or with ``decode = N > 0`` the ``N``
         greedy tokens after ``idx`` (``[B, N]``, ``pad_id`` after each row's first ``eos_id``; see
         :func:`greedy_decode`). Decoding lives in ``forward`` so that it runs under ``functional_call``."""
+        last_only = check_bool("last_only", last_only)
+        cache = check_bool("cache", cache)
         check_int("decode", decode, minimum=0)
         if not isinstance(last_only, bool):
             raise TypeError(f"last_only must be a bool, got {type(last_only).__name__}")
@@ -203,17 +205,20 @@ class HFTokenizer:
         self.vocab_size = int(vocab_size) if vocab_size is not None else len(hf_tokenizer)
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+        """Token ids of each text, through the wrapped tokenizer."""
         if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be a sequence of str")
         return [list(ids) for ids in self.hf(list(texts), add_special_tokens=False)["input_ids"]]
 
     def encode(self, text: str) -> list[int]:
+        """Token ids of one text, through the wrapped tokenizer."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         return self.encode_batch([text])[0]
 
     def decode(self, ids, skip_special_tokens: bool = True) -> str:
         """Token ids (a 1-D integer tensor or a sequence of ints; not floats or bools) → text."""
+        skip_special_tokens = check_bool("skip_special_tokens", skip_special_tokens)
         if isinstance(ids, torch.Tensor):
             if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool or ids.ndim != 1:
                 raise TypeError(f"ids must be a 1-D integer tensor, got {ids.dtype} of shape {tuple(ids.shape)}")
@@ -268,6 +273,7 @@ def greedy_decode(model: Callable, prefix: torch.Tensor, max_new_tokens: int, eo
     is recomputed, cropped to its last ``max_len`` tokens. Same output as
     ``taskloss.lm.generate(..., greedy=True)`` (dropout off: call it in eval mode). No gradients.
     """
+    cache = check_bool("cache", cache)
     if isinstance(model, nn.Module) and not isinstance(model, CausalLM):
         model = CausalLM(model)
     if not callable(model):

@@ -31,7 +31,7 @@ from taskloss.datasets.corpus import lm_blocks, load_corpus, prefix_continuation
 from taskloss.datasets.tokenizer import Tokenizer
 from taskloss.lm.causal_lm import greedy_decode
 from taskloss.losses import metrics
-from taskloss.utils import check_int, check_nonempty, eval_mode
+from taskloss.utils import check_bool, check_int, check_nonempty, eval_mode
 
 __all__ = [
     "TASK_LOSSES", "parse_task_loss",
@@ -59,8 +59,9 @@ def parse_task_loss(spec: str) -> tuple[str, ...]:
 
 def task_loss_terms(hyp: torch.Tensor, refs, *, eos_id: int, pad_id: int,
                     names: Sequence[str] = TASK_LOSSES, ngram: int = 4) -> dict[str, torch.Tensor]:
-    """Per-sequence task losses of continuations ``hyp`` (LongTensor ``[B, N]``, padded after EOS as
-    :func:`greedy_decode` returns them) → ``{name: float [B]}``, each in [0, 1], lower is better:
+    """Per-sequence task losses ``{name: float [B]}`` of continuations ``hyp``, each in [0, 1], lower is better.
+
+    ``hyp``: LongTensor ``[B, N]``, padded after EOS as :func:`greedy_decode` returns them.
 
     - ``edit_distance``: token Levenshtein distance to the reference ``refs`` (``[B, C]`` padded with
       ``pad_id``, or a list of token lists), divided by the reference length, capped at 1;
@@ -145,6 +146,7 @@ class CompletionBatch:
         return CompletionBatch(self.prefixes[idx], self.refs[idx], self.blocks)
 
     def to(self, device) -> "CompletionBatch":
+        """The batch on ``device``."""
         return CompletionBatch(self.prefixes.to(device), self.refs.to(device),
                                None if self.blocks is None else self.blocks.to(device))
 
@@ -203,6 +205,7 @@ class CompletionTask:
 
     def __init__(self, task_loss: str, decode_len: int, eos_id: int, pad_id: int, ngram: int = 4,
                  cache: bool = True):
+        cache = check_bool("cache", cache)
         self.names = parse_task_loss(task_loss)
         self.spec = "+".join(self.names)
         self.decode_len = check_int("decode_len", decode_len, minimum=1)
@@ -212,21 +215,26 @@ class CompletionTask:
         self.cache = bool(cache)
 
     def surrogate_loss(self, model: nn.Module, batch: CompletionBatch) -> torch.Tensor:
+        """The MLE surrogate of the batch: the token NLL of its blocks, else of the prefixes' references."""
         if batch.blocks is not None:
             return block_nll(model, batch.blocks)
         return window_nll(model, batch.prefixes, batch.refs, self.pad_id, self.eos_id)
 
     def decode(self, call: Callable, batch: CompletionBatch) -> torch.Tensor:
+        """Greedy continuations ``[B, decode_len]`` of the batch's prefixes by ``call``."""
         return greedy_decode(call, batch.prefixes, self.decode_len, self.eos_id, self.pad_id, cache=self.cache)
 
     def terms(self, hyp: torch.Tensor, refs) -> dict[str, torch.Tensor]:
+        """The task loss's terms per sequence, by name."""
         return task_loss_terms(hyp, refs, eos_id=self.eos_id, pad_id=self.pad_id, ngram=self.ngram)
 
     def per_sequence(self, hyp: torch.Tensor, refs) -> torch.Tensor:
+        """The task loss per sequence ``[B]`` (the sum of the selected terms)."""
         t = task_loss_terms(hyp, refs, eos_id=self.eos_id, pad_id=self.pad_id, names=self.names, ngram=self.ngram)
         return torch.stack([t[n] for n in self.names]).sum(0)
 
     def batch_task_loss(self, hyp: torch.Tensor, batch: CompletionBatch) -> torch.Tensor:
+        """The mean task loss of the batch (0-dim)."""
         return self.per_sequence(hyp, batch.refs).mean()
 
     def __repr__(self) -> str:
@@ -250,6 +258,7 @@ def completion_pairs(split: str, tokenizer, prefix_len: int, cont_len: int, max_
     :class:`HFTokenizer`) through the same rule here: the first ``prefix_len`` tokens of each line with at
     least ``prefix_len + cont_len`` tokens (``with_eos``: ``prefix_len + 1``, the reference then ends with EOS
     when the line ends within ``cont_len`` tokens), in corpus order, at most ``max_items``."""
+    with_eos = check_bool("with_eos", with_eos)
     check_int("prefix_len", prefix_len, minimum=1)
     check_int("cont_len", cont_len, minimum=1)
     if max_items is not None:

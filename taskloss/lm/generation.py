@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from taskloss.lm.causal_lm import CausalLM
-from taskloss.utils import all_finite, check_int, check_positive, check_token_ids, eval_mode
+from taskloss.utils import all_finite, check_bool, check_int, check_positive, check_token_ids, eval_mode
 
 __all__ = ["generate", "sequence_logprob"]
 
@@ -71,6 +71,7 @@ def generate(model: nn.Module, prefix: torch.Tensor, max_new_tokens: int, eos_id
     for a wrapped Hugging Face model). Runs under
     ``torch.no_grad()`` with the model temporarily in eval mode (its mode is restored afterwards).
     """
+    greedy = check_bool("greedy", greedy)
     if not isinstance(prefix, torch.Tensor):
         raise TypeError(f"prefix must be a torch.LongTensor, got {type(prefix).__name__}")
     vocab_size = _check_model(model, prefix.device)

@@ -14,7 +14,7 @@ import torch
 
 from taskloss.datasets.tokenizer import Tokenizer
 from taskloss.models.transformer import TransformerLM
-from taskloss.utils import DATA_DIR, resolve_device
+from taskloss.utils import DATA_DIR, check_bool, resolve_device
 
 __all__ = ["PRETRAINED_DIR", "load_pretrained_lm"]
 
@@ -39,6 +39,7 @@ def load_pretrained_lm(device: str | torch.device = "cpu", folder: str | os.Path
     the default corpus, committed in ``data/pretrained/small_lm`` (``model.pt`` fp16 state_dict,
     ``tokenizer.json``, ``meta.json``). When missing it is rebuilt by ``data/build_pretrained_lm.py``
     (minutes on a CPU). Used by the text-completion tasks and 09_emo_loss."""
+    rebuild_if_missing = check_bool("rebuild_if_missing", rebuild_if_missing)
     folder = PRETRAINED_DIR if folder is None else Path(folder)
     files = [folder / n for n in ("model.pt", "tokenizer.json", "meta.json")]
     if not all(f.is_file() for f in files):

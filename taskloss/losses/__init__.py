@@ -2,14 +2,15 @@
 distance, repetition, non-termination, BLEU), the earth mover distance (EMO) loss, and distribution-level
 quality of generated text.
 
-Notebooks: 03_metric_optimization_classification, 04_sequence_task_losses, 05_policy_gradient_vs_zeroth_order,
-09_emo_loss.
+Notebooks: 02_importance_sampling_and_mgs, 03_metric_optimization_classification,
+05_policy_gradient_vs_zeroth_order, 09_emo_loss, 16_update_rule_harness.
 
 Modules:
 
 - :mod:`~taskloss.losses.metrics`            — task losses and metrics
 - :mod:`~taskloss.losses.levenshtein`        — the batched edit-distance kernels (rapidfuzz on CPU, torch on GPU)
-- :mod:`~taskloss.losses.emo`                — earth mover distance loss for language models (public API)
+- :mod:`~taskloss.losses.emo`                — earth mover distance loss for language models (public API, the
+  three-line reference)
 - :mod:`~taskloss.losses.emo_kernel`         — its fused chunked kernels and their autograd twin
 - :mod:`~taskloss.losses.emo_cost`           — its cost tables (unit-norm token embeddings, dense cost matrix)
 - :mod:`~taskloss.losses.text_quality`       — frontier score (MAUVE recipe) and MMD² of text embeddings
@@ -21,6 +22,7 @@ from taskloss.losses.emo import (
     combine_emo_mle,
     emo_and_mle_per_token,
     emo_loss,
+    emo_loss_reference,
     emo_soft_upper_bound,
 )
 from taskloss.losses.emo_cost import emo_cost_matrix, normalize_cost_embeddings
@@ -56,6 +58,6 @@ __all__ = [
     "EDIT_DISTANCE_BACKENDS",
     "repetition", "token_repeat_rate", "non_termination", "bleu", "sentence_bleu", "bleu_loss", "bleu_from_ids",
     "COMBINES", "VARIANTS", "REDUCTIONS", "normalize_cost_embeddings", "emo_cost_matrix", "emo_and_mle_per_token",
-    "combine_emo_mle", "emo_loss", "emo_soft_upper_bound", "EMOLoss", "frontier_score", "cluster_histograms",
+    "combine_emo_mle", "emo_loss", "emo_loss_reference", "emo_soft_upper_bound", "EMOLoss", "frontier_score", "cluster_histograms",
     "divergence_frontier", "frontier_area", "mmd2", "embed_texts",
 ]

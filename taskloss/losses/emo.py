@@ -56,9 +56,8 @@ memory of the logits' gradient only; their autograd twin serves Hessian-vector p
 """
 from __future__ import annotations
 
-import warnings
-
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from taskloss.losses.emo_cost import normalize_cost_embeddings, unit_rows
@@ -75,10 +74,10 @@ from taskloss.losses.emo_kernel import (
     unwrapped,
     use_autograd_path,
 )
-from taskloss.utils import check_floating, check_int, check_ndim, check_positive
+from taskloss.utils import check_bool, check_choice, check_floating, check_int, check_ndim, check_positive
 
 __all__ = ["VARIANTS", "REDUCTIONS", "emo_and_mle_per_token", "combine_emo_mle", "emo_loss",
-           "emo_soft_upper_bound", "EMOLoss"]
+           "emo_soft_upper_bound", "EMOLoss", "emo_loss_reference"]
 
 VARIANTS = ("plain", "patch")
 REDUCTIONS = ("mean", "sum", "none")
@@ -86,28 +85,10 @@ _UNDEFINED = "logits contain NaN or +inf (or a row that is entirely -inf): the l
 
 
 # ---------------------------------------------------------------------------------------------- validation
-def _check_choice(name: str, value, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return value
-
-
-def _renamed_mix(combine: str | None, mix: str | None, default: str = "emo") -> str:
-    """``mix=`` is the former name of ``combine=`` (it meant a float λ elsewhere in the package); still accepted
-    with a FutureWarning."""
-    if mix is not None:
-        if combine is not None:
-            raise TypeError("pass combine= only (mix= is its deprecated former name)")
-        warnings.warn("the EMO keyword mix= is renamed combine=; mix= will be removed", FutureWarning,
-                      stacklevel=3)
-        return mix
-    return default if combine is None else combine
-
-
 def _check_options(reduction, combine, variant, ratio_max, eps, ignore_index=None, chunk_size=None):
-    _check_choice("reduction", reduction, REDUCTIONS)
-    _check_choice("combine", combine, COMBINES)
-    _check_choice("variant", variant, VARIANTS)
+    check_choice("reduction", reduction, REDUCTIONS)
+    check_choice("combine", combine, COMBINES)
+    check_choice("variant", variant, VARIANTS)
     check_positive("eps", eps)
     if ratio_max is not None:
         check_positive("ratio_max", ratio_max, allow_inf=True)
@@ -196,9 +177,11 @@ def emo_and_mle_per_token(logits: torch.Tensor, targets: torch.Tensor, cost_embe
         chunk_size: tokens per chunk of the fused kernel (default: about 2M logits per CPU thread).
         need_mle: compute ``mle`` (else zeros; ``variant="patch"`` computes it anyway).
         variant: ``"plain"`` or ``"patch"`` (the reference code's ``q - sg(q ⊙ onehot)``; module docstring).
+
     Returns:
         ``(emo, mle, valid)`` with the targets' shape, float32 (float64 for float64 logits); ``emo``/``mle`` are
         0 where ``targets == ignore_index``.
+
     Raises:
         TypeError: non-tensor or wrong-dtype inputs.
         ValueError: wrong shapes, empty logits, targets out of range,
@@ -206,9 +189,8 @@ def emo_and_mle_per_token(logits: torch.Tensor, targets: torch.Tensor, cost_embe
 
     Works inside ``torch.func`` transforms and supports double backward. Derived in notebook 09_emo_loss.
     """
-    _check_choice("variant", variant, VARIANTS)
-    if not isinstance(need_mle, bool):
-        raise TypeError(f"need_mle must be a bool, got {type(need_mle).__name__}")
+    check_choice("variant", variant, VARIANTS)
+    check_bool("need_mle", need_mle)
     x, t, u, e_hat, valid, chunk = _prepare(logits, targets, cost_embeddings, ignore_index, chunk_size)
     patch = variant == "patch"
     emo, mle, lse = emo_mle(x, u, e_hat, t, valid, chunk, need_mle or patch)
@@ -232,8 +214,10 @@ def combine_emo_mle(emo: torch.Tensor, mle: torch.Tensor, combine: str = "emo", 
         ratio_max: cap of the detached ratio of ``"emo_mle_ratio"`` (> 0; the ``emoloss`` package's ``mode=1``
             uses 3.0); None = no cap. Other combinations reject it.
         eps: > 0, added to the denominators of the detached ratios (1e-10 in the reference code).
+
     Returns:
         The per-token loss, shape of ``emo``. ``sg`` is ``detach``.
+
     Raises:
         TypeError: non-tensor or non-floating inputs.
         ValueError: unknown ``combine``, shape or dtype mismatch,
@@ -241,7 +225,7 @@ def combine_emo_mle(emo: torch.Tensor, mle: torch.Tensor, combine: str = "emo", 
 
     Derived in notebook 09_emo_loss.
     """
-    _check_choice("combine", combine, COMBINES)
+    check_choice("combine", combine, COMBINES)
     for name, t in (("emo", emo), ("mle", mle)):
         check_floating(name, t)
     if emo.shape != mle.shape:
@@ -276,9 +260,8 @@ def _reduce(loss: torch.Tensor, valid: torch.Tensor, reduction: str) -> torch.Te
 
 
 def emo_loss(logits: torch.Tensor, targets: torch.Tensor, cost_embeddings: torch.Tensor, *,
-             ignore_index: int = -100, reduction: str = "mean", combine: str | None = None, variant: str = "plain",
-             ratio_max: float | None = None, eps: float = 1e-10, chunk_size: int | None = None,
-             mix: str | None = None) -> torch.Tensor:
+             ignore_index: int = -100, reduction: str = "mean", combine: str = "emo", variant: str = "plain",
+             ratio_max: float | None = None, eps: float = 1e-10, chunk_size: int | None = None) -> torch.Tensor:
     r"""EMO loss for one-hot targets, optionally combined with MLE: ``1 - <Σ_i p_i ê_i, ê_t>`` per token.
 
     Args:
@@ -296,15 +279,15 @@ def emo_loss(logits: torch.Tensor, targets: torch.Tensor, cost_embeddings: torch
         eps: > 0, added to the denominators of the detached ratios.
         chunk_size: tokens per chunk (default: about 2M logits per CPU thread; larger is faster on busy
             multi-threaded CPUs and costs one ``[chunk, V]`` float32 buffer).
-        mix: deprecated former name of ``combine``.
+
     Returns:
         The loss in float32 (float64 for float64 logits).
+
     Raises:
         TypeError / ValueError as :func:`emo_and_mle_per_token` and :func:`combine_emo_mle`.
 
     Derived in notebook 09_emo_loss.
     """
-    combine = _renamed_mix(combine, mix)
     _check_options(reduction, combine, variant, ratio_max, eps, ignore_index, chunk_size)
     if (reduction != "none" and torch.is_grad_enabled() and isinstance(logits, torch.Tensor)
             and logits.requires_grad and not use_autograd_path(logits)):
@@ -319,6 +302,31 @@ def emo_loss(logits: torch.Tensor, targets: torch.Tensor, cost_embeddings: torch
                                             chunk_size=chunk_size, need_mle=combine != "emo", variant=variant)
     per_token = combine_emo_mle(emo, mle, combine, ratio_max=ratio_max, eps=eps)
     return _reduce(per_token, valid, reduction)
+
+
+def emo_loss_reference(logits: torch.Tensor, targets: torch.Tensor, cost_embeddings: torch.Tensor, *,
+                       ignore_index: int = -100) -> torch.Tensor:
+    """EMO in its three-line form, the readable reference beside the fused :func:`emo_loss` (tested equal).
+
+    The cost matrix ``C = 1 − ê êᵀ`` of the unit embeddings and the expected cost of the prediction under the one-hot
+    target, ``EMO = Σ_i p_i C_{i t}``, averaged over the non-ignored tokens — what the reference code computes
+    (github.com/DRSY/EMO, ``language_modeling/gpt2.py``, mode ``emo``), at O(V²) memory where :func:`emo_loss`
+    needs O(V·d). Inputs are trusted (:func:`emo_loss` validates). Derived in notebook 09_emo_loss.
+
+    Args:
+        logits: ``[N, V]`` or ``[B, T, V]`` raw scores.
+        targets: integer ids with the leading shape of ``logits``.
+        cost_embeddings: ``[V, d]`` token embeddings (detached here).
+        ignore_index: the target value of padding positions.
+
+    Returns:
+        The mean EMO over the tokens whose target is not ``ignore_index``.
+    """
+    e_hat = F.normalize(cost_embeddings.detach().to(logits.dtype), dim=-1)              # ê, zero rows stay 0
+    cost = 1 - e_hat @ e_hat.T                                                          # C_ij = 1 − cos(e_i, e_j)
+    x, t = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    keep = t != ignore_index
+    return (x[keep].softmax(-1) * cost[t[keep]]).sum(-1).mean()                         # Σ_i p_i C_it
 
 
 def emo_soft_upper_bound(logits: torch.Tensor, target_probs: torch.Tensor, cost_embeddings: torch.Tensor, *,
@@ -336,8 +344,10 @@ def emo_soft_upper_bound(logits: torch.Tensor, target_probs: torch.Tensor, cost_
         reduction: ``"mean"`` over rows, ``"sum"`` or ``"none"``.
         chunk_size: rows per chunk of the fused kernel.
         atol: tolerance of the row sums (> 0).
+
     Returns:
         The bound in float32 (float64 for float64 logits).
+
     Raises:
         TypeError: non-tensor or non-floating inputs.
         ValueError: shape mismatch, NaN/negative ``τ``, rows not
@@ -345,7 +355,7 @@ def emo_soft_upper_bound(logits: torch.Tensor, target_probs: torch.Tensor, cost_
 
     Derived in notebook 09_emo_loss.
     """
-    _check_choice("reduction", reduction, REDUCTIONS)
+    check_choice("reduction", reduction, REDUCTIONS)
     check_positive("atol", atol)
     check_floating("target_probs", target_probs)
     x = _flatten(logits, "target_probs", None)
@@ -379,21 +389,22 @@ class EMOLoss(nn.Module):
     """
 
     def __init__(self, cost_embeddings: torch.Tensor, *, ignore_index: int = -100, reduction: str = "mean",
-                 combine: str | None = None, variant: str = "plain", ratio_max: float | None = None,
-                 eps: float = 1e-10, chunk_size: int | None = None, mix: str | None = None):
+                 combine: str = "emo", variant: str = "plain", ratio_max: float | None = None,
+                 eps: float = 1e-10, chunk_size: int | None = None):
         super().__init__()
-        combine = _renamed_mix(combine, mix)
         _check_options(reduction, combine, variant, ratio_max, eps, ignore_index, chunk_size)
         self.register_buffer("cost_embeddings", normalize_cost_embeddings(cost_embeddings).clone())
         self.ignore_index, self.reduction, self.combine, self.variant = ignore_index, reduction, combine, variant
         self.ratio_max, self.eps, self.chunk_size = ratio_max, eps, chunk_size
 
     def forward(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The loss of :func:`emo_loss` with the held cost embeddings and options."""
         return emo_loss(logits, targets, self.cost_embeddings, ignore_index=self.ignore_index,
                         reduction=self.reduction, combine=self.combine, variant=self.variant,
                         ratio_max=self.ratio_max, eps=self.eps, chunk_size=self.chunk_size)
 
     def extra_repr(self) -> str:
+        """The vocabulary, embedding size and options, for ``repr``."""
         v, d = self.cost_embeddings.shape
         return (f"vocab={v}, dim={d}, combine={self.combine!r}, variant={self.variant!r}, "
                 f"reduction={self.reduction!r}, ratio_max={self.ratio_max}")

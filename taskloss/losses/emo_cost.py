@@ -58,8 +58,10 @@ def normalize_cost_embeddings(cost_embeddings: torch.Tensor, dtype: torch.dtype 
         cost_embeddings: ``[V, d]`` floating tensor, finite; rows of any scale (tiny or huge) are normalized
             exactly (each row is rescaled by its largest entry first, so nothing underflows to a zero row).
         dtype: the result's dtype (default float32, float64 for float64 input).
+
     Returns:
         ``[V, d]`` detached; the input itself when it already has unit (or zero) rows in ``dtype``.
+
     Raises:
         TypeError: not a floating tensor, or ``dtype`` not a floating dtype.
         ValueError: wrong ndim, empty, NaN or inf.

@@ -89,10 +89,9 @@ def all_true(mask: torch.Tensor) -> bool:
 def default_chunk(n: int, v: int, device: torch.device) -> int:
     """Rows per chunk: about ``_CHUNK_ELEMENTS`` logits (per intra-op thread on CPU), at least 32 rows, at most ``n``.
 
-    Measured at V = 30522 on a shared 2-core machine: with 1 thread, 34-row chunks were ~25 % slower than 68–270-row
-    ones and larger chunks gained nothing; with 2 threads, 68 / 137 / 275-row chunks took 0.55 / 0.37 / 0.28 of the
-    reference code's time (every elementwise pass is a parallel region to synchronize). A chunk costs one ``[chunk,
-    V]`` buffer of memory; pass ``chunk_size`` to trade memory for speed."""
+    Smaller chunks pay for every elementwise pass as a parallel region to synchronize, larger ones gain nothing
+    (the measurements that chose the size: ``benchmarks/RESULTS.md``, "Tuning history moved from the docstrings"). A
+    chunk costs one ``[chunk, V]`` buffer of memory; pass ``chunk_size`` to trade memory for speed."""
     elements = _CHUNK_ELEMENTS * (max(1, torch.get_num_threads()) if device.type == "cpu" else 1)
     return max(1, min(n, max(elements // max(v, 1), 32)))
 

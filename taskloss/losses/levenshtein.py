@@ -3,10 +3,10 @@
 Both take padded integer rows ``h [B, T_h]``, ``r [B, T_r]`` with their lengths ``lh``, ``lr`` (LongTensor
 ``[B]``; already cut at EOS/pad) and return the distances as a LongTensor ``[B]`` on ``h``'s device:
 
-- :func:`_levenshtein_rapidfuzz` — rapidfuzz's bit-parallel C++ kernel for the whole batch
+- :func:`levenshtein_rapidfuzz` — rapidfuzz's bit-parallel C++ kernel for the whole batch
   (``rapidfuzz.process.cpdist`` with ``rapidfuzz.distance.Levenshtein.distance``); the ids reach it as Python
   strings of code points made by one NumPy view of the batch (the CPU path);
-- :func:`_levenshtein_torch` — a dynamic programme vectorized over the batch and the hypothesis positions, on the
+- :func:`levenshtein_torch` — a dynamic programme vectorized over the batch and the hypothesis positions, on the
   tensors' device (the GPU path: no host round trip).
 
 They return the same integers (tested against each other and against rapidfuzz pair by pair);
@@ -18,10 +18,10 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__: list[str] = []   # kernels for metrics.edit_distance, which validates their input
+__all__ = ["levenshtein_torch", "levenshtein_rapidfuzz"]   # kernels of metrics.edit_distance, which validates
 
 
-def _levenshtein_torch(h: torch.Tensor, lh: torch.Tensor, r: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+def levenshtein_torch(h: torch.Tensor, lh: torch.Tensor, r: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
     """Batched Levenshtein distance between ``h[b,:lh[b]]`` and ``r[b,:lr[b]]`` → LongTensor [B], on the
     tensors' device (the GPU path of :func:`edit_distance`).
 
@@ -72,8 +72,8 @@ def _as_strings(points: np.ndarray) -> list[str]:
     return np.ascontiguousarray(points).view(np.dtype(("U", T))).ravel().tolist()
 
 
-def _levenshtein_rapidfuzz(h: torch.Tensor, lh: torch.Tensor, r: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
-    """Same as :func:`_levenshtein_torch` through ``rapidfuzz.process.cpdist`` with ``Levenshtein.distance``
+def levenshtein_rapidfuzz(h: torch.Tensor, lh: torch.Tensor, r: torch.Tensor, lr: torch.Tensor) -> torch.Tensor:
+    """Same as :func:`levenshtein_torch` through ``rapidfuzz.process.cpdist`` with ``Levenshtein.distance``
     (rapidfuzz's bit-parallel C++ kernel, one call for the batch) on token strings; LongTensor [B] on ``h``'s
     device. Token ids outside ``[0, 0x10FFFE]`` are first renumbered jointly for both sides (equality, all
     that Levenshtein looks at, is kept)."""

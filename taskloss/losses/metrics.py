@@ -24,8 +24,8 @@ from typing import Callable
 import numpy as np
 import torch
 
-from taskloss.losses.levenshtein import _levenshtein_rapidfuzz, _levenshtein_torch
-from taskloss.utils import check_int, check_nonempty
+from taskloss.losses.levenshtein import levenshtein_rapidfuzz, levenshtein_torch
+from taskloss.utils import check_bool, check_int, check_nonempty
 
 __all__ = [
     "cut_at_eos", "to_lists",
@@ -72,7 +72,8 @@ def _list_to_padded(name: str, seqs, device) -> tuple[torch.Tensor, torch.Tensor
 
 
 def _first(hit: torch.Tensor) -> torch.Tensor:
-    """Position of the first True per row of a bool ``[B, T]`` (``T`` where there is none) → LongTensor [B].
+    """Position of the first True per row of a bool ``[B, T]`` (``T`` where there is none), LongTensor [B].
+
     (``argmax`` returns the first maximum; on the bool mask read as uint8 it is several times faster than a min
     over positions, and whether the row has a True at all is read off at that position.)"""
     B, T = hit.shape
@@ -247,8 +248,13 @@ def edit_distance(hyp, ref, eos_id: int | None = None, pad_id: int | None = None
     """Token-level Levenshtein distance (insertions, deletions, substitutions cost 1), batched.
 
     Args:
-      hyp, ref: padded integer tensors ``[B, T_h]``, ``[B, T_r]`` (with optional ``*_lengths [B]`` or a
-        ``pad_id``) or lists of token lists; both are cut at their first ``eos_id`` (see :func:`cut_at_eos`).
+      hyp: padded integer tensor ``[B, T_h]`` (with optional ``hyp_lengths`` or a ``pad_id``) or a list of token
+        lists, cut at its first ``eos_id`` (see :func:`cut_at_eos`).
+      ref: the same for the references ``[B, T_r]``.
+      eos_id: the end-of-sequence id (``None``: no cut).
+      pad_id: the padding id of tensor inputs (``None``: lengths from ``*_lengths`` or the full width).
+      hyp_lengths: optional ``[B]`` lengths of ``hyp``'s rows.
+      ref_lengths: optional ``[B]`` lengths of ``ref``'s rows.
       normalize: ``True`` (a loss in [0, 1]): ``min(d / |ref|, 1)``; for an empty reference it is 1 if the
         hypothesis is non-empty else 0 (that is ``min(d / max(|ref|, 1), 1)``). ``False``: the raw distance as
         a LongTensor [B] (equal to ``rapidfuzz.distance.Levenshtein.distance`` pair by pair).
@@ -261,13 +267,12 @@ def edit_distance(hyp, ref, eos_id: int | None = None, pad_id: int | None = None
     empty input, mismatched batch sizes, lengths out of range, or an unknown backend. Used as a task loss in
     notebooks 04 and 05; ``benchmarks/bench_metrics.py`` times both backends against a rapidfuzz loop.
     """
+    normalize = check_bool("normalize", normalize)
     if backend not in EDIT_DISTANCE_BACKENDS:
         raise ValueError(f"backend must be one of {EDIT_DISTANCE_BACKENDS}, got {backend!r}")
-    if not isinstance(normalize, (bool, np.bool_)):
-        raise TypeError(f"normalize must be a bool, got {type(normalize).__name__}")
     h, lh, r, lr = _pair(hyp, ref, eos_id, pad_id, hyp_lengths, ref_lengths)
     use_torch = backend == "torch" or (backend == "auto" and h.device.type != "cpu")
-    d = (_levenshtein_torch if use_torch else _levenshtein_rapidfuzz)(h, lh, r, lr)
+    d = (levenshtein_torch if use_torch else levenshtein_rapidfuzz)(h, lh, r, lr)
     if not normalize:
         return d
     dt = torch.get_default_dtype()
@@ -388,6 +393,7 @@ def bleu_from_ids(hyp, ref, decode: Callable[[list[int]], str], *, eos_id: int |
     """BLEU on token ids: cut at EOS/pad (:func:`cut_at_eos`), decode each row with ``decode`` (e.g.
     ``tokenizer.decode``), then :func:`sentence_bleu` (``sentence=True``, tensor [B] on the input's device) or
     :func:`bleu` (corpus, float)."""
+    sentence = check_bool("sentence", sentence)
     if not callable(decode):
         raise TypeError("decode must be a callable list[int] -> str")
     h, lh, r, lr = _pair(hyp, ref, eos_id, pad_id, None, None)

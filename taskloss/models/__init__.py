@@ -1,7 +1,9 @@
 """The networks the experiments train: a causal Transformer LM (Post-LN, Pre-LN, RealFormer), a recurrent LM
 (LSTM / RNN), and an MLP and small CNN for the 8×8 digits.
 
-Used by notebooks 02–09.
+Notebooks: 03_metric_optimization_classification, 06_natural_gradient, 07_fisher_approximations, 09_emo_loss,
+11_gradient_clipping, 12_implicit_gradient_regularization, 13_recurrent_gradients, 14_realformer,
+15_integrated_gradients, 16_update_rule_harness.
 
 Modules:
 

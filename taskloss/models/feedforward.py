@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taskloss.utils import _is_transformed, check_finite, check_int
+from taskloss.utils import check_bool, check_finite, check_int, is_transformed
 
 __all__ = ["MLP", "SmallCNN"]
 
@@ -25,7 +25,7 @@ def _check_input(name: str, model: nn.Module, x: torch.Tensor) -> None:
         raise TypeError(f"{name} expects floating-point input (features, not ids), got {x.dtype}")
     if x.ndim > 1 and x.shape[0] == 0:
         raise ValueError(f"{name} input is empty: shape {tuple(x.shape)}")
-    if getattr(model, "validate_inputs", True) and not _is_transformed(x):
+    if getattr(model, "validate_inputs", True) and not is_transformed(x):
         check_finite(f"{name} input", x)
 
 
@@ -36,6 +36,7 @@ class MLP(nn.Sequential):
 
     def __init__(self, in_dim: int, hidden: int | Sequence[int] = (64,), out_dim: int | None = None,
                  activation: str = "relu", bias: bool = True):
+        bias = check_bool("bias", bias)
         check_int("in_dim", in_dim, minimum=1)
         if out_dim is None:
             raise TypeError("MLP needs out_dim")
@@ -86,6 +87,7 @@ class SmallCNN(nn.Module):
         self.fc = nn.Linear(2 * width * 4 * 4, n_classes)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """Logits ``[N, classes]`` of images ``[N, 1, 8, 8]`` (or flat ``[N, 64]``)."""
         if not isinstance(x, torch.Tensor):
             raise TypeError(f"SmallCNN expects a tensor, got {type(x).__name__}")
         if x.ndim == 2 and x.shape[1] == self.in_channels * 64:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from taskloss.utils import _is_transformed, check_finite, check_int, check_probability, check_token_ids
+from taskloss.utils import check_bool, check_finite, check_int, check_probability, check_token_ids, is_transformed
 
 __all__ = ["RNNLM"]
 
@@ -26,6 +26,7 @@ class RNNLM(nn.Module):
 
     def __init__(self, vocab_size: int, d_model: int = 128, hidden: int = 256, n_layers: int = 1,
                  cell: str = "lstm", tie_weights: bool = False, dropout: float = 0.0):
+        tie_weights = check_bool("tie_weights", tie_weights)
         super().__init__()
         for name, val in (("vocab_size", vocab_size), ("d_model", d_model), ("hidden", hidden),
                           ("n_layers", n_layers)):
@@ -72,7 +73,7 @@ class RNNLM(nn.Module):
                                 f"{type(t).__name__ if not isinstance(t, torch.Tensor) else t.dtype}")
             if tuple(t.shape) != want:
                 raise ValueError(f"state {name} must have shape {want}, got {tuple(t.shape)}")
-            if self.validate_inputs and not _is_transformed(t):
+            if self.validate_inputs and not is_transformed(t):
                 check_finite(f"state {name}", t)
 
     def hidden_states(self, idx: torch.Tensor, state=None) -> torch.Tensor:
@@ -81,6 +82,8 @@ class RNNLM(nn.Module):
 
     def forward(self, idx: torch.Tensor, state=None, return_state: bool = False, return_hidden: bool = False):
         """``idx`` ``[B, T]`` → logits ``[B, T, V]``; extra outputs in the order (logits, hidden, state)."""
+        return_state = check_bool("return_state", return_state)
+        return_hidden = check_bool("return_hidden", return_hidden)
         if self.validate_inputs:
             check_token_ids("idx", idx, self.vocab_size)
         if state is not None:

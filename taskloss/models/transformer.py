@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taskloss.utils import _is_transformed, check_int, check_probability, check_token_ids
+from taskloss.utils import check_bool, check_int, check_probability, check_token_ids, is_transformed
 
 __all__ = ["TransformerLM", "RESIDUAL_MODES"]
 
@@ -51,7 +51,7 @@ class CausalSelfAttention(nn.Module):
         B, T, D = x.shape
         q, k, v = self.qkv(x).view(B, T, 3, self.n_heads, self.d_head).permute(2, 0, 3, 1, 4)  # [B,H,T,dh]
         p = self.dropout if self.training else 0.0
-        if not explicit_scores and not _is_transformed(x):
+        if not explicit_scores and not is_transformed(x):
             y = F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True)
             scores = None
         else:
@@ -119,6 +119,7 @@ class TransformerLM(nn.Module):
     def __init__(self, vocab_size: int, d_model: int = 128, n_layers: int = 2, n_heads: int = 4,
                  d_ff: int | None = None, max_len: int = 256, dropout: float = 0.0, residual: str = "pre",
                  tie_weights: bool = True):
+        tie_weights = check_bool("tie_weights", tie_weights)
         super().__init__()
         for name, val in (("vocab_size", vocab_size), ("d_model", d_model), ("n_layers", n_layers),
                           ("n_heads", n_heads), ("max_len", max_len)):
@@ -158,6 +159,7 @@ class TransformerLM(nn.Module):
         ``[B, H, T, T]`` (unmasked; the attention is ``softmax`` over keys ``j ≤ i``). For RealFormer these are
         the carried sums ``S_l``; for Pre-/Post-LN each layer's own ``QKᵀ/√d_head``, computed on the explicit
         attention path (the same maths as the fused kernel, rounded differently)."""
+        return_scores = check_bool("return_scores", return_scores)
         if self.validate_inputs:
             check_token_ids("idx", idx, self.vocab_size, self.max_len)
         T = idx.shape[1]
@@ -173,6 +175,8 @@ class TransformerLM(nn.Module):
     def forward(self, idx: torch.Tensor, return_hidden: bool = False, return_scores: bool = False):
         """``idx`` LongTensor ``[B, T]`` (``T ≤ max_len``) → logits ``[B, T, V]``; extra outputs in the order
         (logits, hidden ``[B, T, d]``, scores: a tuple of ``[B, H, T, T]`` per layer, see :meth:`hidden_states`)."""
+        return_hidden = check_bool("return_hidden", return_hidden)
+        return_scores = check_bool("return_scores", return_scores)
         out = self.hidden_states(idx, return_scores=return_scores)
         h, scores = out if return_scores else (out, None)
         logits = self.head(h)

@@ -1,6 +1,6 @@
 """The ε-ball case of optimization as sampling, in closed form. Derived in notebook 01_optimization_as_sampling.
 
-For a linearized loss ``l(θ + Δ) − l(θ) = Δᵀg`` restricted to the ball ``‖Δ‖ ≤ ε`` the update density is
+For a linearized loss ``l(θ + Δ) − l(θ) = Δᵀg`` restricted to the ball ``‖Δ‖ ≤ ε`` (ε is the ``radius`` argument) the update density is
 ``p(Δ) ∝ exp(−Δᵀg/α)`` on the ball; its normalizer ``Z(‖g‖)`` and mean ``Δθ* = E_p[Δ]`` are Bessel-function
 expressions of ``x = ‖g‖ε/α``: :func:`ball_log_partition` (exact, in log space), :func:`ball_partition`,
 :func:`ball_log_partition_derivative` (``Z'/Z``) and :func:`ball_expected_update` (from steepest descent to the
@@ -22,7 +22,7 @@ __all__ = ["log_ball_volume", "ball_log_partition", "ball_partition", "ball_log_
 
 
 def log_ball_volume(dim: int, radius: float) -> float:
-    """log of the volume of the d-ball of ``radius``: (d/2) log π − log Γ(d/2 + 1) + d log r."""
+    """Log of the volume of the d-ball of ``radius``: (d/2) log π − log Γ(d/2 + 1) + d log r."""
     dim = check_int("dim", dim, minimum=1)
     radius = check_positive("radius", radius)
     return 0.5 * dim * math.log(math.pi) - math.lgamma(0.5 * dim + 1) + dim * math.log(radius)
@@ -38,7 +38,7 @@ def _debye_u(nu, p):
 
 
 def _log_iv_debye(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
-    """log I_ν(x) by the uniform (Debye) expansion, three correction terms — for large ν."""
+    """Log I_ν(x) by the uniform (Debye) expansion, three correction terms — for large ν."""
     z = x / nu
     s = np.hypot(1.0, z)          # √(1 + z²) without overflow for huge x
     p = 1.0 / s
@@ -47,7 +47,7 @@ def _log_iv_debye(nu: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 
 def _log_ratio_debye(nu: float, x: np.ndarray) -> np.ndarray:
-    """log I_{ν+1}(x) − log I_ν(x) from the uniform expansion, written so that nothing of size x cancels.
+    """Log I_{ν+1}(x) − log I_ν(x) from the uniform expansion, written so that nothing of size x cancels.
 
     With R_μ = √(μ² + x²) the expansion reads log I_μ(x) ≈ R_μ + μ log x − μ log(μ + R_μ) − ½ log(2π R_μ)
     + log(1 + U_μ); the difference of the large terms is (2ν+1)/(R₁ + R₀), and the rest are logs of O(1)
@@ -59,7 +59,7 @@ def _log_ratio_debye(nu: float, x: np.ndarray) -> np.ndarray:
 
 
 def _log_iv(nu: float, x: np.ndarray) -> np.ndarray:
-    """log I_ν(x) for x > 0 in float64: scaled Bessel (ive), else the power series ₀F₁, else Debye."""
+    """Log I_ν(x) for x > 0 in float64: scaled Bessel (ive), else the power series ₀F₁, else Debye."""
     x = np.asarray(x, dtype=np.float64)
     with np.errstate(all="ignore"):
         e = special.ive(nu, x)
@@ -75,9 +75,9 @@ def _log_iv(nu: float, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def _ball_args(g_norm, alpha, eps: float, dim: int):
-    """Validate, move to CPU float64 NumPy; return (x = ‖g‖ε/α, α, eps, dim, device), broadcast."""
-    eps = check_positive("eps", eps)
+def _ball_args(g_norm, alpha, radius: float, dim: int):
+    """Validate, move to CPU float64 NumPy; return (x = ‖g‖ε/α, α, radius, dim, device), broadcast."""
+    radius = check_positive("radius", radius)
     dim = check_int("dim", dim, minimum=1)
     device = g_norm.device if isinstance(g_norm, torch.Tensor) else (
         alpha.device if isinstance(alpha, torch.Tensor) else torch.device("cpu"))
@@ -104,37 +104,37 @@ def _ball_args(g_norm, alpha, eps: float, dim: int):
     except ValueError as e:
         raise ValueError(f"g_norm of shape {s.shape} and alpha of shape {a.shape} do not broadcast") from e
     with np.errstate(over="ignore"):
-        x = np.asarray(s * eps / a, dtype=np.float64)
+        x = np.asarray(s * radius / a, dtype=np.float64)
     if not np.isfinite(x).all():
         raise ValueError("‖g‖·ε/α overflows float64 (g_norm too large or alpha too small for a finite log Z)")
-    return x, np.asarray(a, dtype=np.float64), eps, dim, device
+    return x, np.asarray(a, dtype=np.float64), radius, dim, device
 
 
-def ball_log_partition(g_norm, alpha, eps: float, dim: int) -> torch.Tensor:
-    """log Z for Z(‖g‖) = ∫_{‖Δ‖≤ε} exp(−Δᵀg/α) dΔ in ``dim`` dimensions, exactly and in log space.
+def ball_log_partition(g_norm, alpha, radius: float, dim: int) -> torch.Tensor:
+    """Log Z for Z(‖g‖) = ∫_{‖Δ‖≤ε} exp(−Δᵀg/α) dΔ in ``dim`` dimensions, exactly and in log space.
 
     With x = ‖g‖ε/α and ν = d/2, integrating over the sphere then the radius gives
     Z = (2πε²/x)^{d/2} I_{d/2}(x) = vol(ε-ball) · ₀F₁(; d/2 + 1; x²/4), finite in log space for any x.
     ``g_norm`` and ``alpha`` broadcast (numbers or tensors); returns float64 on ``g_norm``'s device.
     Derived in notebook 01_optimization_as_sampling.
     """
-    x, _, eps, dim, device = _ball_args(g_norm, alpha, eps, dim)
+    x, _, radius, dim, device = _ball_args(g_norm, alpha, radius, dim)
     nu = 0.5 * dim
-    log_vol = log_ball_volume(dim, eps)
+    log_vol = log_ball_volume(dim, radius)
     out = np.full(x.shape, log_vol, dtype=np.float64)
     small = (x > 0) & (x <= 2.0)              # x²/4 ≤ 1, without squaring a huge x
     out[small] += np.log(special.hyp0f1(nu + 1, x[small] ** 2 / 4))
     big = x > 2.0
     if big.any():
         xb = x[big]
-        out[big] = dim * math.log(eps) + nu * np.log(2 * np.pi / xb) + _log_iv(nu, xb)
+        out[big] = dim * math.log(radius) + nu * np.log(2 * np.pi / xb) + _log_iv(nu, xb)
     return torch.from_numpy(out).to(device)
 
 
-def ball_partition(g_norm, alpha, eps: float, dim: int) -> torch.Tensor:
+def ball_partition(g_norm, alpha, radius: float, dim: int) -> torch.Tensor:
     """Z(‖g‖) = exp(:func:`ball_log_partition`); raises ``OverflowError`` rather than return inf (use the
     log version for large ‖g‖ε/α). Derived in notebook 01_optimization_as_sampling."""
-    log_z = ball_log_partition(g_norm, alpha, eps, dim)
+    log_z = ball_log_partition(g_norm, alpha, radius, dim)
     if bool((log_z > 709.0).any()):
         raise OverflowError("Z overflows float64 here; use ball_log_partition")
     return log_z.exp()
@@ -162,17 +162,17 @@ def _bessel_ratio(nu: float, x: np.ndarray) -> np.ndarray:
     return out
 
 
-def ball_log_partition_derivative(g_norm, alpha, eps: float, dim: int) -> torch.Tensor:
+def ball_log_partition_derivative(g_norm, alpha, radius: float, dim: int) -> torch.Tensor:
     """Z'(‖g‖)/Z(‖g‖) = d log Z / d‖g‖ = (ε/α) · I_{d/2+1}(x) / I_{d/2}(x), x = ‖g‖ε/α.
 
     (From d/dx log[x^{−ν} I_ν(x)] = I_{ν+1}(x)/I_ν(x).) Returns float64 on ``g_norm``'s device.
     Derived in notebook 01_optimization_as_sampling."""
-    x, a, eps, dim, device = _ball_args(g_norm, alpha, eps, dim)
-    return torch.from_numpy(np.asarray(eps / a * _bessel_ratio(0.5 * dim, x))).to(device)
+    x, a, radius, dim, device = _ball_args(g_norm, alpha, radius, dim)
+    return torch.from_numpy(np.asarray(radius / a * _bessel_ratio(0.5 * dim, x))).to(device)
 
 
-def ball_expected_update(g: torch.Tensor, alpha, eps: float) -> torch.Tensor:
-    """Exact Δθ* for the linearized loss on the ball ‖Δθ‖ ≤ ε: for ``g [..., d]`` returns ``[..., d]``
+def ball_expected_update(g: torch.Tensor, alpha, radius: float) -> torch.Tensor:
+    """Exact Δθ* ``[..., d]`` for the linearized loss on the ball ‖Δθ‖ ≤ ε, for ``g [..., d]``.
 
         Δθ* = −α (Z'/Z) g/‖g‖ = −ε · I_{d/2+1}(x)/I_{d/2}(x) · g/‖g‖,   x = ‖g‖ε/α,
 
@@ -188,7 +188,7 @@ def ball_expected_update(g: torch.Tensor, alpha, eps: float) -> torch.Tensor:
     unit = g64 / scale                      # ‖g‖ = scale·‖g/scale‖: no overflow or underflow of the squares
     unit_norm = torch.linalg.vector_norm(unit, dim=-1, keepdim=True)
     g_norm = (scale * unit_norm).squeeze(-1)
-    x, _, eps, dim, _ = _ball_args(g_norm, alpha, eps, g.shape[-1])
+    x, _, radius, dim, _ = _ball_args(g_norm, alpha, radius, g.shape[-1])
     ratio = torch.from_numpy(_bessel_ratio(0.5 * dim, x)).to(g.device)
     unit = unit / unit_norm.clamp_min(1e-300)
-    return (-eps * ratio.unsqueeze(-1) * unit).to(g.dtype)
+    return (-radius * ratio.unsqueeze(-1) * unit).to(g.dtype)

@@ -14,17 +14,12 @@ from typing import Sequence
 import torch
 
 from taskloss.sampling.ball import log_ball_volume
-from taskloss.utils import all_finite, check_finite, check_floating, check_int, check_ndim, check_positive
+from taskloss.utils import all_finite, check_finite, check_floating, check_int, check_ndim, check_no_nan, check_positive
 
 __all__ = ["GaussianProposal", "UniformBallProposal", "GaussianMixtureProposal"]
 
 
 # shared with taskloss.sampling.update (SNIS inputs may hold ±inf, never NaN)
-def _no_nan(name: str, t: torch.Tensor) -> None:
-    if bool(torch.isnan(t).any()):
-        raise ValueError(f"{name} contains NaN")
-
-
 # ---------------------------------------------------------------------------------------- proposals
 def _draw(kind: str, shape, generator, like: torch.Tensor) -> torch.Tensor:
     """Random draws on the generator's device (when given), returned on ``like``'s device and dtype."""
@@ -40,7 +35,7 @@ def _check_points(x: torch.Tensor, d: int) -> None:
     check_floating("x", x)
     if x.ndim < 1 or x.shape[-1] != d:
         raise ValueError(f"x must have shape [..., {d}], got {tuple(x.shape)}")
-    _no_nan("x", x)
+    check_no_nan("x", x)
 
 
 class GaussianProposal:
@@ -84,14 +79,17 @@ class GaussianProposal:
 
     @property
     def covariance(self) -> torch.Tensor:
+        """The covariance ``L Lᵀ``."""
         return self.scale_tril @ self.scale_tril.mT
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``n`` draws ``[n, d]``."""
         n = check_int("n", n, minimum=1)
         z = _draw("normal", (n, self.dim), generator, self.mean)
         return self.mean + z @ self.scale_tril.mT
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        """Log density at ``x [..., d]``."""
         _check_points(x, self.dim)
         diff = (x - self.mean).reshape(-1, self.dim).mT
         sol = torch.linalg.solve_triangular(self.scale_tril, diff, upper=False)
@@ -114,6 +112,7 @@ class UniformBallProposal:
         self._log_vol = log_ball_volume(self.dim, self.radius)
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``n`` draws ``[n, d]``, uniform in the ball."""
         n = check_int("n", n, minimum=1)
         z = _draw("normal", (n, self.dim), generator, self.center)
         direction = z / torch.linalg.vector_norm(z, dim=-1, keepdim=True).clamp_min(1e-30)
@@ -121,6 +120,7 @@ class UniformBallProposal:
         return self.center + r * direction
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        """Log density at ``x [..., d]`` (−inf outside the ball)."""
         _check_points(x, self.dim)
         inside = torch.linalg.vector_norm(x - self.center, dim=-1) <= self.radius * (1 + 1e-6)
         return torch.where(inside, x.new_tensor(-self._log_vol), x.new_tensor(-math.inf))
@@ -152,6 +152,7 @@ class GaussianMixtureProposal:
         return cls([zero, GaussianProposal(guide, scale=scale)], [mix, 1.0 - mix])
 
     def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
+        """``n`` draws ``[n, d]`` from the mixture."""
         n = check_int("n", n, minimum=1)
         w = self.weights if generator is None else self.weights.to(generator.device)
         idx = torch.multinomial(w, n, replacement=True, generator=generator).to(self.weights.device)
@@ -159,6 +160,7 @@ class GaussianMixtureProposal:
         return draws[idx, torch.arange(n, device=idx.device)]
 
     def log_prob(self, x: torch.Tensor) -> torch.Tensor:
+        """Log density of the mixture at ``x [..., d]``."""
         _check_points(x, self.dim)
         lp = torch.stack([c.log_prob(x) for c in self.components])  # [M, ...]
         logw = torch.log(self.weights).reshape(-1, *([1] * (lp.ndim - 1)))

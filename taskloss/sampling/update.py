@@ -10,9 +10,12 @@ estimated from samples of a proposal q by self-normalized importance sampling (S
 closed forms: a linear loss on the ball ‖Δθ‖ ≤ ε (gradient descent, :func:`ball_expected_update`) and a
 quadratic loss (a Gaussian with mean −H⁻¹g and covariance αH⁻¹: Newton, :func:`gaussian_update_distribution`).
 
-This module holds the SNIS core (:func:`self_normalized_is`, :func:`log_target`, :func:`expected_update`) and the
-quadratic case; the proposals live in :mod:`taskloss.sampling.proposals` and the ε-ball formulas in
-:mod:`taskloss.sampling.ball`.
+This module holds the SNIS core (:func:`normalized_log_weights` and :func:`effective_sample_size`, written once and
+used by :func:`self_normalized_is`, by :func:`taskloss.search.mgs_density.mgs_weights` and by the readable MGS step
+:func:`taskloss.search.mgs_reference.mgs_step_reference`; :func:`log_target`, :func:`expected_update`) and the
+quadratic case (:func:`newton_direction`: like every solve of the package it takes ``(curvature, grad)`` and returns
+``+H⁻¹g``, so the step is ``−lr`` times it); the proposals live in :mod:`taskloss.sampling.proposals` and the ε-ball
+formulas in :mod:`taskloss.sampling.ball`.
 
 Shapes: parameters ``theta [d]``, candidate updates ``deltas [K, d]``, losses ``[K]``. Tensors follow the
 device of their inputs; random draws use the device of the ``generator`` when one is given.
@@ -25,11 +28,11 @@ from typing import Callable
 
 import torch
 
-from taskloss.sampling.proposals import GaussianProposal, _no_nan
-from taskloss.utils import check_finite, check_floating, check_int, check_ndim, check_positive
+from taskloss.sampling.proposals import GaussianProposal
+from taskloss.utils import check_finite, check_floating, check_int, check_ndim, check_no_nan, check_positive
 
-__all__ = ["SNISResult", "log_target", "vmap_loss", "self_normalized_is", "expected_update", "newton_update",
-           "gaussian_update_distribution"]
+__all__ = ["SNISResult", "normalized_log_weights", "effective_sample_size", "log_target", "vmap_loss",
+           "self_normalized_is", "expected_update", "newton_direction", "gaussian_update_distribution"]
 
 LossFn = Callable[[torch.Tensor], torch.Tensor]
 
@@ -53,41 +56,102 @@ class SNISResult:
     samples: torch.Tensor | None = None
 
 
+def normalized_log_weights(log_target: torch.Tensor, log_proposal: torch.Tensor) -> torch.Tensor:
+    """Self-normalized log-weights ``log wᵢ = (log ρᵢ − log qᵢ) − logsumexp_j(log ρⱼ − log qⱼ)`` along the last axis.
+
+    Formed in log space, so log targets of any magnitude give finite weights. Derived in notebook
+    01_optimization_as_sampling.
+
+    Args:
+        log_target: ``[*B, K]`` unnormalized log ρ at the draws (−inf: zero density).
+        log_proposal: ``[*B, K]`` log q at the draws (finite).
+
+    Returns:
+        ``[*B, K]`` normalized log-weights (their exponentials sum to 1).
+
+    Raises:
+        TypeError: a non-floating tensor.
+        ValueError: NaN, mismatched shapes, no draw, +inf in ``log_target``, a non-finite ``log_proposal``, or a
+            batch entry whose every draw has zero target density.
+    """
+    for name, t in (("log_target", log_target), ("log_proposal", log_proposal)):
+        check_floating(name, t)
+        check_no_nan(name, t)
+    if log_target.ndim < 1:
+        raise ValueError("log_target must have shape [..., K] with at least one dimension")
+    if log_proposal.shape != log_target.shape:
+        raise ValueError(f"log_proposal shape {tuple(log_proposal.shape)} != log_target shape "
+                         f"{tuple(log_target.shape)}")
+    if log_target.shape[-1] < 1 or log_target.numel() == 0:
+        raise ValueError(f"need K >= 1 samples, got shape {tuple(log_target.shape)}")
+    if bool((log_target == math.inf).any()):
+        raise ValueError("log_target contains +inf")
+    check_finite("log_proposal", log_proposal)
+    lw = log_target - log_proposal
+    if bool((lw == -math.inf).all(dim=-1).any()):
+        raise ValueError("every draw has zero target density (all log_target are -inf): no weights to normalize")
+    return lw - torch.logsumexp(lw, dim=-1, keepdim=True)
+
+
+def _kish(w: torch.Tensor) -> torch.Tensor:
+    """1 / Σᵢ wᵢ² along the last axis of checked, normalized weights."""
+    return 1.0 / w.square().sum(-1)
+
+
+def effective_sample_size(weights) -> float:
+    """Kish's effective sample size 1 / Σₖ wₖ² of normalized weights (K for uniform weights, 1 for one winner).
+
+    Derived in notebook 01_optimization_as_sampling (used in 02_importance_sampling_and_mgs).
+
+    Args:
+        weights: ``[K]`` normalized weights (a tensor or numbers), finite, non-negative, summing to 1.
+
+    Returns:
+        The effective sample size, in ``[1, K]``.
+
+    Raises:
+        TypeError: not real numbers.
+        ValueError: empty, not 1-D, NaN, negative, or not summing to 1.
+    """
+    if isinstance(weights, torch.Tensor):
+        if weights.dtype == torch.bool or weights.is_complex():
+            raise TypeError(f"weights must hold real numbers, got dtype {weights.dtype}")
+        w = weights.detach().to(torch.float64)
+    elif isinstance(weights, (str, bytes, bool)):
+        raise TypeError(f"weights must be real numbers, got {type(weights).__name__}")
+    else:
+        try:
+            w = torch.as_tensor(weights, dtype=torch.float64)
+        except (TypeError, ValueError, RuntimeError) as e:
+            raise TypeError(f"weights must be real numbers, got {type(weights).__name__}") from e
+    if w.ndim != 1 or w.numel() == 0 or not bool(torch.isfinite(w).all()) or bool((w < 0).any()):
+        raise ValueError("weights must be a non-empty 1-D tensor of finite non-negative values")
+    if not math.isclose(float(w.sum()), 1.0, rel_tol=1e-6):
+        raise ValueError(f"weights must sum to 1, got {float(w.sum())}")
+    return float(_kish(w))
+
+
 def self_normalized_is(log_target: torch.Tensor, log_proposal: torch.Tensor,
                        values: torch.Tensor) -> SNISResult:
     """Self-normalized importance sampling estimate of E_p[values] from draws of q.
 
     ``log_target [*B, K]`` — unnormalized log p (log ρ) at the K draws (−inf = zero density allowed);
     ``log_proposal [*B, K]`` — normalized log q at the draws (finite); ``values [*B, K, *event]``.
-    Weights wᵢ = softmax(log ρᵢ − log qᵢ) are formed in log space (logsumexp), so log targets of any
-    magnitude give finite results. Derived in notebook 01_optimization_as_sampling.
+    Weights wᵢ = softmax(log ρᵢ − log qᵢ) (:func:`normalized_log_weights`) are formed in log space, so log targets
+    of any magnitude give finite results; the ESS is :func:`effective_sample_size`'s 1/Σwᵢ². Derived in notebook
+    01_optimization_as_sampling.
     """
-    for name, t in (("log_target", log_target), ("log_proposal", log_proposal), ("values", values)):
-        check_floating(name, t)
-        _no_nan(name, t)
-    if log_target.ndim < 1:
-        raise ValueError("log_target must have shape [..., K] with at least one dimension")
-    if log_proposal.shape != log_target.shape:
-        raise ValueError(f"log_proposal shape {tuple(log_proposal.shape)} != log_target shape "
-                         f"{tuple(log_target.shape)}")
+    check_floating("values", values)
+    check_no_nan("values", values)
+    log_w = normalized_log_weights(log_target, log_proposal)
     if tuple(values.shape[: log_target.ndim]) != tuple(log_target.shape):
         raise ValueError(f"values shape {tuple(values.shape)} must start with the log_target shape "
                          f"{tuple(log_target.shape)}")
-    k = log_target.shape[-1]
-    if k < 1 or log_target.numel() == 0:
-        raise ValueError(f"need K >= 1 samples, got shape {tuple(log_target.shape)}")
-    if bool((log_target == math.inf).any()):
-        raise ValueError("log_target contains +inf")
-    check_finite("log_proposal", log_proposal)
     check_finite("values", values)
-    lw = log_target - log_proposal
-    if bool((lw == -math.inf).all(dim=-1).any()):
-        raise ValueError("every draw has zero target density (all log_target are -inf): no weights to normalize")
-    log_norm = torch.logsumexp(lw, dim=-1, keepdim=True)
-    log_w = lw - log_norm
+    k = log_target.shape[-1]
     w = log_w.exp()
-    ess = torch.exp(-torch.logsumexp(2.0 * log_w, dim=-1))
-    log_z = log_norm.squeeze(-1) - math.log(k)
+    ess = _kish(w)
+    log_z = torch.logsumexp(log_target - log_proposal, dim=-1) - math.log(k)
     w_b = w.to(torch.result_type(w, values)).reshape(*w.shape, *([1] * (values.ndim - w.ndim)))
     estimate = (w_b * values).sum(dim=log_target.ndim - 1)
     return SNISResult(estimate=estimate, weights=w, log_weights=log_w, ess=ess, log_z=log_z)
@@ -130,7 +194,7 @@ def log_target(loss_fn: LossFn, theta: torch.Tensor, deltas: torch.Tensor, alpha
     if not isinstance(losses, torch.Tensor) or tuple(losses.shape) != (points.shape[0],):
         shape = tuple(losses.shape) if isinstance(losses, torch.Tensor) else type(losses).__name__
         raise ValueError(f"loss_fn must map [K, d] -> [K]; got {shape} for input {tuple(points.shape)}")
-    _no_nan("loss_fn output", losses)
+    check_no_nan("loss_fn output", losses)
     if not bool(torch.isfinite(losses[0])):
         raise ValueError(f"loss at theta must be finite, got {losses[0].item()}")
     if bool((losses == -math.inf).any()):
@@ -160,41 +224,68 @@ def expected_update(loss_fn: LossFn, theta: torch.Tensor, alpha: float, proposal
 
 
 # ------------------------------------------------------------------------------ the quadratic case
-def _check_gh(g: torch.Tensor, H: torch.Tensor) -> None:
-    check_floating("g", g)
-    check_floating("H", H)
-    if g.ndim < 1 or H.ndim < 2 or H.shape[-1] != H.shape[-2] or H.shape[-1] != g.shape[-1] or g.shape[-1] < 1:
-        raise ValueError(f"need g [..., d] and H [..., d, d]; got {tuple(g.shape)} and {tuple(H.shape)}")
-    check_finite("g", g)
-    check_finite("H", H)
+def _check_curvature_grad(hessian: torch.Tensor, grad: torch.Tensor) -> None:
+    check_floating("hessian", hessian)
+    check_floating("grad", grad)
+    if grad.ndim < 1 or hessian.ndim < 2 or hessian.shape[-1] != hessian.shape[-2] or \
+            hessian.shape[-1] != grad.shape[-1] or grad.shape[-1] < 1:
+        raise ValueError(f"need hessian [..., d, d] and grad [..., d]; got {tuple(hessian.shape)} and "
+                         f"{tuple(grad.shape)}")
+    check_finite("grad", grad)
+    check_finite("hessian", hessian)
 
 
-def newton_update(g: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
-    """Newton's step −H⁻¹g for ``g [..., d]``, ``H [..., d, d]`` (batched, broadcasting) by a linear solve.
-    Derived in notebook 01_optimization_as_sampling."""
-    _check_gh(g, H)
-    sol, info = torch.linalg.solve_ex(H, g.unsqueeze(-1))
+def newton_direction(hessian: torch.Tensor, grad: torch.Tensor) -> torch.Tensor:
+    """Newton's direction ``+H⁻¹g`` by a linear solve (batched, broadcasting); the Newton step is ``−lr`` times it.
+
+    The sign and argument order of every solve of the package (``natural_gradient(fisher, grad)`` is ``+F⁻¹g``).
+    Derived in notebook 01_optimization_as_sampling.
+
+    Args:
+        hessian: ``[..., d, d]`` the curvature H.
+        grad: ``[..., d]`` the gradient g.
+
+    Returns:
+        ``[..., d]`` the solution of ``H x = g``.
+
+    Raises:
+        ValueError: mismatched shapes, NaN/inf, or a singular ``hessian``.
+    """
+    _check_curvature_grad(hessian, grad)
+    sol, info = torch.linalg.solve_ex(hessian, grad.unsqueeze(-1))
     if bool((info != 0).any()):
-        raise ValueError("H is singular: Newton's step is undefined")
-    return -sol.squeeze(-1)
+        raise ValueError("hessian is singular: Newton's direction is undefined")
+    return sol.squeeze(-1)
 
 
-def gaussian_update_distribution(g: torch.Tensor, H: torch.Tensor, alpha: float) -> GaussianProposal:
-    """The update distribution of a quadratic loss l(θ+Δ) − l(θ) = Δᵀg + ½ΔᵀHΔ:
+def gaussian_update_distribution(hessian: torch.Tensor, grad: torch.Tensor, alpha: float) -> GaussianProposal:
+    """The update distribution of a quadratic loss l(θ+Δ) − l(θ) = Δᵀg + ½ΔᵀHΔ.
 
         p(Δ) ∝ exp(−[Δᵀg + ½ΔᵀHΔ]/α) = N(Δ; −H⁻¹g, αH⁻¹),
 
-    so Δθ* is Newton's step. ``g [d]``, ``H [d, d]`` symmetric positive definite (else p is not
-    normalizable). Returns a :class:`GaussianProposal`. Derived in notebook 01_optimization_as_sampling."""
+    so Δθ* is Newton's step. Derived in notebook 01_optimization_as_sampling.
+
+    Args:
+        hessian: ``[d, d]`` H, symmetric positive definite (else p is not normalizable).
+        grad: ``[d]`` g.
+        alpha: the temperature α > 0.
+
+    Returns:
+        The :class:`GaussianProposal` N(−H⁻¹g, αH⁻¹).
+
+    Raises:
+        ValueError: bad shapes or values, an asymmetric or indefinite ``hessian``, α ≤ 0.
+    """
     alpha = check_positive("alpha", alpha)
-    _check_gh(g, H)
-    check_ndim("g", g, 1)
-    check_ndim("H", H, 2)
+    _check_curvature_grad(hessian, grad)
+    check_ndim("grad", grad, 1)
+    check_ndim("hessian", hessian, 2)
+    H = hessian
     if not torch.allclose(H, H.mT, rtol=1e-5, atol=1e-8 * float(H.abs().max())):
-        raise ValueError("H must be symmetric")
+        raise ValueError("hessian must be symmetric")
     tril, info = torch.linalg.cholesky_ex(0.5 * (H + H.mT))
     if int(info) != 0:
-        raise ValueError("H must be positive definite: otherwise exp(-[Δᵀg + ½ΔᵀHΔ]/α) is not normalizable")
-    mean = -torch.cholesky_solve(g.unsqueeze(-1), tril).squeeze(-1)
+        raise ValueError("hessian must be positive definite: otherwise exp(-[Δᵀg + ½ΔᵀHΔ]/α) is not normalizable")
+    mean = -torch.cholesky_solve(grad.unsqueeze(-1), tril).squeeze(-1)
     cov = alpha * torch.cholesky_inverse(tril)
     return GaussianProposal(mean, cov=0.5 * (cov + cov.mT))

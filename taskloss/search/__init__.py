@@ -6,16 +6,20 @@ Notebooks: 02_importance_sampling_and_mgs, 03_metric_optimization_classification
 
 Modules:
 
-- :mod:`~taskloss.search.mgs`                   — the ``MGS`` optimizer step
-- :mod:`~taskloss.search.mgs_density`           — MGS proposal density, importance weights, ESS, per-candidate seeds
+- :mod:`~taskloss.search.mgs`                   — the ``MGS`` optimizer (``step(closure)``)
+- :mod:`~taskloss.search.mgs_reference`         — the same step in some thirty readable lines, tested equal
+- :mod:`~taskloss.search.mgs_density`           — MGS proposal density, importance weights, per-candidate seeds
 - :mod:`~taskloss.search.mgs_noise`             — one step's candidates: Δθ_k from its seed, float64 noise statistics
 - :mod:`~taskloss.search.mgs_scoring`           — scoring candidates: a loop on the module, one vmap, a vmapped forward
+- :mod:`~taskloss.search.mgs_stats`             — the diagnostics of one step
 - :mod:`~taskloss.search.policy_gradient`       — REINFORCE: sampling outputs, scored by a task loss
 - :mod:`~taskloss.search.zeroth_order`          — sampling parameters: Gaussian smoothing, SPSA, MeZO
 """
-from taskloss.search.mgs import ASSIGNMENTS, MGS, SIGMA_MODES, MGSStats
-from taskloss.search.mgs_density import DENSITIES, effective_sample_size, mgs_weights, mixture_log_density
+from taskloss.search.mgs import ASSIGNMENTS, MGS, SIGMA_MODES
+from taskloss.search.mgs_density import DENSITIES, mgs_weights, mixture_log_density
+from taskloss.search.mgs_reference import mgs_step_reference
 from taskloss.search.mgs_scoring import default_forward
+from taskloss.search.mgs_stats import MGSStats
 from taskloss.search.policy_gradient import (
     MovingAverageBaseline,
     PGResult,
@@ -25,11 +29,11 @@ from taskloss.search.policy_gradient import (
     reinforce_loss,
     sequence_reinforce,
 )
-from taskloss.search.zeroth_order import MeZO, functional_loss, gaussian_smoothing_grad, spsa_grad
+from taskloss.search.zeroth_order import MeZO, gaussian_smoothing_grad, spsa_grad
 
 __all__ = [
-    "MGS", "MGSStats", "SIGMA_MODES", "ASSIGNMENTS", "mixture_log_density", "mgs_weights",
-    "effective_sample_size", "DENSITIES", "default_forward", "reinforce_loss", "leave_one_out_baseline",
+    "MGS", "MGSStats", "SIGMA_MODES", "ASSIGNMENTS", "mixture_log_density", "mgs_weights", "mgs_step_reference",
+    "DENSITIES", "default_forward", "reinforce_loss", "leave_one_out_baseline",
     "MovingAverageBaseline", "expected_reward", "PGResult", "classification_reinforce", "sequence_reinforce",
-    "functional_loss", "gaussian_smoothing_grad", "spsa_grad", "MeZO",
+    "gaussian_smoothing_grad", "spsa_grad", "MeZO",
 ]

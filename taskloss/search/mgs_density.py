@@ -5,8 +5,12 @@ Derived in notebook 02_importance_sampling_and_mgs. Source: *MLE-guided paramete
 minimization in neural sequence modeling* (Welleck & Cho, AAAI 2021). The proposal is
 q = λ·N(0, σ_t²I) + (1−λ)·N(−g, σ_t²I) per parameter tensor t (``density="mixture"``: the true density;
 ``"unit_sigma"``: the reference code's formula, σ taken as 1 and constants dropped); the weights are
-w_k ∝ exp(−[l(θ+Δθ_k) − l(θ)]/α) / q(Δθ_k), normalized in log space. Everything is float64 through ``logsumexp``.
-The optimizer step built on them is :class:`taskloss.search.mgs.MGS`.
+w_k ∝ exp(−[l(θ+Δθ_k) − l(θ)]/α) / q(Δθ_k), normalized in log space by
+:func:`taskloss.sampling.update.normalized_log_weights` (the self-normalized weights of notebook
+01_optimization_as_sampling; their effective sample size is :func:`taskloss.sampling.update.effective_sample_size`).
+Everything is float64 through ``logsumexp``. The optimizer step built on them is :class:`taskloss.search.mgs.MGS`;
+its fast path takes the same formulas on Python floats (:func:`log_q_floats`, :func:`checked_shift_floats`,
+:func:`log_weights_floats`: K numbers cost fewer microseconds so than as tensors), tested equal to these.
 """
 from __future__ import annotations
 
@@ -15,30 +19,38 @@ import math
 import torch
 from torch import Tensor
 
-from taskloss.utils import all_finite, check_positive, check_probability
+from taskloss.sampling.update import normalized_log_weights
+from taskloss.utils import all_finite, check_bool, check_choice, check_positive, check_probability
 
-__all__ = ["mixture_log_density", "mgs_weights", "effective_sample_size", "DENSITIES"]
+__all__ = ["mixture_log_density", "mgs_weights", "DENSITIES", "log_q_from_sq", "log_q_floats", "checked_shift_floats",
+           "log_weights_floats", "candidate_seeds", "uniform_from_seed", "mle_components"]
 
 DENSITIES = ("mixture", "unit_sigma")
 _LOG_2PI = math.log(2 * math.pi)
+_STRATIFIED_EPS = 1e-9       # ⌈x⌉ of a product that should be an integer, robust to its rounding
 
 
 # ------------------------------------------------------------------------------------------ functional core
-def _check_choice(name: str, value, choices) -> str:
-    if value not in choices:
-        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
-    return value
-
-
-def _log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: float, density: str) -> Tensor:
-    """log q from squared distances to the two means. ``d0``/``d1``: float64 ``[..., T]`` = ‖Δθ_t‖², ‖Δθ_t+g_t‖²
-    per tensor t; ``sigma``, ``numel``: float64 ``[T]``.
+def log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: float, density: str) -> Tensor:
+    """Log q from squared distances to the two means (checked inputs; :func:`mixture_log_density` checks them).
 
     A tensor with σ_t = 0 is not perturbed: component 0 puts all its mass on Δθ_t = 0 and component 1 on
     Δθ_t = −g_t. Densities are taken with respect to Lebesgue measure on the perturbed tensors times the counting
     measure on these atoms, so such a tensor contributes a factor 1 to a component whose atom it sits on
     (``d0_t == 0`` resp. ``d1_t == 0``, exactly) and 0 (log −inf) to one it misses. For MGS, where σ_t = 0 only
-    when g_t = 0 (``sigma_mode="relative"``) and then Δθ_t = 0, both atoms coincide and the factor is 1."""
+    when g_t = 0 (``sigma_mode="relative"``) and then Δθ_t = 0, both atoms coincide and the factor is 1.
+
+    Args:
+        d0: float64 ``[..., T]``, ‖Δθ_t‖² per tensor t.
+        d1: float64 ``[..., T]``, ‖Δθ_t + g_t‖² per tensor t.
+        sigma: float64 ``[T]``, σ_t.
+        numel: float64 ``[T]``, the number of entries of each tensor.
+        mix: λ, the weight of the zero-centred component.
+        density: ``"mixture"`` or ``"unit_sigma"``.
+
+    Returns:
+        float64 ``[...]`` log q.
+    """
     lm0, lm1 = math.log(mix) if mix > 0 else -math.inf, math.log1p(-mix) if mix < 1 else -math.inf
     sig = sigma.tolist()
     if density == "unit_sigma":
@@ -68,12 +80,25 @@ def _logaddexp(a: float, b: float) -> float:
     return max(a, b) + math.log1p(math.exp(-abs(a - b)))
 
 
-def _log_q_floats(d0: list[list[float]], d1: list[list[float]], sig: list[float], numel: list[float], mix: float,
-                  density: str) -> list[float] | None:
-    """:func:`_log_q_from_sq` on Python floats, one candidate per row of ``d0``/``d1`` (per-tensor squared
-    distances): the step's few numbers (K candidates × T tensors) cost fewer microseconds this way than as a
-    dozen tiny tensor operations, and the sums over tensors are exact (``math.fsum``). ``None`` when some
-    σ_t = 0 under ``density="mixture"`` (the atoms of :func:`_log_q_from_sq`, which handles them)."""
+def log_q_floats(d0: list[list[float]], d1: list[list[float]], sig: list[float], numel: list[float], mix: float,
+                 density: str) -> list[float] | None:
+    """:func:`log_q_from_sq` on Python floats, one candidate per row of ``d0``/``d1``.
+
+    The step's few numbers (K candidates × T tensors) cost fewer microseconds this way than as a dozen tiny tensor
+    operations, and the sums over tensors are exact (``math.fsum``).
+
+    Args:
+        d0: per candidate, ‖Δθ_t‖² per tensor t.
+        d1: per candidate, ‖Δθ_t + g_t‖² per tensor t.
+        sig: σ_t per tensor.
+        numel: entries per tensor.
+        mix: λ.
+        density: ``"mixture"`` or ``"unit_sigma"``.
+
+    Returns:
+        log q per candidate, or ``None`` when some σ_t = 0 under ``density="mixture"`` (the atoms of
+        :func:`log_q_from_sq`, which handles them).
+    """
     lm0, lm1 = math.log(mix) if mix > 0 else -math.inf, math.log1p(-mix) if mix < 1 else -math.inf
     if density == "unit_sigma":
         return [_logaddexp(-0.5 * math.fsum(a) + lm0, -0.5 * math.fsum(b) + lm1) for a, b in zip(d0, d1)]
@@ -103,13 +128,13 @@ def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = 
     ``sigma``: one float for all tensors or one per tensor. σ_t = 0 marks an unperturbed tensor: its two
     components are the atoms Δθ_t = 0 and Δθ_t = −g_t, so a candidate whose tensor t sits on neither has
     density 0 (log q = −inf, which :func:`mgs_weights` refuses: such a Δθ cannot come from q); see
-    ``_log_q_from_sq``. This is the density MGS uses, where σ_t = 0 happens only with g_t = 0 and Δθ_t = 0.
+    :func:`log_q_from_sq`. This is the density MGS uses, where σ_t = 0 happens only with g_t = 0 and Δθ_t = 0.
     ``mix`` = λ, the weight of the zero-centred component. ``density="mixture"``: the true density with σ_t
     (normalizing constants included); ``"unit_sigma"``: the reference code's formula (σ taken as 1, constants
     dropped) — see the module docstring. Computed in float64 through ``logsumexp`` (no underflow).
     Derived in notebook 02_importance_sampling_and_mgs.
     """
-    _check_choice("density", density, DENSITIES)
+    check_choice("density", density, DENSITIES)
     mix = check_probability("mix", mix)
     deltas, grads = _as_list(delta), _as_list(grad)
     if len(deltas) != len(grads) or not deltas:
@@ -152,7 +177,7 @@ def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = 
         d0.append(dd.square().sum(1))
         d1.append((dd + gg).square().sum(1))
     dev = d0[0].device
-    out = _log_q_from_sq(torch.stack(d0, -1), torch.stack(d1, -1), torch.tensor(sig, dtype=torch.float64,
+    out = log_q_from_sq(torch.stack(d0, -1), torch.stack(d1, -1), torch.tensor(sig, dtype=torch.float64,
                          device=dev), torch.tensor([float(g.numel()) for g in grads], dtype=torch.float64,
                          device=dev), mix, density)
     return out if batched else out[0]
@@ -180,6 +205,7 @@ def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = Fals
     cancels after normalization but must be finite); ``log_q``: ``[K]`` log q(Δθ_k); ``alpha`` > 0 the
     temperature. ``log=True`` returns the normalized log-weights. Derived in notebook 02.
     """
+    log = check_bool("log", log)
     alpha = check_positive("alpha", alpha)
     L = _real("task_losses", task_losses)
     lq = _real("log_q", log_q).to(L.device)
@@ -190,19 +216,24 @@ def mgs_weights(task_losses, base_loss, log_q, alpha: float, *, log: bool = Fals
         raise ValueError(f"log_q must have shape {tuple(L.shape)}, got {tuple(lq.shape)}")
     if b.numel() != 1 or not all_finite(b):
         raise ValueError(f"base_loss must be a finite scalar, got {b}")
-    out = _log_weights(L, lq, alpha, _checked_shift(L, lq))
+    shift = checked_shift_floats(L.tolist(), lq.tolist())
+    out = normalized_log_weights(torch.sub(L, shift).div_(-alpha), lq)
     return out if log else out.exp()
 
 
-def _checked_shift(L: Tensor, lq: Tensor) -> float:
-    """The value checks of :func:`mgs_weights` on task losses ``L`` and log-densities ``lq`` (float64 ``[K]``),
-    made on Python floats (one transfer of each vector): no NaN or −inf loss, not every loss +inf, every log q
-    finite. Returns the smallest finite loss (the shift of :func:`_log_weights`)."""
-    return _checked_shift_floats(L.tolist(), lq.tolist())
+def checked_shift_floats(losses: list[float], lqs: list[float]) -> float:
+    """The value checks of :func:`mgs_weights`, on Python floats, and the shift of the log-weights.
 
+    Args:
+        losses: the task losses l(θ+Δθ_k).
+        lqs: the log-densities log q(Δθ_k).
 
-def _checked_shift_floats(losses: list[float], lqs: list[float]) -> float:
-    """:func:`_checked_shift` on Python floats."""
+    Returns:
+        The smallest finite loss (subtracted before the weights are formed; it cancels, like l(θ)).
+
+    Raises:
+        ValueError: a NaN or −inf loss, every loss +inf, or a non-finite log q.
+    """
     if any(x != x or x == -math.inf for x in losses):
         raise ValueError(f"task_losses contain NaN or -inf: {losses}")
     finite = [x for x in losses if x != math.inf]
@@ -213,34 +244,22 @@ def _checked_shift_floats(losses: list[float], lqs: list[float]) -> float:
     return min(finite)
 
 
-def _log_weights(L: Tensor, lq: Tensor, alpha: float, shift: float) -> Tensor:
-    """Normalized log-weights log_softmax(−(l_k − shift)/α − log q_k) of checked inputs (:func:`mgs_weights`).
-    The shift (the best finite loss) makes the largest term exactly 0 and cancels, like l(θ)."""
-    return torch.log_softmax(torch.sub(L, shift).div_(-alpha).sub_(lq), 0)
+def log_weights_floats(losses: list[float], lqs: list[float], alpha: float, shift: float) -> list[float]:
+    """The normalized log-weights of :func:`mgs_weights` on Python floats, the log-sum-exp taken with ``math.fsum``.
 
+    Args:
+        losses: the task losses (checked by :func:`checked_shift_floats`).
+        lqs: the log-densities log q.
+        alpha: the temperature α > 0.
+        shift: the smallest finite loss (:func:`checked_shift_floats`).
 
-def _log_weights_floats(losses: list[float], lqs: list[float], alpha: float, shift: float) -> list[float]:
-    """:func:`_log_weights` on Python floats (checked inputs, ``shift`` from :func:`_checked_shift`): the
-    normalized log-weights of a step's K candidates, the log-sum-exp taken with ``math.fsum``."""
+    Returns:
+        log w_k = −(l_k − shift)/α − log q_k − logsumexp_j(…), one per candidate.
+    """
     x = [-(L - shift) / alpha - q for L, q in zip(losses, lqs)]      # a +inf loss gives −inf: weight 0
     m = max(x)
     lse = m + math.log(math.fsum(math.exp(v - m) for v in x))
     return [v - lse for v in x]
-
-
-def effective_sample_size(weights: Tensor) -> float:
-    """Kish's effective sample size 1 / Σ w_k² of normalized weights (K for uniform, 1 for a single winner)."""
-    w = _real("weights", weights)
-    if w.ndim != 1 or w.numel() == 0 or not all_finite(w) or bool((w < 0).any()):
-        raise ValueError("weights must be a non-empty 1-D tensor of finite non-negative values")
-    if not math.isclose(float(w.sum()), 1.0, rel_tol=1e-6):
-        raise ValueError(f"weights must sum to 1, got {float(w.sum())}")
-    return _ess(w)
-
-
-def _ess(w: Tensor) -> float:
-    """1 / Σ w_k² of checked weights (:func:`effective_sample_size`)."""
-    return 1.0 / float(w.square().sum())
 
 
 # ------------------------------------------------------------------------------------------ candidate seeds
@@ -251,13 +270,56 @@ def _splitmix64(x: int) -> int:
     return x ^ (x >> 31)
 
 
-def _seeds_for(base: int, step: int, n: int) -> list[int]:
-    """Seeds of candidates k = 0..n−1 of a step, shared by every rank: the SplitMix64 hash
-    sm(sm(sm(base) ^ step) ^ k) >> 1 < 2⁶³ of (base seed, step, candidate), its common part computed once."""
+def candidate_seeds(base: int, step: int, n: int) -> list[int]:
+    """The noise seeds of the candidates k = 0..n−1 of a step, the same on every rank.
+
+    The SplitMix64 hash sm(sm(sm(base) ^ step) ^ k) >> 1 < 2⁶³ of (base seed, step, candidate), its common part
+    computed once.
+
+    Args:
+        base: the base seed.
+        step: the step counter.
+        n: the number of candidates.
+
+    Returns:
+        ``n`` seeds in ``[0, 2⁶³)``.
+    """
     h = _splitmix64(_splitmix64(base) ^ step)
     return [_splitmix64(h ^ k) >> 1 for k in range(n)]
 
 
-def _uniform_from_seed(seed: int) -> float:
-    """A U[0, 1) draw determined by ``seed`` (the candidate's mixture component), identical on every rank."""
+def uniform_from_seed(seed: int) -> float:
+    """A U[0, 1) draw determined by ``seed`` (a candidate's mixture component), identical on every rank.
+
+    Args:
+        seed: the candidate's seed (:func:`candidate_seeds`).
+
+    Returns:
+        A float in ``[0, 1)``.
+    """
     return (_splitmix64(seed ^ 0x5DEECE66D) >> 11) / 2.0 ** 53
+
+
+def mle_components(seeds: list[int], mix: float, assignment: str, include_mle: bool) -> list[bool]:
+    """Which candidates come from the MLE-centred component (candidate 0 always, with ``include_mle``).
+
+    Args:
+        seeds: the candidates' seeds (:func:`candidate_seeds`).
+        mix: λ, the probability of the zero-centred component.
+        assignment: ``"random"`` (a U[0, 1) draw from the seed ≥ λ) or ``"stratified"`` (⌈j(1−λ)⌉ MLE-centred
+            among the first j drawn candidates).
+        include_mle: candidate 0 is the exact step −g.
+
+    Returns:
+        One flag per candidate.
+    """
+    out, r = [], 1.0 - mix
+    for k, seed in enumerate(seeds):
+        j = k - int(include_mle)
+        if include_mle and k == 0:
+            out.append(True)
+        elif assignment == "stratified":
+            out.append(math.ceil((j + 1) * r - _STRATIFIED_EPS) - math.ceil(j * r - _STRATIFIED_EPS) == 1)
+        else:
+            out.append(uniform_from_seed(seed) >= mix)
+    return out

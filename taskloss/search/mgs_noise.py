@@ -12,9 +12,8 @@ the scaled noise s = σ_t z (the float32 numbers Δθ_k is made of), accumulated
 to float64 rounding) whether Δθ_k is stored (:meth:`CandidateDraws.draw_all`) or regenerated
 (:meth:`CandidateDraws.draw`), and bit-identical on every rank. Per step this costs K draws of P normal numbers
 plus, per cache-sized block, a float64 copy, one or two ``addmv`` per tensor and the −g shift (on a CPU the
-row-by-row draw itself scales by σ_t). On a CPU the draw is a sizeable part of a step (torch's generator draws
-~3·10⁸ normals per second on one core: about an eighth of an MGS step's floor for the 1M-parameter MLP of
-``benchmarks/bench_mgs.py``, which counts it in the floor). One generator's stream is sequential, but the candidates' streams are independent: with
+row-by-row draw itself scales by σ_t). On a CPU the draw is a sizeable part of a step (``benchmarks/bench_mgs.py``
+counts it in the floor). One generator's stream is sequential, but the candidates' streams are independent: with
 P ≥ ``CandidateDraws.THREAD_MIN`` the rows are drawn by ``torch.get_num_threads()`` worker threads (each running
 torch single-threaded), each row from its own seed, so the numbers do not depend on the number of threads or on
 which thread draws a row. The buffers a step needs, and the views into them, are kept in a :class:`DrawPlan`
@@ -31,16 +30,20 @@ from functools import lru_cache
 import torch
 from torch import Tensor
 
-from taskloss.search.mgs_density import _log_q_floats, _log_q_from_sq
+from taskloss.search.mgs_density import log_q_floats, log_q_from_sq
 
-__all__: list[str] = []
+__all__ = ["NORMAL_FILL", "StepProposal", "build_proposal", "DrawPlan", "CandidateDraws"]
+
+#: numbers torch's CPU normal generator fills at a time: ``randn`` calls cut or merged at multiples of it draw the
+#: same stream, and ``normal_(0, σ)`` on a piece of at least this many numbers gives ``σ·randn`` bit for bit
+NORMAL_FILL = 16
 
 
 def _pool(workers: int) -> ThreadPoolExecutor:
     """A process-wide pool of ``workers`` threads for drawing candidates in parallel (torch's random and
     elementwise kernels release the GIL); a forked child gets its own (the parent's threads do not exist there).
     Each worker runs torch (OpenMP and MKL) with one thread: the calls of a worker are cache-sized, and MKL would
-    otherwise start a team of threads for each small float64 ``addmv`` (3-4× its single-thread time here)."""
+    otherwise start a team of threads for each small float64 ``addmv`` (``benchmarks/RESULTS.md``)."""
     return _pool_of(workers, os.getpid())
 
 
@@ -101,9 +104,8 @@ class DrawPlan:
     layouts, one generator per row, and buffers — per-thread scratch, and for :class:`taskloss.search.mgs.MGS` the
     gradient, its float64 copy, θ, the ``[K', P]`` candidate rows and the update — and the per-tensor views into
     them (:meth:`cached`, :meth:`views`). MGS keeps one across steps: allocating those buffers anew costs page
-    faults at every step (≈ 9 ms a step on a CPU for the candidate rows of the 1M-parameter MLP of
-    ``benchmarks/bench_mgs.py``), and building the layouts and views costs more Python time than a small model's
-    draws."""
+    faults at every step, and building the layouts and views costs more Python time than a small model's draws
+    (``benchmarks/RESULTS.md``, "Tuning history moved from the docstrings")."""
 
     def __init__(self, numels: list[int], device: torch.device):
         self.numels, self.device = list(numels), torch.device(device)
@@ -112,7 +114,7 @@ class DrawPlan:
         for t, nt in enumerate(self.numels):
             self.segs.append((t, start, start + nt))
             a, b = self.runs[-1] if self.runs else (0, 0)
-            if cpu and self.runs and (b - a) >= 16 and (b - a) % 16 == 0 and nt >= 16:
+            if cpu and self.runs and (b - a) >= NORMAL_FILL and (b - a) % NORMAL_FILL == 0 and nt >= NORMAL_FILL:
                 self.runs[-1] = (a, start + nt)
             elif nt > 0:
                 self.runs.append((start, start + nt))
@@ -130,6 +132,7 @@ class DrawPlan:
         return plan
 
     def generators(self, m: int) -> list[torch.Generator]:
+        """``m`` generators on the plan's device, created once and kept."""
         while len(self.gens) < m:
             self.gens.append(torch.Generator(device=self.device))
         return self.gens[:m]
@@ -164,22 +167,22 @@ class DrawPlan:
 
     def layout(self, width: int) -> list[tuple[int, int, list, list, list]]:
         """Chunks ``(start, stop, pieces, split, portions)`` of the flat vector, at most ``width`` entries each:
-        ``pieces`` ``(a, b)`` are the ``randn`` calls (runs cut at multiples of 16 from their start: the cuts leave
-        the stream unchanged, see :class:`CandidateDraws`), ``split`` ``(a, b, t)`` the same pieces cut again at
-        tensor boundaries (inside a run these are multiples of 16 from its start too) so that each lies in one
-        tensor t, ``portions`` ``(t, a, b)`` the part of each tensor in the chunk. A GPU gets one
-        chunk per run (``width`` is ignored there)."""
+        ``pieces`` ``(a, b)`` are the ``randn`` calls (runs cut at multiples of ``NORMAL_FILL`` from their start:
+        the cuts leave the stream unchanged, see :class:`CandidateDraws`), ``split`` ``(a, b, t)`` the same pieces
+        cut again at tensor boundaries (inside a run these are multiples of ``NORMAL_FILL`` from its start too) so
+        that each lies in one tensor t, ``portions`` ``(t, a, b)`` the part of each tensor in the chunk. A GPU gets
+        one chunk per run (``width`` is ignored there)."""
         if width in self.layouts:
             return self.layouts[width]
         cpu = self.device.type == "cpu"
-        width = max(16, width // 16 * 16) if cpu else 0
+        width = max(NORMAL_FILL, width // NORMAL_FILL * NORMAL_FILL) if cpu else 0
         pieces = []
         for a, b in self.runs:
             if not cpu:
                 pieces.append((a, b))
                 continue
             cuts = list(range(a, b, width)) + [b]
-            if len(cuts) > 2 and cuts[-1] - cuts[-2] < 16:     # no piece under 16 numbers: merge the remainder
+            if len(cuts) > 2 and cuts[-1] - cuts[-2] < NORMAL_FILL:     # no piece under NORMAL_FILL numbers: merge
                 del cuts[-2]
             pieces += list(zip(cuts[:-1], cuts[1:]))
         chunks, cur = [], []
@@ -207,26 +210,26 @@ class CandidateDraws:
     statistics of the scaled noise s_{k,t} = σ_t z_{k,t} (the float32 numbers Δθ_k is made of):
     ``ss[k, t] = ‖s_{k,t}‖²`` and ``sg[k, t] = ⟨s_{k,t}, g_t⟩``, which :meth:`log_q` turns into log q(Δθ_k).
 
-    Candidate k's noise z_k comes from its own generator, seeded with ``seeds[k]``, as a sequence of ``randn``
-    calls whose concatenation is the same stream as one call per parameter tensor: on a CPU consecutive tensors
-    are merged into one call while the sizes before the last are multiples of 16, and a long call is split at
-    multiples of 16 (torch's CPU generator fills 16 numbers at a time, so such cuts and merges leave the numbers
-    unchanged); on a GPU one call per tensor. On a CPU with P ≥ ``ROW_BLOCK`` each row is processed in blocks of
-    at most ``ROW_BLOCK`` entries — drawn already scaled (``normal_(0, σ_t)`` gives σ_t·z bit for bit for
-    pieces of 16 or more numbers), reduced to its float64 statistics by one ``addmv`` per tensor and shifted by
-    −g while in cache — the rows spread over worker threads; otherwise (small P, or a GPU) all rows together, in
-    column chunks of at most ``CPU_BLOCK`` float64 numbers (a whole GPU tensor per chunk) — fewer kernel calls
-    when the work per call is small. Both paths draw the same numbers bit for bit (``tests/search/test_mgs.py``).
+    Candidate k's noise z_k comes from its own generator, seeded with ``seeds[k]``, as a sequence of ``randn`` calls
+    whose concatenation is the same stream as one call per parameter tensor: on a CPU consecutive tensors are merged
+    into one call while the sizes before the last are multiples of ``NORMAL_FILL``, and a long call is split at
+    multiples of it (torch's CPU generator fills ``NORMAL_FILL`` = 16 numbers at a time, so such cuts and merges
+    leave the numbers unchanged); on a GPU one call per tensor. On a CPU with P ≥ ``ROW_BLOCK`` each row is
+    processed in blocks of at most ``ROW_BLOCK`` entries — drawn already scaled (``normal_(0, σ_t)`` gives σ_t·z bit
+    for bit for pieces of ``NORMAL_FILL`` or more numbers), reduced to its float64 statistics by one ``addmv`` per
+    tensor and shifted by −g while in cache — the rows spread over worker threads; otherwise (small P, or a GPU) all
+    rows together, in column chunks of at most ``CPU_BLOCK`` float64 numbers (a whole GPU tensor per chunk) — fewer
+    kernel calls when the work per call is small. Both paths draw the same numbers bit for bit
+    (``tests/search/test_mgs.py``).
     ``plan``: the :class:`DrawPlan` of this layout and device, reused across steps (a new one by default)."""
 
     CPU_BLOCK = 1 << 16      # float64 numbers per chunk over all rows (batched path)
-    ROW_BLOCK = (1 << 15) - 16   # entries per block of one row (CPU path); a block (≤ ROW_BLOCK + 15 entries)
-                                 # stays under torch's intra-op grain size, 2¹⁵
+    ROW_BLOCK = (1 << 15) - NORMAL_FILL   # entries per block of one row (CPU path); a block (< ROW_BLOCK + NORMAL_FILL
+                                         # entries) stays under torch's intra-op grain size, 2¹⁵
     KEEP_CHUNK64: bool | None = None   # keep the batched path's float64 chunk in the plan (None: on a CPU only;
                                        # on a GPU a whole tensor's float64 copy is taken per chunk and let go)
-    THREAD_MIN = 1 << 18     # rows of fewer entries are drawn in the calling thread: whole MGS steps on 2 threads
-                             # (digits MLPs, K = 8) were 2-6 % faster so at P = 85K and 177K, 2 % slower at 301K,
-                             # and the draw 1.7× faster with the workers at 1.1M
+    THREAD_MIN = 1 << 18     # rows of fewer entries are drawn in the calling thread (measurements that chose it:
+                             # benchmarks/RESULTS.md, "Tuning history moved from the docstrings")
 
     def __init__(self, proposal: StepProposal, seeds: list[int], mle: list[bool], include_mle: bool,
                  plan: DrawPlan | None = None):
@@ -288,7 +291,7 @@ class CandidateDraws:
                 blocks = []
                 for c, e, _, pieces, portions in layout:
                     sm = M[1, :e - c]
-                    rows = [(Z[j, c:e], [(Z[j, a:b], t, fused and b - a >= 16) for a, b, t in pieces],
+                    rows = [(Z[j, c:e], [(Z[j, a:b], t, fused and b - a >= NORMAL_FILL) for a, b, t in pieces],
                              [(acc[i, t], M[:, a - c:b - c], sm[a - c:b - c]) for t, a, b in portions])
                             for i, j in enumerate(js)]
                     blocks.append((M[0, :e - c], g64[c:e], sm, g[c:e], rows))
@@ -317,7 +320,7 @@ class CandidateDraws:
                 if not nz:
                     blk.zero_()
                 else:
-                    for v, t, fused in pieces:      # σ_t·z drawn directly (bit for bit the same for ≥ 16 numbers)
+                    for v, t, fused in pieces:      # σ_t·z drawn directly (bit for bit for ≥ NORMAL_FILL numbers)
                         if fused:
                             v.normal_(0.0, sig[t], generator=gen)
                         else:
@@ -413,7 +416,7 @@ class CandidateDraws:
         return out
 
     def log_q(self, mix: float, density: str) -> Tensor:
-        """log q(Δθ_k) for every candidate, CPU float64 ``[n]``, from the recorded statistics of s = σ_t z:
+        """Log q(Δθ_k) for every candidate, CPU float64 ``[n]``, from the recorded statistics of s = σ_t z:
         ‖Δθ_t‖² = ‖s_t‖² (zero component) or ‖g_t‖² − 2⟨s_t, g_t⟩ + ‖s_t‖² (MLE component), and ‖Δθ_t + g_t‖²
         symmetrically; candidate 0 with ``include_mle`` is −g (‖Δθ‖² = ‖g‖², ‖Δθ + g‖² = 0). The n × T numbers
         are combined on Python floats (one transfer; a tensor path only for tensors with σ_t = 0)."""
@@ -429,8 +432,8 @@ class CandidateDraws:
             else:
                 d0.append([ss for _, ss in row])
                 d1.append([ss + 2 * sg + g for (sg, ss), g in zip(row, gg)])
-        out = _log_q_floats(d0, d1, self.sig, self.p.numel.tolist(), mix, density)
+        out = log_q_floats(d0, d1, self.sig, self.p.numel.tolist(), mix, density)
         if out is not None:
             return torch.tensor(out, dtype=torch.float64)
-        return _log_q_from_sq(torch.tensor(d0, dtype=torch.float64), torch.tensor(d1, dtype=torch.float64),
+        return log_q_from_sq(torch.tensor(d0, dtype=torch.float64), torch.tensor(d1, dtype=torch.float64),
                               self.p.sigma, self.p.numel, mix, density)

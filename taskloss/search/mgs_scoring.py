@@ -12,6 +12,7 @@ by one elementwise addition, so the modes differ only in the forward kernels (ba
 from __future__ import annotations
 
 import contextlib
+import math
 import warnings
 from typing import Callable
 
@@ -20,16 +21,32 @@ from torch import Tensor, nn
 from torch.func import functional_call, vmap
 from torch.utils._pytree import tree_map
 
+from taskloss.search.mgs_noise import CandidateDraws
 from taskloss.utils import eval_mode as _eval_mode
+from taskloss.utils import flatten
 
-__all__ = ["default_forward"]
+__all__ = ["default_forward", "CandidateScorer", "stack_losses", "MODES"]
 
-MODES = ("vmap", "vmap_forward", "loop")   # in the order of the "auto" fallback
+#: the scoring modes, in the order of the ``"auto"`` fallback
+MODES = ("vmap", "vmap_forward", "loop")
 
 
 def default_forward(model: Callable, batch):
-    """``(inputs, targets, ...)`` → ``model(inputs)``; a tensor batch → ``model(batch)``. Pass ``forward_fn`` to
-    :class:`MGS` for anything else (e.g. decoding a continuation from a prefix)."""
+    """``(inputs, targets, ...)`` → ``model(inputs)``; a tensor batch → ``model(batch)``.
+
+    Pass ``forward_fn`` to :class:`~taskloss.search.mgs.MGS` for anything else (e.g. decoding a continuation from a
+    prefix).
+
+    Args:
+        model: the model (or a candidate's functional proxy).
+        batch: a tuple ``(inputs, ...)`` or a tensor.
+
+    Returns:
+        The model's outputs.
+
+    Raises:
+        TypeError: any other batch.
+    """
     if isinstance(batch, (tuple, list)) and batch:
         return model(batch[0])
     if isinstance(batch, Tensor):
@@ -45,10 +62,22 @@ def _scalar_loss(value, what: str) -> Tensor:
     return t.detach().reshape(()).to(torch.float64)
 
 
-def _stack_losses(values: list, what: str) -> Tensor:
-    """The task losses of several candidates as one float64 tensor ``[n]``: for tensors of one dtype and device,
-    one shape check per value and one stack and conversion in all (the numbers of :func:`_scalar_loss` per
-    value, which handles anything else)."""
+def stack_losses(values: list, what: str) -> Tensor:
+    """The task losses of several candidates as one float64 tensor ``[n]``.
+
+    For tensors of one dtype and device: one shape check per value and one stack and conversion in all (the
+    numbers of a per-value conversion, which handles anything else).
+
+    Args:
+        values: what ``task_loss_fn`` returned per candidate.
+        what: the scoring mode, for the message.
+
+    Returns:
+        float64 ``[n]``.
+
+    Raises:
+        ValueError: a value that is not a scalar.
+    """
     first = values[0] if values else None
     if isinstance(first, Tensor) and all(isinstance(v, Tensor) and v.dtype == first.dtype and
                                          v.device == first.device for v in values):
@@ -76,78 +105,200 @@ class _FunctionalModel:
         return getattr(self._model, name)
 
 
-class _CandidateScoring:
-    """Candidate evaluation for :class:`taskloss.search.mgs.MGS` (a mixin). The host provides ``model``, ``params``,
-    ``forward_fn``, ``task_loss_fn``, ``mode``, ``eval_mode``, ``_auto``, ``_mode_confirmed`` and ``_unflat``."""
+class CandidateScorer:
+    """Scores MGS candidates: the task loss of θ + Δθ_k in one of the three modes of the module docstring.
 
-    def _call(self, params: dict[str, Tensor]) -> "_FunctionalModel":
-        return _FunctionalModel(self.model, params)
+    Built by :class:`taskloss.search.mgs.MGS` with everything it needs passed in; it owns the scoring mode (and
+    its ``"auto"`` fallback) and nothing else.
 
-    def _load(self, theta: Tensor, delta: Tensor | None = None) -> None:
+    Args:
+        model: the module; its ``params`` are written in loop mode (θ restored by the caller or :meth:`loaded`).
+        names: the names of the searched parameters (``model.named_parameters`` order).
+        params: the searched parameters themselves.
+        forward_fn: ``(model_k, batch) → outputs``.
+        task_loss_fn: ``(outputs, batch) → scalar``.
+        mode: ``"vmap"``, ``"vmap_forward"`` or ``"loop"``.
+        auto: fall back to the next mode (with a warning) when a vmap mode fails before it first succeeded.
+        eval_mode: score with ``model.eval()``.
+    """
+
+    def __init__(self, model: nn.Module, names: list[str], params: list[Tensor], forward_fn: Callable,
+                 task_loss_fn: Callable, mode: str, auto: bool, eval_mode: bool):
+        self.model, self.names, self.params = model, list(names), list(params)
+        self.forward_fn, self.task_loss_fn = forward_fn, task_loss_fn
+        self.mode, self.auto, self.eval_mode, self.confirmed = mode, auto, eval_mode, False
+        self.shapes = [p.shape for p in self.params]
+        self.numels = [p.numel() for p in self.params]
+
+    def unflat(self, flat: Tensor) -> dict[str, Tensor]:
+        """``[..., P]`` → {name: ``[..., *shape]``} views."""
+        lead = flat.shape[:-1]
+        return {n: v.reshape(*lead, *sh) for n, v, sh in zip(self.names, flat.split(self.numels, -1), self.shapes)}
+
+    def load(self, theta: Tensor, delta: Tensor | None = None) -> None:
         """Write θ (+ Δθ) into the module's parameters, one elementwise pass per tensor (no temporaries)."""
         with torch.no_grad():
             if delta is None:
-                for p, v in zip(self.params, self._unflat(theta).values()):
+                for p, v in zip(self.params, self.unflat(theta).values()):
                     p.copy_(v)
             else:
-                for p, t, d in zip(self.params, self._unflat(theta).values(), self._unflat(delta).values()):
+                for p, t, d in zip(self.params, self.unflat(theta).values(), self.unflat(delta).values()):
                     torch.add(t, d, out=p)
 
     @contextlib.contextmanager
-    def _loaded(self, flat: Tensor, theta: Tensor):
-        """The module itself with ``flat`` written into its parameters; ``theta`` restored on exit (even on
-        error)."""
-        self._load(flat)
+    def loaded(self, flat: Tensor, theta: Tensor):
+        """The module itself with ``flat`` written into its parameters; ``theta`` restored on exit (even on error)."""
+        self.load(flat)
         try:
             yield self.model
         finally:
-            self._load(theta)
+            self.load(theta)
 
-    def _loss_at(self, flat: Tensor, batch) -> float:
-        """The task loss at the parameters ``flat`` (e.g. l(θ) of an earlier step), on the module as in loop mode
-        and in the mode the candidates are scored in; the module's current parameters are restored after."""
+    def loss_at(self, flat: Tensor, batch) -> float:
+        """The task loss at the parameters ``flat`` (e.g. l(θ) of an earlier step), on the module as in loop mode.
+
+        Args:
+            flat: the flat parameters ``[P]`` to score.
+            batch: the batch.
+
+        Returns:
+            The task loss; the module's current parameters are restored after.
+        """
         with _eval_mode(self.model, self.eval_mode), torch.no_grad():
-            now = torch.cat([p.detach().reshape(-1) for p in self.params])
-            with self._loaded(flat, now) as model:
-                return float(self._score_one(model, batch))
+            now = flatten([p.detach() for p in self.params])
+            with self.loaded(flat, now) as model:
+                return float(self.score_one(model, batch))
 
-    def _task_value(self, model_k, batch):
-        """``task_loss_fn(forward_fn(model_k, batch), batch)`` as returned (checked by :func:`_stack_losses`)."""
+    def task_value(self, model_k, batch):
+        """``task_loss_fn(forward_fn(model_k, batch), batch)`` as returned (checked by :func:`stack_losses`)."""
         return self.task_loss_fn(self.forward_fn(model_k, batch), batch)
 
-    def _score_one(self, model_k, batch) -> Tensor:
-        return _scalar_loss(self._task_value(model_k, batch), "loop")
+    def score_one(self, model_k, batch) -> Tensor:
+        """The task loss of ``model_k`` on ``batch`` as a float64 scalar."""
+        return _scalar_loss(self.task_value(model_k, batch), "loop")
 
-    def _score(self, deltas: Tensor, theta: Tensor, batch) -> Tensor:
-        """Task losses (float64 ``[c]``) of the candidates θ + Δθ_j for the rows of ``deltas [c, P]``. In loop
-        mode the module is left holding the last candidate's parameters: the caller restores θ."""
+    def score(self, deltas: Tensor, theta: Tensor, batch) -> Tensor:
+        """Task losses (float64 ``[c]``) of the candidates θ + Δθ_j for the rows of ``deltas [c, P]``.
+
+        In loop mode the module is left holding the last candidate's parameters: the caller restores θ.
+        """
         c = deltas.shape[0]
         if self.mode != "loop":
-            stacked = self._unflat(theta.unsqueeze(0) + deltas)
+            stacked = self.unflat(theta.unsqueeze(0) + deltas)
             try:
                 if self.mode == "vmap":
-                    out = vmap(lambda p: self.task_loss_fn(self.forward_fn(self._call(p), batch), batch),
-                               randomness="different")(stacked)
+                    out = vmap(lambda p: self.task_loss_fn(self.forward_fn(_FunctionalModel(self.model, p), batch),
+                                                           batch), randomness="different")(stacked)
                     if not isinstance(out, Tensor) or out.shape != (c,):
                         raise ValueError(f"task_loss_fn must return a scalar tensor per candidate, got "
                                          f"{tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__}")
-                    self._mode_confirmed = True
+                    self.confirmed = True
                     return out.detach().to(torch.float64)
-                outs = vmap(lambda p: self.forward_fn(self._call(p), batch), randomness="different")(stacked)
-                res = _stack_losses([self.task_loss_fn(tree_map(lambda o, j=j: o[j], outs), batch)
-                                     for j in range(c)], "vmap_forward")
-                self._mode_confirmed = True
+                outs = vmap(lambda p: self.forward_fn(_FunctionalModel(self.model, p), batch),
+                            randomness="different")(stacked)
+                res = stack_losses([self.task_loss_fn(tree_map(lambda o, j=j: o[j], outs), batch)
+                                    for j in range(c)], "vmap_forward")
+                self.confirmed = True
                 return res
             except Exception as e:  # noqa: BLE001 — a genuine error re-raises in the fallback below
-                if not self._auto or self._mode_confirmed:
+                if not self.auto or self.confirmed:
                     raise
                 new = "vmap_forward" if self.mode == "vmap" else "loop"
                 warnings.warn(f"MGS: candidate evaluation mode '{self.mode}' failed ({type(e).__name__}: "
                               f"{str(e)[:160]}); falling back to '{new}'", RuntimeWarning, stacklevel=3)
                 self.mode = new
-                return self._score(deltas, theta, batch)
+                return self.score(deltas, theta, batch)
         out = []
         for d in deltas:
-            self._load(theta, d)
-            out.append(self._task_value(self.model, batch))
-        return _stack_losses(out, "loop")
+            self.load(theta, d)
+            out.append(self.task_value(self.model, batch))
+        return stack_losses(out, "loop")
+
+    def score_candidates(self, draws: CandidateDraws, theta: Tensor, batch, own: list[int], *, low_memory: bool,
+                         eager_base_loss: bool, chunk_size: int | None):
+        """The task losses of one step's candidates (phase 3 of :meth:`taskloss.search.mgs.MGS.step`).
+
+        Every rank draws every candidate (the weights need all statistics) and scores its own. In loop mode the
+        module's parameters are restored to θ afterwards, also on error.
+
+        Args:
+            draws: the step's candidates.
+            theta: the flat parameters θ (the plan's kept copy).
+            batch: the batch.
+            own: the candidates this rank scores.
+            low_memory: regenerate Δθ_k from its seed instead of storing the ``[n, P]`` rows.
+            eager_base_loss: also score θ itself.
+            chunk_size: candidates per vmap call (``None``: all).
+
+        Returns:
+            ``(losses, rows, base)``: float64 ``[len(own)]``, the rows Δθ_k (``None`` with ``low_memory``) and
+            l(θ) (``None`` unless ``eager_base_loss``).
+
+        Raises:
+            ValueError: l(θ) is not finite (with ``eager_base_loss``), or a bad task loss.
+        """
+        plan, scorer = draws.plan, self
+        rows = None if low_memory else draws.draw_all(
+            plan.buffer("rows", (len(draws.seeds), theta.numel()), theta.dtype))
+        scratch = plan.buffer("scratch", theta.shape, theta.dtype) if low_memory else None
+        base = None
+        try:
+            with _eval_mode(self.model, self.eval_mode), torch.no_grad():
+                if eager_base_loss:
+                    base = scorer.score_one(self.model, batch)
+                if low_memory:      # statistics of the candidates other ranks score
+                    for k in range(len(draws.seeds)):
+                        if k not in own:
+                            draws.draw(k, scratch)
+                if scorer.mode == "loop":
+                    losses = self._score_loop(draws, theta, batch, own, rows, scratch)
+                else:
+                    chunk = chunk_size or max(len(own), 1)
+                    parts = []
+                    for i in range(0, len(own), chunk):
+                        ks = own[i:i + chunk]
+                        if rows is None:
+                            D = theta.new_empty(len(ks), theta.numel())
+                            for j, k in enumerate(ks):
+                                draws.draw(k, D[j])
+                        else:
+                            D = rows[torch.tensor(ks, device=rows.device)] if len(own) < len(draws.seeds) \
+                                else rows[ks[0]:ks[-1] + 1]
+                        parts.append(scorer.score(D, theta, batch))
+                    losses = torch.cat(parts) if parts else theta.new_zeros(0, dtype=torch.float64)
+        finally:
+            if scorer.mode == "loop":      # the module holds the last candidate scored in loop mode
+                with torch.no_grad():
+                    torch._foreach_copy_(self.params, plan.views("theta", theta, self.shapes))
+        if base is not None and not math.isfinite(float(base)):
+            raise ValueError(f"task loss at the current parameters is not finite: l(θ) = {float(base)}")
+        return losses, rows, base
+
+    def _score_loop(self, draws: CandidateDraws, theta: Tensor, batch, own: list[int], rows, scratch) -> Tensor:
+        """Loop mode: θ + Δθ_k written into the module by one add per tensor, through views of the kept θ and rows
+        built once; for small P (the batched-draw regime) every θ + Δθ_k at once into a kept ``[n, P]`` buffer, then
+        one foreach copy per candidate — the same numbers, a few calls instead of one per tensor and candidate."""
+        plan = draws.plan
+        thetas = plan.views("theta", theta, self.shapes)
+
+        def views(flat):
+            return [[v.view(sh) for v, sh in zip(r.split(self.numels), self.shapes)] for r in flat.unbind(0)]
+
+        if rows is not None and theta.numel() < CandidateDraws.ROW_BLOCK:
+            cands = torch.add(rows, theta, out=plan.buffer("candidates", rows.shape, rows.dtype))
+            cand_views = plan.cached("candidate views", (cands,), lambda: views(cands))
+        else:
+            cand_views = None
+            row_views = plan.cached("row views", (rows, scratch), lambda: views(
+                rows if rows is not None else scratch[None]))
+        values = []
+        for k in own:
+            if cand_views is not None:
+                torch._foreach_copy_(self.params, cand_views[k])
+            else:
+                if rows is None:
+                    draws.draw(k, scratch)
+                for p, x, d in zip(self.params, thetas, row_views[k if rows is not None else 0]):
+                    torch.add(x, d, out=p)
+            values.append(self.task_value(self.model, batch))
+        return stack_losses(values, "loop")

@@ -1,9 +1,9 @@
-"""Policy gradient (REINFORCE): sample *outputs* from the model, score them with a task loss.
+r"""Policy gradient (REINFORCE): sample *outputs* from the model, score them with a task loss.
 
-For a policy :math:`p_\\theta(y|x)` and a reward :math:`R(y)` (here ``R = -task loss`` or a metric),
+For a policy :math:`p_\theta(y|x)` and a reward :math:`R(y)` (here ``R = -task loss`` or a metric),
 
-.. math::  \\nabla_\\theta\\, \\mathbb{E}_{y\\sim p_\\theta}[R(y)]
-           = \\mathbb{E}_{y\\sim p_\\theta}[(R(y) - b)\\, \\nabla_\\theta \\log p_\\theta(y)]
+.. math::  \nabla_\theta\, \mathbb{E}_{y\sim p_\theta}[R(y)]
+           = \mathbb{E}_{y\sim p_\theta}[(R(y) - b)\, \nabla_\theta \log p_\theta(y)]
 
 for any baseline ``b`` that does not depend on ``y`` (a moving average of past rewards, or the leave-one-out
 mean of the other samples drawn for the same input). The functional core is :func:`reinforce_loss`, a
@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from taskloss.lm.generation import generate, sequence_logprob
 from taskloss.losses.metrics import accuracy
-from taskloss.utils import _is_transformed, check_finite, check_floating, check_int, check_nonnegative
+from taskloss.utils import check_finite, check_floating, check_int, check_nonnegative, is_transformed
 
 __all__ = [
     "reinforce_loss", "leave_one_out_baseline", "MovingAverageBaseline", "expected_reward",
@@ -113,7 +113,7 @@ def leave_one_out_baseline(rewards: torch.Tensor, dim: int = 0) -> torch.Tensor:
     dim = check_int("dim", dim)
     if not -rewards.ndim <= dim < max(rewards.ndim, 1) or rewards.ndim == 0:
         raise ValueError(f"dim={dim} is out of range for rewards of shape {tuple(rewards.shape)}")
-    if not _is_transformed(rewards):
+    if not is_transformed(rewards):
         check_finite("rewards", rewards)
     S = rewards.shape[dim]
     if S < 2:
@@ -136,6 +136,7 @@ class MovingAverageBaseline:
         self.value: float | None = None
 
     def __call__(self, rewards: torch.Tensor) -> torch.Tensor:
+        """The baseline for ``rewards`` (the running mean before this batch), then the mean updated."""
         check_floating("rewards", rewards)
         check_finite("rewards", rewards)
         if rewards.numel() == 0:
@@ -146,6 +147,7 @@ class MovingAverageBaseline:
         return torch.full_like(rewards, current)
 
     def state_dict(self) -> dict:
+        """The momentum and the running value."""
         return {"momentum": self.momentum, "value": self.value}
 
     def load_state_dict(self, state: dict) -> None:
@@ -196,7 +198,7 @@ def expected_reward(logits: torch.Tensor, reward_table: torch.Tensor) -> torch.T
                          f"and {tuple(reward_table.shape)}")
     if logits.numel() == 0:
         raise ValueError(f"logits is empty: shape {tuple(logits.shape)}")
-    if not _is_transformed(logits):     # value checks need .item(): impossible inside torch.func transforms
+    if not is_transformed(logits):     # value checks need .item(): impossible inside torch.func transforms
         check_finite("logits", logits.detach())
         check_finite("reward_table", reward_table)
     return (logits.softmax(-1) * reward_table.to(logits.dtype)).sum(-1)
@@ -213,12 +215,12 @@ class PGResult:
     reward_mean: float
 
 
-def classification_reinforce(logits: torch.Tensor, target: torch.Tensor, num_samples: int = 4, *,
+def classification_reinforce(logits: torch.Tensor, target: torch.Tensor, n_samples: int = 4, *,
                              reward: str | Callable = "accuracy", baseline="loo", mle_weight: float = 0.0,
                              generator: torch.Generator | None = None) -> PGResult:
     """REINFORCE for a categorical policy ``softmax(logits)`` over classes.
 
-    ``logits`` ``[N, C]`` (differentiable), ``target`` ``[N]`` int. Draws ``S = num_samples`` labels per input
+    ``logits`` ``[N, C]`` (differentiable), ``target`` ``[N]`` int. Draws ``S = n_samples`` labels per input
     (``samples [S, N]``). ``reward``: ``"accuracy"`` (per-example correctness), or a callable
     ``reward(samples [S, N], target [N])`` returning per-example rewards ``[S, N]`` or one batch-level reward
     per sampled label vector ``[S]`` (e.g. ``lambda s, t: macro_f1(s, t, C)``); for the latter the log-prob is
@@ -234,7 +236,7 @@ def classification_reinforce(logits: torch.Tensor, target: torch.Tensor, num_sam
         raise TypeError("target must be an integer tensor of class ids")
     if target.shape != logits.shape[:1]:
         raise ValueError(f"batch sizes differ: logits {tuple(logits.shape)}, target {tuple(target.shape)}")
-    S = check_int("num_samples", num_samples, minimum=1)
+    S = check_int("n_samples", n_samples, minimum=1)
     check_nonnegative("mle_weight", mle_weight)
     _check_generator(generator)
     check_finite("logits", logits.detach())
@@ -268,13 +270,13 @@ def classification_reinforce(logits: torch.Tensor, target: torch.Tensor, num_sam
 
 # ------------------------------------------------------------------------------------------------ sequences
 def sequence_reinforce(model: torch.nn.Module, prefix: torch.Tensor, references, task_loss: Callable, *,
-                       num_samples: int = 4, max_new_tokens: int = 16, eos_id: int | None, pad_id: int,
+                       n_samples: int = 4, max_new_tokens: int = 16, eos_id: int | None, pad_id: int,
                        baseline="loo", mle_weight: float = 0.0, mle_continuations: torch.Tensor | None = None,
                        top_k: int | None = None, generator: torch.Generator | None = None) -> PGResult:
     """REINFORCE for an autoregressive LM: sample continuations, reward = ``-task_loss``.
 
     ``prefix`` ``[B, P]`` LongTensor; ``references``: what ``task_loss`` compares against, one per prefix (a
-    list of token lists or a ``[B, T]`` tensor). For each prefix, ``S = num_samples`` continuations
+    list of token lists or a ``[B, T]`` tensor). For each prefix, ``S = n_samples`` continuations
     ``[S·B, max_new_tokens]`` are drawn with ``taskloss.lm.generate(..., greedy=False)`` (temperature 1,
     so the sampling distribution is the policy whose score we differentiate; ``top_k`` makes it a different
     policy and the estimator biased), scored by ``task_loss(samples, references_repeated) → [S·B]`` (lower is
@@ -288,7 +290,7 @@ def sequence_reinforce(model: torch.nn.Module, prefix: torch.Tensor, references,
         raise ValueError("prefix must be a [B, P] LongTensor")
     if not callable(task_loss):
         raise TypeError("task_loss must be a callable (hyp, ref) -> [N] losses")
-    S = check_int("num_samples", num_samples, minimum=1)
+    S = check_int("n_samples", n_samples, minimum=1)
     check_int("max_new_tokens", max_new_tokens, minimum=1)
     check_nonnegative("mle_weight", mle_weight)
     B = prefix.shape[0]

@@ -1,9 +1,9 @@
-"""Zeroth-order optimization: sample *parameters*, use loss values only.
+r"""Zeroth-order optimization: sample *parameters*, use loss values only.
 
 Gaussian smoothing replaces ``f`` by ``f_σ(θ) = E_{ε~N(0,I)}[f(θ + σε)]``, whose gradient is
 
-.. math::  \\nabla f_\\sigma(\\theta) = \\frac{1}{\\sigma}\\,\\mathbb{E}[f(\\theta+\\sigma\\varepsilon)\\,\\varepsilon]
-           = \\frac{1}{\\sigma}\\,\\mathbb{E}[(f(\\theta+\\sigma\\varepsilon) - b)\\,\\varepsilon]
+.. math::  \nabla f_\sigma(\theta) = \frac{1}{\sigma}\,\mathbb{E}[f(\theta+\sigma\varepsilon)\,\varepsilon]
+           = \frac{1}{\sigma}\,\mathbb{E}[(f(\theta+\sigma\varepsilon) - b)\,\varepsilon]
 
 — exactly REINFORCE with the score ``ε/σ`` of the search distribution ``N(θ, σ²I)``, so any baseline ``b``
 independent of ``ε`` keeps it unbiased. Estimators here (``n`` perturbations, evaluated in one batched call
@@ -14,8 +14,10 @@ with ``torch.func.vmap`` over stacked parameter sets where ``f`` allows it):
 * :func:`spsa_grad` — simultaneous perturbation with Rademacher directions;
 * :class:`MeZO` — the memory-of-one-model optimizer: perturb in place, regenerate the noise from a seed.
 
-``θ`` may be a tensor or a dict of tensors (e.g. ``dict(model.named_parameters())``); :func:`functional_loss`
-turns ``(model, loss_fn, inputs)`` into such an ``f`` via ``torch.func.functional_call``.
+``θ`` may be a tensor or a dict of tensors (e.g. ``dict(model.named_parameters())``);
+:func:`taskloss.utils.functional_loss` turns ``(model, loss_fn, inputs)`` into such an ``f`` via
+``torch.func.functional_call``. ``n_samples`` counts the perturbations, ``sigma`` is their scale (the vocabulary
+of ``docs/vocabulary.md``).
 
 Derived in notebook 05_policy_gradient_vs_zeroth_order.
 """
@@ -25,11 +27,11 @@ import numbers
 from typing import Callable
 
 import torch
-from torch.func import functional_call, vmap
+from torch.func import vmap
 
-from taskloss.utils import all_finite, check_int, check_nonnegative, check_positive
+from taskloss.utils import all_finite, check_bool, check_int, check_nonnegative, check_positive, distinct_param_group
 
-__all__ = ["functional_loss", "gaussian_smoothing_grad", "spsa_grad", "MeZO"]
+__all__ = ["gaussian_smoothing_grad", "spsa_grad", "MeZO"]
 
 # --------------------------------------------------------------------------------------------- pytrees
 def _as_dict(theta) -> tuple[dict[str, torch.Tensor], bool]:
@@ -78,7 +80,7 @@ def _scalar_values(vals, n: int, where: str) -> torch.Tensor:
 
 def _evaluate(f: Callable, stacked: dict[str, torch.Tensor], single: bool, vectorize: bool,
               chunk_size: int | None) -> torch.Tensor:
-    """f on each of the stacked parameter sets → ``[n]`` (one vmap call, or a loop when not vectorizable)."""
+    """F on each of the stacked parameter sets → ``[n]`` (one vmap call, or a loop when not vectorizable)."""
     call = (lambda p: f(p[""])) if single else f
     n = next(iter(stacked.values())).shape[0]
     with torch.no_grad():
@@ -115,40 +117,24 @@ def _combine(weights: torch.Tensor, dirs: dict[str, torch.Tensor], scale: float,
     return g[""] if single else g
 
 
-def _validate(f, sigma: float, n: int, generator, chunk_size, name: str = "sigma") -> tuple[float, int]:
+def _validate(f, sigma: float, n: int, generator, chunk_size, vectorize) -> tuple[float, int]:
+    check_bool("vectorize", vectorize)
     if not callable(f):
         raise TypeError(f"f must be callable (theta -> scalar loss), got {type(f).__name__}")
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
     if chunk_size is not None:
         check_int("chunk_size", chunk_size, minimum=1)
-    return check_positive(name, sigma), check_int("num_samples", n, minimum=1)
-
-
-def functional_loss(model: torch.nn.Module, loss_fn: Callable, *args, **kwargs):
-    """``(f, theta)`` with ``theta = {name: detached parameter}`` and
-    ``f(params) = loss_fn(functional_call(model, params, args, kwargs))`` — a pure function of the parameters
-    that :func:`gaussian_smoothing_grad` / :func:`spsa_grad` can vmap over. ``loss_fn`` maps the model output
-    to a scalar tensor (e.g. ``lambda logits: 1 - (logits.argmax(-1) == y).float().mean()``)."""
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
-    if not callable(loss_fn):
-        raise TypeError("loss_fn must be callable")
-    theta = {k: p.detach() for k, p in model.named_parameters()}
-
-    def f(params):
-        return loss_fn(functional_call(model, params, args, kwargs))
-
-    return f, theta
+    return check_positive("sigma", sigma), check_int("n_samples", n, minimum=1)
 
 
 # -------------------------------------------------------------------------------------------- estimators
-def gaussian_smoothing_grad(f: Callable, theta, sigma: float, num_samples: int, *, baseline: str = "value",
+def gaussian_smoothing_grad(f: Callable, theta, sigma: float, n_samples: int, *, baseline: str = "value",
                             generator: torch.Generator | None = None, vectorize: bool = True,
                             chunk_size: int | None = None, return_samples: bool = False):
     """Gradient of the Gaussian-smoothed objective ``E[f(θ + σε)]`` from function values.
 
-    ``f``: θ ↦ scalar tensor (same structure as ``theta``: tensor or dict of tensors). ``n = num_samples``
+    ``f``: θ ↦ scalar tensor (same structure as ``theta``: tensor or dict of tensors). ``n = n_samples``
     directions ``ε_i ~ N(0, I)``; ``F_i = f(θ + σε_i)`` evaluated in one ``vmap`` call (``vectorize=False``
     loops instead, for ``f`` that vmap cannot trace; ``chunk_size`` bounds vmap's memory). ``baseline``:
 
@@ -157,21 +143,40 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, num_samples: int, 
     * ``"loo"``   — ``(1/nσ) Σ (F_i - mean_{j≠i} F_j) ε_i`` (needs n ≥ 2; no extra evaluation);
     * ``"antithetic"`` — ``(1/2nσ) Σ (f(θ+σε_i) - f(θ-σε_i)) ε_i`` (central differences; 2n evaluations).
 
-    All four are unbiased for ``∇ E[f(θ+σε)]``. Returns the gradient (same structure as ``theta``), plus
-    ``(eps, values)`` when ``return_samples`` (``eps``: stacked ``[n, ...]`` directions, ``values``: ``[n]``
-    — or ``[2, n]`` for ``+``/``-`` in the antithetic case).
+    All four are unbiased for ``∇ E[f(θ+σε)]``. Derived in notebook 05_policy_gradient_vs_zeroth_order.
+
+    Args:
+        f: θ ↦ scalar tensor (same structure as ``theta``).
+        theta: a tensor or a dict of tensors.
+        sigma: the perturbation scale σ > 0.
+        n_samples: the number of directions n ≥ 1.
+        baseline: ``"none"``, ``"value"``, ``"loo"`` or ``"antithetic"`` (above).
+        generator: the RNG of the directions.
+        vectorize: evaluate the points in one ``vmap`` (``False``: a loop).
+        chunk_size: points per vmap call.
+        return_samples: also return the draws and the values.
+
+    Returns:
+        The gradient (same structure as ``theta``), plus ``(directions, values)`` with ``return_samples``
+        (``directions``: the stacked ``[n, ...]`` draws ε_i; ``values``: ``[n]``, or ``[2, n]`` for ``+``/``-`` in the
+        antithetic case).
+
+    Raises:
+        TypeError: bad types (a non-callable ``f``, a flag that is not a bool).
+        ValueError: bad values, NaN/inf in θ or in ``f``'s values.
     """
-    sigma, n = _validate(f, sigma, num_samples, generator, chunk_size)
+    sigma, n = _validate(f, sigma, n_samples, generator, chunk_size, vectorize)
+    check_bool("return_samples", return_samples)
     th, single = _as_dict(theta)
     _check_theta(th)
     if baseline not in ("none", "value", "loo", "antithetic"):
         raise ValueError(f"baseline must be 'none', 'value', 'loo' or 'antithetic', got {baseline!r}")
     if baseline == "loo" and n < 2:
-        raise ValueError("baseline='loo' needs num_samples >= 2")
-    eps = _draw(th, n, "gaussian", generator)
-    plus = _evaluate(f, {k: th[k] + sigma * e for k, e in eps.items()}, single, vectorize, chunk_size)
+        raise ValueError("baseline='loo' needs n_samples >= 2")
+    directions = _draw(th, n, "gaussian", generator)
+    plus = _evaluate(f, {k: th[k] + sigma * e for k, e in directions.items()}, single, vectorize, chunk_size)
     if baseline == "antithetic":
-        minus = _evaluate(f, {k: th[k] - sigma * e for k, e in eps.items()}, single, vectorize, chunk_size)
+        minus = _evaluate(f, {k: th[k] - sigma * e for k, e in directions.items()}, single, vectorize, chunk_size)
         w, values, scale = plus - minus, torch.stack([plus, minus]), 1.0 / (2 * n * sigma)
     else:
         values, scale = plus, 1.0 / (n * sigma)
@@ -181,65 +186,110 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, num_samples: int, 
             w = plus - _value(f, th, single).to(plus)
         else:
             w = plus - (plus.sum() - plus) / (n - 1)
-    g = _combine(w, eps, scale, single)
+    g = _combine(w, directions, scale, single)
     if return_samples:
-        return g, (eps[""] if single else eps), values
+        return g, (directions[""] if single else directions), values
     return g
 
 
-def spsa_grad(f: Callable, theta, eps: float, num_samples: int = 1, *, generator: torch.Generator | None = None,
+def spsa_grad(f: Callable, theta, sigma: float, n_samples: int = 1, *, generator: torch.Generator | None = None,
               vectorize: bool = True, chunk_size: int | None = None):
     """Simultaneous-perturbation stochastic approximation (SPSA) gradient estimate.
 
-    ``δ_i`` with i.i.d. ±1 (Rademacher) entries; ``ĝ = (1/n) Σ (f(θ+εδ_i) - f(θ-εδ_i)) / (2ε) · δ_i``
-    (``1/δ = δ`` for ±1 entries). Unbiased up to O(ε²) for smooth ``f`` since ``E[δδᵀ] = I``.
+    ``δ_i`` with i.i.d. ±1 (Rademacher) entries; ``ĝ = (1/n) Σ (f(θ+σδ_i) - f(θ-σδ_i)) / (2σ) · δ_i``
+    (``1/δ = δ`` for ±1 entries). Unbiased up to O(σ²) for smooth ``f`` since ``E[δδᵀ] = I``. Derived in notebook
+    05_policy_gradient_vs_zeroth_order.
+
+    Args:
+        f: θ ↦ scalar tensor (same structure as ``theta``).
+        theta: a tensor or a dict of tensors.
+        sigma: the perturbation scale σ > 0.
+        n_samples: the number of directions n ≥ 1.
+        generator: the RNG of the directions.
+        vectorize: evaluate the 2n points in one ``vmap`` (``False``: a loop).
+        chunk_size: points per vmap call.
+
+    Returns:
+        ĝ, with the structure of ``theta``.
+
+    Raises:
+        TypeError: bad types (a non-callable ``f``, a flag that is not a bool).
+        ValueError: bad values, NaN/inf in θ or in ``f``'s values.
     """
-    eps, n = _validate(f, eps, num_samples, generator, chunk_size, "eps")
+    sigma, n = _validate(f, sigma, n_samples, generator, chunk_size, vectorize)
     th, single = _as_dict(theta)
     _check_theta(th)
     d = _draw(th, n, "rademacher", generator)
-    plus = _evaluate(f, {k: th[k] + eps * z for k, z in d.items()}, single, vectorize, chunk_size)
-    minus = _evaluate(f, {k: th[k] - eps * z for k, z in d.items()}, single, vectorize, chunk_size)
-    return _combine(plus - minus, d, 1.0 / (2 * n * eps), single)
+    plus = _evaluate(f, {k: th[k] + sigma * z for k, z in d.items()}, single, vectorize, chunk_size)
+    minus = _evaluate(f, {k: th[k] - sigma * z for k, z in d.items()}, single, vectorize, chunk_size)
+    return _combine(plus - minus, d, 1.0 / (2 * n * sigma), single)
 
 
 # --------------------------------------------------------------------------------------------------- MeZO
 class MeZO(torch.optim.Optimizer):
-    """Memory-efficient zeroth-order SGD (in the spirit of *Fine-Tuning Language Models with Just Forward
-    Passes*): the memory of one model, no stored perturbation.
+    """Memory-efficient zeroth-order SGD: the memory of one model, no stored perturbation.
 
-    Per perturbation k (``num_perturbations`` of them) with a fresh seed s_k: ``θ += εz``; ``L+ = closure()``;
-    ``θ -= 2εz``; ``L- = closure()``; ``θ += εz`` (restore); ``g_k = (L+ - L-) / 2ε``. Then
+    After Malladi et al., *Fine-Tuning Language Models with Just Forward Passes* (NeurIPS 2023). Per perturbation k
+    (``n_samples`` of them) with a fresh seed s_k: ``θ += σz``; ``L+ = closure()``; ``θ -= 2σz``;
+    ``L- = closure()``; ``θ += σz`` (restore); ``g_k = (L+ - L-) / 2σ``. Then
     ``θ ← θ - lr · (mean_k g_k z_k + weight_decay · θ)`` with each ``z_k ~ N(0, I)`` regenerated from s_k
-    parameter by parameter (one parameter-sized temporary at a time). ``closure()`` must return the loss
-    (no ``backward``); it runs under ``torch.no_grad()``. ``step`` returns ``L+`` of the first perturbation.
-    ``seed`` makes the sequence of perturbations reproducible, and :meth:`state_dict` carries the seed generator's
-    state, so a run restored into a fresh MeZO continues bit for bit. A closure that raises, returns a non-scalar
-    or a NaN loss leaves the parameters restored (up to the rounding of θ + εz − εz).
+    parameter by parameter (one parameter-sized temporary at a time). Derived in notebook
+    05_policy_gradient_vs_zeroth_order.
+
+    ``step(closure)`` follows torch.optim except that the closure is evaluated at perturbed parameters:
+    ``closure()`` must return the loss (no ``backward``; it runs under ``torch.no_grad()``), and ``step`` returns the
+    first value it returned, ``L+`` of the first perturbation. Frozen parameters (``requires_grad=False``) are
+    neither perturbed nor updated, and a parameter listed twice is one parameter. ``lr`` and ``weight_decay`` may
+    differ between parameter groups; ``sigma`` and ``n_samples`` are shared by all groups (one perturbation moves
+    every parameter). A closure that raises, returns a non-scalar or a NaN loss leaves the parameters restored (up
+    to the rounding of θ + σz − σz).
+
+    Args:
+        params: parameters or parameter groups.
+        lr: step size > 0.
+        sigma: perturbation scale σ > 0.
+        weight_decay: decoupled weight decay ≥ 0.
+        n_samples: perturbations per step (≥ 1).
+        seed: seed of the generator that draws the perturbations' seeds; :meth:`state_dict` carries its state, so
+            a run restored into a fresh MeZO continues bit for bit.
+
+    Raises:
+        TypeError, ValueError: bad hyperparameters (at construction and, for ``param_groups`` edited since, at
+            ``step``).
     """
 
-    def __init__(self, params, lr: float = 1e-3, eps: float = 1e-3, weight_decay: float = 0.0,
-                 num_perturbations: int = 1, seed: int = 0):
-        check_positive("lr", lr)
-        check_positive("eps", eps)
-        check_nonnegative("weight_decay", weight_decay)
-        check_int("num_perturbations", num_perturbations, minimum=1)
+    def __init__(self, params, lr: float = 1e-3, sigma: float = 1e-3, weight_decay: float = 0.0,
+                 n_samples: int = 1, seed: int = 0):
         check_int("seed", seed, minimum=0)
-        super().__init__(params, dict(lr=lr, eps=eps, weight_decay=weight_decay))
-        self.num_perturbations = num_perturbations
+        defaults = dict(lr=check_positive("lr", lr), sigma=check_positive("sigma", sigma),
+                        weight_decay=check_nonnegative("weight_decay", weight_decay),
+                        n_samples=check_int("n_samples", n_samples, minimum=1))
+        super().__init__(params, defaults)
         self._seeds = torch.Generator().manual_seed(seed)
         self.last_projected_grads: list[float] = []
 
+    def add_param_group(self, param_group: dict) -> None:
+        """``torch.optim``'s, with each tensor of the group kept once (by identity)."""
+        super().add_param_group(distinct_param_group(param_group))
+
     def state_dict(self) -> dict:
-        """``torch.optim`` state plus the seed generator's state and ``num_perturbations``: loading it into a
-        fresh MeZO over the same parameters continues the same perturbation sequence bit for bit."""
+        """``torch.optim`` state plus the seed generator's state.
+
+        Loading it into a fresh MeZO over the same parameters continues the same perturbation sequence bit for bit.
+        """
         out = super().state_dict()
-        out["mezo"] = {"seed_generator": self._seeds.get_state().clone(),
-                       "num_perturbations": self.num_perturbations}
+        out["mezo"] = {"seed_generator": self._seeds.get_state().clone()}
         return out
 
     def load_state_dict(self, state_dict: dict) -> None:
-        """Inverse of :meth:`state_dict`; ``ValueError`` for a state without MeZO's generator state."""
+        """Inverse of :meth:`state_dict`.
+
+        Args:
+            state_dict: what :meth:`state_dict` returned.
+
+        Raises:
+            ValueError: a state without MeZO's generator state.
+        """
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("mezo"), dict):
             raise ValueError("not a MeZO state_dict: the 'mezo' entry (seed generator state) is missing")
         state_dict = dict(state_dict)
@@ -247,18 +297,19 @@ class MeZO(torch.optim.Optimizer):
         gen_state = extra.get("seed_generator")
         if not isinstance(gen_state, torch.Tensor) or gen_state.dtype != torch.uint8:
             raise ValueError("MeZO state_dict: 'seed_generator' must be a uint8 tensor from Generator.get_state()")
-        n = check_int("num_perturbations", extra.get("num_perturbations"), minimum=1)
         super().load_state_dict(state_dict)
         self._seeds.set_state(gen_state.clone())
-        self.num_perturbations = n
+
+    def _trained(self, group: dict) -> list[torch.Tensor]:
+        return [p for p in group["params"] if p.requires_grad]
 
     def _add_z(self, seed: int, coef: Callable[[dict], float]) -> None:
-        """``p += coef(group) · z`` for every parameter, ``z ~ N(0, I)`` regenerated from ``seed`` in a fixed
+        """``p += coef(group) · z`` for every trained parameter, ``z ~ N(0, I)`` regenerated from ``seed`` in a fixed
         parameter order (one generator per device), one parameter-sized temporary at a time."""
         gens: dict = {}
         for group in self.param_groups:
             c = coef(group)
-            for p in group["params"]:
+            for p in self._trained(group):
                 gen = gens.get(p.device)
                 if gen is None:
                     gen = gens[p.device] = torch.Generator(device=p.device).manual_seed(seed)
@@ -277,41 +328,55 @@ class MeZO(torch.optim.Optimizer):
             raise TypeError(f"MeZO closure must return a real loss, got dtype {v.dtype}")
         return v.reshape(())
 
+    def _shared(self, name: str, check) -> float:
+        values = {group[name] for group in self.param_groups}
+        if len(values) != 1:
+            raise ValueError(f"MeZO needs one {name} shared by all parameter groups, got {sorted(values)}")
+        return check(name, values.pop())
+
     @torch.no_grad()
-    def step(self, closure: Callable[[], torch.Tensor | float]) -> torch.Tensor:
-        """One MeZO update (see the class docstring); returns ``L+`` of the first perturbation. The parameters
-        are restored before any error propagates (a failing closure, a non-scalar or NaN loss)."""
+    def step(self, closure: Callable[[], torch.Tensor | float]) -> torch.Tensor:  # type: ignore[override]
+        """One MeZO update (see the class docstring).
+
+        Args:
+            closure: returns the loss at the current (perturbed) parameters.
+
+        Returns:
+            ``L+`` of the first perturbation (the first value the closure returned).
+
+        Raises:
+            ValueError: no closure, a NaN loss, bad hyperparameters; the parameters are restored before any error
+                propagates.
+        """
         if closure is None or not callable(closure):
             raise ValueError("MeZO.step needs a closure that returns the loss")
-        eps_groups = {group["eps"] for group in self.param_groups}
-        if len(eps_groups) != 1:
-            raise ValueError("MeZO needs one eps shared by all parameter groups")
-        eps = check_positive("eps", eps_groups.pop())
+        sigma = self._shared("sigma", check_positive)
+        n = self._shared("n_samples", lambda name, v: check_int(name, v, minimum=1))
         for group in self.param_groups:
             check_positive("lr", group["lr"])
             check_nonnegative("weight_decay", group["weight_decay"])
         seeds, grads, first = [], [], None
-        for _ in range(self.num_perturbations):
+        for _ in range(n):
             s = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-            self._add_z(s, lambda gr: gr["eps"])              # θ + εz
+            self._add_z(s, lambda gr: gr["sigma"])              # θ + σz
             try:
                 lp = self._loss(closure)
             except BaseException:
-                self._add_z(s, lambda gr: -gr["eps"])         # back to θ before the error propagates
+                self._add_z(s, lambda gr: -gr["sigma"])         # back to θ before the error propagates
                 raise
-            self._add_z(s, lambda gr: -2 * gr["eps"])         # θ - εz
+            self._add_z(s, lambda gr: -2 * gr["sigma"])         # θ - σz
             try:
                 lm = self._loss(closure)
             finally:
-                self._add_z(s, lambda gr: gr["eps"])          # θ
+                self._add_z(s, lambda gr: gr["sigma"])          # θ
             if not (bool(torch.isfinite(lp)) and bool(torch.isfinite(lm))):
                 raise ValueError("closure returned NaN or inf; parameters restored, no update made")
             seeds.append(s)
-            grads.append((float(lp) - float(lm)) / (2 * eps))
+            grads.append((float(lp) - float(lm)) / (2 * sigma))
             first = lp if first is None else first
         for group in self.param_groups:
             if group["weight_decay"] > 0:
-                for p in group["params"]:
+                for p in self._trained(group):
                     p.mul_(1 - group["lr"] * group["weight_decay"])
         for s, g in zip(seeds, grads):
             self._add_z(s, lambda gr, g=g: -gr["lr"] * g / len(seeds))

@@ -74,10 +74,10 @@ def test_kfac_with_sgd_and_a_schedule_resumes_bit_identically(kw):
         xb, yb = _batch(X, y, i)
         out = net(xb)
         loss = C.nll_loss(out, yb)
-        kfac.update(out, yb)
+        kfac.update_statistics(outputs=out, targets=yb)
         opt.zero_grad()
         loss.backward()
-        kfac.step()
+        kfac.precondition_()
         opt.step()
         sched.step()
 
@@ -88,7 +88,7 @@ def test_kfac_state_dict_is_checked_on_load():
     net = _net(0)
     X, y = _data()
     k = C.KFAC(net, fisher_type="empirical")
-    k.update(net(X), y)
+    k.update_statistics(outputs=net(X), targets=y)
     s = k.state_dict()
     with pytest.raises(ValueError, match="saved with"):
         C.KFAC(net, fisher_type="exact").load_state_dict(s)
@@ -105,7 +105,7 @@ def test_kfac_state_dict_is_checked_on_load():
     with pytest.raises(ValueError, match="damping"):
         k.load_state_dict(s)
     s["A"]["0"].fill_(7.0)  # the state_dict holds copies
-    assert not torch.equal(k.A["0"], s["A"]["0"])
+    assert not torch.equal(k.factors.A["0"], s["A"]["0"])
 
 
 def test_natural_gradient_descent_resumes_bit_identically():
@@ -164,8 +164,8 @@ def test_fisher_diagonal_preconditioner_with_sgd_resumes_bit_identically():
         xb, yb = _batch(X, y, i)
         opt.zero_grad()
         C.nll_loss(net(xb), yb).backward()
-        pre.update(xb, yb)
-        pre.step()
+        pre.update_statistics(xb, yb)
+        pre.precondition_()
         opt.step()
 
     _resume_matches(build, step)
@@ -175,7 +175,7 @@ def test_fisher_diagonal_state_dict_is_checked_on_load():
     net = _net(0)
     pre = C.FisherDiagonalPreconditioner(net, "exact")
     X, y = _data()
-    pre.update(X, y)
+    pre.update_statistics(X, y)
     s = pre.state_dict()
     with pytest.raises(ValueError, match="fisher_type"):
         C.FisherDiagonalPreconditioner(net, "empirical").load_state_dict(s)

@@ -7,6 +7,7 @@ from torch import nn
 from torch.func import functional_call
 
 import taskloss.curvature as C
+from taskloss.utils import flatten, unflatten
 
 curvlinops = pytest.importorskip("curvlinops")
 
@@ -34,8 +35,8 @@ def _params(m):
 
 def _jacobian(m, X):
     params = _params(m)
-    theta = C.flatten(params)
-    f = lambda t: functional_call(m, C.unflatten(t, params), (X,))  # noqa: E731
+    theta = flatten(params)
+    f = lambda t: functional_call(m, unflatten(t, params), (X,))  # noqa: E731
     return torch.autograd.functional.jacobian(f, theta), f(theta)  # [N, C, P], [N, C]
 
 
@@ -106,8 +107,8 @@ def test_ggn_is_hessian_for_linear_model_with_squared_error():
     lin = nn.Linear(D, K).double()
     X, Y = torch.randn(N, D, dtype=torch.float64), torch.randn(N, K, dtype=torch.float64)
     params = _params(lin)
-    loss = lambda t: C.nll_loss(functional_call(lin, C.unflatten(t, params), (X,)), Y, "gaussian")  # noqa
-    hess = torch.autograd.functional.hessian(loss, C.flatten(params))
+    loss = lambda t: C.nll_loss(functional_call(lin, unflatten(t, params), (X,)), Y, "gaussian")  # noqa
+    hess = torch.autograd.functional.hessian(loss, flatten(params))
     torch.testing.assert_close(C.ggn_matrix(lin, None, X, "gaussian"), hess)
 
 
@@ -146,10 +147,10 @@ def test_ggn_vector_product_equals_dense(setup, likelihood):
     G = _reference_ggn(m, X, likelihood)
     v = torch.randn(G.shape[0], dtype=torch.float64)
     torch.testing.assert_close(C.ggn_vector_product(m, None, X, v, likelihood), G @ v)
-    vd = C.unflatten(v, _params(m))
+    vd = unflatten(v, _params(m))
     out = C.ggn_vector_product(m, None, X, vd, likelihood)
     assert isinstance(out, dict) and out.keys() == vd.keys()
-    torch.testing.assert_close(C.flatten(out), G @ v)
+    torch.testing.assert_close(flatten(out), G @ v)
 
 
 def test_conjugate_gradient_matches_solve():
@@ -167,9 +168,9 @@ def test_conjugate_gradient_matches_solve():
     _, info = C.conjugate_gradient(lambda v: A @ v, b, x0=x_star, tol=1e-8, return_info=True)
     assert info["iterations"] == 0
     like = {"a": torch.zeros(5, dtype=A.dtype), "b": torch.zeros(7, dtype=A.dtype)}
-    xd = C.conjugate_gradient(lambda d: C.unflatten(A @ C.flatten(d), like), C.unflatten(b, like),
+    xd = C.conjugate_gradient(lambda d: unflatten(A @ flatten(d), like), unflatten(b, like),
                               max_iter=100, tol=1e-12)
-    torch.testing.assert_close(C.flatten(xd), x_star)
+    torch.testing.assert_close(flatten(xd), x_star)
 
 
 def test_hessian_free_direction_solves_damped_ggn(setup):
@@ -210,7 +211,7 @@ def test_curvature_scale_converts_to_curvlinops_kfac(setup, fisher_type, clv_typ
     m, X, y, Y = setup
     likelihood, t = ("categorical", y) if loss == "cross_entropy" else ("gaussian", Y)
     k = C.KFAC(m, fisher_type=fisher_type, likelihood=likelihood, decay=0.0)
-    k.update(m(X), t)
+    k.update_statistics(outputs=m(X), targets=t)
     k.remove()
     params = list(m.parameters())
     op = curvlinops.KFACLinearOperator(m, _loss_module(loss, reduction), params, [(X[:4], t[:4]), (X[4:], t[4:])],
@@ -252,9 +253,9 @@ def test_hessian_free_one_step_solves_least_squares():
         opt.zero_grad()
         loss = C.nll_loss(lin(X), Y, "gaussian")
         loss.backward()
-        return loss
+        return loss, X
 
-    opt.step(closure, X)
+    opt.step(closure)
     Xa = torch.cat([X, torch.ones(30, 1, dtype=X.dtype)], 1)
     sol = torch.linalg.lstsq(Xa, Y).solution  # [D+1, K]
     torch.testing.assert_close(lin.weight.detach(), sol[:-1].T, atol=1e-8, rtol=1e-8)
@@ -269,9 +270,9 @@ def test_hessian_free_never_increases_the_loss(setup):
         opt.zero_grad()
         loss = C.nll_loss(m(X), y)
         loss.backward()
-        return loss
+        return loss, X
 
-    losses = [opt.step(closure, X) for _ in range(8)]
+    losses = [float(opt.step(closure).detach()) for _ in range(8)]
     assert all(b <= a + 1e-12 for a, b in zip(losses, losses[1:]))
     assert losses[-1] < 0.5 * losses[0]
     assert {"rho", "damping", "accepted", "iterations"} <= opt.last_info.keys()
@@ -280,17 +281,17 @@ def test_hessian_free_never_increases_the_loss(setup):
 def test_fisher_diagonal_preconditioner(setup):
     m, X, y, _ = setup
     pre = C.FisherDiagonalPreconditioner(m, "exact", damping=0.1, decay=0.5)
-    d1 = pre.update(X, y).clone()
+    d1 = pre.update_statistics(X, y).clone()
     torch.testing.assert_close(d1, C.ggn_diagonal(m, None, X))
     d2 = C.ggn_diagonal(m, None, X[:3])
-    torch.testing.assert_close(pre.update(X[:3]), 0.5 * d1 + 0.5 * d2)
+    torch.testing.assert_close(pre.update_statistics(X[:3]), 0.5 * d1 + 0.5 * d2)
     m.zero_grad()
     C.nll_loss(m(X), y).backward()
     g = torch.cat([p.grad.reshape(-1) for p in m.parameters()])
-    pre.step()
+    pre.precondition_()
     torch.testing.assert_close(torch.cat([p.grad.reshape(-1) for p in m.parameters()]), g / (pre.diagonal + 0.1))
     ef = C.FisherDiagonalPreconditioner(m, "empirical", power=0.5)
-    torch.testing.assert_close(ef.update(X, y), C.empirical_fisher_diagonal(m, None, X, y))
+    torch.testing.assert_close(ef.update_statistics(X, y), C.empirical_fisher_diagonal(m, None, X, y))
 
 
 # ------------------------------------------------------------------------------------------------ bad input
@@ -327,7 +328,7 @@ def test_bad_inputs_raise(setup):
     with pytest.raises(ValueError, match="lr"):
         C.HessianFree(m.parameters(), m, lr=0.0)
     with pytest.raises(ValueError, match="closure"):
-        C.HessianFree(m.parameters(), m).step(None, X)
+        C.HessianFree(m.parameters(), m).step(None)
     with pytest.raises(ValueError, match="belong"):
         C.HessianFree([nn.Parameter(torch.zeros(2))], m)
     with pytest.raises(ValueError, match="fisher_type"):
@@ -335,6 +336,6 @@ def test_bad_inputs_raise(setup):
     with pytest.raises(ValueError, match="decay"):
         C.FisherDiagonalPreconditioner(m, decay=1.0)
     with pytest.raises(RuntimeError, match="update"):
-        C.FisherDiagonalPreconditioner(m).step()
+        C.FisherDiagonalPreconditioner(m).precondition_()
     with pytest.raises(ValueError, match="targets"):
-        C.FisherDiagonalPreconditioner(m, "empirical").update(X)
+        C.FisherDiagonalPreconditioner(m, "empirical").update_statistics(X)

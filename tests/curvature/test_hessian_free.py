@@ -138,24 +138,26 @@ def _least_squares(seed=0):
     return lin, X, Y
 
 
-@pytest.mark.parametrize("source", ["argument", "closure", "constructor"])
-def test_hessian_free_gets_the_ggn_batch_from_any_documented_source(source):
-    results = {}
-    for src in ("argument", source):
-        lin, X, Y = _least_squares()
-        opt = C.HessianFree(lin.parameters(), lin, lr=1.0, damping=1e-2, cg_iters=5, likelihood="gaussian",
-                            ggn_inputs=X[:10] if src == "constructor" else None)
+def test_hessian_free_gets_the_ggn_batch_from_the_closure():
+    """The one documented way: the closure returns ``(loss, inputs)``; the GGN batch may differ from the loss's."""
+    lin, X, Y = _least_squares()
+    opt = C.HessianFree(lin.parameters(), lin, lr=0.5, damping=1e-2, cg_iters=60, cg_tol=1e-13, likelihood="gaussian",
+                        adapt_damping=False)
+    g = []
 
-        def closure():
-            opt.zero_grad()
-            loss = C.nll_loss(lin(X), Y, "gaussian")
-            loss.backward()
-            return (loss, X[:10]) if src == "closure" else loss
+    def closure():
+        opt.zero_grad()
+        loss = C.nll_loss(lin(X), Y, "gaussian")
+        loss.backward()
+        g.append(torch.cat([p.grad.reshape(-1) for p in lin.parameters()]))
+        return loss, X[:10]
 
-        for _ in range(3):
-            opt.step(closure, X[:10]) if src == "argument" else opt.step(closure)
-        results[src] = [p.detach().clone() for p in lin.parameters()]
-    assert all(torch.equal(a, b) for a, b in zip(results["argument"], results[source]))
+    before = torch.cat([p.detach().reshape(-1) for p in lin.parameters()])
+    opt.step(closure)
+    G = C.ggn_matrix(lin, None, X[:10], "gaussian")
+    want = torch.linalg.solve(G + 1e-2 * torch.eye(G.shape[0], dtype=D), g[0])      # (G + λI)⁻¹ g on X[:10]
+    after = torch.cat([p.detach().reshape(-1) for p in lin.parameters()])
+    torch.testing.assert_close(before - after, 0.5 * want, rtol=1e-8, atol=1e-10)
 
 
 def test_hessian_free_damping_update_uses_the_model_at_the_current_point():
@@ -167,13 +169,13 @@ def test_hessian_free_damping_update_uses_the_model_at_the_current_point():
         opt.zero_grad()
         loss = C.nll_loss(lin(X), Y, "gaussian")
         loss.backward()
-        return loss
+        return loss, X
 
     params0 = {k: p.detach().clone() for k, p in lin.named_parameters()}
-    loss0 = float(closure().detach())
+    loss0 = float(closure()[0].detach())
     g = torch.cat([p.grad.reshape(-1) for p in lin.parameters()])
     G = C.ggn_matrix(lin, params0, X, "gaussian")
-    opt.step(closure, X)
+    opt.step(closure)
     d = opt.state[next(iter(lin.parameters()))]["direction"]
     predicted = -0.7 * float(g @ d) + 0.5 * 0.49 * float(d @ G @ d)
     new_loss = opt.last_info["new_loss"]
@@ -184,16 +186,67 @@ def test_hessian_free_damping_update_uses_the_model_at_the_current_point():
 def test_hessian_free_step_bad_closures():
     lin, X, Y = _least_squares()
     opt = C.HessianFree(lin.parameters(), lin, likelihood="gaussian")
-    with pytest.raises(ValueError, match="GGN batch"):
-        opt.step(lambda: C.nll_loss(lin(X), Y, "gaussian"))
+    with pytest.raises(ValueError, match=r"\(loss, inputs\)"):
+        opt.step(lambda: C.nll_loss(lin(X), Y, "gaussian"))          # the GGN batch is missing
     with pytest.raises(ValueError, match="scalar loss"):
-        opt.step(lambda: lin(X), X)
+        opt.step(lambda: (lin(X), X))
     with pytest.raises(FloatingPointError, match="non-finite loss"):
-        opt.step(lambda: torch.tensor(math.nan), X)
+        opt.step(lambda: (torch.tensor(math.nan), X))
     with pytest.raises(ValueError, match="closure"):
-        opt.step(None, X)
-    with pytest.raises(ValueError, match=r"loss or a pair"):
-        opt.step(lambda: (1.0, X, X), X)
+        opt.step(None)
+    with pytest.raises(ValueError, match=r"\(loss, inputs\)"):
+        opt.step(lambda: (1.0, X, X))
+    with pytest.raises(TypeError, match="GGN inputs"):
+        opt.step(lambda: (1.0, "X"))
     opt.param_groups[0]["damping"] = -1.0
     with pytest.raises(ValueError, match="damping must be > 0"):
-        opt.step(lambda: torch.tensor(1.0), X)
+        opt.step(lambda: (torch.tensor(1.0), X))
+
+
+def _hf_closure(opt, lin, X, Y):
+    def closure():
+        opt.zero_grad()
+        loss = C.nll_loss(lin(X), Y, "gaussian")
+        loss.backward()
+        return loss, X
+    return closure
+
+
+def test_hessian_free_leaves_frozen_parameters_and_counts_shared_ones_once():
+    """Issue cases: HessianFree moved a frozen bias by 0.03 in a step; a parameter listed twice is one."""
+    lin, X, Y = _least_squares()
+    lin.bias.requires_grad_(False)
+    bias = lin.bias.detach().clone()
+    opt = C.HessianFree(lin.parameters(), lin, damping=1e-2, cg_iters=5, likelihood="gaussian")
+    opt.step(_hf_closure(opt, lin, X, Y))
+    assert torch.equal(lin.bias, bias)
+    a, X, Y = _least_squares(1)
+    b, _, _ = _least_squares(1)
+    oa = C.HessianFree([a.weight, a.bias, a.weight], a, damping=1e-2, cg_iters=5, likelihood="gaussian")
+    ob = C.HessianFree([b.weight, b.bias], b, damping=1e-2, cg_iters=5, likelihood="gaussian")
+    for _ in range(2):
+        oa.step(_hf_closure(oa, a, X, Y))
+        ob.step(_hf_closure(ob, b, X, Y))
+    assert torch.equal(a.weight, b.weight) and torch.equal(a.bias, b.bias)
+
+
+def test_hessian_free_steps_every_group_with_its_learning_rate_and_follows_a_scheduler():
+    lin, X, Y = _least_squares(2)
+    ref, _, _ = _least_squares(2)
+    opt = C.HessianFree([{"params": [lin.weight]}, {"params": [lin.bias], "lr": 0.25}], lin, lr=0.5, damping=1e-2,
+                        cg_iters=40, cg_tol=1e-12, likelihood="gaussian", adapt_damping=False)
+    one = C.HessianFree(ref.parameters(), ref, lr=1.0, damping=1e-2, cg_iters=40, cg_tol=1e-12, likelihood="gaussian",
+                        adapt_damping=False)
+    w0, b0 = lin.weight.detach().clone(), lin.bias.detach().clone()
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.5)
+    opt.step(_hf_closure(opt, lin, X, Y))
+    one.step(_hf_closure(one, ref, X, Y))                      # the full direction d, once
+    torch.testing.assert_close(w0 - lin.weight, 0.5 * (w0 - ref.weight))
+    torch.testing.assert_close(b0 - lin.bias, 0.25 * (b0 - ref.bias))
+    sched.step()
+    assert [g["lr"] for g in opt.param_groups] == [0.25, 0.125]
+    opt.param_groups[1]["cg_iters"] = 3
+    with pytest.raises(ValueError, match="cg_iters must be the same in every parameter group"):
+        opt.step(_hf_closure(opt, lin, X, Y))
+    with pytest.raises(TypeError, match="adapt_damping must be a bool"):
+        C.HessianFree(lin.parameters(), lin, adapt_damping="no")

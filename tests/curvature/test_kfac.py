@@ -24,7 +24,7 @@ def _block_mask(model, modules):
 
 def _kfac_dense(model, X, targets=None, **kw):
     k = KFAC(model, decay=0.0, **kw)
-    k.update(model(X), targets)
+    k.update_statistics(outputs=model(X), targets=targets)
     return k, k.to_dense()
 
 
@@ -91,13 +91,13 @@ def test_step_applies_damped_inverse(mode):
     lam = 0.05
     k = KFAC(net, damping=lam, damping_mode=mode, fisher_type="empirical", decay=0.0)
     out = net(X)
-    k.update(out, y)
+    k.update_statistics(outputs=out, targets=y)
     C.nll_loss(out, y).backward()
     g = _grads(net)
-    k.step()
+    k.precondition_()
     blocks = []
     for name, mod in k.modules.items():
-        A, G = k.A[name], k.G[name]
+        A, G = k.factors.A[name], k.factors.G[name]
         if mode == "eigen":
             M = torch.kron(G, A) + lam * torch.eye(A.shape[0] * G.shape[0], dtype=A.dtype)
         else:
@@ -118,35 +118,35 @@ def test_kl_clip_running_average_and_intervals():
     X, y = torch.randn(8, 3, dtype=torch.float64), torch.randint(0, 3, (8,))
     # running average: F = decay·F_old + (1 − decay)·F_batch
     k = KFAC(net, fisher_type="exact", decay=0.75, factor_update_interval=1)
-    k.update(net(X[:4]))
-    A1 = {n: a.clone() for n, a in k.A.items()}
-    k.update(net(X[4:]))
+    k.update_statistics(outputs=net(X[:4]))
+    A1 = {n: a.clone() for n, a in k.factors.A.items()}
+    k.update_statistics(outputs=net(X[4:]))
     k0 = KFAC(net, fisher_type="exact", decay=0.0)
-    k0.update(net(X[4:]))
-    for n in k.A:
-        torch.testing.assert_close(k.A[n], 0.75 * A1[n] + 0.25 * k0.A[n])
+    k0.update_statistics(outputs=net(X[4:]))
+    for n in k.factors.A:
+        torch.testing.assert_close(k.factors.A[n], 0.75 * A1[n] + 0.25 * k0.factors.A[n])
     # factor interval 2: the second update is skipped
     k2 = KFAC(net, fisher_type="exact", decay=0.0, factor_update_interval=2)
-    k2.update(net(X[:4]))
-    A1 = {n: a.clone() for n, a in k2.A.items()}
-    k2.update(net(X[4:]))
-    assert all(torch.equal(k2.A[n], A1[n]) for n in A1)
+    k2.update_statistics(outputs=net(X[:4]))
+    A1 = {n: a.clone() for n, a in k2.factors.A.items()}
+    k2.update_statistics(outputs=net(X[4:]))
+    assert all(torch.equal(k2.factors.A[n], A1[n]) for n in A1)
     # KL clipping: ν = min(1, sqrt(kl_clip / (lr² Σ gᵀF⁻¹g)))
     lr, clip = 0.5, 1e-4
     kc = KFAC(net, fisher_type="empirical", decay=0.0, kl_clip=clip,
               optimizer=torch.optim.SGD(net.parameters(), lr=lr))
     ku = KFAC(net, fisher_type="empirical", decay=0.0)
     out = net(X)
-    kc.update(out, y)
-    ku.update(net(X), y)
+    kc.update_statistics(outputs=out, targets=y)
+    ku.update_statistics(outputs=net(X), targets=y)
     net.zero_grad()
     C.nll_loss(net(X), y).backward()
     g = _grads(net)
-    assert ku.step() == 1.0
+    assert ku.precondition_() == 1.0
     v = _grads(net)
     net.zero_grad()
     C.nll_loss(net(X), y).backward()
-    nu = kc.step()
+    nu = kc.precondition_()
     assert nu == pytest.approx(min(1.0, math.sqrt(clip / (lr**2 * float(v @ g)))))
     assert nu < 1.0
     torch.testing.assert_close(_grads(net), nu * v)
@@ -166,11 +166,11 @@ def test_training_with_kfac_reduces_loss_faster_than_plain_sgd():
             out = net(X)
             loss = C.nll_loss(out, y)
             if k:
-                k.update(out, y)
+                k.update_statistics(outputs=out, targets=y)
             opt.zero_grad()
             loss.backward()
             if k:
-                k.step()
+                k.precondition_()
             opt.step()
         finals[use_kfac] = C.nll_loss(net(X), y).item()
     assert finals[True] < 0.5 * finals[False], finals
@@ -208,10 +208,10 @@ def test_bad_inputs_raise():
     assert k.skipped == ["lstm"] and list(k.modules) == ["head"]
     Xs = torch.randn(5, 2, 3)
     out = lstm_net(Xs)
-    k.update(out, y)
+    k.update_statistics(outputs=out, targets=y)
     nn.functional.cross_entropy(out, y).backward()
     g_lstm = [p.grad.clone() for p in lstm_net.lstm.parameters()]
-    k.step()
+    k.precondition_()
     assert all(torch.equal(a, p.grad) for a, p in zip(g_lstm, lstm_net.lstm.parameters()))
     with pytest.raises(ValueError, match="no trainable"):
         KFAC(nn.Sequential(nn.ReLU()))
@@ -220,18 +220,18 @@ def test_bad_inputs_raise():
 
     k = KFAC(net, fisher_type="empirical")
     with pytest.raises(RuntimeError, match="update"):
-        k.step()
+        k.precondition_()
     with pytest.raises(ValueError, match="targets"):
-        k.update(net(X))
+        k.update_statistics(outputs=net(X))
     with pytest.raises(ValueError, match="shape"):
-        k.update(net(X), y[:3])
+        k.update_statistics(outputs=net(X), targets=y[:3])
     with pytest.raises(ValueError, match="batch size"):
         net(X)  # the layers saw 5 examples; outputs claim 3
-        k.update(torch.zeros(3, 2, requires_grad=True), y[:3])
+        k.update_statistics(outputs=torch.zeros(3, 2, requires_grad=True), targets=y[:3])
     with pytest.raises(ValueError, match="graph"):
-        k.update(net(X).detach(), y)
+        k.update_statistics(outputs=net(X).detach(), targets=y)
     with pytest.raises(RuntimeError, match="exactly once"):
-        k.update(torch.zeros(5, 2, requires_grad=True), y)  # no forward since the last update
+        k.update_statistics(outputs=torch.zeros(5, 2, requires_grad=True), targets=y)  # no forward since the last update
 
     class Shared(nn.Module):
         def __init__(self):
@@ -244,7 +244,7 @@ def test_bad_inputs_raise():
     shared = Shared()
     ks = KFAC(shared, fisher_type="empirical")
     with pytest.raises(RuntimeError, match="exactly once"):
-        ks.update(shared(torch.randn(4, 2)), torch.randint(0, 2, (4,)))
+        ks.update_statistics(outputs=shared(torch.randn(4, 2)), targets=torch.randint(0, 2, (4,)))
 
 
 @pytest.mark.cuda
@@ -258,7 +258,7 @@ def test_cuda_matches_cpu():
     for dev in ("cpu", "cuda"):
         n = net.to(dev)
         k = KFAC(n, fisher_type="exact", decay=0.0)
-        k.update(n(X.to(dev)))
+        k.update_statistics(outputs=n(X.to(dev)))
         results[dev] = (C.ggn_vector_product(n, None, X.to(dev), v.to(dev)).cpu(), k.to_dense().cpu(),
                         C.mc_fisher_diagonal(n, None, X.to(dev), n_samples=2,
                                              generator=torch.Generator().manual_seed(0)).cpu())

@@ -38,13 +38,13 @@ def _train(kind, flat, dtype=torch.float64, steps=12, **kw):
     for x, y in _batches(kind, steps, dtype):
         out = net(x)
         loss = C.nll_loss(out, y)
-        kfac.update(out, y)
+        kfac.update_statistics(outputs=out, targets=y)
         opt.zero_grad()
         loss.backward()
-        nus.append(kfac.step())
+        nus.append(kfac.precondition_())
         grads.append([p.grad.clone() for p in net.parameters() if p.grad is not None])
         opt.step()
-    assert (kfac._flat is not None) == flat  # the path under test was taken
+    assert (kfac.gradients._flat is not None) == flat  # the path under test was taken
     return grads, nus
 
 
@@ -80,25 +80,25 @@ def test_hooks_detached_between_factor_updates_record_exactly_the_factor_batches
     attached = []
     for x, y in batches:
         attached.append(_hooks(net) > 0)
-        every3.update(net(x), y)
+        every3.update_statistics(outputs=net(x), targets=y)
     assert attached == [True, False, False] * 3
     net1 = _net(kind)
     each = KFAC(net1, fisher_type="mc", factor_update_interval=1, generator=torch.Generator().manual_seed(5))
     for x, y in batches[::3]:
-        each.update(net1(x), y)
+        each.update_statistics(outputs=net1(x), targets=y)
     for k in every3.modules:
-        assert torch.equal(every3.A[k], each.A[k]) and torch.equal(every3.G[k], each.G[k]), k
+        assert torch.equal(every3.factors.A[k], each.factors.A[k]) and torch.equal(every3.factors.G[k], each.factors.G[k]), k
 
 
 def test_hooks_follow_interval_changes_checkpoints_and_removal():
     net = _net("mlp")
     (x, y), = _batches("mlp", 1)
     k = KFAC(net, factor_update_interval=2)
-    k.update(net(x), y)
+    k.update_statistics(outputs=net(x), targets=y)
     assert _hooks(net) == 0                      # the next update skips the factors: nothing to record
     k.factor_update_interval = 1                 # ... until the interval says otherwise
     assert _hooks(net) == 4
-    k.update(net(x), y)                          # records and folds this batch
+    k.update_statistics(outputs=net(x), targets=y)                          # records and folds this batch
     assert k._n_updates == 2
     k.factor_update_interval = 3
     assert _hooks(net) == 0
@@ -107,7 +107,7 @@ def test_hooks_follow_interval_changes_checkpoints_and_removal():
     assert _hooks(net) == 4                      # fresh's hooks (k has none now)
     fresh.load_state_dict(state)                 # n_updates = 2, interval 3: detached like the saved object
     assert _hooks(net) == 0
-    fresh.update(net(x), y)                      # n_updates = 3 next: attached again
+    fresh.update_statistics(outputs=net(x), targets=y)                      # n_updates = 3 next: attached again
     assert _hooks(net) == 4
     fresh.remove()
     k.remove()
@@ -115,7 +115,7 @@ def test_hooks_follow_interval_changes_checkpoints_and_removal():
     k.factor_update_interval = 1                 # a removed KFAC never re-attaches
     assert _hooks(net) == 0
     with pytest.raises(RuntimeError, match="hooks were removed"):
-        k.update(net(x), y)
+        k.update_statistics(outputs=net(x), targets=y)
 
 
 # ---------------------------------------------------------------------------------------- the factor update path
@@ -150,15 +150,15 @@ def test_running_factors_match_the_two_pass_average_of_batch_factors(kind):
     fresh.model.load_state_dict(net.state_dict())
     ref_A, ref_G = {}, {}
     for x, y in batches:
-        running.update(net(x), y)
-        fresh.update(fresh.model(x), y)  # the same MC draws: the generators advance alike
+        running.update_statistics(outputs=net(x), targets=y)
+        fresh.update_statistics(outputs=fresh.model(x), targets=y)  # the same MC draws: the generators advance alike
         for k in fresh.modules:
-            a, gg = fresh.A[k], fresh.G[k]
+            a, gg = fresh.factors.A[k], fresh.factors.G[k]
             ref_A[k] = a.clone() if k not in ref_A else ref_A[k] * 0.9 + a * 0.1
             ref_G[k] = gg.clone() if k not in ref_G else ref_G[k] * 0.9 + gg * 0.1
     for k in running.modules:
-        torch.testing.assert_close(running.A[k], ref_A[k], rtol=1e-12, atol=1e-14)
-        torch.testing.assert_close(running.G[k], ref_G[k], rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(running.factors.A[k], ref_A[k], rtol=1e-12, atol=1e-14)
+        torch.testing.assert_close(running.factors.G[k], ref_G[k], rtol=1e-12, atol=1e-14)
 
 
 @pytest.mark.parametrize("n_samples", [1, 3])
@@ -166,13 +166,13 @@ def test_mc_cotangents_reuse_one_softmax_with_the_same_draws(n_samples):
     """The MC output gradients are computed from one softmax for the draws and the gradients: bit-for-bit what
     ``sample_targets`` then ``softmax − onehot`` give with an identically seeded generator (the same kernels on the
     same numbers)."""
-    from taskloss.curvature.fisher import _nll_grad
+    from taskloss.curvature.fisher import nll_grad
     net = _net("mlp")
     out = net(_batches("mlp", 1)[0][0]).detach()
     k = KFAC(net, fisher_type="mc", n_samples=n_samples, generator=torch.Generator().manual_seed(7))
     got = k._output_cotangents(out, None)
     ys = C.sample_targets(out, "categorical", n_samples, torch.Generator().manual_seed(7))
-    want = torch.stack([_nll_grad(out, y, "categorical") for y in ys])
+    want = torch.stack([nll_grad(out, y, "categorical") for y in ys])
     if n_samples > 1:
         want = want / n_samples**0.5
     assert torch.equal(got, want)
@@ -185,15 +185,15 @@ def test_non_finite_inputs_and_outputs_still_raise_on_the_mc_path():
     (x, y), = _batches("mlp", 1)
     k = KFAC(net, fisher_type="mc", generator=torch.Generator().manual_seed(0))
     with pytest.raises(ValueError, match="outputs contains NaN"):
-        k.update(net(x) * float("nan"), y)
+        k.update_statistics(outputs=net(x) * float("nan"), targets=y)
     x = x.clone()
     x[0, 0] = float("inf")
     out = net(x)
     assert bool(torch.isfinite(out).all())
-    k.update(out, y)
+    k.update_statistics(outputs=out, targets=y)
     C.nll_loss(out, y).backward()
     with pytest.raises(ValueError, match=r"factors of layers \['0'\] contain NaN or inf"):
-        k.step()
+        k.precondition_()
 
 
 @pytest.mark.parametrize("mode", ["eigen", "pi"])

@@ -32,7 +32,7 @@ def _grads(net):
 
 def _ready(net, k, X, y):
     out = net(X)
-    k.update(out, y)
+    k.update_statistics(outputs=out, targets=y)
     net.zero_grad()
     C.nll_loss(out, y).backward()
 
@@ -51,7 +51,7 @@ def test_damping_changed_after_construction_is_checked(bad):
     _ready(net, k, X, y)
     k._damping = bad  # bypassing the setter is still caught when the damping is used
     with pytest.raises(ValueError, match="damping must be > 0"):
-        k.step()
+        k.precondition_()
 
 
 @pytest.mark.parametrize("mode", ["eigen", "pi"])
@@ -59,12 +59,12 @@ def test_changed_damping_takes_effect_at_the_next_step(mode):
     net, (X, y) = _mlp(), _batch()
     k = KFAC(net, fisher_type="empirical", decay=0.0, damping=1e-2, damping_mode=mode, inverse_update_interval=100)
     _ready(net, k, X, y)
-    k.step()                      # inverses built with λ = 1e-2; the next refresh would be at step 100
+    k.precondition_()                      # inverses built with λ = 1e-2; the next refresh would be at step 100
     k.damping = 0.3
     net.zero_grad()
     C.nll_loss(net(X), y).backward()
     g = _grads(net)
-    k.step()
+    k.precondition_()
     if mode == "eigen":
         expected = torch.linalg.solve(k.to_dense() + 0.3 * _eye(net.parameters()), g)
     else:
@@ -75,7 +75,7 @@ def test_changed_damping_takes_effect_at_the_next_step(mode):
 def _pi_reference(k, g, lam):
     blocks = []
     for name in k.modules:
-        A, G = k.A[name], k.G[name]
+        A, G = k.factors.A[name], k.factors.G[name]
         pi = math.sqrt((A.trace() / A.shape[0]) / (G.trace() / G.shape[0]))
         M = torch.kron(G + math.sqrt(lam) / pi * torch.eye(G.shape[0], dtype=D),
                        A + math.sqrt(lam) * pi * torch.eye(A.shape[0], dtype=D))
@@ -97,7 +97,7 @@ def test_nonfinite_gradient_raises_in_step(value, where, kl_clip):
     dict(net.named_parameters())[where].grad.view(-1)[1] = value
     layer = where.split(".")[0]
     with pytest.raises(ValueError, match=rf"gradients of K-FAC layers \['{layer}'\] contain NaN or inf"):
-        k.step()
+        k.precondition_()
 
 
 @pytest.mark.parametrize("factor", ["A", "G"])
@@ -106,9 +106,9 @@ def test_nonfinite_factor_raises_in_step(factor, mode):
     net, (X, y) = _mlp(), _batch()
     k = KFAC(net, fisher_type="empirical", damping_mode=mode)
     _ready(net, k, X, y)
-    getattr(k, factor)["2"][0, 0] = float("nan")
+    getattr(k.factors, factor)["2"][0, 0] = float("nan")
     with pytest.raises(ValueError, match=r"factors of layers \['2'\] contain NaN or inf"):
-        k.step()
+        k.precondition_()
 
 
 def test_nonfinite_activations_are_caught_before_the_factors():
@@ -116,7 +116,7 @@ def test_nonfinite_activations_are_caught_before_the_factors():
     k = KFAC(net, fisher_type="empirical")
     X[0, 0] = float("nan")
     with pytest.raises(ValueError, match="outputs contains NaN"):
-        k.update(net(X), y)
+        k.update_statistics(outputs=net(X), targets=y)
 
 
 # ------------------------------------------------------------------------------------- bias-only blocks
@@ -132,17 +132,17 @@ def test_frozen_weight_trainable_bias_gets_the_bias_block(arch):
     y = torch.randint(0, 4, (6,))
     net[0].weight.requires_grad_(False)
     k = KFAC(net, fisher_type="empirical", decay=0.0)
-    k.update(net(X), y)
+    k.update_statistics(outputs=net(X), targets=y)
     params = [p for p in net.parameters() if p.requires_grad]
     op = curvlinops.KFACLinearOperator(net, nn.CrossEntropyLoss(), params, [(X, y)], fisher_type="empirical",
                                        separate_weight_and_bias=False, check_deterministic=False)
     torch.testing.assert_close(k.to_dense(), op @ _eye(params))
-    assert k.A["0"].shape == (1, 1)
+    assert k.factors.A["0"].shape == (1, 1)
     # the step solves the (damped) bias block and leaves the frozen weight alone
     net.zero_grad()
     C.nll_loss(net(X), y).backward()
     g = _grads(net)
-    k.step()
+    k.precondition_()
     assert net[0].weight.grad is None
     torch.testing.assert_close(_grads(net), torch.linalg.solve(k.to_dense() + 1e-3 * _eye(params), g))
 
@@ -181,7 +181,7 @@ def test_per_token_outputs_agree_with_curvlinops(fisher_type, clv_type, likeliho
     else:
         y = torch.randn(N, T, 4, dtype=D, generator=torch.Generator().manual_seed(6))
     k = KFAC(ours, fisher_type=fisher_type, likelihood=likelihood, decay=0.0)
-    k.update(ours(X), y)
+    k.update_statistics(outputs=ours(X), targets=y)
     theirs = _TokenNet(class_dim_first=likelihood == "categorical").double()
     theirs.load_state_dict(ours.state_dict())
     loss_fn = nn.CrossEntropyLoss(reduction=reduction) if loss == "cross_entropy" else nn.MSELoss(reduction=reduction)
@@ -198,9 +198,9 @@ def test_per_token_targets_must_match_the_outputs():
     X = torch.randn(2, 3, 3, dtype=D)
     k = KFAC(net, fisher_type="empirical")
     with pytest.raises(ValueError, match=r"targets must have shape \(2, 3\)"):
-        k.update(net(X), torch.zeros(2, 4, dtype=torch.long))
+        k.update_statistics(outputs=net(X), targets=torch.zeros(2, 4, dtype=torch.long))
     with pytest.raises(ValueError, match="must lie in"):
-        k.update(net(X), torch.full((2, 3), 4))
+        k.update_statistics(outputs=net(X), targets=torch.full((2, 3), 4))
 
 
 # ------------------------------------------------------------------------------- π-damping float64 retry
@@ -222,9 +222,9 @@ def test_pi_cholesky_retries_in_float64_like_curvlinops(rel):
     # through KFAC: the same factors give a finite step
     net = nn.Sequential(nn.Linear(39, 3)).float()
     k = KFAC(net, fisher_type="empirical", damping_mode="pi", damping=lam)
-    k.A, k.G = {"0": A}, {"0": G}
+    k.factors.A, k.factors.G = {"0": A}, {"0": G}
     net[0].weight.grad, net[0].bias.grad = torch.ones(3, 39), torch.ones(3)
-    k.step()
+    k.precondition_()
     assert bool(torch.isfinite(net[0].weight.grad).all())
 
 
@@ -249,10 +249,10 @@ def test_hooks_are_owned_removed_and_never_left_behind():
     with KFAC(net, fisher_type="empirical") as k:
         assert _hooks(net) == 3                     # two layers + the model's pre-hook
         _ready(net, k, X, y)
-        k.step()
+        k.precondition_()
     assert _hooks(net) == 0
     with pytest.raises(RuntimeError, match="hooks were removed"):
-        k.update(net(X), y)
+        k.update_statistics(outputs=net(X), targets=y)
     k2 = KFAC(net)
     k2.remove()
     k2.remove()                                     # idempotent
@@ -262,7 +262,7 @@ def test_hooks_are_owned_removed_and_never_left_behind():
     assert _hooks(net) == 0
     a, b = KFAC(net, fisher_type="empirical"), KFAC(net, fisher_type="empirical")
     _ready(net, a, X, y)                            # two owners on one model record independently
-    b.update(net(X), y)
+    b.update_statistics(outputs=net(X), targets=y)
     a.remove()
     b.remove()
     assert _hooks(net) == 0
@@ -279,16 +279,16 @@ def test_kl_clip_reads_the_current_learning_rate_under_a_schedule():
     for lr in (0.5, 0.05):
         assert opt.param_groups[0]["lr"] == pytest.approx(lr)
         out = net(X)
-        k.update(out, y)
-        free.update(net(X), y)
+        k.update_statistics(outputs=out, targets=y)
+        free.update_statistics(outputs=net(X), targets=y)
         net.zero_grad()
         C.nll_loss(net(X), y).backward()
         g = _grads(net)
-        free.step()
+        free.precondition_()
         v = _grads(net)
         net.zero_grad()
         C.nll_loss(net(X), y).backward()
-        nu = k.step()
+        nu = k.precondition_()
         assert nu == pytest.approx(min(1.0, math.sqrt(clip / (lr**2 * float(v @ g)))))
         opt.step()
         sched.step()
@@ -300,17 +300,17 @@ def test_kl_clip_with_one_learning_rate_per_parameter():
     opt = torch.optim.SGD([{"params": [p], "lr": lrs[n]} for n, p in net.named_parameters()])
     k = KFAC(net, fisher_type="empirical", decay=0.0, kl_clip=1e-6, optimizer=opt)
     free = KFAC(net, fisher_type="empirical", decay=0.0)
-    k.update(net(X), y)
-    free.update(net(X), y)
+    k.update_statistics(outputs=net(X), targets=y)
+    free.update_statistics(outputs=net(X), targets=y)
     net.zero_grad()
     C.nll_loss(net(X), y).backward()
     g = {n: p.grad.clone() for n, p in net.named_parameters()}
-    free.step()
+    free.precondition_()
     v = {n: p.grad.clone() for n, p in net.named_parameters()}
     net.zero_grad()
     C.nll_loss(net(X), y).backward()
     total = sum(lrs[n] ** 2 * float((v[n] * g[n]).sum()) for n in lrs)
-    assert k.step() == pytest.approx(min(1.0, math.sqrt(1e-6 / total)))
+    assert k.precondition_() == pytest.approx(min(1.0, math.sqrt(1e-6 / total)))
 
 
 def test_kl_clip_needs_an_optimizer_that_holds_the_layers():
@@ -325,7 +325,7 @@ def test_kl_clip_needs_an_optimizer_that_holds_the_layers():
     _ready(net, k, X, y)
     opt.param_groups[0]["lr"] = 0.0
     with pytest.raises(ValueError, match="learning rate"):
-        k.step()
+        k.precondition_()
 
 
 # ------------------------------------------------------------------------------------------ eigenbasis reuse
@@ -348,15 +348,15 @@ def test_eigenbasis_reuse_keeps_bases_and_rescales_eigenvalues():
         xb, yb = X[step % 2 * 8:(step % 2 + 1) * 8], y[step % 2 * 8:(step % 2 + 1) * 8]
         for kk in (k, ref):
             _ready(net, kk, xb, yb)
-            kk.step()
-        bases.append(k._inv["2"][0].clone())
+            kk.precondition_()
+        bases.append(k.factors.inverses["2"][0].clone())
         if step == 2:  # a refresh between eigendecompositions: old basis, eigenvalues diag(Qᵀ F Q)
-            qa, qg, la, lg, inv_den = k._inv["2"]
+            qa, qg, la, lg, inv_den = k.factors.inverses["2"]
             assert torch.equal(qa, bases[1])
-            torch.testing.assert_close(la, torch.diagonal(qa.T @ k.A["2"] @ qa))
-            torch.testing.assert_close(lg, torch.diagonal(qg.T @ k.G["2"] @ qg))
+            torch.testing.assert_close(la, torch.diagonal(qa.T @ k.factors.A["2"] @ qa))
+            torch.testing.assert_close(lg, torch.diagonal(qg.T @ k.factors.G["2"] @ qg))
         if step == 4:  # a fresh eigendecomposition again: equal to the plain K-FAC
-            torch.testing.assert_close(k._inv["2"][4], ref._inv["2"][4])
+            torch.testing.assert_close(k.factors.inverses["2"][4], ref.factors.inverses["2"][4])
     assert torch.equal(bases[0], bases[1]) and not torch.equal(bases[3], bases[4])
     with pytest.raises(ValueError, match="multiple"):
         KFAC(net, inverse_update_interval=3, eigenbasis_update_interval=4)
@@ -372,7 +372,7 @@ def test_preconditioned_gradient_equals_curvlinops_inverse(mode):
     k = KFAC(net, fisher_type="empirical", decay=0.0, damping=lam, damping_mode=mode)
     _ready(net, k, X, y)
     grads = [p.grad.clone() for p in net.parameters()]
-    k.step()
+    k.precondition_()
     params = list(net.parameters())
     op = curvlinops.KFACLinearOperator(net, nn.CrossEntropyLoss(), params, [(X, y)], fisher_type="empirical",
                                        separate_weight_and_bias=False, check_deterministic=False)
@@ -406,5 +406,5 @@ def test_a_layer_the_outputs_do_not_use_raises_and_changes_nothing():
     X, y = _batch()
     k = KFAC(net, fisher_type="empirical")
     with pytest.raises(ValueError, match=r"do not depend on layers \['unused'\]"):
-        k.update(net(X), y)
-    assert not k.A and k.state_dict()["n_updates"] == 0
+        k.update_statistics(outputs=net(X), targets=y)
+    assert not k.factors.A and k.state_dict()["n_updates"] == 0

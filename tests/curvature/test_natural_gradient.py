@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.optimize import minimize
 from torch.distributions import MultivariateNormal, kl_divergence
+from torch import nn
 
 from taskloss.curvature import (
     CoupledGaussian,
@@ -458,3 +459,15 @@ def test_cuda_follows_inputs():
     assert gaussian_kl(m, V, m, V).device.type == "cuda"
     assert bonnet_gradient(lambda z: z.square().sum(), m, V, 8).mean.device.type == "cuda"
     assert gaussian_natural_fisher(*gaussian_to_natural(m, V)).device.type == "cuda"
+
+
+def test_natural_gradient_descent_skips_frozen_and_counts_shared_parameters_once():
+    """Issue cases: NaturalGradientDescent stepped a parameter listed twice twice; a frozen one with a stale .grad
+    must not move."""
+    a, b = nn.Parameter(torch.tensor([1.0, 2.0], dtype=torch.float64)), nn.Parameter(torch.ones(1, dtype=torch.float64))
+    a.grad, b.grad = torch.tensor([0.5, -1.0], dtype=torch.float64), torch.ones(1, dtype=torch.float64)
+    b.requires_grad_(False)
+    opt = NaturalGradientDescent([a, a, b], fisher=lambda: 2.0 * torch.eye(2, dtype=torch.float64), lr=1.0)
+    opt.step()
+    torch.testing.assert_close(a.detach(), torch.tensor([0.75, 2.5], dtype=torch.float64))
+    assert torch.equal(b, torch.ones(1, dtype=torch.float64))

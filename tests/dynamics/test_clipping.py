@@ -155,3 +155,28 @@ def test_state_dict_resume_is_bit_identical():
     train(resumed, ropt, 3)
     for a, b in zip(model.parameters(), resumed.parameters()):
         assert torch.equal(a, b)     # same ops, same order, same process: identical bits
+
+
+def test_shared_and_frozen_parameters_are_clipped_and_stepped_once():
+    """Issue cases: a parameter listed twice was clipped twice by clip_grad_ (1/6 instead of 0.58) and stepped
+    twice by ClippedSGD; a frozen parameter with a stale gradient must not move."""
+    w = torch.nn.Parameter(torch.ones(3))
+    w.grad = torch.full((3,), 2.0)                       # ‖g‖ = 2√3 ≈ 3.46, γ = 2: c = 0.577
+    norm = clip_grad_([w, w], 2.0)
+    assert float(norm) == pytest.approx(2 * math.sqrt(3))
+    torch.testing.assert_close(w.grad, torch.full((3,), 2.0 * 2.0 / (2 * math.sqrt(3))))
+    a, b = torch.nn.Parameter(torch.zeros(2)), torch.nn.Parameter(torch.zeros(1), requires_grad=False)
+    a.grad, b.grad = torch.ones(2), torch.ones(1)
+    ClippedSGD([a, a, b], lr=0.5).step()
+    assert torch.equal(a, torch.full((2,), -0.5)) and torch.equal(b, torch.zeros(1))
+
+
+@pytest.mark.parametrize("bad", ["no", 1, None])
+def test_per_tensor_must_be_a_bool(bad):
+    """Issue case: 'no' switched per_tensor on."""
+    w = torch.nn.Parameter(torch.ones(2))
+    w.grad = torch.ones(2)
+    with pytest.raises(TypeError, match="per_tensor must be a bool"):
+        clip_grad_([w], 1.0, per_tensor=bad)
+    with pytest.raises(TypeError, match="per_tensor must be a bool"):
+        ClippedSGD([w], lr=0.1, per_tensor=bad)

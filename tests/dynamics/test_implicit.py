@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from helpers import V, make_lm, tokens
 from torch.func import grad
 
-from taskloss.curvature import flatten
+
 from taskloss.dynamics import (
     flooding,
     gradient_flow,
@@ -23,7 +23,7 @@ from taskloss.dynamics import (
     per_example_gradient_penalty,
 )
 from taskloss.models import MLP
-from taskloss.search import functional_loss
+from taskloss.utils import flatten, functional_loss
 
 D = torch.float64
 
@@ -158,3 +158,13 @@ def test_flooding_descends_above_and_ascends_below_the_level():
         assert float(out.detach()) == pytest.approx(abs(4.0 - level) + level)
         (g,) = torch.autograd.grad(out, w)
         assert float(g) == pytest.approx(sign * 4.0)
+
+
+def test_gradient_norm_penalty_counts_a_shared_parameter_once():
+    """Issue case: a parameter listed twice doubled gradient_norm_penalty; a frozen one is left out."""
+    w = torch.nn.Parameter(torch.tensor([1.0, 2.0]))
+    frozen = torch.nn.Parameter(torch.ones(1), requires_grad=False)
+    loss = (w ** 2).sum() + frozen.sum()
+    once = gradient_norm_penalty(loss, [w])
+    torch.testing.assert_close(gradient_norm_penalty(loss, [w, w, frozen]), once)
+    torch.testing.assert_close(once, torch.tensor(20.0))

@@ -11,7 +11,7 @@ from helpers import V, make_lm, tokens
 from torch.func import hessian
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from taskloss.curvature import flatten
+
 from taskloss.dynamics import (
     ClippedSGD,
     TrajectorySmoothness,
@@ -22,7 +22,7 @@ from taskloss.dynamics import (
     top_hessian_eigenvalue,
 )
 from taskloss.models import MLP
-from taskloss.search import functional_loss
+from taskloss.utils import flatten, functional_loss
 
 D = torch.float64
 
@@ -164,3 +164,19 @@ def test_fit_recovers_an_exact_line():
     fit = fit_l0_l1(g, 0.5 + 3.0 * g)
     assert (fit.L0, fit.L1, fit.r) == pytest.approx((0.5, 3.0, 1.0))
     assert (fit.envelope_L0, fit.envelope_L1) == pytest.approx((0.5, 3.0), abs=1e-7)
+
+
+def test_trajectory_probe_counts_a_shared_parameter_once():
+    """Issue case: TrajectorySmoothness was √2 off for a parameter listed twice."""
+    def run(params_of):
+        w = torch.nn.Parameter(torch.tensor([1.0, -2.0]))
+        closure = lambda: (w ** 4).sum()  # noqa: E731
+        closure().backward()
+        probe = TrajectorySmoothness(params_of(w))
+        probe.before_step()
+        with torch.no_grad():
+            w.sub_(0.01 * w.grad)
+        return probe.after_step(closure)
+
+    once, twice = run(lambda w: [w]), run(lambda w: [w, w])
+    assert once == twice

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import V, make_lm, tokens
+from helpers import V, make_lm, mgs_closure, tokens
 from torch import nn
 from torch.func import functional_call
 
@@ -59,12 +59,12 @@ def test_one_greedy_decoding_counts_T_forwards(cache):
 @pytest.mark.parametrize("name, hp, expected", [
     ("sgd", {}, (1, 1)),
     ("adam", {}, (1, 1)),
-    ("mgs", {"K": 3}, (1 + 3 * T, 1)),                     # surrogate + K greedy decodings of T tokens
-    ("mezo", {"num_perturbations": 2}, (2 * 2 * T, 0)),    # two decodings per perturbation
-    ("zo_gaussian", {"num_samples": 2}, (2 * 2 * T, 0)),   # antithetic pairs
-    ("spsa", {"num_samples": 2}, (2 * 2 * T, 0)),
+    ("mgs", {"n_samples": 3}, (1 + 3 * T, 1)),                     # surrogate + K greedy decodings of T tokens
+    ("mezo", {"n_samples": 2}, (2 * 2 * T, 0)),    # two decodings per perturbation
+    ("zo_gaussian", {"n_samples": 2}, (2 * 2 * T, 0)),   # antithetic pairs
+    ("spsa", {"n_samples": 2}, (2 * 2 * T, 0)),
     # S sampled continuations per prefix: S rows per prefix for T steps, their log-probs (S), the MLE window (1)
-    ("reinforce", {"num_samples": 3, "mle_weight": 1.0}, (3 * T + 3 + 1, 3 + 1)),
+    ("reinforce", {"n_samples": 3, "mle_weight": 1.0}, (3 * T + 3 + 1, 3 + 1)),
 ])
 def test_rule_pass_counts_on_a_sequence_problem(name, hp, expected):
     c = propose(name, seq_problem(), **hp).passes
@@ -102,7 +102,7 @@ def test_bad_sequence_inputs_raise():
     with pytest.raises(ValueError, match="batch sizes"):
         SequenceProblem(lm, CompletionBatch(batch.prefixes, batch.refs[:2]), task)
     pb = SequenceProblem(lm, batch, task)
-    with pytest.raises(ValueError, match="num_samples"):
+    with pytest.raises(ValueError, match="n_samples"):
         pb.sequence_reinforce_loss(1)
     with pytest.raises(ValueError, match="outside"):
         pb.set_batch(batch.prefixes, batch.refs - 1)       # a negative id
@@ -123,7 +123,7 @@ def test_train_on_a_sequence_problem_counts_and_evaluates():
     def next_batch():
         seen.append(len(seen))
         return (other.inputs, other.targets) if len(seen) % 2 else (pb.inputs, pb.targets)
-    rec = train("mgs", seq_problem(), budget=3 * (2 + 2 * T), K=2, next_batch=next_batch, eval_every_passes=2 * T)
+    rec = train("mgs", seq_problem(), budget=3 * (2 + 2 * T), n_samples=2, next_batch=next_batch, eval_every_passes=2 * T)
     assert rec.steps == 3 == len(seen)
     assert [h["passes"] for h in rec.history] == [0, 2 + 2 * T, 2 * (2 + 2 * T), 3 * (2 + 2 * T)]
     with pytest.raises(ValueError, match="batch size"):
@@ -155,10 +155,10 @@ def _direct_optim(make_opt):
 
 
 def _direct_mgs(model, batch, task):
-    mgs = MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), lambda m, b: 0.5 * task.surrogate_loss(m, b),
-              task.batch_task_loss, forward_fn=task.decode, K=3, alpha=0.05, sigma=1.0, mix=0.5,
-              max_grad_norm=None, max_update_norm=None, parallel=False, eval_mode=False, seed=3)
-    return lambda: mgs.step(batch)
+    mgs = MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), task.batch_task_loss, forward_fn=task.decode,
+              n_samples=3, alpha=0.05, sigma=1.0, mix=0.5, max_grad_norm=None, max_update_norm=None, parallel=False,
+              eval_mode=False, seed=3)
+    return lambda: mgs.step(mgs_closure(model, lambda m, b: 0.5 * task.surrogate_loss(m, b), batch))
 
 
 def _direct_reinforce(model, batch, task):
@@ -166,7 +166,7 @@ def _direct_reinforce(model, batch, task):
 
     def step():
         opt.zero_grad()
-        res = sequence_reinforce(model, batch.prefixes, batch.refs, task.per_sequence, num_samples=3,
+        res = sequence_reinforce(model, batch.prefixes, batch.refs, task.per_sequence, n_samples=3,
                                  max_new_tokens=T, eos_id=EOS, pad_id=PAD, baseline="loo", generator=gen)
         (res.loss + 0.5 * _nll(model, batch)).backward()
         opt.step()
@@ -174,7 +174,7 @@ def _direct_reinforce(model, batch, task):
 
 
 def _direct_mezo(model, batch, task):
-    mezo = MeZO(model.parameters(), lr=0.1, eps=1e-2, num_perturbations=2, seed=5)
+    mezo = MeZO(model.parameters(), lr=0.1, sigma=1e-2, n_samples=2, seed=5)
     return lambda: mezo.step(lambda: task.batch_task_loss(greedy_decode(model, batch.prefixes, T, EOS, PAD), batch))
 
 
@@ -202,11 +202,11 @@ SEQUENCE_DIRECT = [
     ("momentum", dict(lr=0.1, momentum=0.9), _direct_optim(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))),
     ("adam", dict(lr=1e-2), _direct_optim(lambda ps: torch.optim.Adam(ps, lr=1e-2))),
     ("clipped_sgd", dict(lr=0.5, gamma=0.1), _direct_optim(lambda ps: ClippedSGD(ps, lr=0.5, gamma=0.1))),
-    ("mgs", dict(K=3, alpha=0.05, lr=0.5, seed=3), _direct_mgs),
-    ("reinforce", dict(lr=0.1, num_samples=3, mle_weight=0.5, seed=6), _direct_reinforce),
-    ("mezo", dict(lr=0.1, eps=1e-2, num_perturbations=2, seed=5), _direct_mezo),
-    ("zo_gaussian", dict(lr=0.3, sigma=0.05, num_samples=2, seed=4), _direct_zo("gaussian")),
-    ("spsa", dict(lr=0.3, sigma=0.05, num_samples=2, seed=4), _direct_zo("spsa")),
+    ("mgs", dict(n_samples=3, alpha=0.05, lr=0.5, seed=3), _direct_mgs),
+    ("reinforce", dict(lr=0.1, n_samples=3, mle_weight=0.5, seed=6), _direct_reinforce),
+    ("mezo", dict(lr=0.1, sigma=1e-2, n_samples=2, seed=5), _direct_mezo),
+    ("zo_gaussian", dict(lr=0.3, sigma=0.05, n_samples=2, seed=4), _direct_zo("gaussian")),
+    ("spsa", dict(lr=0.3, sigma=0.05, n_samples=2, seed=4), _direct_zo("spsa")),
 ]
 
 

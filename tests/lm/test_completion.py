@@ -33,6 +33,7 @@ from taskloss.lm import (
 from taskloss.lm import completion as st_
 from taskloss.models import RNNLM, TransformerLM
 from taskloss.search import MGS, sequence_reinforce
+from helpers import mgs_step, with_surrogate
 
 torch.set_num_threads(1)
 EOS, PAD, V = 3, 0, 11
@@ -444,9 +445,9 @@ def test_mgs_step_on_completion_task_vmap_equals_loop():
     for parallel in (True, False):
         m = tiny_lm()
         opt = torch.optim.SGD(m.parameters(), lr=1.0)
-        mgs = MGS(m, opt, task.surrogate_loss, task.batch_task_loss, forward_fn=task.decode, K=4, alpha=0.05,
-                  sigma=1.0, parallel=parallel, vmap_task_loss=False, seed=0)
-        stats.append((mgs.step(batch), [p.detach().clone() for p in m.parameters()]))
+        mgs = with_surrogate(MGS(m, opt, task.batch_task_loss, forward_fn=task.decode, n_samples=4, alpha=0.05,
+                                 sigma=1.0, parallel=parallel, vmap_task_loss=False, seed=0), task.surrogate_loss)
+        stats.append((mgs_step(mgs, batch), [p.detach().clone() for p in m.parameters()]))
     (s_v, p_v), (s_l, p_l) = stats
     assert s_v.evaluation == "vmap_forward" and s_l.evaluation == "loop"
     torch.testing.assert_close(s_v.task_losses, s_l.task_losses)
@@ -461,7 +462,7 @@ def test_sequence_reinforce_with_adapter_and_task():
     task = CompletionTask("repetition+edit_distance", 6, EOS, PAD)
     pre = prefixes(B=4)
     refs = torch.randint(4, V, (4, 6))
-    res = sequence_reinforce(m, pre, refs, task.per_sequence, num_samples=3, max_new_tokens=6, eos_id=EOS,
+    res = sequence_reinforce(m, pre, refs, task.per_sequence, n_samples=3, max_new_tokens=6, eos_id=EOS,
                              pad_id=PAD, baseline="loo", generator=torch.Generator().manual_seed(0))
     assert res.samples.shape == (3, 4, 6)
     want = -task.per_sequence(res.samples.reshape(12, 6), refs.repeat(3, 1)).reshape(3, 4)

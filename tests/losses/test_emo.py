@@ -85,14 +85,14 @@ def emd_lp(p, tau, c):
 
 
 # ------------------------------------------------------------------------------------------ values
-@pytest.mark.parametrize("mix", COMBINES)
+@pytest.mark.parametrize("combine", COMBINES)
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-def test_equals_float64_direct_transport(mix, reduction):
+def test_equals_float64_direct_transport(combine, reduction):
     x, t, e = _inputs()
     x1 = x.clone().requires_grad_()
     x2 = x.clone().requires_grad_()
-    ours = emo_loss(x1, t, e, combine=mix, reduction=reduction, chunk_size=4)
-    ref = direct_loss(x2, t, e, combine=mix, reduction=reduction)
+    ours = emo_loss(x1, t, e, combine=combine, reduction=reduction, chunk_size=4)
+    ref = direct_loss(x2, t, e, combine=combine, reduction=reduction)
     torch.testing.assert_close(ours, ref, rtol=1e-10, atol=1e-12)
     w = torch.randn(ours.shape, dtype=F64)
     (ours * w).sum().backward()
@@ -100,7 +100,7 @@ def test_equals_float64_direct_transport(mix, reduction):
     torch.testing.assert_close(x1.grad, x2.grad, rtol=1e-9, atol=1e-12)
 
 
-def test_ratio_max_mix_matches_direct():
+def test_ratio_max_combination_matches_direct():
     x, t, e = _inputs(seed=3)
     x1, x2 = x.clone().requires_grad_(), x.clone().requires_grad_()
     a = emo_loss(x1, t, e, combine="emo_mle_ratio", ratio_max=3.0)
@@ -175,8 +175,8 @@ def test_emo_gradient_closed_form():
 
 # ------------------------------------------------------------------------------------------ chunking
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("mix", COMBINES)
-def test_chunked_equals_unchunked_in_both_kernels(mix, variant):
+@pytest.mark.parametrize("combine", COMBINES)
+def test_chunked_equals_unchunked_in_both_kernels(combine, variant):
     """The fused loss (gradient built in the forward pass) and the per-token kernel (reduction="none", then the
     mean), each at several chunk sizes, give one value and one gradient."""
     x, t, e = _inputs(n=23, v=17, d=5, seed=4, dtype=torch.float32)
@@ -185,10 +185,10 @@ def test_chunked_equals_unchunked_in_both_kernels(mix, variant):
         for per_token in (False, True):
             xi = x.clone().requires_grad_()
             if per_token:
-                per = emo_loss(xi, t, e.float(), combine=mix, variant=variant, chunk_size=chunk, reduction="none")
+                per = emo_loss(xi, t, e.float(), combine=combine, variant=variant, chunk_size=chunk, reduction="none")
                 loss = per.sum() / (t != -100).sum()
             else:
-                loss = emo_loss(xi, t, e.float(), combine=mix, variant=variant, chunk_size=chunk)
+                loss = emo_loss(xi, t, e.float(), combine=combine, variant=variant, chunk_size=chunk)
             loss.backward()
             values.append(loss.detach())
             grads.append(xi.grad)
@@ -196,7 +196,7 @@ def test_chunked_equals_unchunked_in_both_kernels(mix, variant):
         torch.testing.assert_close(v_, values[0], rtol=1e-6, atol=1e-7)
         torch.testing.assert_close(g_, grads[0], rtol=1e-5, atol=1e-8)
     with torch.no_grad():  # without autograd the per-token kernel runs: same value
-        torch.testing.assert_close(emo_loss(x, t, e.float(), combine=mix, variant=variant), values[0],
+        torch.testing.assert_close(emo_loss(x, t, e.float(), combine=combine, variant=variant), values[0],
                                    rtol=1e-6, atol=1e-7)
 
 
@@ -223,25 +223,25 @@ def test_zero_norm_rows_cost_one_and_finite():
     assert torch.isfinite(x.grad).all() and x.grad.abs().max() < 1e-12  # constant cost → no gradient
 
 
-@pytest.mark.parametrize("mix", COMBINES)
-def test_extreme_logits_finite(mix):
+@pytest.mark.parametrize("combine", COMBINES)
+def test_extreme_logits_finite(combine):
     g = torch.Generator().manual_seed(5)
     x = (torch.randn(8, 50, generator=g) * 1e4).requires_grad_()
     t = torch.randint(0, 50, (8,), generator=g)
     e = torch.randn(50, 8, generator=g)
-    loss = emo_loss(x, t, e, combine=mix)
+    loss = emo_loss(x, t, e, combine=combine)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(x.grad).all()
     per = emo_loss(x.detach().double(), t, e.double(), reduction="none")
     torch.testing.assert_close(per, direct_emo_tokens(x.detach(), t, e), rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.parametrize("mix", COMBINES)
-def test_all_padding_is_zero_with_zero_grad(mix):
+@pytest.mark.parametrize("combine", COMBINES)
+def test_all_padding_is_zero_with_zero_grad(combine):
     x, _, e = _inputs()
     x.requires_grad_()
     t = torch.full((x.shape[0],), -100)
-    loss = emo_loss(x, t, e, combine=mix)
+    loss = emo_loss(x, t, e, combine=combine)
     loss.backward()
     assert loss.item() == 0.0 and torch.equal(x.grad, torch.zeros_like(x))
 
@@ -359,11 +359,11 @@ def test_cuda_matches_cpu_and_stays_within_cross_entropy_memory():
     t = torch.randint(0, v, (n,), generator=g)
     e = torch.randn(v, d, generator=g)
     xc = x.to(dev).requires_grad_()
-    for mix in COMBINES:
-        loss = emo_loss(xc, t.to(dev), e.to(dev), combine=mix)
+    for combine in COMBINES:
+        loss = emo_loss(xc, t.to(dev), e.to(dev), combine=combine)
         (grad,) = torch.autograd.grad(loss, xc)
         xr = x.double().requires_grad_()
-        ref = emo_loss(xr, t, e.double(), combine=mix)
+        ref = emo_loss(xr, t, e.double(), combine=combine)
         ref.backward()
         torch.testing.assert_close(loss.double().cpu(), ref, rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(grad.double().cpu(), xr.grad, rtol=1e-4, atol=1e-7)

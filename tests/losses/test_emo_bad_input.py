@@ -205,7 +205,6 @@ def test_options_bad(entry):
         (ValueError, "chunk_size must be >= 1, got 0", {"chunk_size": 0}),
         (TypeError, "chunk_size must be an int, got float", {"chunk_size": 2.0}),
         (TypeError, "chunk_size must be an int, got bool", {"chunk_size": True}),
-        (TypeError, "pass combine= only (mix= is its deprecated former name)", {"combine": "emo", "mix": "emo"}),
     ]
     for exc, msg, kw in cases:
         with pytest.raises(exc, match=_exact(msg)):
@@ -216,23 +215,19 @@ def test_per_token_options_bad():
     x, t, e = _inputs()
     with pytest.raises(ValueError, match=_exact("variant must be one of ('plain', 'patch'), got 'x'")):
         emo_and_mle_per_token(x, t, e, variant="x")
-    with pytest.raises(TypeError, match=_exact("need_mle must be a bool, got int")):
+    with pytest.raises(TypeError, match=_exact("need_mle must be a bool (True or False), got int 1")):
         emo_and_mle_per_token(x, t, e, need_mle=1)
     with pytest.raises(ValueError, match=_exact("chunk_size must be >= 1, got -2")):
         emo_and_mle_per_token(x, t, e, chunk_size=-2)
 
 
-def test_deprecated_mix_keyword_warns_and_still_works():
+def test_the_former_mix_keyword_is_gone():
+    """``mix`` names MGS's λ alone: EMO's mode is ``combine`` (no shim for the old name)."""
     x, t, e = _inputs()
-    with pytest.warns(FutureWarning, match=re.escape("the EMO keyword mix= is renamed combine=")):
-        old = emo_loss(x, t, e, mix="emo_mle_ratio")
-    torch.testing.assert_close(old, emo_loss(x, t, e, combine="emo_mle_ratio"))
-    with pytest.warns(FutureWarning):
-        crit = EMOLoss(e, mix="mle_scaled_by_emo")
-    assert crit.combine == "mle_scaled_by_emo"
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")  # the new keyword does not warn
-        emo_loss(x, t, e, combine="emo_mle_ratio")
+    with pytest.raises(TypeError, match="mix"):
+        emo_loss(x, t, e, mix="emo_mle_ratio")
+    with pytest.raises(TypeError, match="mix"):
+        EMOLoss(e, mix="mle_scaled_by_emo")
 
 
 # ------------------------------------------------------------------------------------------ combine_emo_mle

@@ -31,6 +31,24 @@ CASES = {
         ("wrong-dtype", lambda: S.self_normalized_is(LT.long(), LQ, VALUES), TypeError, "floating-point"),
         ("NaN values", lambda: S.self_normalized_is(LT, LQ, torch.full((3, 2), NAN)), ValueError, "NaN"),
     ],
+    "normalized_log_weights": [
+        ("NaN", lambda: S.normalized_log_weights(torch.tensor([NAN, 0, 0.0]), LQ), ValueError, "contains NaN"),
+        ("out-of-range all -inf", lambda: S.normalized_log_weights(torch.full((3,), -INF), LQ), ValueError,
+         "zero target density"),
+        ("out-of-range +inf", lambda: S.normalized_log_weights(torch.tensor([INF, 0, 0.0]), LQ), ValueError, r"\+inf"),
+        ("empty", lambda: S.normalized_log_weights(torch.zeros(0), torch.zeros(0)), ValueError, "K >= 1"),
+        ("wrong-shape", lambda: S.normalized_log_weights(LT, torch.zeros(4)), ValueError, "shape"),
+        ("wrong-dtype", lambda: S.normalized_log_weights(LT.long(), LQ), TypeError, "floating-point"),
+        ("out-of-range log_proposal", lambda: S.normalized_log_weights(LT, torch.tensor([-INF, 0, 0.0])), ValueError,
+         "log_proposal contains NaN or inf"),
+    ],
+    "effective_sample_size": [
+        ("NaN", lambda: S.effective_sample_size(torch.tensor([NAN, 1.0])), ValueError, "finite non-negative"),
+        ("empty", lambda: S.effective_sample_size(torch.zeros(0)), ValueError, "non-empty 1-D"),
+        ("wrong-shape", lambda: S.effective_sample_size(torch.ones(2, 2) / 4), ValueError, "1-D"),
+        ("out-of-range", lambda: S.effective_sample_size(torch.tensor([0.5, 0.6])), ValueError, "sum to 1"),
+        ("wrong-dtype", lambda: S.effective_sample_size("w"), TypeError, "weights must be real numbers"),
+    ],
     "log_target": [
         ("out-of-range alpha", lambda: S.log_target(QUAD, THETA, DELTAS, 0.0), ValueError, "alpha must be > 0"),
         ("NaN alpha", lambda: S.log_target(QUAD, THETA, DELTAS, NAN), ValueError, "alpha must be > 0"),
@@ -56,20 +74,19 @@ CASES = {
         ("wrong-type generator", lambda: S.expected_update(QUAD, THETA, 1.0, PROP, 2, generator=3), TypeError,
          "generator must be"),
     ],
-    "newton_update": [
-        ("out-of-range singular", lambda: S.newton_update(torch.ones(2), torch.zeros(2, 2)), ValueError, "singular"),
-        ("NaN", lambda: S.newton_update(torch.ones(2) * NAN, torch.eye(2)), ValueError, "NaN"),
-        ("wrong-shape", lambda: S.newton_update(torch.ones(3), torch.eye(2)), ValueError, r"\[\.\.\., d\]"),
-        ("wrong-dtype", lambda: S.newton_update(torch.ones(2).long(), torch.eye(2)), TypeError, "floating-point"),
-        ("empty", lambda: S.newton_update(torch.ones(0), torch.eye(0)), ValueError, r"\[\.\.\., d\]"),
+    "newton_direction": [
+        ("out-of-range singular", lambda: S.newton_direction(torch.zeros(2, 2), torch.ones(2)), ValueError, "singular"),
+        ("NaN", lambda: S.newton_direction(torch.eye(2), torch.ones(2) * NAN), ValueError, "NaN"),
+        ("wrong-shape", lambda: S.newton_direction(torch.eye(2), torch.ones(3)), ValueError, r"\[\.\.\., d\]"),
+        ("wrong-dtype", lambda: S.newton_direction(torch.eye(2), torch.ones(2).long()), TypeError, "floating-point"),
+        ("empty", lambda: S.newton_direction(torch.eye(0), torch.ones(0)), ValueError, r"\[\.\.\., d\]"),
     ],
     "gaussian_update_distribution": [
-        ("out-of-range indefinite", lambda: S.gaussian_update_distribution(torch.ones(2), -torch.eye(2), 1.0),
+        ("out-of-range indefinite", lambda: S.gaussian_update_distribution(-torch.eye(2), torch.ones(2), 1.0),
          ValueError, "positive definite"),
-        ("wrong-shape asymmetric", lambda: S.gaussian_update_distribution(torch.ones(2),
-                                                                          torch.tensor([[1.0, 2], [0, 1]]), 1.0),
+        ("wrong-shape asymmetric", lambda: S.gaussian_update_distribution(torch.tensor([[1.0, 2], [0, 1]]), torch.ones(2), 1.0),
          ValueError, "symmetric"),
-        ("out-of-range alpha", lambda: S.gaussian_update_distribution(torch.ones(2), torch.eye(2), -1.0),
+        ("out-of-range alpha", lambda: S.gaussian_update_distribution(torch.eye(2), torch.ones(2), -1.0),
          ValueError, "alpha must be > 0"),
     ],
     "GaussianProposal": [
@@ -126,7 +143,7 @@ CASES = {
     "ball_partition": [("out-of-range overflow", lambda: S.ball_partition(1e4, 1.0, 1.0, 2), OverflowError,
                         "use ball_log_partition")],
     "ball_log_partition_derivative": [
-        ("out-of-range eps", lambda: S.ball_log_partition_derivative(1.0, 1.0, 0.0, 2), ValueError, "eps must be > 0"),
+        ("out-of-range radius", lambda: S.ball_log_partition_derivative(1.0, 1.0, 0.0, 2), ValueError, "radius must be > 0"),
         ("NaN alpha", lambda: S.ball_log_partition_derivative(1.0, NAN, 1.0, 2), ValueError, "alpha must be finite"),
     ],
     "ball_expected_update": [

@@ -11,8 +11,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from taskloss.search import MGS, MeZO
+from helpers import mgs_step, with_surrogate
 
 K_BEFORE, K_AFTER = 3, 3
+
+
+def CE(model, batch):
+    return F.cross_entropy(model(batch[0]), batch[1])
 
 
 def _data():
@@ -28,9 +33,8 @@ def _model(seed):
 
 def _mgs(model, seed, **kw):
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    mgs = MGS(model, opt, lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-              lambda out, b: (out.argmax(-1) != b[1]).to(out.dtype).mean() + 0.1 * F.cross_entropy(out, b[1]),
-              K=4, alpha=0.05, sigma=0.5, seed=seed, **kw)
+    task = lambda out, b: (out.argmax(-1) != b[1]).to(out.dtype).mean() + 0.1 * F.cross_entropy(out, b[1])  # noqa
+    mgs = with_surrogate(MGS(model, opt, task, n_samples=4, alpha=0.05, sigma=0.5, seed=seed, **kw), CE)
     return mgs, opt
 
 
@@ -48,10 +52,10 @@ def test_mgs_resumes_bit_identically(kw):
     torch.manual_seed(123)                      # the dropout masks of the surrogate come from torch's global RNG
     mgs, opt = _mgs(model, seed, **kw)
     for _ in range(K_BEFORE):
-        mgs.step(batch)
+        mgs_step(mgs, batch)
     saved = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict(), "mgs": mgs.state_dict(),
                            "rng": torch.get_rng_state()})
-    straight = [mgs.step(batch).weights for _ in range(K_AFTER)]
+    straight = [mgs_step(mgs, batch).weights for _ in range(K_AFTER)]
 
     fresh = _model(99)                          # another initialization, another MGS seed: all overwritten
     mgs2, opt2 = _mgs(fresh, None if seed is None else seed + 1000, **kw)
@@ -59,7 +63,7 @@ def test_mgs_resumes_bit_identically(kw):
     opt2.load_state_dict(saved["opt"])
     mgs2.load_state_dict(saved["mgs"])
     torch.set_rng_state(saved["rng"])
-    resumed = [mgs2.step(batch).weights for _ in range(K_AFTER)]
+    resumed = [mgs_step(mgs2, batch).weights for _ in range(K_AFTER)]
     assert torch.equal(_flat(fresh), _flat(model))
     assert all(torch.equal(a, b) for a, b in zip(straight, resumed))
     assert mgs2.steps_done == mgs.steps_done == K_BEFORE + K_AFTER
@@ -72,12 +76,12 @@ def test_mgs_state_dict_keeps_a_fallback_mode():
         return float((out.argmax(-1) != b[1]).sum().item()) / len(b[1])
 
     model = _model(0)
-    mgs = MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-              python_task, K=3, seed=0, parallel=True)
+    mgs = with_surrogate(MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), python_task, n_samples=3, seed=0,
+                             parallel=True), CE)
     with pytest.warns(RuntimeWarning, match="falling back"):
-        mgs.step(batch)
-    other = MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), lambda m, b: F.cross_entropy(m(b[0]), b[1]),
-                python_task, K=3, seed=5, parallel=True)
+        mgs_step(mgs, batch)
+    other = with_surrogate(MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), python_task, n_samples=3, seed=5,
+                               parallel=True), CE)
     other.load_state_dict(mgs.state_dict())
     assert other.mode == mgs.mode == "vmap_forward"
 
@@ -90,12 +94,12 @@ def _mezo_run(model, opt, batch, steps):
     return losses
 
 
-@pytest.mark.parametrize("num_perturbations,weight_decay", [(1, 0.0), (3, 1e-3)])
-def test_mezo_resumes_bit_identically(num_perturbations, weight_decay):
+@pytest.mark.parametrize("n_samples,weight_decay", [(1, 0.0), (3, 1e-3)])
+def test_mezo_resumes_bit_identically(n_samples, weight_decay):
     batch = _data()
     torch.manual_seed(0)
     model = nn.Linear(5, 1)
-    opt = MeZO(model.parameters(), lr=1e-2, eps=1e-3, seed=7, num_perturbations=num_perturbations,
+    opt = MeZO(model.parameters(), lr=1e-2, sigma=1e-3, seed=7, n_samples=n_samples,
                weight_decay=weight_decay)
     _mezo_run(model, opt, batch, K_BEFORE)
     saved = copy.deepcopy({"model": model.state_dict(), "opt": opt.state_dict()})
@@ -103,15 +107,15 @@ def test_mezo_resumes_bit_identically(num_perturbations, weight_decay):
 
     torch.manual_seed(1)
     fresh = nn.Linear(5, 1)
-    opt2 = MeZO(fresh.parameters(), lr=1e-2, eps=1e-3, seed=1234, num_perturbations=1, weight_decay=weight_decay)
+    opt2 = MeZO(fresh.parameters(), lr=1e-2, sigma=1e-3, seed=1234, n_samples=1, weight_decay=weight_decay)
     fresh.load_state_dict(saved["model"])
     opt2.load_state_dict(saved["opt"])
-    assert opt2.num_perturbations == num_perturbations
+    assert opt2.param_groups[0]["n_samples"] == n_samples
     resumed = _mezo_run(fresh, opt2, batch, K_AFTER)
     assert torch.equal(_flat(fresh), _flat(model))
     assert all(torch.equal(a, b) for a, b in zip(straight, resumed))
     # without the generator state the continuation differs: the state_dict is what makes the resume exact
-    opt3 = MeZO(fresh.parameters(), lr=1e-2, eps=1e-3, seed=1234, num_perturbations=num_perturbations,
+    opt3 = MeZO(fresh.parameters(), lr=1e-2, sigma=1e-3, seed=1234, n_samples=n_samples,
                 weight_decay=weight_decay)
     fresh.load_state_dict(saved["model"])
     plain = dict(saved["opt"])

@@ -13,7 +13,9 @@ from scipy.special import logsumexp
 from scipy.stats import norm
 from torch import nn
 
-from taskloss.search import MGS, effective_sample_size, mgs_weights, mixture_log_density
+from taskloss.sampling import effective_sample_size
+from taskloss.search import MGS, mgs_weights, mixture_log_density
+from helpers import mgs_closure, mgs_step, with_surrogate
 
 
 # ------------------------------------------------------------------------------------------------ helpers
@@ -61,7 +63,8 @@ def make(model, **kw):
     kw.setdefault("seed", 3)
     lr = kw.pop("lr", 1.0)
     opt = torch.optim.SGD(model.parameters(), lr=lr)
-    return MGS(model, opt, kw.pop("surrogate", ce_surrogate), kw.pop("task", ce_task), **kw)
+    surrogate, task = kw.pop("surrogate", ce_surrogate), kw.pop("task", ce_task)
+    return with_surrogate(MGS(model, opt, task, **kw), surrogate)
 
 
 def flat(model):
@@ -111,7 +114,7 @@ def test_mixture_log_density_unperturbed_tensor_is_an_atom():
     model.unused = nn.Parameter(torch.ones(3, dtype=torch.float64))       # no gradient reaches it
     names = [n for n, _ in model.named_parameters()]
     grads = torch.autograd.grad(ce_surrogate(model, batch), list(model.parameters()), allow_unused=True)
-    st = make(model, K=4, max_grad_norm=None).step(batch, return_deltas=True)
+    st = mgs_step(make(model, n_samples=4, max_grad_norm=None), batch, return_deltas=True)
     assert st.sigmas[names.index("unused")] == 0.0 and all(bool((d["unused"] == 0).all()) for d in st.deltas)
     assert all(math.isfinite(v) for v in st.log_q.tolist())
     want = mixture_log_density([torch.stack([d[n] for d in st.deltas]) for n in names],
@@ -170,10 +173,10 @@ def test_step_equals_float64_direct_computation(sigma_mode, include_mle, density
     model, batch = tiny_problem()
     ref = copy.deepcopy(model)
     sigma = 0.05 if sigma_mode == "absolute" else 0.5
-    mgs = make(model, K=6, alpha=0.05, sigma=sigma, sigma_mode=sigma_mode, include_mle=include_mle,
+    mgs = make(model, n_samples=6, alpha=0.05, sigma=sigma, sigma_mode=sigma_mode, include_mle=include_mle,
                density=density, max_grad_norm=None, max_update_norm=None)
     theta0 = flat(model)
-    st = mgs.step(batch, return_deltas=True)
+    st = mgs_step(mgs, batch, return_deltas=True)
     # direct: surrogate gradient, candidate losses by loading θ + Δθ_k into a copy, density with scipy
     ref.zero_grad()
     ce_surrogate(ref, batch).backward()
@@ -215,8 +218,8 @@ def test_parallel_equals_sequential(task):
     results = []
     for parallel in (True, False):
         model, batch = tiny_problem(torch.float32)
-        mgs = make(model, task=task, K=8, chunk_size=3, parallel=parallel, alpha=0.1, sigma=0.5)
-        stats = [mgs.step(batch) for _ in range(3)]
+        mgs = make(model, task=task, n_samples=8, chunk_size=3, parallel=parallel, alpha=0.1, sigma=0.5)
+        stats = [mgs_step(mgs, batch) for _ in range(3)]
         assert mgs.mode == ("vmap" if parallel else "loop")
         results.append((flat(model), torch.stack([s.weights for s in stats])))
     torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-6)
@@ -229,8 +232,8 @@ def test_low_memory_draws_the_stored_noise():
     out = []
     for low in (False, True):
         model, batch = tiny_problem(torch.float32)
-        mgs = make(model, K=5, include_mle=True, low_memory=low, chunk_size=2)
-        stats = mgs.step(batch, return_deltas=True)
+        mgs = make(model, n_samples=5, include_mle=True, low_memory=low, chunk_size=2)
+        stats = mgs_step(mgs, batch, return_deltas=True)
         out.append((stats.deltas, stats.log_q, flat(model)))
     assert len(out[0][0]) == len(out[1][0]) == 6
     for stored, regenerated in zip(out[0][0], out[1][0]):
@@ -252,8 +255,8 @@ def test_low_memory_trajectory_equals_stored_noise(dtype, rtol):
     out = []
     for low in (False, True):
         model, batch = tiny_problem(dtype)
-        mgs = make(model, K=5, include_mle=True, low_memory=low, chunk_size=2)
-        stats = [mgs.step(batch) for _ in range(3)]
+        mgs = make(model, n_samples=5, include_mle=True, low_memory=low, chunk_size=2)
+        stats = [mgs_step(mgs, batch) for _ in range(3)]
         out.append((flat(model), torch.stack([s.log_q for s in stats])))
     torch.testing.assert_close(out[0][1], out[1][1], rtol=rtol, atol=0)
     torch.testing.assert_close(out[0][0], out[1][0], rtol=10 * rtol, atol=10 * rtol)
@@ -267,34 +270,34 @@ def test_non_vmappable_task_loss_falls_back():
     for mode, kw in {"auto": {"parallel": True}, "forward": {"parallel": True, "vmap_task_loss": False},
                      "loop": {"parallel": False}}.items():
         model, batch = tiny_problem(torch.float32)
-        mgs = make(model, task=python_task, K=4, **kw)
+        mgs = make(model, task=python_task, n_samples=4, **kw)
         if mode == "auto":
             with pytest.warns(RuntimeWarning, match="falling back to 'vmap_forward'"):
-                mgs.step(batch)
+                mgs_step(mgs, batch)
             assert mgs.mode == "vmap_forward"
-            mgs.step(batch)
+            mgs_step(mgs, batch)
         else:
-            mgs.step(batch)
-            mgs.step(batch)
+            mgs_step(mgs, batch)
+            mgs_step(mgs, batch)
         res[mode] = flat(model)
     torch.testing.assert_close(res["auto"], res["loop"])
     torch.testing.assert_close(res["forward"], res["loop"])
     model, batch = tiny_problem(torch.float32)
     with pytest.raises(RuntimeError):  # vmap_task_loss=True: no silent fallback
-        make(model, task=python_task, parallel=True, vmap_task_loss=True).step(batch)
+        mgs_step(make(model, task=python_task, parallel=True, vmap_task_loss=True), batch)
 
 
 def test_stratified_and_random_assignment():
     model, batch = tiny_problem(torch.float32)
-    st = make(model, K=4, assignment="stratified").step(batch)
+    st = mgs_step(make(model, n_samples=4, assignment="stratified"), batch)
     assert st.from_mle.tolist() == [True, False, True, False]  # the reference alternates MLE, zero, ...
     model, batch = tiny_problem(torch.float32)
-    assert make(model, K=3, mix=0.0, assignment="stratified").step(batch).from_mle.all()
+    assert mgs_step(make(model, n_samples=3, mix=0.0, assignment="stratified"), batch).from_mle.all()
     model, batch = tiny_problem(torch.float32)
-    assert not make(model, K=3, mix=1.0).step(batch).from_mle.any()
+    assert not mgs_step(make(model, n_samples=3, mix=1.0), batch).from_mle.any()
     model, batch = tiny_problem(torch.float32)
-    mgs = make(model, K=64, mix=0.3)
-    frac = torch.cat([mgs.step(batch).from_mle for _ in range(4)]).double().mean()
+    mgs = make(model, n_samples=64, mix=0.3)
+    frac = torch.cat([mgs_step(mgs, batch).from_mle for _ in range(4)]).double().mean()
     assert 0.6 < float(frac) < 0.8  # P(MLE component) = 1 - λ = 0.7 over 256 draws
 
 
@@ -302,15 +305,15 @@ def test_seed_reproducible_and_noise_changes_each_step():
     a, batch = tiny_problem(torch.float32)
     b, _ = tiny_problem(torch.float32)
     sa, sb = make(a, seed=11), make(b, seed=11)
-    s1, s2 = sa.step(batch), sb.step(batch)
-    assert s1.seeds == s2.seeds and sa.step(batch).seeds != s1.seeds
+    s1, s2 = mgs_step(sa, batch), mgs_step(sb, batch)
+    assert s1.seeds == s2.seeds and mgs_step(sa, batch).seeds != s1.seeds
     torch.testing.assert_close(s1.weights, s2.weights)
 
 
 def test_no_nan_with_tiny_alpha_and_huge_losses():
     model, batch = tiny_problem(torch.float32)
     big = lambda out, b: 1e4 + 1e4 * F.cross_entropy(out, b[1])  # noqa: E731
-    st = make(model, task=big, alpha=1e-6, K=6).step(batch)
+    st = mgs_step(make(model, task=big, alpha=1e-6, n_samples=6), batch)
     assert bool(torch.isfinite(st.weights).all()) and st.weights.sum().item() == pytest.approx(1.0)
     assert int(st.weights.argmax()) == int(st.task_losses.argmin())
     assert bool(torch.isfinite(flat(model)).all())
@@ -320,13 +323,13 @@ def test_update_clipping_and_optimizer_are_used():
     model, batch = tiny_problem(torch.float32)
     theta0 = flat(model)
     mgs = make(model, sigma=5.0, sigma_mode="absolute", max_update_norm=0.01, lr=1.0)
-    st = mgs.step(batch)
+    st = mgs_step(mgs, batch)
     assert st.update_norm > 0.01
     assert float((flat(model) - theta0).norm()) == pytest.approx(0.01, rel=1e-3)
     model, batch = tiny_problem(torch.float32)
     theta0 = flat(model)
     mgs = make(model, lr=0.0)  # the optimizer applies the step: lr = 0 leaves θ unchanged
-    mgs.step(batch)
+    mgs_step(mgs, batch)
     torch.testing.assert_close(flat(model), theta0)
 
 
@@ -336,11 +339,11 @@ def test_mgs_reduces_a_non_differentiable_task_loss():
     X = torch.randn(200, 5, generator=g)
     y = (X @ torch.randn(5, generator=g) > 0).long()
     model = nn.Linear(5, 2)
-    mgs = MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), ce_surrogate, err_task, K=8, alpha=0.01,
-              seed=0)
-    first = mgs.step((X, y)).base_loss
+    mgs = with_surrogate(MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), err_task, n_samples=8, alpha=0.01,
+                             seed=0), ce_surrogate)
+    first = mgs_step(mgs, (X, y)).base_loss
     for _ in range(30):
-        last = mgs.step((X, y)).base_loss
+        last = mgs_step(mgs, (X, y)).base_loss
     assert last < first - 0.1, (first, last)
 
 
@@ -348,7 +351,7 @@ def test_mgs_reduces_a_non_differentiable_task_loss():
 @pytest.mark.parametrize("kw,err", [({"alpha": 0.0}, ValueError), ({"alpha": -1.0}, ValueError),
                                     ({"sigma": 0.0}, ValueError), ({"sigma": -0.1}, ValueError),
                                     ({"mix": 1.5}, ValueError), ({"mix": -0.1}, ValueError),
-                                    ({"K": 0}, ValueError), ({"K": 2.5}, TypeError),
+                                    ({"n_samples": 0}, ValueError), ({"n_samples": 2.5}, TypeError),
                                     ({"sigma_mode": "uniform"}, ValueError), ({"density": "x"}, ValueError),
                                     ({"assignment": "x"}, ValueError), ({"chunk_size": 0}, ValueError),
                                     ({"max_grad_norm": 0.0}, ValueError), ({"vmap_task_loss": "yes"}, ValueError),
@@ -363,23 +366,62 @@ def test_bad_objects_raise():
     model, batch = tiny_problem(torch.float32)
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
     with pytest.raises(TypeError):
-        MGS(lambda x: x, opt, ce_surrogate, ce_task)
+        with_surrogate(MGS(lambda x: x, opt, ce_task), ce_surrogate)
     with pytest.raises(TypeError):
-        MGS(model, None, ce_surrogate, ce_task)
+        with_surrogate(MGS(model, None, ce_task), ce_surrogate)
     with pytest.raises(TypeError):
-        MGS(model, opt, "ce", ce_task)
+        MGS(model, opt, "ce")
     frozen = nn.Linear(2, 2).requires_grad_(False)
     with pytest.raises(ValueError, match="requires_grad"):
-        MGS(frozen, opt, ce_surrogate, ce_task)
+        with_surrogate(MGS(frozen, opt, ce_task), ce_surrogate)
+
+
+def test_the_closure_protocol_is_checked():
+    """``step(closure)``: the closure computes l̃ on a batch, calls backward, returns ``(loss, batch)``."""
+    model, batch = tiny_problem(torch.float32)
+    mgs = make(model)
+    with pytest.raises(TypeError, match="closure"):
+        mgs.step(batch)                                           # the former step(batch)
+    with pytest.raises(ValueError, match=r"\(loss, batch\)"):
+        mgs.step(lambda: ce_surrogate(model, batch))               # the batch is missing
+    with pytest.raises(ValueError, match="must call backward"):
+        mgs.step(lambda: (ce_surrogate(model, batch), batch))      # no backward: no gradient
+    loss = mgs.step(mgs_closure(model, ce_surrogate, batch))
+    assert isinstance(loss, torch.Tensor) and mgs.last_stats.surrogate_loss == float(loss.detach())
+
+
+def test_an_optimizer_over_other_parameters_is_refused():
+    """Issue case: an optimizer over other parameters reported update_norm 1.26 and changed nothing."""
+    model, batch = tiny_problem(torch.float32)
+    other = nn.Linear(3, 4)
+    with pytest.raises(ValueError, match="does not hold the model's trainable parameters"):
+        MGS(model, torch.optim.SGD(other.parameters(), lr=1.0), ce_task)
+    with pytest.raises(ValueError, match="not trainable parameters of the model"):
+        MGS(model, torch.optim.SGD([*model.parameters(), *other.parameters()], lr=1.0), ce_task)
+    model[0].bias.requires_grad_(False)                            # a frozen parameter in the optimizer is fine
+    mgs = with_surrogate(MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), ce_task, seed=0), ce_surrogate)
+    before = model[0].bias.detach().clone()
+    mgs_step(mgs, batch)
+    assert torch.equal(model[0].bias, before) and "0.bias" not in mgs.names
+
+
+@pytest.mark.parametrize("flag", ["include_mle", "low_memory", "eval_mode", "eager_base_loss", "keep_deltas"])
+def test_flags_must_be_bools(flag):
+    """Issue case: 'no' switched on MGS(include_mle=…, eval_mode=…)."""
+    model, _ = tiny_problem(torch.float32)
+    for bad in ("no", 1, None):
+        with pytest.raises(TypeError, match=f"{flag} must be a bool"):
+            make(model, **{flag: bad})
+    make(model, **{flag: np.bool_(False)})
 
 
 def test_nan_losses_raise_clear_errors():
     model, batch = tiny_problem(torch.float32)
     nan_task = lambda out, b: out.sum() * float("nan")  # noqa: E731
     with pytest.raises(ValueError, match="task loss is NaN"):
-        make(model, task=nan_task).step(batch)
+        mgs_step(make(model, task=nan_task), batch)
     with pytest.raises(ValueError, match=r"not finite: l\(θ\)"):     # the check at θ, on request
-        make(model, task=nan_task, eager_base_loss=True).step(batch)
+        mgs_step(make(model, task=nan_task, eager_base_loss=True), batch)
     calls = []
 
     def nan_candidates(out, b):  # finite at θ (first call), NaN at the candidates
@@ -387,13 +429,13 @@ def test_nan_losses_raise_clear_errors():
         return ce_task(out, b) * (1.0 if len(calls) == 1 else float("nan"))
 
     with pytest.raises(ValueError, match="NaN"):
-        make(model, task=nan_candidates, parallel=False).step(batch)
+        mgs_step(make(model, task=nan_candidates, parallel=False), batch)
     with pytest.raises(ValueError, match="surrogate"):
-        make(model, surrogate=lambda m, b: m(b[0]).sum() * float("nan")).step(batch)
+        mgs_step(make(model, surrogate=lambda m, b: m(b[0]).sum() * float("nan")), batch)
+    with pytest.raises(ValueError, match="scalar"):       # a closure returning a non-scalar loss
+        make(model).step(lambda: (model(batch[0]), batch))
     with pytest.raises(ValueError, match="scalar"):
-        make(model, surrogate=lambda m, b: m(b[0])).step(batch)
-    with pytest.raises(ValueError, match="scalar"):
-        make(model, task=lambda out, b: out, parallel=False).step(batch)
+        mgs_step(make(model, task=lambda out, b: out, parallel=False), batch)
 
 
 def test_functional_core_bad_input():
@@ -435,8 +477,8 @@ def test_loop_mode_hands_the_module_and_restores_parameters():
         out = model_k(b[0])
         return out if float(out.abs().max()) < 1e6 else out.clamp(-1e6, 1e6)
 
-    mgs = make(model, forward_fn=forward, parallel=False, K=3, lr=0.0)
-    mgs.step(batch)
+    mgs = make(model, forward_fn=forward, parallel=False, n_samples=3, lr=0.0)
+    mgs_step(mgs, batch)
     assert seen == [True] * 3 and model.training           # 3 candidates (l(θ) is lazy); train mode restored
     torch.testing.assert_close(flat(model), theta0, rtol=0, atol=0)  # lr = 0: candidates were swapped back
 
@@ -450,7 +492,7 @@ def test_loop_mode_hands_the_module_and_restores_parameters():
 
     model, batch = tiny_problem(torch.float32)
     with pytest.raises(RuntimeError, match="decoder crashed"):
-        make(model, task=failing, parallel=False).step(batch)
+        mgs_step(make(model, task=failing, parallel=False), batch)
     torch.testing.assert_close(flat(model), theta0, rtol=0, atol=0)  # θ restored after the error
 
 
@@ -458,7 +500,7 @@ def test_vmap_proxy_exposes_module_attributes():
     model, batch = tiny_problem(torch.float32)
     model.n_out = 2
     mgs = make(model, forward_fn=lambda m, b: m(b[0])[:, : m.n_out], parallel=True, vmap_task_loss=True)
-    mgs.step(batch)
+    mgs_step(mgs, batch)
     assert mgs.mode == "vmap"
 
 
@@ -466,11 +508,11 @@ def test_state_dict_resumes_identically():
     a, batch = tiny_problem(torch.float32)
     ma = make(a, seed=5)
     for _ in range(2):
-        ma.step(batch)
+        mgs_step(ma, batch)
     b = copy.deepcopy(a)
     mb = make(b, seed=999)
     mb.load_state_dict(ma.state_dict())
-    sa, sb = ma.step(batch), mb.step(batch)
+    sa, sb = mgs_step(ma, batch), mgs_step(mb, batch)
     assert sa.seeds == sb.seeds
     torch.testing.assert_close(flat(a), flat(b), rtol=0, atol=0)
 
@@ -483,8 +525,8 @@ def test_base_loss_is_lazy_and_equals_the_eager_value():
         model, batch = tiny_problem()
         calls = []
         task = lambda o, b: calls.append(1) or ce_task(o, b)  # noqa: E731
-        mgs = make(model, task=task, K=3, eager_base_loss=eager)
-        stats = [mgs.step(batch) for _ in range(3)]
+        mgs = make(model, task=task, n_samples=3, eager_base_loss=eager)
+        stats = [mgs_step(mgs, batch) for _ in range(3)]
         assert len(calls) == 3 * (3 + int(eager))                # K candidates (+ l(θ) when eager) per step
         out[eager] = (stats, flat(model))
     torch.testing.assert_close(out[False][1], out[True][1], rtol=0, atol=0)   # same updates
@@ -508,10 +550,10 @@ def test_mgs_on_cuda_defaults_to_vmap_and_scores_its_candidates():
     model, (X, y) = tiny_problem(torch.float64)
     cpu = copy.deepcopy(model)
     model = model.cuda()
-    mgs = make(model, K=6, alpha=0.1, sigma=0.5, sigma_mode="absolute", max_grad_norm=None, max_update_norm=None)
+    mgs = make(model, n_samples=6, alpha=0.1, sigma=0.5, sigma_mode="absolute", max_grad_norm=None, max_update_norm=None)
     assert mgs.mode == "vmap"
     theta0 = flat(model).cpu()
-    st = mgs.step((X.cuda(), y.cuda()), return_deltas=True)
+    st = mgs_step(mgs, (X.cuda(), y.cuda()), return_deltas=True)
     for k, dk in enumerate(st.deltas):
         cand = copy.deepcopy(cpu)
         with torch.no_grad():
@@ -531,10 +573,10 @@ def test_candidate_noise_is_one_randn_per_tensor_from_the_candidates_seed():
     torch.manual_seed(0)
     model = nn.Sequential(nn.Linear(37, 70), nn.Tanh(), nn.Linear(70, 1200), nn.Tanh(), nn.Linear(1200, 3))
     X, y = torch.randn(16, 37), torch.randint(0, 3, (16,))
-    mgs = make(model, K=5, include_mle=True, sigma=0.3, sigma_mode="absolute", max_grad_norm=None,
+    mgs = make(model, n_samples=5, include_mle=True, sigma=0.3, sigma_mode="absolute", max_grad_norm=None,
                max_update_norm=None, lr=0.0)
     grads = torch.autograd.grad(ce_surrogate(model, (X, y)), list(model.parameters()))
-    st = mgs.step((X, y), return_deltas=True)
+    st = mgs_step(mgs, (X, y), return_deltas=True)
     gen = torch.Generator()
     for k, (seed, d) in enumerate(zip(st.seeds, st.deltas)):
         gen.manual_seed(seed)
@@ -561,7 +603,7 @@ def test_row_by_row_draw_is_bit_identical_to_the_batched_draw_and_one_randn_per_
     torch.manual_seed(1)
     model = nn.Sequential(nn.Linear(37, 70), nn.Tanh(), nn.Linear(70, 130), nn.Tanh(), nn.Linear(130, 3))
     X, y = torch.randn(16, 37), torch.randint(0, 3, (16,))
-    kw = dict(K=6, include_mle=True, sigma=0.3, sigma_mode="relative", max_grad_norm=None, lr=0.0, seed=11)
+    kw = dict(n_samples=6, include_mle=True, sigma=0.3, sigma_mode="relative", max_grad_norm=None, lr=0.0, seed=11)
     n_threads = torch.get_num_threads()
     recorded = {}
     real_log_q = noise_module.CandidateDraws.log_q
@@ -577,7 +619,7 @@ def test_row_by_row_draw_is_bit_identical_to_the_batched_draw_and_one_randn_per_
         torch.set_num_threads(threads)
         for path, block in (("rows", 128), ("batched", 1 << 30)):
             monkeypatch.setattr(noise_module.CandidateDraws, "ROW_BLOCK", block)
-            st = make(copy.deepcopy(model), **kw).step((X, y), return_deltas=True)
+            st = mgs_step(make(copy.deepcopy(model), **kw), (X, y), return_deltas=True)
             deltas[path], stats[path] = st, dict(recorded)
             # the workers run torch single-threaded (a thread-local setting): the caller keeps its thread count
             assert torch.get_num_threads() == threads

@@ -13,9 +13,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from taskloss.search import MGS
+from helpers import mgs_step, with_surrogate
 
-CONFIGS = [dict(K=3, include_mle=True, chunk_size=None, low_memory=False),   # 4 candidates, 2 per rank
-           dict(K=4, include_mle=False, chunk_size=1, low_memory=True)]       # odd/even split, regenerated noise
+CONFIGS = [dict(n_samples=3, include_mle=True, chunk_size=None, low_memory=False),   # 4 candidates, 2 per rank
+           dict(n_samples=4, include_mle=False, chunk_size=1, low_memory=True)]       # odd/even split, regenerated noise
 
 
 def _problem():
@@ -31,10 +32,10 @@ def _run(config: dict, seed: int, steps: int = 3):
     """Train a fresh model for `steps` MGS steps; return the final flat parameters and the weights per step."""
     torch.set_num_threads(1)
     model, batch = _problem()
-    mgs = MGS(model, torch.optim.AdamW(model.parameters(), lr=1e-2),
-              lambda m, b: F.cross_entropy(m(b[0]), b[1]), lambda out, b: 2.0 * F.cross_entropy(out, b[1]),
-              alpha=0.05, sigma=0.5, seed=seed, **config)
-    weights = [mgs.step(batch).weights for _ in range(steps)]
+    mgs = with_surrogate(MGS(model, torch.optim.AdamW(model.parameters(), lr=1e-2),
+                             lambda out, b: 2.0 * F.cross_entropy(out, b[1]), alpha=0.05, sigma=0.5, seed=seed,
+                             **config), lambda m, b: F.cross_entropy(m(b[0]), b[1]))
+    weights = [mgs_step(mgs, batch).weights for _ in range(steps)]
     flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
     return flat, torch.stack(weights), mgs
 
@@ -48,10 +49,11 @@ def _worker(rank: int, world: int, init_file: str, out_dir: str):
             flat, w, _ = _run(cfg, seed=7 if rank == 0 else 99)
             res[i] = (flat, w)
         model, (X, y) = _problem()
-        mgs = MGS(model, torch.optim.SGD(model.parameters(), lr=1.0),
-                  lambda m, b: F.cross_entropy(m(b[0]), b[1]), lambda out, b: F.cross_entropy(out, b[1]), seed=1)
+        mgs = with_surrogate(MGS(model, torch.optim.SGD(model.parameters(), lr=1.0),
+                                 lambda out, b: F.cross_entropy(out, b[1]), seed=1),
+                             lambda m, b: F.cross_entropy(m(b[0]), b[1]))
         try:  # a different batch on each rank must be refused, not silently averaged
-            mgs.step((X[rank::2], y[rank::2]))
+            mgs_step(mgs, (X[rank::2], y[rank::2]))
             res["mismatch"] = "no error"
         except RuntimeError as e:
             res["mismatch"] = str(e)

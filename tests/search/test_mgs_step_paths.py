@@ -14,7 +14,8 @@ from torch import nn
 
 import taskloss.search.mgs_noise as noise_module
 from taskloss.search import MGS
-from taskloss.search.mgs_scoring import _scalar_loss, _stack_losses
+from taskloss.search.mgs_scoring import _scalar_loss, stack_losses
+from helpers import mgs_step, with_surrogate
 
 
 def problem(dtype=torch.float32, seed=0):
@@ -36,8 +37,8 @@ def task(out, batch):
 
 def make(model, **kw):
     kw.setdefault("seed", 7)
-    return MGS(model, torch.optim.SGD(model.parameters(), lr=kw.pop("lr", 1.0)), surrogate, kw.pop("task", task),
-               **kw)
+    opt = torch.optim.SGD(model.parameters(), lr=kw.pop("lr", 1.0))
+    return with_surrogate(MGS(model, opt, kw.pop("task", task), **kw), surrogate)
 
 
 def flat(model):
@@ -52,8 +53,8 @@ def test_batched_draw_is_bit_identical_with_and_without_the_kept_float64_chunk(m
     for keep in (True, False):
         monkeypatch.setattr(noise_module.CandidateDraws, "KEEP_CHUNK64", keep)
         model, batch = problem()
-        mgs = make(model, K=5, include_mle=True, sigma=0.3, max_grad_norm=None)
-        out[keep] = [mgs.step(batch, return_deltas=True) for _ in range(2)] + [flat(model)]
+        mgs = make(model, n_samples=5, include_mle=True, sigma=0.3, max_grad_norm=None)
+        out[keep] = [mgs_step(mgs, batch, return_deltas=True) for _ in range(2)] + [flat(model)]
     for a, b in zip(out[True][:2], out[False][:2]):
         for da, db in zip(a.deltas, b.deltas):
             for name in da:
@@ -67,15 +68,15 @@ def test_cached_views_are_rebuilt_when_the_buffers_change():
     float64 between steps replaces every buffer (new dtype): the next step must equal a fresh MGS with the same
     state on a float64 copy — stale views would write into the old float32 buffers."""
     model, batch = problem()
-    mgs = make(model, K=4, sigma=0.5)
+    mgs = make(model, n_samples=4, sigma=0.5)
     for _ in range(2):
-        mgs.step(batch)
+        mgs_step(mgs, batch)
     model.double()
     twin = copy.deepcopy(model)
-    fresh = make(twin, K=4, sigma=0.5)
+    fresh = make(twin, n_samples=4, sigma=0.5)
     fresh.load_state_dict(mgs.state_dict())
     batch64 = (batch[0].double(), batch[1])
-    a, b = mgs.step(batch64, return_deltas=True), fresh.step(batch64, return_deltas=True)
+    a, b = mgs_step(mgs, batch64, return_deltas=True), mgs_step(fresh, batch64, return_deltas=True)
     assert a.seeds == b.seeds
     torch.testing.assert_close(a.weights, b.weights, rtol=0, atol=0)
     torch.testing.assert_close(flat(model), flat(twin), rtol=0, atol=0)
@@ -88,9 +89,9 @@ def test_gradients_set_to_none_between_steps_are_set_again():
     runs = []
     for drop in (False, True):
         model, batch = problem()
-        mgs = make(model, K=3)
+        mgs = make(model, n_samples=3)
         for _ in range(3):
-            mgs.step(batch)
+            mgs_step(mgs, batch)
             if drop:
                 mgs.optimizer.zero_grad(set_to_none=True)
         runs.append(flat(model))
@@ -107,8 +108,8 @@ def test_loop_writes_candidates_into_non_contiguous_parameters():
             w = model[2].weight.detach()
             model[2].weight = nn.Parameter(w.t().contiguous().t())        # same values, strides (1, 70)
             assert not model[2].weight.is_contiguous()
-        mgs = make(model, K=4, parallel=False)
-        stats = mgs.step(batch)
+        mgs = make(model, n_samples=4, parallel=False)
+        stats = mgs_step(mgs, batch)
         runs.append((stats.task_losses, flat(model)))
     torch.testing.assert_close(runs[0][0], runs[1][0], rtol=0, atol=0)
     torch.testing.assert_close(runs[0][1], runs[1][1], rtol=0, atol=0)
@@ -117,12 +118,12 @@ def test_loop_writes_candidates_into_non_contiguous_parameters():
 def test_stacked_losses_equal_the_per_candidate_conversion():
     values = [torch.tensor(0.25), torch.tensor([1.5]), torch.tensor(3.0)]
     want = torch.stack([_scalar_loss(v, "loop") for v in values])
-    got = _stack_losses(values, "loop")
+    got = stack_losses(values, "loop")
     assert got.dtype == torch.float64 and torch.equal(got, want)
     mixed = [0.1, torch.tensor(0.2, dtype=torch.float64), 3]          # Python numbers and another dtype
-    assert torch.equal(_stack_losses(mixed, "loop"), torch.stack([_scalar_loss(v, "loop") for v in mixed]))
+    assert torch.equal(stack_losses(mixed, "loop"), torch.stack([_scalar_loss(v, "loop") for v in mixed]))
     with pytest.raises(ValueError, match="task_loss_fn must return a scalar"):
-        _stack_losses([torch.tensor(1.0), torch.ones(2)], "loop")
+        stack_losses([torch.tensor(1.0), torch.ones(2)], "loop")
 
 
 def test_a_float_task_loss_gives_the_tensor_task_losss_step():
@@ -132,7 +133,7 @@ def test_a_float_task_loss_gives_the_tensor_task_losss_step():
     for as_float in (False, True):
         model, batch = problem()
         fn = (lambda o, b: float(task(o, b))) if as_float else task
-        stats = make(model, K=4, task=fn, parallel=False).step(batch)
+        stats = mgs_step(make(model, n_samples=4, task=fn, parallel=False), batch)
         runs.append((stats.weights, flat(model)))
     torch.testing.assert_close(runs[0][0], runs[1][0], rtol=0, atol=0)
     torch.testing.assert_close(runs[0][1], runs[1][1], rtol=0, atol=0)
@@ -141,16 +142,16 @@ def test_a_float_task_loss_gives_the_tensor_task_losss_step():
 def test_minus_inf_and_all_inf_task_losses_raise():
     model, batch = problem()
     with pytest.raises(ValueError, match="NaN or -inf"):
-        make(model, task=lambda o, b: task(o, b) * 0 - float("inf")).step(batch)
+        mgs_step(make(model, task=lambda o, b: task(o, b) * 0 - float("inf")), batch)
     with pytest.raises(ValueError, match="every candidate has an infinite task loss"):
-        make(model, task=lambda o, b: task(o, b) * 0 + float("inf")).step(batch)
+        mgs_step(make(model, task=lambda o, b: task(o, b) * 0 + float("inf")), batch)
     calls = []
 
     def some_inf(o, b):                  # +inf for one candidate: weight 0, the step goes on
         calls.append(1)
         return task(o, b) + (float("inf") if len(calls) == 2 else 0.0)
 
-    stats = make(model, task=some_inf, K=4).step(batch)
+    stats = mgs_step(make(model, task=some_inf, n_samples=4), batch)
     assert float(stats.weights[1]) == 0.0 and abs(float(stats.weights.sum()) - 1.0) < 1e-12
 
 
@@ -161,7 +162,7 @@ def test_vmap_with_regenerated_noise_equals_the_loop_with_stored_rows():
     runs = []
     for kw in (dict(parallel=True, low_memory=True, chunk_size=3), dict(parallel=False)):
         model, batch = problem()
-        stats = make(model, K=5, include_mle=True, **kw).step(batch)
+        stats = mgs_step(make(model, n_samples=5, include_mle=True, **kw), batch)
         runs.append((stats.task_losses, stats.log_q, flat(model)))
     torch.testing.assert_close(runs[0][0], runs[1][0], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(runs[0][1], runs[1][1], rtol=1e-12, atol=0)     # float64 sums, same numbers
@@ -180,8 +181,8 @@ def test_small_models_candidate_buffer_writes_the_per_tensor_adds_numbers(monkey
             monkeypatch.setattr(noise_module.CandidateDraws, "ROW_BLOCK", block)
         model, batch = problem()
         assert sum(p.numel() for p in model.parameters()) < noise_module.CandidateDraws.ROW_BLOCK or block
-        mgs = make(model, K=5, include_mle=True, sigma=0.3, parallel=False)
-        stats = [mgs.step(batch) for _ in range(2)]
+        mgs = make(model, n_samples=5, include_mle=True, sigma=0.3, parallel=False)
+        stats = [mgs_step(mgs, batch) for _ in range(2)]
         runs.append(([s.task_losses for s in stats], flat(model)))
     for a, b in zip(runs[0][0], runs[1][0]):
         assert torch.equal(a, b)
@@ -216,9 +217,9 @@ def test_scoring_restores_every_submodules_own_training_flag(override, all_eval)
         return task(out, batch)
 
     before = [m.training for m in model.modules()]
-    mgs = make(model, K=3, task=task_checking_mode, parallel=False)
+    mgs = make(model, n_samples=3, task=task_checking_mode, parallel=False)
     _, batch = problem()
-    stats = mgs.step(batch)
+    stats = mgs_step(mgs, batch)
     assert [m.training for m in model.modules()] == before
     assert seen and all(not any(flags) for flags in seen)          # every candidate scored in eval mode
     stats.base_loss
@@ -226,11 +227,12 @@ def test_scoring_restores_every_submodules_own_training_flag(override, all_eval)
 
 
 def test_python_float_density_and_weights_equal_the_tensor_formulas():
-    """The step combines its K × T statistics on Python floats (``_log_q_floats``, ``_log_weights_floats``); the
-    tensor formulas (``_log_q_from_sq``, ``_log_weights``, behind ``mixture_log_density`` and ``mgs_weights``)
-    give the same numbers to float64 rounding, for both densities, λ ∈ {0, 0.3, 1} and a +inf loss; σ_t = 0 is
-    left to the tensor formula (``None``)."""
-    from taskloss.search.mgs_density import _log_q_floats, _log_q_from_sq, _log_weights, _log_weights_floats
+    """The step combines its K × T statistics on Python floats (``log_q_floats``, ``log_weights_floats``); the
+    tensor formulas (``log_q_from_sq`` and ``sampling.normalized_log_weights``, behind ``mixture_log_density`` and
+    ``mgs_weights``) give the same numbers to float64 rounding, for both densities, λ ∈ {0, 0.3, 1} and a +inf
+    loss; σ_t = 0 is left to the tensor formula (``None``)."""
+    from taskloss.sampling import normalized_log_weights
+    from taskloss.search.mgs_density import log_q_floats, log_q_from_sq, log_weights_floats
 
     g = torch.Generator().manual_seed(3)
     numel = [4096.0, 64.0, 640.0, 10.0]
@@ -239,14 +241,14 @@ def test_python_float_density_and_weights_equal_the_tensor_formulas():
     d1 = d0 * (1 + torch.rand(6, 4, generator=g, dtype=torch.float64))
     for density in ("mixture", "unit_sigma"):
         for mix in (0.0, 0.3, 1.0):
-            want = _log_q_from_sq(d0, d1, sig, torch.tensor(numel, dtype=torch.float64), mix, density)
-            got = _log_q_floats(d0.tolist(), d1.tolist(), sig.tolist(), numel, mix, density)
+            want = log_q_from_sq(d0, d1, sig, torch.tensor(numel, dtype=torch.float64), mix, density)
+            got = log_q_floats(d0.tolist(), d1.tolist(), sig.tolist(), numel, mix, density)
             torch.testing.assert_close(torch.tensor(got, dtype=torch.float64), want, rtol=1e-13, atol=0)
-    assert _log_q_floats(d0.tolist(), d1.tolist(), [0.0, 1.0, 1.0, 1.0], numel, 0.5, "mixture") is None
+    assert log_q_floats(d0.tolist(), d1.tolist(), [0.0, 1.0, 1.0, 1.0], numel, 0.5, "mixture") is None
     L = torch.tensor([0.3, 0.1, float("inf"), 0.2, 0.1, 0.5], dtype=torch.float64)
     lq = torch.randn(6, generator=g, dtype=torch.float64) * 50
-    want = _log_weights(L, lq, 0.01, 0.1)
-    got = torch.tensor(_log_weights_floats(L.tolist(), lq.tolist(), 0.01, 0.1), dtype=torch.float64)
+    want = normalized_log_weights(-(L - 0.1) / 0.01, lq)
+    got = torch.tensor(log_weights_floats(L.tolist(), lq.tolist(), 0.01, 0.1), dtype=torch.float64)
     assert got[2] == -float("inf") and want[2] == -float("inf")
     keep = torch.isfinite(want)
     torch.testing.assert_close(got[keep], want[keep], rtol=1e-12, atol=1e-12)

@@ -60,7 +60,7 @@ def test_classification_reinforce_is_unbiased_for_expected_accuracy(baseline):
     logits = torch.randn(6, 4, dtype=torch.float64, generator=g).requires_grad_(True)
     target = torch.randint(0, 4, (6,), generator=g)
     exact = _grad(PG.expected_reward(logits, F.one_hot(target, 4)).mean(), logits)
-    res = PG.classification_reinforce(logits, target, num_samples=40000, baseline=baseline, generator=g)
+    res = PG.classification_reinforce(logits, target, n_samples=40000, baseline=baseline, generator=g)
     est = -_grad(res.loss, logits)
     assert res.samples.shape == (40000, 6) and res.rewards.shape == (40000, 6)
     torch.testing.assert_close(est, exact, atol=6e-3, rtol=0)
@@ -196,7 +196,7 @@ def test_sequence_reinforce_unbiased_by_enumeration():
     logp = sequence_logprob(model, prefix.repeat(9, 1), conts, pad_id=3)
     exact_obj = -(logp.exp() * task(conts, ref * 9).double()).sum()
     exact = torch.autograd.grad(exact_obj, list(model.parameters()))
-    res = PG.sequence_reinforce(model, prefix, ref, task, num_samples=20000, max_new_tokens=2, eos_id=None,
+    res = PG.sequence_reinforce(model, prefix, ref, task, n_samples=20000, max_new_tokens=2, eos_id=None,
                                 pad_id=3, generator=torch.Generator().manual_seed(0))
     est = torch.autograd.grad(res.loss, list(model.parameters()))
     assert res.samples.shape == (20000, 1, 2)
@@ -210,12 +210,12 @@ def test_sequence_reinforce_batch_mle_and_errors():
     prefix = torch.tensor([[1, 2], [3, 1], [2, 2]])
     refs = [[1, 3, 4], [2], []]
     task = lambda h, r: M.edit_distance(h, r, eos_id=4, pad_id=0)
-    res = PG.sequence_reinforce(model, prefix, refs, task, num_samples=3, max_new_tokens=4, eos_id=4, pad_id=0,
+    res = PG.sequence_reinforce(model, prefix, refs, task, n_samples=3, max_new_tokens=4, eos_id=4, pad_id=0,
                                 generator=torch.Generator().manual_seed(0))
     assert res.rewards.shape == (3, 3) and res.logprobs.shape == (3, 3) and res.samples.shape == (3, 3, 4)
     assert bool((res.rewards <= 0).all()) and bool((res.rewards >= -1).all())
     mle = torch.tensor([[1, 3, 4], [2, 4, 0], [4, 0, 0]])
-    res2 = PG.sequence_reinforce(model, prefix, refs, task, num_samples=3, max_new_tokens=4, eos_id=4, pad_id=0,
+    res2 = PG.sequence_reinforce(model, prefix, refs, task, n_samples=3, max_new_tokens=4, eos_id=4, pad_id=0,
                                  mle_weight=1.0, mle_continuations=mle, generator=torch.Generator().manual_seed(0))
     assert res2.loss.item() != pytest.approx(res.loss.item())
     res2.loss.backward()

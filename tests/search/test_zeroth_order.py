@@ -9,6 +9,7 @@ import torch.nn.functional as F
 
 from taskloss.search import policy_gradient as PG
 from taskloss.search import zeroth_order as ZO
+from taskloss.utils import functional_loss
 
 
 def quadratic(d=6, seed=0):
@@ -81,7 +82,7 @@ def test_vmap_equals_loop_and_dict_params_with_model():
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3)).double()
     X = torch.randn(20, 4, dtype=torch.float64)
     y = torch.randint(0, 3, (20,))
-    f, theta = ZO.functional_loss(model, lambda out: F.cross_entropy(out, y), X)
+    f, theta = functional_loss(model, lambda out: F.cross_entropy(out, y), X)
     a = ZO.gaussian_smoothing_grad(f, theta, 1e-4, 16, baseline="antithetic", generator=torch.Generator().manual_seed(0))
     b = ZO.gaussian_smoothing_grad(f, theta, 1e-4, 16, baseline="antithetic", vectorize=False,
                                    generator=torch.Generator().manual_seed(0))
@@ -132,7 +133,7 @@ def test_zeroth_order_bad_inputs():
     with pytest.raises(ValueError):
         ZO.spsa_grad(f, theta, 0.0)
     with pytest.raises(TypeError):
-        ZO.functional_loss("model", lambda o: o)
+        functional_loss("model", lambda o: o)
 
 
 # ----------------------------------------------------------------------------------------------------- MeZO
@@ -142,7 +143,7 @@ def test_mezo_step_matches_manual_update_and_restores():
     X, Y = torch.randn(10, 3, dtype=torch.float64), torch.randn(10, 2, dtype=torch.float64)
     loss = lambda: F.mse_loss(model(X), Y)
     before = [p.detach().clone() for p in model.parameters()]
-    opt = ZO.MeZO(model.parameters(), lr=0.1, eps=1e-2, seed=3)
+    opt = ZO.MeZO(model.parameters(), lr=0.1, sigma=1e-2, seed=3)
     calls = []
     lp = opt.step(lambda: calls.append(1) or loss())
     assert len(calls) == 2
@@ -169,7 +170,7 @@ def test_mezo_trains_and_is_reproducible():
         model = torch.nn.Linear(5, 1)
         X = torch.randn(64, 5)
         Y = X @ torch.tensor([[1.0], [-2.0], [0.5], [0.0], [3.0]])
-        opt = ZO.MeZO(model.parameters(), lr=0.02, eps=1e-3, seed=seed, num_perturbations=2, weight_decay=1e-4)
+        opt = ZO.MeZO(model.parameters(), lr=0.02, sigma=1e-3, seed=seed, n_samples=2, weight_decay=1e-4)
         l0 = F.mse_loss(model(X), Y).item()
         for _ in range(400):
             opt.step(lambda: F.mse_loss(model(X), Y))
@@ -185,7 +186,7 @@ def test_mezo_trains_and_is_reproducible():
 
 def test_mezo_bad_inputs_and_nan_restores():
     model = torch.nn.Linear(2, 1)
-    for kw in (dict(lr=0.0), dict(eps=0.0), dict(eps=-1.0), dict(weight_decay=-1.0), dict(num_perturbations=0)):
+    for kw in (dict(lr=0.0), dict(sigma=0.0), dict(sigma=-1.0), dict(weight_decay=-1.0), dict(n_samples=0)):
         with pytest.raises(ValueError):
             ZO.MeZO(model.parameters(), **kw)
     opt = ZO.MeZO(model.parameters())
@@ -208,6 +209,34 @@ def test_zeroth_order_on_cuda():
     assert (est.cpu() - grad).norm() < 0.05 * grad.norm()
     model = torch.nn.Linear(3, 1).cuda()
     X = torch.randn(8, 3, device="cuda")
-    opt = ZO.MeZO(model.parameters(), lr=0.01, eps=1e-3)
+    opt = ZO.MeZO(model.parameters(), lr=0.01, sigma=1e-3)
     opt.step(lambda: model(X).pow(2).mean())
     assert all(p.device.type == "cuda" for p in model.parameters())
+
+
+def test_mezo_leaves_frozen_parameters_and_steps_shared_ones_once():
+    """Issue cases: MeZO moved a bias with requires_grad=False (−0.582 → −0.531); a parameter listed twice was
+    stepped twice. Frozen tensors are neither perturbed nor updated; a repeated tensor is one parameter."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 1)
+    model.bias.requires_grad_(False)
+    X, y = torch.randn(16, 3), torch.randn(16)
+    bias = model.bias.detach().clone()
+    opt = ZO.MeZO(model.parameters(), lr=0.1, sigma=1e-2, seed=0)
+    opt.step(lambda: F.mse_loss(model(X).squeeze(-1), y))
+    assert torch.equal(model.bias, bias)
+    twice, once = torch.nn.Linear(3, 1), torch.nn.Linear(3, 1)
+    once.load_state_dict(twice.state_dict())
+    a = ZO.MeZO([twice.weight, twice.weight, twice.bias], lr=0.1, sigma=1e-2, seed=0)
+    b = ZO.MeZO([once.weight, once.bias], lr=0.1, sigma=1e-2, seed=0)
+    a.step(lambda: F.mse_loss(twice(X).squeeze(-1), y))
+    b.step(lambda: F.mse_loss(once(X).squeeze(-1), y))
+    assert torch.equal(twice.weight, once.weight) and torch.equal(twice.bias, once.bias)
+
+
+def test_mezo_sigma_and_n_samples_are_shared_by_the_groups():
+    model = torch.nn.Linear(3, 1)
+    opt = ZO.MeZO([{"params": [model.weight], "lr": 0.1}, {"params": [model.bias], "lr": 0.01}], sigma=1e-2)
+    opt.param_groups[1]["sigma"] = 0.1
+    with pytest.raises(ValueError, match="one sigma shared by all parameter groups"):
+        opt.step(lambda: model(torch.ones(1, 3)).sum())
