@@ -79,6 +79,7 @@ class Comparison:
     family_size: int | None = None        # comparisons in the family
 
     def as_dict(self) -> dict[str, Any]:
+        """Every field as a dict (what :meth:`taskloss.results.run.Run.compare` records)."""
         return asdict(self)
 
     def sentence(self, fmt: str = ".3g") -> str:
@@ -174,9 +175,12 @@ def paired_comparison(a: Sequence[float], b: Sequence[float], *, name: str = "a"
     """Compare method ``a`` with method ``b`` from per-seed values measured on the same seeds and budget.
 
     Args:
-        a, b: one value per seed, ``a[s]`` and ``b[s]`` from the same seed ``s`` (the pairing removes the
-            seed-to-seed variation the two methods share).
-        name, baseline, metric: labels used in :meth:`Comparison.sentence` and :func:`comparison_table`.
+        a: one value of method a per seed; ``a[s]`` and ``b[s]`` come from the same seed ``s`` (the pairing
+            removes the seed-to-seed variation the two methods share).
+        b: one value of method b (the baseline) per seed.
+        name: what ``a`` is, used in :meth:`Comparison.sentence` and :func:`comparison_table`.
+        baseline: what ``b`` is.
+        metric: what the values measure.
         lower_is_better: ``True`` for losses and error rates, ``False`` for accuracies and scores.
         confidence: level of the interval, in (0, 1); the verdict is decided at ``1 − confidence``.
         method: ``"t"`` (paired t interval and test) or ``"sign-flip"`` (exact permutation test and its

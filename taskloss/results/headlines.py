@@ -68,6 +68,7 @@ class Tolerance:
             raise ValueError("a Tolerance needs a reason (why the value varies across machines)")
 
     def as_dict(self) -> dict[str, Any]:
+        """The tolerance as JSON-ready data (stored in ``results.json``)."""
         return {"rtol": self.rtol, "atol": self.atol, "reason": self.reason}
 
 

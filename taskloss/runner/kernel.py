@@ -40,15 +40,18 @@ class Cancellation:
         self._managers: set = set()
 
     def is_set(self) -> bool:
+        """Whether the sweep was cancelled."""
         return self._event.is_set()
 
     def register(self, km) -> None:
+        """Track a running kernel's manager ``km`` (killed at once when the sweep is already cancelled)."""
         with self._lock:
             self._managers.add(km)
         if self.is_set():
             _kill(km)
 
     def unregister(self, km) -> None:
+        """Stop tracking ``km`` (its kernel ended)."""
         with self._lock:
             self._managers.discard(km)
 

@@ -93,10 +93,12 @@ class RunSpec:
 
     @property
     def name(self) -> str:
+        """The notebook's name, e.g. ``02_importance_sampling_and_mgs``."""
         return self.notebook.stem
 
     @property
     def label(self) -> str:
+        """``notebook/folder`` for progress lines (the notebook alone for an un-nested run)."""
         return f"{self.name}/{self.out_dir.name}" if self.out_dir.name != self.name else self.name
 
 

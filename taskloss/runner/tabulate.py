@@ -36,6 +36,7 @@ class SweepPoint:
 
     @property
     def mean(self) -> float:
+        """The mean of the runs' values."""
         return math.fsum(self.values) / len(self.values)
 
     def interval(self, confidence: float = 0.95) -> tuple[float, float] | None:
