@@ -127,8 +127,8 @@ print(f"σ = {sigma:.3f}: singular values of ∂LN/∂z = 1/σ = {1 / sigma:.3f}
 #   ($\sigma(x_l)\sim\sqrt l$), so the branch terms shrink like $1/\sqrt l$ and the gradient of the last layers'
 #   parameters scales like $1/\sqrt L$.
 # - *RealFormer*: the Post-LN paths plus one along the scores, $\partial S_{l+1}/\partial S_l = I$, so
-#   $\frac{\partial\ell}{\partial S_l} = \frac{\partial\ell}{\partial S_l}\big|_{A_l}
-#   + \frac{\partial\ell}{\partial S_{l+1}}$:
+#   $\frac{\partial\ell}{\partial S_l} = \frac{\partial\ell}{\partial S_l}\big|_{A_l} +
+#   \frac{\partial\ell}{\partial S_{l+1}}$:
 #   whatever gradient reaches a layer's attention logits is handed, unchanged and without crossing a LayerNorm,
 #   to the logits of every layer below. (Values, output projections and feed-forward layers still see only
 #   Post-LN paths.)

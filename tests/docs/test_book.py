@@ -3,23 +3,21 @@ site with warnings as errors, checked page by page (every internal link resolves
 site, each notebook page links the API entries it uses and each API entry its notebook), and finally two pages
 opened in headless Chromium (skipped where Debian's ``chromium`` is not installed; ``make book-check`` installs it).
 
-The first part takes seconds and runs in ``make test``, with a check that every docstring the reference shows
-parses as reST after napoleon without a warning (what ``-W`` would reject: a malformed table, a stray indent), so
-that a new subpackage's markup error shows in ``make test`` and not only in ``make book``. The build takes about
-1.5 min on 2 cores, so the tests of the built site are skipped there: ``make book-check`` builds the book and runs
-them on it (TASKLOSS_BOOK_SITE), and ``TASKLOSS_BOOK_BUILD=1`` makes them build one of their own.
+The first part takes seconds and runs in ``make test``, beside the quick checks of every docstring the reference
+shows (tests/docs/test_docstrings.py) and of the notebooks' Markdown (tests/docs/test_notebook_markdown.py). The
+build takes about a minute on 2 cores, so the tests of the built site are skipped there: ``.ci/run`` builds the book
+after ``make test``, ``make book-check`` builds it and runs them on it (TASKLOSS_BOOK_SITE), and
+``TASKLOSS_BOOK_BUILD=1`` makes them build one of their own.
 """
 from __future__ import annotations
 
 import html
-import inspect
 import os
 import re
 import shutil
 import subprocess
 import sys
 import textwrap
-from functools import lru_cache
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -278,114 +276,3 @@ def test_chromium_check_fails_on_a_broken_page(tmp_path):
     for expected in ("MathJax did not load", "not rendered", "raw TeX", "image did not load", "no such file",
                      "Uses"):
         assert expected in text, (expected, text)
-
-
-# -- docstring markup without a build (runs in make test) ----------------------------------------------------------
-
-def _documented_docstrings():
-    """(dotted name, what, object, docstring) of every docstring the reference shows: subpackages, modules, public
-    names and the public members of public classes (autodoc's ``:members:``)."""
-    import importlib
-    import inspect
-    seen: set[str] = set()
-    for page in book_sources.api_pages():
-        for m in page.modules:
-            mod = importlib.import_module(m.name)
-            for name, what, obj in ([(page.name, "module", importlib.import_module(page.name)), (m.name, "module", mod)]
-                                    + [(f"{m.name}.{n}", "", getattr(mod, n)) for n in m.public + m.own]):
-                if name in seen or book_sources._role(obj) == "data":
-                    continue
-                seen.add(name)
-                what = what or ("class" if inspect.isclass(obj) else "function")
-                yield name, what, obj, inspect.getdoc(obj)
-                if inspect.isclass(obj):
-                    for attr, value in vars(obj).items():
-                        value = getattr(value, "__func__", value)
-                        if attr.startswith("_") or not (callable(value) or isinstance(value, property)):
-                            continue
-                        kind = "property" if isinstance(value, property) else "method"
-                        yield f"{name}.{attr}", kind, value, inspect.getdoc(value)
-
-
-@lru_cache(maxsize=1)
-def _rst_parser():
-    """docutils' reST parser and settings, with Sphinx's roles and directives stubbed (whether a reference resolves
-    is the full build's job) and napoleon configured as docs/conf.py does."""
-    from docutils import nodes
-    from docutils.frontend import get_default_settings
-    from docutils.parsers.rst import Directive, Parser, directives, roles
-    from sphinx.ext.napoleon import Config
-
-    def any_role(name, rawtext, text, lineno, inliner, options=None, content=None):
-        return [nodes.literal(rawtext, text)], []
-
-    class AnyDirective(Directive):
-        optional_arguments, final_argument_whitespace, has_content = 10, True, True
-        option_spec = None
-
-        def run(self):
-            return []
-
-    for role in ("func", "class", "meth", "attr", "mod", "data", "exc", "obj", "doc", "ref", "term", "any",
-                 "py:func", "py:class", "py:meth", "py:attr", "py:mod", "py:data", "py:exc", "py:obj"):
-        roles.register_local_role(role, any_role)
-    for name in ("seealso", "versionadded", "versionchanged", "deprecated", "code-block", "autosummary", "todo"):
-        directives.register_directive(name, AnyDirective)
-    settings = get_default_settings(Parser)
-    settings.report_level, settings.halt_level, settings.warning_stream = 5, 5, False
-    config = Config(napoleon_google_docstring=True, napoleon_numpy_docstring=False, napoleon_use_rtype=False,
-                    napoleon_use_ivar=True)
-    return Parser(), settings, config
-
-
-def docstring_markup_problems(dotted: str, what: str, obj, doc: str | None) -> list[str]:
-    """docutils' warnings and errors on a docstring after napoleon and the book's notebook links, as Sphinx's
-    build raises them under -W."""
-    from docutils.utils import new_document
-    from sphinx.ext.napoleon import GoogleDocstring
-
-    if not doc:
-        return []
-    parser, settings, config = _rst_parser()
-    lines = str(GoogleDocstring(doc, config, what=what, name=dotted, obj=obj)).splitlines()
-    book_links.process_docstring(None, what, dotted, obj, {}, lines)
-    document = new_document(dotted, settings)
-    found: list[str] = []
-    document.reporter.attach_observer(
-        lambda msg: found.append(f"{dotted} (docstring line {msg.get('line')}): {msg.astext()}")
-        if msg["level"] >= 2 else None)
-    parser.parse("\n".join(lines), document)
-    return found
-
-
-def test_docstring_markup_check_flags_what_the_build_rejects():
-    def bad():
-        """A table whose first column is narrower than a cell.
-
-        =====  ====
-        name   x
-        =====  ====
-        much longer  1
-        =====  ====
-
-        Args:
-            x: *unclosed emphasis.
-        """
-    found = "\n".join(docstring_markup_problems("bad", "function", bad, inspect.getdoc(bad)))
-    assert "Malformed table" in found and "emphasis" in found, found
-
-    def good():
-        """Fine: :func:`taskloss.search.mgs_weights`, ``code``, :math:`x^2`. Derived in notebook 09_emo_loss.
-
-        Args:
-            x: a value.
-
-        Returns:
-            its square.
-        """
-    assert docstring_markup_problems("good", "function", good, inspect.getdoc(good)) == []
-
-
-def test_every_documented_docstring_parses_cleanly():
-    found = [p for args in _documented_docstrings() for p in docstring_markup_problems(*args)]
-    assert not found, "\n".join(found[:20])
