@@ -325,13 +325,14 @@ def check_tick_labels(fig) -> None:
         raise ValueError("axes without tick labels: " + "; ".join(missing))
 
 
-def show(fig, caption: str, *, run=None, **values) -> str:
+def show(fig, caption: str, *, run=None, **values) -> None:
     """Show ``fig`` in the notebook with its caption under it, and close it. The caption is Markdown starting with
     :data:`CAPTION_PREFIX` (added when missing), which is how the book finds it (its alt text, its place under the
     figure). With ``run`` (a :class:`taskloss.results.run.Run`) it is a template rendered by :meth:`Run.say
     <taskloss.results.run.Run.say>`: ``{key:fmt}`` reads a recorded result, ``values`` add names of their own —
     so a number in a caption comes from the run. The figure gets constrained layout when it has no layout engine
-    and must label the ticks of every axis (:func:`check_tick_labels`). Returns the caption's Markdown.
+    and must label the ticks of every axis (:func:`check_tick_labels`). Returns nothing, so that a cell ending in
+    ``show(...)`` shows no ``Out[]`` line beside the caption.
 
     Raises:
         ValueError: an empty caption or a figure with an axis without tick labels.
@@ -341,6 +342,8 @@ def show(fig, caption: str, *, run=None, **values) -> str:
 
     if not isinstance(caption, str) or not caption.strip():
         raise ValueError("show() needs a caption: what the reader should see in the figure")
+    if values and run is None:
+        raise ValueError("show(): values are rendered into the caption through run.say; pass run=")
     text = caption.strip()
     if not text.startswith(CAPTION_PREFIX):
         text = f"{CAPTION_PREFIX} {text}"
@@ -357,11 +360,8 @@ def show(fig, caption: str, *, run=None, **values) -> str:
         display(fig)
     plt.close(fig)
     if run is not None:
-        return run.say(text, **values)
-    if values:
-        raise ValueError("show(): values are rendered into the caption through run.say; pass run=")
-    if interactive:
+        run.say(text, **values)
+    elif interactive:
         display(Markdown(text))
     else:
         print(text)
-    return text
