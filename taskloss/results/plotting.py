@@ -307,7 +307,8 @@ def _labels_its_ticks(axis) -> bool:
 
 def check_tick_labels(fig) -> None:
     """Raise unless every axis of every panel with data labels its ticks (a panel sharing an axis with one that
-    labels them counts as labelled). Draws the figure to know its ticks.
+    labels them counts as labelled). Panels that show only images (pixel grids) and colour bars are exempt, as are
+    panels with their axes switched off. Draws the figure to know its ticks.
 
     Raises:
         ValueError: naming each panel (by title) and axis without a tick label.
@@ -315,7 +316,9 @@ def check_tick_labels(fig) -> None:
     fig.canvas.draw()
     missing = []
     for ax in fig.axes:
-        if not ax.axison or not (ax.lines or ax.collections or ax.patches or ax.images):
+        if getattr(ax, "_colorbar", None) is not None or not ax.axison:
+            continue
+        if not (ax.lines or ax.collections or ax.patches):       # nothing drawn, or only images
             continue
         for name, axis, shared in (("x", ax.xaxis, ax.get_shared_x_axes()), ("y", ax.yaxis, ax.get_shared_y_axes())):
             others = [getattr(a, f"{name}axis") for a in shared.get_siblings(ax)]

@@ -128,6 +128,15 @@ def test_check_tick_labels_finds_an_axis_without_labels():
             check_tick_labels(fig)
     finally:
         plt.close(fig)
+    fig, axes = plt.subplots(1, 2)                # a pixel grid without ticks and its colour bar are exempt
+    try:
+        im = axes[0].imshow(np.eye(3))
+        axes[0].set_xticks([]), axes[0].set_yticks([])
+        fig.colorbar(im, ax=axes[0])
+        axes[1].plot([0, 1], [0, 1])
+        check_tick_labels(fig)
+    finally:
+        plt.close(fig)
 
 
 class _FakeRun:
