@@ -293,7 +293,7 @@ show(fig, "exact Jacobian norms of the top layer against the lag k, on {n_probe}
 # trained LSTM — against the total derivative backpropagation uses (solid) and against the state block that
 # holds $h_{t-k}$ fixed (dashed; exact at $k = 1$ by section 2).
 
-# %% tags=["hide-input"]
+# %%
 fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
 err = {}
 for i, name in enumerate(("lstm untrained", "lstm trained")):

@@ -450,7 +450,7 @@ lm_rel = max(float(r.completeness_error.abs() / r.output_difference.abs()) for *
 run.record("lm/max_relative_completeness_error", lm_rel)
 assert lm_rel < 1e-3
 
-# %% tags=["hide-input"]
+# %%
 top_last = np.mean([float(s[-1] / s.abs().sum()) for _, s, _, _ in token_rows])
 run.record("lm/last_token_share", top_last)
 print(f"mean share of the total |attribution| on the last input token: {top_last:.2f}")
