@@ -25,17 +25,27 @@ LAB_ENV := JUPYTER_CONFIG_PATH=$(CURDIR)/.jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPY
 .PHONY: help env run smoke test test-portable test-fast notebooks sync lab lint bench pretrained clean
 
 help:
-	@echo "make run        execute every notebook (default parameters) into runs/default/ + SUMMARY.md"
-	@echo "make smoke      every notebook at its smoke parameters (seconds each), claims reported -> runs/smoke/"
-	@echo "make test       unit tests + pairing + runner tests + every notebook through nbval"
-	@echo "make test-portable  make test on an emulated other CPU (one vectorized code path lower)"
-	@echo "make notebooks  re-execute notebooks and refresh the committed .ipynb outputs"
-	@echo "make sync       re-pair notebooks/*.py -> .ipynb (keeps outputs)"
-	@echo "make lab        JupyterLab on localhost (token login) with notebooks/*.py opening as notebooks"
-	@echo "make lint       ruff on the package (pyflakes, import order, Google-style docstrings)"
-	@echo "make env TORCH=cpu   create the venv with PyTorch's CPU wheel (TORCH=cu128 … for a CUDA build)"
-	@echo "make bench      run benchmarks/bench_*.py and write benchmarks/RESULTS.md"
-	@echo "make pretrained rebuild the cached pretrained small LM (data/pretrained/)"
+	@echo "The two commands (both create the environment when it is missing):"
+	@echo "  make run        execute every notebook (default parameters) into runs/default/ + SUMMARY.md"
+	@echo "  make test       unit tests + pairing + runner tests + every notebook through nbval"
+	@echo "Reruns:"
+	@echo "  make smoke      every notebook at its smoke parameters (seconds each), claims reported -> runs/smoke/"
+	@echo "  make test-portable  make test on an emulated other CPU (one vectorized code path lower)"
+	@echo "Notebooks:"
+	@echo "  make lab        JupyterLab on localhost (token login), notebooks/*.py open as notebooks;"
+	@echo "                  LAB_ARGS=\"--port=8890 --no-browser\" passes options (--allow-root is added as root)"
+	@echo "  make notebooks  re-execute notebooks and refresh the committed .ipynb outputs"
+	@echo "  make sync       re-pair notebooks/*.py -> .ipynb (keeps outputs)"
+	@echo "The book:"
+	@echo "  make book       build the notebooks and the package reference into docs/_build/html (EXECUTE=1 reruns)"
+	@echo "  make book-check build, then open every page in headless Chromium and test the built site"
+	@echo "Other:"
+	@echo "  make test-fast  unit tests without the slow ones (no notebooks)"
+	@echo "  make lint       ruff on the package (pyflakes, import order, Google-style docstrings)"
+	@echo "  make env TORCH=cpu   create the venv with PyTorch's CPU wheel (TORCH=cu128 … for a CUDA build)"
+	@echo "  make bench      run benchmarks/bench_*.py and write benchmarks/RESULTS.md"
+	@echo "  make pretrained rebuild the cached pretrained small LM (data/pretrained/)"
+	@echo "  make clean      remove runs/ and pytest's cache"
 
 # The environment: a venv with torch installed *first* (see TORCH above; an installed torch is kept unless TORCH
 # is given) so that the unpinned torch requirement of the rest is already satisfied and pip never swaps builds.
@@ -84,9 +94,13 @@ notebooks: $(STAMP)
 sync: $(STAMP)
 	$(PY) -m jupytext --sync $(NOTEBOOKS)
 
-# Token authentication and localhost only, as JupyterLab defaults: nothing here changes either.
+# Token authentication and localhost only, as JupyterLab defaults: nothing here changes either. Jupyter refuses to
+# start as root (the default user of Docker images and rented GPU machines) without --allow-root: it is added only
+# when make runs as root. LAB_ARGS passes any other option: make lab LAB_ARGS="--port=8890 --no-browser".
+LAB_ARGS ?=
+LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(STAMP)
-	$(LAB_ENV) $(PY) -m jupyter lab
+	$(LAB_ENV) $(PY) -m jupyter lab $(LAB_ROOT) $(LAB_ARGS)
 
 lint: $(STAMP)
 	$(PY) -m ruff check taskloss

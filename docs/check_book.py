@@ -5,7 +5,8 @@ For each page (by default a notebook page and an API page) it asserts that
 - the math rendered: MathJax ran, every Sphinx math element holds MathJax output (``mjx-container``), MathJax
   reported no TeX error (``mjx-merror``), and no raw TeX delimiters (``$$``, ``\\(``, ``\\[``, ``\\begin``) are left
   in the text outside code;
-- the figures loaded: every ``<img>`` has a natural width > 0 (and the notebook page has figures at all);
+- the figures loaded: every ``<img>`` has a natural width > 0 (and the notebook page has figures at all), and
+  every figure of a notebook page has its caption as alt text (not a file name);
 - the cross-links resolve: every link into the site points at a file that exists and, with a ``#fragment``, at an
   element id in it; the notebook page links API entries (its "Uses" box) and the API page links notebook pages;
 - the page needed no network: every request was ``file:``/``data:``/``blob:`` and none failed, and no script error
@@ -66,7 +67,8 @@ PAGE_PROBE = r"""
     mjx_errors: [...document.querySelectorAll('mjx-merror')]
         .map(e => e.getAttribute('data-mjx-error') || e.textContent),
     raw_tex: raw,
-    images: [...document.images].map(i => ({src: i.currentSrc || i.src, width: i.naturalWidth})),
+    images: [...document.images].map(i => ({src: i.currentSrc || i.src, width: i.naturalWidth,
+                                            alt: i.getAttribute('alt') || ''})),
     links: [...document.querySelectorAll('a[href]')].map(a => ({href: a.href, text: a.textContent.trim().slice(0, 80),
                                                                cls: a.className})),
     uses_links: [...document.querySelectorAll('.taskloss-uses a.reference.internal')].map(a => a.href),
@@ -229,7 +231,7 @@ def broken_internal_links(site: Path, links: list[str]) -> list[str]:
 def problems(site: Path, page: str, report: dict) -> list[str]:
     """What is wrong with one page's report (empty when the page passes)."""
     out = []
-    is_notebook = page.startswith("notebooks/") and not page.endswith("index.html")
+    is_notebook = re.match(r"notebooks/\d\d_", page) is not None
     is_api = page.startswith("api/")
     if not report["mathjax"]:
         out.append("MathJax did not load")
@@ -246,6 +248,10 @@ def problems(site: Path, page: str, report: dict) -> list[str]:
     if is_notebook and not report["images"]:
         out.append("the notebook page shows no figure")
     out += [f"image did not load: {img['src']}" for img in report["images"] if img["width"] <= 0]
+    if is_notebook:
+        out += [f"figure without a caption as alt text: {img['src']} (alt {img.get('alt', '')!r})"
+                for img in report["images"] if "/_images/" in img["src"] and
+                (not img.get("alt", "").strip() or re.search(r"\.(png|jpe?g|svg)$", img.get("alt", "")))]
     links = [link["href"] for link in report["links"]]
     out += [f"broken link: {b}" for b in broken_internal_links(site, links)]
     if is_notebook:

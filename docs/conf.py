@@ -2,7 +2,7 @@
 package reference (autodoc), one static site that reads offline.
 
 Build with ``make book`` (→ docs/_build/html/index.html). The pages under ``docs/notebooks/`` and ``docs/api/`` are
-generated at each build by ``docs/_ext/book_sources.py`` from README.md's notebook table, ``notebooks/*.ipynb`` and
+generated at each build by ``docs/_ext/book_sources.py`` from ``docs/chapters.yaml``, ``notebooks/*.ipynb`` and
 the package's ``__all__`` lists; they are git-ignored. Environment variables:
 
 - ``TASKLOSS_BOOK_EXECUTE=1`` (``make book EXECUTE=1``): execute every notebook instead of showing its committed
@@ -32,10 +32,13 @@ extensions = [
     "book_mathjax",
     "book_sources",
     "book_links",
+    "book_figures",
 ]
 
 root_doc = "index"
-exclude_patterns = ["_build", "_ext", ".gitignore", "**.ipynb_checkpoints"]
+# results.md is written for repository browsers (its links point at notebooks/); the book has its own copy,
+# notebooks/results.md, whose links point at the chapters.
+exclude_patterns = ["_build", "_ext", ".gitignore", "**.ipynb_checkpoints", "results.md"]
 # The site must read offline: no intersphinx (it downloads inventories); references to other libraries render as
 # code (see nitpick_ignore_regex), references to taskloss must resolve.
 nitpicky = True

@@ -263,7 +263,7 @@ def draw_update_panel(ax, name, alpha):
     return tc
 
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 5))
 for ax, name in zip(axes, losses):
     tc = draw_update_panel(ax, name, alpha_demo)
@@ -345,7 +345,7 @@ run.record("alpha_limit/angle_argmin_deg", angle_deg(argmin, -g_k))
 run.record("alpha_limit/uniform_proposal_ess_fraction_small_alpha", sweep["mc_ess"][0])
 _ = run.record("alpha_limit/uniform_proposal_ess_fraction_large_alpha", sweep["mc_ess"][-1])
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 3, figsize=(15, 4))
 ax = axes[0]
 ax.loglog(alphas_t, sweep["norm"], "o-", label="kinked loss, quadrature")
@@ -487,7 +487,7 @@ rel_err_zp = max(r[3] for r in mc_rows)
 assert rel_err_zp < 0.04 and max(abs(r[4] - r[5]) for r in mc_rows) < 0.03
 _ = run.record("first_order/zprime_over_z_mc_rel_error", rel_err_zp, headline=True)
 
-# %%
+# %% tags=["hide-input"]
 xs = np.logspace(-2, 2.5, 200)
 fig, ax = plt.subplots(figsize=(6.5, 4.2))
 for d in (1, 2, 3, 10, 100):
@@ -568,7 +568,7 @@ run.record("newton/mean_rel_error", newton_rows[0.5][2], headline=True)
 run.record("newton/cov_rel_error", newton_rows[0.5][3])
 _ = run.record("newton/cov_ratio_alpha_0.5_over_0.05", cov_ratio)
 
-# %%
+# %% tags=["hide-input"]
 def draw_newton_panel(ax, a):
     """Draws resampled from the SNIS weights, the N(−H⁻¹g, αH⁻¹) 1σ/2σ ellipses, Newton's step and the SNIS mean."""
     res, cov_w, *_ = newton_rows[a]
@@ -680,7 +680,7 @@ run.record(f"snis/n_times_bias_measured_n{bias_rows[large[0]]['n']}", float(nb[l
 run.record("snis/n_times_bias_theory", float(bt[0]))
 _ = run.record("snis/bias_in_se_at_smallest_n", abs(float(first["bias"][0])) / float(first["se"][0]))
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 3, figsize=(15, 4))
 ns = np.array(sample_sizes)
 axes[0].errorbar(ns, nb[:, 0], yerr=2 * nse[:, 0], fmt="o-", capsize=3, label="measured n·bias (±2 SE)")
@@ -762,7 +762,7 @@ run.record("snis/ess_fraction_bad_proposal", bad[0], headline=True)
 run.record("snis/mse_ratio_bad_over_good", bad[1] / good[1], headline=True)
 _ = run.record("snis/mse_ratio_narrow_over_wide", mse_w[widths.index(0.6)] / mse_w[widths.index(2.0)])
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(2, 2, figsize=(11, 7), sharex="col")
 axes[0, 0].semilogy(deltas_list, ess_shift, "o-", label="ESS/n measured")
 axes[0, 0].semilogy(deltas_list, shift_theory, "k--", label="1 / E_q[w̄²]  (n → ∞)")
@@ -886,7 +886,7 @@ for key, p in zip(("centred", "guided", "mgs"), ESS_PROPS):
     run.record(f"ess_dim/ess_{key}_dmax", float(np.median(ess_meas[p][:, -1])), headline=(key == "mgs"))
 _ = run.record("ess_dim/log10_ess_fraction_limit_guided_dmax", float(np.median(ess_lim[ESS_PROPS[1]][:, -1])) / math.log(10))
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(7.5, 4.6))
 for p, color in zip(ESS_PROPS, ("C0", "C1", "C2")):
     median_band(ax, dims_a, ess_meas[p] / ess_n, label=f"{p}, measured (n = {ess_n})", color=color, marker="o", ms=3)

@@ -240,7 +240,7 @@ run.record("ess/mgs_over_zero_centred_at_eps0", float(np.median(ess_table["MGS m
                                                       np.median(ess_table["zero-centred (λ=1)"][:, 0])), headline=True)
 assert c_ess.verdict == "better" and np.median(ess_table["zero-centred (λ=1)"][:, 0]) < 3.0
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6, 3.8))
 for name, vals in ess_table.items():
     median_band(ax, eps_values, vals, label=name, marker="o")
@@ -277,7 +277,7 @@ for s in tqdm(range(n_seeds), desc="error vs K"):
             est, _ = snis(theta0, l_quad, g_sur, alpha, sigma, lam, K, gen, density=dens)
             errors[name][s, j] = float((est - target).norm())
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.5, 4.2))
 for name, e in errors.items():
     median_band(ax, Ks, e, label=name, marker="o", ms=3)
@@ -377,7 +377,7 @@ print(f"σ sweep  error K={sweep_samples}", np.median(res_sigma[0], 0).round(3),
       np.median(res_sigma_big[0], 0).round(3), f"\n         plain surrogate step {surrogate_step_error:.3f}")
 print("λ sweep A error", np.median(res_lam_a[0], 0).round(3), "   B error", np.median(res_lam_b[0], 0).round(3))
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 3, figsize=(14, 3.9))
 median_band(axes[0], alphas, res_alpha[0], label="error ‖Δθ̂ − Δθ*‖", color="C0", marker="o", ms=3)
 label_axes(axes[0], "temperature α (loss units)", "error (parameter units)", f"sweep of α (K = {sweep_samples})",
@@ -479,7 +479,7 @@ assert abs(np.median(ess_dim, 0)[0] - theory[0]) < 0.05
 assert np.median(ess_dim, 0)[-1] < 0.05 and np.median(ess_dim, 0)[-1] < np.median(ess_dim, 0)[0] / 10
 _ = run.record("ess_over_K/d512", float(np.median(ess_dim, 0)[-1]))
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(5.5, 3.6))
 median_band(ax, dims, ess_dim, label="measured (K = 4096)", marker="o")
 ax.plot(dims, theory, "k:", label=r"closed form $c^{-d}$")
@@ -586,7 +586,7 @@ gd_final = float(staircase(gd_path[-1]))
 mgs_final = np.array([float(staircase(p[-1])) for p, _ in mgs_runs])
 print(f"task loss at the end: GD on l̃ {gd_final:.2f}; MGS {mgs_final} (start {float(staircase(start_pt)):.2f})")
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 4))
 xs = torch.linspace(-2, 2.5, 300, dtype=D)
 XX, YY = torch.meshgrid(xs, xs, indexing="xy")
@@ -732,7 +732,7 @@ for method in tqdm(METHODS, desc="equal-compute runs"):
         ess_eq += ess
 curves_eq = {m: np.array(c) for m, c in curves_eq.items()}          # [seeds, len(MARKS)]
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(7, 4.2))
 for method in METHODS:
     seed_band(ax, MARKS, curves_eq[method], label=f"{method} (lr {tuned[method]}, "
@@ -761,7 +761,7 @@ for method in METHODS:
 run.record("equal_compute/mgs_median_ess", float(np.median(ess_eq)))
 assert all(curves_eq[m][:, -1].min() > 0.5 for m in METHODS)      # every method learns (chance: 0.1)
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(7.5, 3.2))
 comparison_forest(ax, eq)
 ax.set_title("MGS against each rival at equal compute (full and half budget)")

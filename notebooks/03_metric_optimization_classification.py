@@ -253,7 +253,7 @@ assert ess_grid["unit_sigma"].max() > 1.5     # the reference density does, for 
 print("ESS > 1.5 with the true density:", keep["mixture"] or "nowhere in the grid")
 print("ESS > 1.5 with the unit-σ density at σ ∈", sig_keep)
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.4), sharey=True)
 for ax, (dens, g) in zip(axes, ess_grid.items()):
     im = ax.imshow(g, vmin=1, vmax=mgs_samples, cmap="viridis", aspect="auto", origin="lower")
@@ -405,7 +405,7 @@ for setting, methods in (("finetune", FINETUNE), ("scratch", SCRATCH)):
                     metric=f"test {metric}")
 _ = run.comparison_table()
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.2))
 for ax, metric in zip(axes, TASKS):
     keys = [k for k in run.comparisons if f"/{metric}/" in k]
@@ -420,7 +420,7 @@ plt.show()
 # crossing the line is inconclusive at this number of seeds. The effects are in units of the test metric
 # (0.01 = one point of accuracy).
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(2, 2, figsize=(12, 7))
 for row, metric in zip(axes, TASKS):
     for ax, (setting, methods) in zip(row, (("scratch", SCRATCH), ("finetune", FINETUNE))):

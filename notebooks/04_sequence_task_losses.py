@@ -94,7 +94,7 @@ from taskloss.lm import (
     load_causal_lm,
     perplexity,
 )
-from taskloss.results.plotting import comparison_forest, label_axes, seed_band
+from taskloss.results.plotting import FRACTION, NONNEGATIVE, comparison_forest, label_axes, seed_band
 from taskloss.search import MGS, mgs_weights, sequence_reinforce
 from taskloss.utils import count_parameters
 
@@ -400,29 +400,31 @@ print(f"training and evaluation: {train_seconds:.1f} s for {len(seeds)} seeds ×
 # over seeds with its 95 % interval (a band), the pretrained model at step 0. The task losses lie in [0, 1]
 # per term; perplexity is $e^{\text{mean token NLL}}$ on the held-out blocks.
 
-# %%
+# %% tags=["hide-input"]
 PANELS = {"task_loss": f"targeted: {task.spec}\n(sum of [0, 1] terms)",
           "non_termination": "non-termination\n(fraction without EOS)",
           "repetition": "repetition\n(fraction of 4-grams repeated)",
           "perplexity": "held-out perplexity\n(effective choices per token)"}
-fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
+# each measure's range: the bands are clipped to it (a t-interval of 3 seeds reaches below 0 near a fraction of 0)
+BOUNDS = {"task_loss": NONNEGATIVE, "non_termination": FRACTION, "repetition": FRACTION, "perplexity": NONNEGATIVE}
+fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True, layout="constrained")
 for ax, (k, ylabel) in zip(axes.ravel(), PANELS.items()):
     for m in METHODS:
-        seed_band(ax, XS, curves[m][k], color=COLORS[m], marker="o", ms=3)
+        seed_band(ax, XS, curves[m][k], color=COLORS[m], marker="o", ms=3, bounds=BOUNDS[k], clip=True)
     ax.axhline(base_scores[k], color="0.5", ls="--", lw=1)
     label_axes(ax, "training step" if k in ("repetition", "perplexity") else "", ylabel,
                lower_is_better=True, legend=False)
 handles = [Line2D([], [], color=COLORS[m], marker="o", ms=3, label=LABELS[m]) for m in METHODS]
 handles.append(Line2D([], [], color="0.5", ls="--", label="pretrained model"))
-fig.legend(handles=handles, loc="lower center", ncol=4, frameon=False,
-           title=f"mean over {len(seeds)} seeds with its 95 % interval (band), {len(held)} held-out prefixes")
-fig.tight_layout(rect=(0, 0.08, 1, 1))
+band = "its 95 % interval (band, clipped to the measure's range)" if len(seeds) >= 3 else "the seeds (thin lines)"
+fig.legend(handles=handles, loc="outside lower center", ncol=4, frameon=False,
+           title=f"mean over {len(seeds)} seeds with {band}, {len(held)} held-out prefixes")
 run.savefig(fig, "budget_sweep.png")
 plt.show()
 
 # %% [markdown]
 # *Figure: every method's held-out task losses and perplexity against training steps (bands: 95 % intervals
-# over seeds; dashed: the pretrained model). Read where the MGS (green) and MLE (blue) bands separate and
+# over seeds, clipped to each measure's range — fractions to [0, 1]; dashed: the pretrained model). Read where the MGS (green) and MLE (blue) bands separate and
 # whether they are still apart at the last step — section 5 tests exactly that point. The bands include the
 # seed-to-seed variation that methods run on the same seed share; the paired differences of section 5 remove it.*
 
@@ -456,8 +458,8 @@ for k in ("task_loss", "non_termination", "repetition"):
 for key, c in run.comparisons.items():
     print(c.sentence(".3f"))
 
-# %%
-fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw={"width_ratios": [2, 1]})
+# %% tags=["hide-input"]
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 3.6), gridspec_kw={"width_ratios": [2, 1]}, layout="constrained")
 rows = [(m, k) for m in ("pg", "mgs") for k in COMPARED[:3]]
 comparison_forest(ax1, [verdicts[r] for r in rows], [f"{LABELS[m]}: {k}" for m, k in rows],
                   xlabel="method − MLE, in each loss's units (negative = lower than MLE, better)")
@@ -465,7 +467,6 @@ comparison_forest(ax2, [verdicts[m, "perplexity"] for m in ("pg", "mgs")], ["pol
                   xlabel="method − MLE, perplexity (negative = better)")
 ax1.set_title(f"Task losses after {steps} steps: paired difference to MLE")
 ax2.set_title("Held-out perplexity")
-fig.tight_layout()
 run.savefig(fig, "verdicts.png")
 plt.show()
 

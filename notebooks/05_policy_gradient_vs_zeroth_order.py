@@ -178,7 +178,7 @@ slope_q = np.polyfit(np.log(ns), np.log(err_q.mean(0)), 1)[0]
 slope_c = np.polyfit(np.log(ns), np.log(err_c.mean(0)), 1)[0]
 smoothing_bias = math.exp(sig_cos**2 / 2) - 1
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6, 3.8))
 median_band(ax, ns, err_q, label="quadratic: vs $A\\theta+b$", marker="o")
 median_band(ax, ns, err_c, label="cosine: vs smoothed gradient", marker="s")
@@ -303,7 +303,7 @@ print(f"sample-mean baseline incl. itself, n=2: E[ĝ]·g/|g|² = {shrink:.3f} "
 assert abs(shrink - 0.5) < 0.05
 _ = run.record("baselines/sample_mean_shrink_n2", shrink)
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
 for k, mk in zip(kinds, "osD^"):
     m, lo, hi = mse[k]
@@ -419,7 +419,7 @@ for s in tqdm(range(grad_seeds), desc="gradient quality"):
 n_par = g_true.numel()
 theory_cos = 1 / math.sqrt(1 + (n_par + 1) / zo_dirs)
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6, 3.6))
 x = np.arange(len(names))
 m, lo, hi = (np.array(v) for v in zip(*[mean_interval(cos_by[nm]) for nm in names]))
@@ -658,7 +658,7 @@ for mt in methods:
     _ = run.record(f"train/lr_{key}", lrs[best[mt]])
 _ = run.record("train/test_01_per_seed", {mt: final[mt].tolist() for mt in methods})
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
 groups = (["MLE", "REINFORCE", "REINFORCE + MLE", "MLE → REINFORCE"], ["MLE", "REINFORCE", "ZO 0-1", "MeZO"])
 colors = {mt: f"C{i}" for i, mt in enumerate(methods)}
@@ -699,7 +699,7 @@ for pair, v in verdicts.items():
 _ = run.record("train/verdicts_by_budget", {"budgets": budgets, **verdicts})
 _ = run.record("train/verdicts_unchanged_half_to_full", settled)
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(7, 4))
 comparison_forest(ax, [run.comparisons[f"train/{slug(a)}_vs_{slug(b)}"] for a, b in pairs])
 ax.set_title(f"paired differences at {train_steps} steps ({train_seeds} seeds, tuned learning rates)")

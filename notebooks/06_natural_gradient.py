@@ -164,7 +164,7 @@ print("mean score (should be 0):", scores.mean(0).cpu().numpy().round(4))
 assert max(z_scores.values()) < 5.0
 _ = run.record("fisher/two_forms_max_z", max(z_scores.values()))
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(4.5, 3.5))
 ax.loglog(radii, err, "o-", label=r"$|\mathrm{KL}-\frac{1}{2}\delta^\top F\delta|$")
 ax.loglog(radii, err[-1] * (radii / radii[-1]) ** 3, "k--", lw=1, label=r"slope 3")
@@ -494,7 +494,7 @@ def plot_tuning(ax, frac: torch.Tensor, steps_grid: dict, best: dict, target: fl
     label_axes(ax, r"step size $\eta$ / stability bound ($2/\lambda_{\max}$; 2 for natural)",
                f"steps to KL ≤ {target:g}", "tuning each method's fixed step", lower_is_better=True)
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 3, figsize=(15, 4.4))
 plot_trajectories(axes[0], [(f"steepest, classic η = {sd_lr:.4f}", traj_sd, "tab:red", ":"),
                             (f"steepest, best η = {lr_best[False]:.4f}", traj_tuned[False], "tab:red", "-"),
@@ -514,7 +514,7 @@ plt.show()
 # is the target). Right, steepest descent's count falls as its step approaches the stability bound and turns up only
 # within a whisker of it; the natural gradient's count reaches 1 at $\eta = 1$ (circles: the best grid points).
 
-# %%
+# %% tags=["hide-input"]
 def normalized_field(ax, points: np.ndarray, vectors: np.ndarray, color: str, scale: float) -> None:
     """Unit arrows of ``vectors`` [n, 2] at ``points`` [n, 2]."""
     unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
@@ -708,7 +708,7 @@ run.record("classifier/ce_after_step_tiny_damping", ce_full[0])
 run.record("classifier/ce_after_step_best_damping", min(ce_full))
 _ = run.record("classifier/best_damping", dampings[int(np.argmin(ce_full))])
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(5.5, 3.6))
 ax.semilogx(dampings, ce_full, "o-", label="after one unit step $-(G+\\lambda I)^{-1}g$")
 ax.axhline(ce_start, color="k", ls="--", lw=1, label="before the step")
@@ -762,7 +762,7 @@ cmp_ce = run.compare("minibatch/ce_after_damped_step", ce_batch["Fisher (GGN)"],
 run.record("minibatch/ce_full_batch_fisher", full_ce["Fisher (GGN)"])
 _ = run.record("minibatch/ce_full_batch_hessian", full_ce["Hessian"])
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
 bars_with_interval(axes[0], list(rel_err), list(rel_err.values()), colors=["tab:blue", "tab:red"])
 label_axes(axes[0], "curvature matrix", r"$\|C_B - C\|_F\,/\,\|C\|_F$", f"mini-batches of {batch_size}",
@@ -886,7 +886,7 @@ assert gap_ngd < 0.2 * gap_sd
 run.record("invariance/path_gap_natural", gap_ngd)
 _ = run.record("invariance/path_gap_steepest", gap_sd)
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 4))
 ax = axes[0]
 for k, v in disc.items():

@@ -157,7 +157,7 @@ assert -0.65 < slope < -0.35, slope
 run.record("mc_fisher/error_slope", float(slope))
 _ = run.record("mc_fisher/ef_relative_gap", ef_gap)
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(5, 3.6))
 ax.loglog(sample_sizes, mc_err, "o-", label="MC Fisher")
 ax.loglog(sample_sizes, mc_err[0] * np.sqrt(sample_sizes[0] / np.array(sample_sizes)), "k--",
@@ -296,7 +296,7 @@ for k, (lr, _) in best.items():
     print(f"{k:>22}: best η {lr:<5} steps to reach ‖θ − θ̂‖ < {TOL} from each start "
           f"(None: not within 100): {steps_to_opt[k]}")
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 3, figsize=(15, 4.6), sharey=True)
 for ax, (k, d) in zip(axes, directions.items()):
     u = d / d.norm(dim=-1, keepdim=True)
@@ -511,7 +511,7 @@ for c in (cmp_pl_ngd, cmp_pl_ef, cmp_pl_ngd_ef):
     print(c.sentence())
 assert cmp_pl_ngd.verdict == "better", cmp_pl_ngd
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(12, 4))
 steps_axis = np.arange(plateau_steps + 1)
 for i, m in enumerate(PL_GRIDS):
@@ -640,7 +640,7 @@ for b, r in ada_b.items():
     run.record(f"adagrad/b{b}/rel_err_vs_diag_ef", r["rel_to_ef"])
 _ = run.record("adagrad/mean_gradient_share_of_diag_ef", mean_share)
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharex=True, sharey=True)
 for ax, b in zip(axes, ada_b):
     ax.loglog(D_ef.cpu(), ada_b[b]["acc"].cpu(), ".", ms=2, alpha=0.4, label="parameters")
@@ -713,7 +713,7 @@ print(cmp_noise.sentence())
 run.record("minibatch/fisher_median_rel_err", float(np.median(noise_err["Fisher"])))
 _ = run.record("minibatch/hessian_median_rel_err", float(np.median(noise_err["Hessian"])))
 
-# %%
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(5, 3.6))
 bars_with_interval(ax, list(noise_err), list(noise_err.values()), colors=["tab:blue", "tab:red"])
 label_axes(ax, "curvature matrix $M$", r"$\|M_B - M\|_F\,/\,\|M\|_F$ (Hutchinson estimate)",
@@ -904,7 +904,7 @@ def curve_panel(ax, task, members, xcol):
         ax.set_xscale("symlog", linthresh=10)
 
 
-# %%
+# %% tags=["hide-input"]
 def curve_grid(xcol, xlabel, filename):
     """Rows: tasks; columns: method families; one shared legend below."""
     fig, axes = plt.subplots(len(TASKS), len(FAMILIES), figsize=(13, 8), sharex="row", sharey="row")
@@ -1008,7 +1008,7 @@ run.record("train/classifier/kfac_over_sgd_final_loss",
            float(np.median(final[("classifier", "K-FAC")]) / np.median(final[("classifier", "SGD")])), headline=True)
 _ = run.record("train/autoencoder/kfac_final_loss", float(np.median(final[("autoencoder", "K-FAC")])), headline=True)
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(14, 5))
 for ax, t in zip(axes, TASKS):
     cs = [c for k, c in run.comparisons.items() if k.startswith(f"train/{t}/")]

@@ -308,7 +308,7 @@ print(f"score-function / Bonnet per-sample variance, per entry of ∇_m: {var_ra
 assert var_ratio.min() > 1
 _ = run.record("bonnet_price/score_function_variance_ratio", float(var_ratio.min()))
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
 labels = [r"$\partial_{m_1}$", r"$\partial_{m_2}$", r"$\partial_{V_{11}}$", r"$\partial_{V_{12}}$",
           r"$\partial_{V_{22}}$"]
@@ -453,7 +453,7 @@ for i in (0, len(mc_sizes) - 1):
                 name=f"F̂⁻¹ĝ route (S={mc_sizes[i]})", baseline="Bonnet + Price", metric="squared error",
                 lower_is_better=True, method="sign-flip")      # heavy-tailed squared errors: an exact test
 
-# %%
+# %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
 for route, label, color in (("solve", "F̂⁻¹ĝ (essay's route)", "tab:red"), ("direct", "Bonnet + Price", "tab:blue")):
     axes[0].plot(mc_sizes, mse[route], "o-", color=color, label=label)
@@ -785,7 +785,7 @@ for c in (c_final, c_early, c_match):
     print(c.sentence())
     assert c.verdict == "better", c.sentence()
 
-# %%
+# %% tags=["hide-input"]
 colors = {"natural gradient": "tab:blue", "Adam": "tab:orange", f"Adam, {matched} samples": "tab:green"}
 fig, axes = plt.subplots(1, 2, figsize=(12, 4.2))
 for name, b in best.items():
@@ -809,7 +809,7 @@ plt.show()
 # edge, that method has not settled within the budget. Right: the final gap at every step size tried — a tuned
 # step at the edge of a grid would call for a wider grid.*
 
-# %%
+# %% tags=["hide-input"]
 i, j = (0, 2) if n_features >= 3 else (0, d - 1)          # 'mean radius' against 'mean perimeter' by default
 axis_name = [f"weight of '{n}'" for n in data.feature_names[:n_features]] + ["bias"]
 

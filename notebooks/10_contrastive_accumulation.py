@@ -67,7 +67,7 @@ from taskloss.contrastive import (
     retrieval_metrics,
     split_micro_batches,
 )
-from taskloss.results.plotting import label_axes, seed_band
+from taskloss.results.plotting import FRACTION, label_axes, seed_band, show
 
 run = taskloss.results.start("10_contrastive_accumulation", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
@@ -283,8 +283,8 @@ assert max(curve["exact"]) < 1e-12
 run.record("derivation/naive_rel_error_by_m", dict(zip(map(str, ms), curve["naive"])))
 _ = run.record("derivation/naive_cosine_m1", curve["naive_cos"][0])
 
-# %%
-fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+# %% tags=["hide-input"]
+fig, ax = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
 ax[0].loglog(ms, curve["naive"], "o-", label="naive accumulation")
 ax[0].loglog(ms, curve["exact"], "s-", label="exact two-pass accumulation")
 label_axes(ax[0], f"micro-batch size m (batch B = {toy_batch})", "‖g − g_full‖ / ‖g_full‖ (lower is better)",
@@ -292,9 +292,12 @@ label_axes(ax[0], f"micro-batch size m (batch B = {toy_batch})", "‖g − g_ful
 ax[0].legend()
 ax[1].semilogx(ms, curve["naive_cos"], "o-", color="C0")
 label_axes(ax[1], "micro-batch size m", "cos(g_naive, g_full)", "Direction of the naive gradient")
-fig.tight_layout()
 run.savefig(fig, "gradient_error_vs_micro_batch.png")
-plt.show()
+show(fig, "left, the relative error of the accumulated gradient against the full-batch gradient of the toy encoder "
+          "(float64, batch B = {toy_batch}) for each micro-batch size m; errors below 10⁻¹⁷ are drawn at 10⁻¹⁷. "
+          "Naive accumulation is off by {derivation/naive_rel_error_by_m.8:.0%} at m = 8 and exact only at m = B; "
+          "the two-pass scheme stays below 10⁻¹² at every m (asserted). Right, the cosine between the naive and the "
+          "full-batch gradient ({derivation/naive_cosine_m1:.3f} at m = 1).", run=run, toy_batch=toy_batch)
 
 # %% [markdown]
 # ## 4 · Across ranks
@@ -473,11 +476,11 @@ run.compare("experiment/small_vs_zero_shot_mrr", per(small), [zero_shot["mrr"]] 
 print(c_batch.sentence(".4f"))
 print(c_naive.sentence(".4f"))
 
-# %%
-fig, ax = plt.subplots(1, 2, figsize=(11, 3.8))
+# %% tags=["hide-input"]
+fig, ax = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
 for mode, color in (("exact", "C2"), ("naive", "C3")):
     ys = np.array([per((B, "small" if B == micro_batch else mode)) for B in B_list]).T    # [seeds, len(B)]
-    seed_band(ax[0], B_list, ys, label=mode, color=color, marker="o")
+    seed_band(ax[0], B_list, ys, label=mode, color=color, marker="o", bounds=FRACTION, clip=True)
 ax[0].axhline(zero_shot["mrr"], color="grey", ls=":", label="zero-shot")
 ax[0].set_xscale("log", base=2)
 label_axes(ax[0], f"effective batch size B (micro-batch {micro_batch} fixed)", "held-out MRR (higher is better)",
@@ -493,9 +496,15 @@ ax[1].axhline(0.0, color="grey", lw=0.8)
 ax[1].set_xticks(range(len(pairs_)), [p_[0] for p_ in pairs_])
 label_axes(ax[1], "paired comparison (same seeds, same data)", "MRR difference (dots: seeds; ◆: mean, 95 % CI)",
            "Effects of batch size and of naive accumulation")
-fig.tight_layout()
 run.savefig(fig, "retrieval_vs_batch_size.png")
-plt.show()
+show(fig, "left, held-out MRR of MiniLM fine-tuned for {epochs} epoch(s) against the effective batch size B, the "
+          "micro-batch fixed at {micro_batch} pairs: exact two-pass against naive accumulation (mean of {seeds} "
+          "seeds, 95 % t-bands clipped to [0, 1]; dotted: zero-shot, {experiment/zero_shot_mrr:.3f}). Right, the "
+          "paired differences per seed (dots) with their mean and 95 % CI (◆). Exact B = {B_max} against naive: "
+          "{experiment/exact_vs_naive_mrr.effect:+.4f} MRR, {experiment/exact_vs_naive_mrr.verdict}; against "
+          "B = {micro_batch}: {experiment/exact_large_vs_small_mrr.effect:+.4f}, "
+          "{experiment/exact_large_vs_small_mrr.verdict}.",
+     run=run, epochs=epochs, micro_batch=micro_batch, seeds=seeds, B_max=B_max)
 
 # %%
 _ = run.comparison_table()

@@ -84,7 +84,7 @@ from taskloss.dynamics import (
 )
 from taskloss.models import RNNLM, TransformerLM
 from taskloss.results.headlines import correlation_spread
-from taskloss.results.plotting import label_axes, seed_band
+from taskloss.results.plotting import NONNEGATIVE, label_axes, seed_band, show
 from taskloss.utils import functional_loss
 
 run = taskloss.results.start("11_gradient_clipping", output_dir, device=device, seed=seed)
@@ -272,8 +272,8 @@ run.record("exact/cosh_gd_log_slope", s_gd_c)
 run.record("exact/quartic_speedup_at_largest_R", speedup_q, headline=True)
 run.record("exact/cosh_speedup_at_largest_R", speedup_c, headline=True)
 
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+# %% tags=["hide-input"]
+fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
 styles = {"gd": ("GD, best fixed η", "o-"), "hard": ("hard clipping, best (η, γ)", "s-"),
           "soft": ("soft clipping, best (η, γ)", "^--"), "theory": ("1/(L0 + L1‖g‖), untuned", "x:")}
 for ax, radii, data, title, logx in ((axes[0], quartic_radii, q, r"$f=\sum x_i^4$", True),
@@ -283,9 +283,13 @@ for ax, radii, data, title, logx in ((axes[0], quartic_radii, q, r"$f=\sum x_i^4
     label_axes(ax, "radius R of the starting point (largest coordinate)",
                f"iterations to ‖∇f‖ ≤ {eps_grad:g}", title, logx=logx, logy=True, lower_is_better=True)
     ax.xaxis.set_minor_formatter(NullFormatter())
-fig.tight_layout()
 run.savefig(fig, "exact_iteration_counts.png")
-plt.show()
+show(fig, "iterations to reach ‖∇f‖ ≤ {eps_grad:g} from a start of radius R, for gradient descent at its best fixed "
+          "step, hard and soft clipping at their best (η, γ), and the untuned step 1/(L0 + L1‖g‖). On Σx⁴ (left, "
+          "log-log) gradient descent's count grows with slope {exact/quartic_gd_slope:.2f} in R and hard clipping's "
+          "with slope {exact/quartic_clip_slope:.2f}; at the largest R clipping needs "
+          "{exact/quartic_speedup_at_largest_R:.0f}× fewer iterations on Σx⁴ and "
+          "{exact/cosh_speedup_at_largest_R:.0f}× fewer on Σcosh x (right).", run=run, eps_grad=eps_grad)
 
 # %% [markdown]
 # ## 4 · Measuring smoothness while language models train
@@ -372,8 +376,8 @@ for kind, (traj, hess) in probes.items():
     run.record(f"smoothness/{kind}_eig_over_fd", float(hess[:, 1].max() / traj[:, 1].max()))
 assert fits["lstm"].r > 0.3 and fits["lstm"].L1 > 0
 
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(11, 4.2))
+# %% tags=["hide-input"]
+fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), layout="constrained")
 for ax, (kind, (traj, hess)) in zip(axes, probes.items()):
     fit = fits[kind]
     sc = ax.scatter(traj[:, 0], traj[:, 1], c=np.arange(len(traj)), cmap="viridis", s=14, label="trajectory L̂_t")
@@ -383,9 +387,12 @@ for ax, (kind, (traj, hess)) in zip(axes, probes.items()):
     ax.plot(hess[:, 0], hess[:, 1], "r*", ms=12, label="|λ_max| at checkpoints (probe batch)")
     label_axes(ax, "gradient norm ‖∇f(θ_t)‖", "smoothness estimate", f"{kind} LM, clipped SGD")
     fig.colorbar(sc, ax=ax, label="training step")
-fig.tight_layout()
 run.savefig(fig, "smoothness_vs_gradient_norm.png")
-plt.show()
+show(fig, "each dot is one training step of clipped SGD: the smoothness estimate L̂_t on a fixed batch against the "
+          "gradient norm, coloured by step; the solid line is the least-squares fit L0 + L1‖∇f‖, the dashed line "
+          "the upper envelope, the stars the top Hessian eigenvalue at checkpoints. Correlation of L̂_t with the "
+          "gradient norm: " + ", ".join(f"{kind} LM r = {{smoothness/{kind}_pearson_r:.2f}}" for kind in probes) + ".",
+     run=run)
 
 # %% [markdown]
 # ## 5 · The race: steps to a target validation loss
@@ -476,19 +483,24 @@ for kind in compare_models:
                 baseline="SGD", metric=f"{kind} steps to valid loss {target:.3f}", lower_is_better=True,
                 headline=True)
 
-# %%
-fig, axes = plt.subplots(1, len(compare_models), figsize=(5.5 * len(compare_models), 4), squeeze=False)
+# %% tags=["hide-input"]
+fig, axes = plt.subplots(1, len(compare_models), figsize=(5.5 * len(compare_models), 4), squeeze=False,
+                         layout="constrained")
 for ax, kind in zip(axes[0], compare_models):
     xs = np.arange(1, compare_steps // eval_every + 1) * eval_every
     for m in methods:
         curves = np.array([c for c, _ in races[kind, m, tuned[kind, m]]])
-        seed_band(ax, xs, curves, label=f"{m}, lr {tuned[kind, m]:g}")
+        seed_band(ax, xs, curves, label=f"{m}, lr {tuned[kind, m]:g}", bounds=NONNEGATIVE, clip=True)
     ax.axhline(results[kind][0], color="k", ls=":", label="target")
     label_axes(ax, "training step", "validation cross-entropy (nats/token)", f"{kind} LM, tuned learning rates",
                lower_is_better=True)
-fig.tight_layout()
 run.savefig(fig, "race_validation_curves.png")
-plt.show()
+show(fig, "validation cross-entropy along training at each method's tuned learning rate (mean of {n_seeds} seeds, "
+          "95 % t-band; dotted: the target, the worst final loss of the tuned runs). Steps to the target, mean over "
+          "the seeds: " + "; ".join(f"{kind} LM, clipped SGD {{race/{kind}_steps_to_target.mean_a:.0f}} against SGD "
+                                    f"{{race/{kind}_steps_to_target.mean_b:.0f}} "
+                                    f"({{race/{kind}_steps_to_target.verdict}})" for kind in compare_models) + ".",
+     run=run, n_seeds=n_seeds)
 
 # %% [markdown]
 # ## Results

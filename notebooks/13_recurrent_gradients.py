@@ -71,7 +71,7 @@ from taskloss.gradflow import (
 )
 from taskloss.lm import block_nll
 from taskloss.models import RNNLM
-from taskloss.results.plotting import label_axes, seed_band
+from taskloss.results.plotting import MIN_SEEDS_FOR_INTERVAL, NONNEGATIVE, label_axes, seed_band, show
 
 run = taskloss.results.start("13_recurrent_gradients", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
@@ -265,8 +265,8 @@ for name, j in jacs.items():
         run.record(f"rate/{name.replace(' ', '_')}/c", rate(j.cc_total))
 print({k: round(v, 3) for k, v in run.results.items() if k.startswith("rate/")})
 
-# %%
-fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+# %% tags=["hide-input"]
+fig, axes = plt.subplots(1, 3, figsize=(15, 4), layout="constrained")
 for i, (name, j) in enumerate(jacs.items()):
     style = dict(color=f"C{i}")
     seed_band(axes[0], lags, log10_norms(j.hh, 2), label=name, **style)
@@ -279,9 +279,12 @@ label_axes(axes[0], "lag k (steps)", "log₁₀ ‖∂h_t/∂h_(t−k)‖₂ (sp
 label_axes(axes[1], "lag k (steps)", "log₁₀ ‖∂h_t/∂h_(t−k)‖_F / √H (RMS singular value)", "hidden state, Frobenius")
 label_axes(axes[2], "lag k (steps)", "log₁₀ spectral norm", "LSTM cell: exact vs the ∏f approximation")
 fig.suptitle(f"exact Jacobians on {n_probe} held-out sequences (bands: 95 % interval over sequences)")
-fig.tight_layout()
 run.savefig(fig, "jacobian_vs_lag.png")
-plt.show()
+show(fig, "exact Jacobian norms of the top layer against the lag k, on {n_probe} held-out sequences (mean of log₁₀ "
+          "over the sequences with its 95 % t-band): left the spectral norm of ∂h_t/∂h_(t−k), middle its RMS "
+          "singular value, right the LSTM cell's exact dc_t/dc_(t−k) beside ‖diag ∏f‖₂ (dashed). Growth rate per "
+          "step of the spectral norm: " + ", ".join(f"{name} {{rate/{name.replace(' ', '_')}/h:+.3f}}"
+                                                     for name in jacs) + ".", run=run, n_probe=n_probe)
 
 # %% [markdown]
 # ## 4 · Where the $\prod f_t$ approximation holds, and where it fails
@@ -291,14 +294,15 @@ plt.show()
 # holds $h_{t-k}$ fixed (dashed; exact at $k = 1$ by section 2).
 
 # %%
-fig, ax = plt.subplots(figsize=(6.5, 4))
+fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
 err = {}
 for i, name in enumerate(("lstm untrained", "lstm trained")):
     j = jacs[name]
     err[name] = gate_product_error(j).T.cpu().numpy()                       # [n_probe, K]
-    seed_band(ax, lags, err[name], label=f"{name}: vs dc_t/dc_(t−k)", color=f"C{i + 2}")
+    seed_band(ax, lags, err[name], label=f"{name}: vs dc_t/dc_(t−k)", color=f"C{i + 2}", bounds=NONNEGATIVE,
+              clip=True)
     seed_band(ax, lags, gate_product_error(j, total=False).T.cpu().numpy(), label=f"{name}: vs state block",
-              color=f"C{i + 2}", ls="--")
+              color=f"C{i + 2}", ls="--", bounds=NONNEGATIVE, clip=True)
     key = name.replace(" ", "_")
     run.record(f"prodf_error/{key}/k1", float(err[name][:, 0].mean()))
     run.record(f"prodf_error/{key}/k{report_lag}", float(err[name][:, report_lag - 1].mean()), headline=True)
@@ -307,9 +311,12 @@ for i, name in enumerate(("lstm untrained", "lstm trained")):
 ax.axhline(0.5, color="0.6", lw=0.8)
 label_axes(ax, "lag k (steps)", "‖J − diag ∏f‖_F / max(‖J‖_F, ‖diag ∏f‖_F)",
            "error of the ∏f approximation (0 = exact)", lower_is_better=True)
-fig.tight_layout()
 run.savefig(fig, "prod_f_error.png")
-plt.show()
+show(fig, "relative error of diag ∏f against the LSTM's exact cell Jacobian by lag, untrained and trained (mean over "
+          "{n_probe} held-out sequences with its 95 % t-band, clipped at 0): solid against the total derivative "
+          "dc_t/dc_(t−k), dashed against the state block. At lag {report_lag}: untrained "
+          f"{{prodf_error/lstm_untrained/k{report_lag}:.3f}}, trained {{prodf_error/lstm_trained/k{report_lag}:.3f}}.",
+     run=run, n_probe=n_probe, report_lag=report_lag)
 print({k: v for k, v in run.results.items() if k.startswith("prodf_error/")})
 
 # %% [markdown]
@@ -352,9 +359,17 @@ for (gn, fb), r in lstm_mean.items():
     run.record(f"regime/lstm/gain_{gn:g}/fb_{fb:g}", r)
 print("RNN rate by gain:", dict(zip(gains, rnn_grid.mean(1).round(3))))
 
-# %%
-fig, axes = plt.subplots(1, 4, figsize=(19, 4))
-axes[0].plot(gains, rnn_grid.mean(1), "o-", label=f"tanh RNN, exact (mean of {grid_seeds} inits)")
+# %% tags=["hide-input"]
+def mean_and_inits(ax, x, per_init, color, label):
+    """The mean over initializations as a line; below three initializations each one as a dot."""
+    ax.plot(x, per_init.mean(1), "o-", color=color, label=f"{label} (mean of {per_init.shape[1]} inits)")
+    if per_init.shape[1] < MIN_SEEDS_FOR_INTERVAL:
+        for col in per_init.T:
+            ax.plot(x, col, ".", color=color, alpha=0.6, ms=5)
+
+
+fig, axes = plt.subplots(1, 4, figsize=(19, 4), layout="constrained")
+mean_and_inits(axes[0], gains, rnn_grid, "C0", "tanh RNN, exact")
 axes[0].plot(gains, np.log(gains), "k--", lw=1, label="linearization at h = 0: log(gain)")
 axes[0].axhline(0, color="0.6", lw=0.8)
 label_axes(axes[0], "recurrent gain (spectral radius of U)", "growth rate λ per step", "tanh RNN", logx=True)
@@ -372,9 +387,12 @@ for ax, (q, title) in zip(axes[1:], panels):
     ax.set_yticks(range(len(gains)), [f"{gn:g}" for gn in gains])
     fig.colorbar(im, ax=ax, label="error (0 = exact)" if q == "err" else "λ per step (red: exploding)")
     label_axes(ax, "forget-gate bias at init", "recurrent gain", title, legend=False)
-fig.tight_layout()
 run.savefig(fig, "regimes.png")
-plt.show()
+show(fig, "left, the growth rate λ per step of the tanh RNN's exact Jacobian against the recurrent gain (line: the "
+          "mean of {grid_seeds} initializations, dots: each one when fewer than three; dashed: log(gain), the "
+          "linearization at h = 0; above 0 the gradient explodes). Right three, the LSTM over gain × forget-gate "
+          "bias (means over the initializations): the exact cell rate, the rate ∏f predicts, and the ∏f error at "
+          "lag {report_lag}.", run=run, grid_seeds=grid_seeds, report_lag=report_lag)
 
 # %% [markdown]
 # Why does the trained LSTM follow $\prod f$ so much better than the untrained one? The paths the argument drops
@@ -421,10 +439,10 @@ for cell, r in training.items():
     run.record(f"clip/{cell}/grad_norm_max", float(gnorm.max()))
 print({k: round(v, 3) for k, v in run.results.items() if k.startswith("clip/")})
 
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(12, 4))
+# %% tags=["hide-input"]
+fig, axes = plt.subplots(1, 2, figsize=(12, 4), layout="constrained")
 for i, (cell, g_) in enumerate(grad_at_init.items()):
-    axes[0].plot(gains, g_.mean(1), "o-", color=f"C{i}", label=f"{cell} (mean of {grid_seeds} inits)")
+    mean_and_inits(axes[0], gains, g_, f"C{i}", cell)
     axes[1].plot(np.arange(1, train_steps + 1), training[cell].grad_norm, color=f"C{i}", lw=0.8, label=cell)
 for ax in axes:
     ax.axhline(clip, color="k", ls="--", lw=0.8, label=f"clipping threshold γ = {clip:g}")
@@ -432,10 +450,13 @@ label_axes(axes[0], "recurrent gain", "‖∇θ loss‖ at initialization", "gra
            logx=True, logy=True)
 label_axes(axes[1], "training step", "‖∇θ loss‖ before clipping", "during the brief training", logy=True)
 axes[0].set_xticks(gains, [f"{gn:g}" for gn in gains])
-axes[0].minorticks_off()
-fig.tight_layout()
+axes[0].xaxis.set_minor_locator(plt.NullLocator())
 run.savefig(fig, "gradient_norms.png")
-plt.show()
+show(fig, "left, the norm of the LM-loss gradient at initialization against the recurrent gain (line: mean of "
+          "{grid_seeds} initializations, dots: each one when fewer than three); right, the gradient norm before "
+          "clipping along the brief training of section 3; dashed: the threshold γ = {clip:g}. Steps clipped: "
+          "RNN {clip/rnn/fraction_clipped:.0%}, LSTM {clip/lstm/fraction_clipped:.0%}.",
+     run=run, grid_seeds=grid_seeds, clip=clip)
 
 # %% [markdown]
 # ## 7 · Which claims held at this scale

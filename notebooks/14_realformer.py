@@ -68,7 +68,7 @@ from taskloss.datasets import UnknownTokenWarning, get_tokenizer, lm_blocks, uni
 from taskloss.gradflow import attention_entropy, layer_gradient_norms, train_lm, xavier_init_
 from taskloss.models import RESIDUAL_MODES, TransformerLM
 from taskloss.results.headlines import Tolerance, seed_spread
-from taskloss.results.plotting import label_axes, seed_band
+from taskloss.results.plotting import FRACTION, NONNEGATIVE, label_axes, seed_band, show
 from taskloss.utils import count_parameters
 
 run = taskloss.results.start("14_realformer", output_dir, device=device, seed=seed)
@@ -128,8 +128,8 @@ print(f"σ = {sigma:.3f}: singular values of ∂LN/∂z = 1/σ = {1 / sigma:.3f}
 #   ($\sigma(x_l)\sim\sqrt l$), so the branch terms shrink like $1/\sqrt l$ and the gradient of the last layers'
 #   parameters scales like $1/\sqrt L$.
 # - *RealFormer*: the Post-LN paths plus one along the scores, $\partial S_{l+1}/\partial S_l = I$, so
-#   $\frac{\partial\ell}{\partial S_l} = \frac{\partial\ell}{\partial S_l}\big|_{A_l}
-#   + \frac{\partial\ell}{\partial S_{l+1}}$:
+#   $\frac{\partial\ell}{\partial S_l} = \frac{\partial\ell}{\partial S_l}\big|_{A_l} +
+#   \frac{\partial\ell}{\partial S_{l+1}}$:
 #   whatever gradient reaches a layer's attention logits is handed, unchanged and without crossing a LayerNorm,
 #   to the logits of every layer below. (Values, output projections and feed-forward layers still see only
 #   Post-LN paths.)
@@ -226,21 +226,27 @@ for ini in ("xavier", "gpt2"):
         run.record(f"init/{ini}/{layout}/ffn_grad_top_over_bottom", float(ff[-1] / ff[0]))
 print({k: round(v, 3) for k, v in run.results.items() if k.startswith("init/")})
 
-# %%
-fig, axes = plt.subplots(1, 4, figsize=(19, 3.8))
+# %% tags=["hide-input"]
+fig, axes = plt.subplots(1, 4, figsize=(19, 3.8), layout="constrained")
 layers = np.arange(1, deep_layers + 1)
 for j, ini in enumerate(("xavier", "gpt2")):
     for i, layout in enumerate(LAYOUTS):
-        seed_band(axes[2 * j], layers, init_grads[ini, layout], label=layout, color=f"C{i}", marker="o", ms=3)
-        seed_band(axes[2 * j + 1], layers, init_stream[ini, layout], label=layout, color=f"C{i}", marker="o", ms=3)
+        for ax, norms in ((axes[2 * j], init_grads), (axes[2 * j + 1], init_stream)):
+            seed_band(ax, layers, norms[ini, layout], label=layout, color=f"C{i}", marker="o", ms=3,
+                      bounds=NONNEGATIVE, clip=True)
     label_axes(axes[2 * j], "layer (1 = next to the embeddings)", "‖∂ℓ/∂W_FFN‖ (Frobenius)",
                f"{ini} init: feed-forward weights", logy=True)
     label_axes(axes[2 * j + 1], "layer (1 = next to the embeddings)", "‖∂ℓ/∂x_l‖ (input of layer l)",
                f"{ini} init: residual stream", logy=True)
 fig.suptitle(f"gradient norms at initialization, {deep_layers} layers, d = {d_model} (bands: 3 initializations)")
-fig.tight_layout()
 run.savefig(fig, "gradients_at_init.png")
-plt.show()
+show(fig, "gradient norms by layer of untrained {deep_layers}-layer models, Xavier's initialization (left pair) and "
+          "GPT-2's (right pair); means over 3 initializations with 95 % t-bands (clipped at 0). Top-over-bottom ratio "
+          "of the feed-forward gradient with Xavier's initialization (above 1: larger at the top): Post-LN "
+          "{init/xavier/post/ffn_grad_top_over_bottom:.2f}, Pre-LN {init/xavier/pre/ffn_grad_top_over_bottom:.2f}, "
+          "RealFormer {init/xavier/realformer/ffn_grad_top_over_bottom:.2f}; its top-layer value "
+          "{init/xavier/post/ffn_grad_top:.3g} (Post-LN) against {init/xavier/pre/ffn_grad_top:.3g} (Pre-LN).",
+     run=run, deep_layers=deep_layers)
 
 # %% [markdown]
 # ## 3 · One harness: a learning-rate sweep without warm-up
@@ -296,26 +302,37 @@ print("validation perplexity (mean over seeds) by learning rate", lrs)
 for layout in LAYOUTS:
     print(f"  {layout:10s}", np.exp(nll[layout].mean(0)).round(1), " failed:", fail[layout].mean(0))
 
-# %%
-fig, axes = plt.subplots(1, 3, figsize=(16, 4))
+# %% tags=["hide-input"]
+fig, axes = plt.subplots(1, 3, figsize=(16, 4), layout="constrained")
+ppl = {layout: np.exp(nll[layout]) for layout in LAYOUTS}                       # [seeds, lrs]
 for i, layout in enumerate(LAYOUTS):
-    seed_band(axes[0], lrs, np.exp(nll[layout]), label=layout, color=f"C{i}", marker="o")
+    seed_band(axes[0], lrs, ppl[layout], label=layout, color=f"C{i}", marker="o", bounds=NONNEGATIVE, clip=True)
     axes[1].plot(lrs, fail[layout].mean(0), ["o-", "s--", "^:"][i], color=f"C{i}", ms=9 - 2 * i, label=layout)
     grad_curve = np.array([results[layout, max(lrs), s].grad_norm for s in range(seeds)])
-    axes[2].plot(np.arange(1, grad_curve.shape[1] + 1), grad_curve.mean(0), color=f"C{i}", label=layout)
+    seed_band(axes[2], np.arange(1, grad_curve.shape[1] + 1), grad_curve, label=layout, color=f"C{i}",
+              bounds=NONNEGATIVE, clip=True)
 axes[0].axhline(unigram, color="k", ls="--", lw=0.8, label="unigram model")
+all_ppl = np.concatenate([p.ravel() for p in ppl.values()] + [[unigram]])
 label_axes(axes[0], "learning rate (no warm-up)", "validation perplexity", f"{steps} steps, {seeds} seeds",
-           lower_is_better=True, logx=True, logy=True)
+           lower_is_better=True, logx=True, logy=all_ppl.max() > 10 * all_ppl.min())   # log only across decades
 label_axes(axes[1], "learning rate (no warm-up)", "fraction of failed runs", "failure: non-finite, worse than "
            "at start, or ≥ unigram", lower_is_better=True, logx=True)
+axes[1].set_ylim(-0.05, 1.05)
 label_axes(axes[2], "training step", "‖∇θ loss‖ before the step", f"gradient norm at lr = {max(lrs):g}",
            logy=True)
 for ax in axes[:2]:
     ax.set_xticks(lrs, [f"{lr:g}" for lr in lrs])
-    ax.minorticks_off()
-fig.tight_layout()
+    ax.xaxis.set_minor_locator(plt.NullLocator())
 run.savefig(fig, "lr_sweep.png")
-plt.show()
+spread = "thin lines: the seeds" if seeds < 3 else "bands: 95 % t-intervals"
+show(fig, "left, validation perplexity after {steps} AdamW steps without warm-up at each learning rate (dashed: the "
+          "unigram model, {unigram:.0f}); best over the rates, mean over {seeds} seeds: Post-LN "
+          "{sweep/post/best_valid_ppl:.0f}, Pre-LN {sweep/pre/best_valid_ppl:.0f}, RealFormer "
+          "{sweep/realformer/best_valid_ppl:.0f}. Middle, the fraction of failed runs: Post-LN "
+          "{sweep/post/fraction_failed:.0%}, Pre-LN {sweep/pre/fraction_failed:.0%}, RealFormer "
+          "{sweep/realformer/fraction_failed:.0%}. Right, the gradient norm along training at the largest rate. "
+          "Thick lines: means over the seeds ({spread}).",
+     run=run, steps=steps, unigram=unigram, seeds=seeds, spread=spread)
 
 # %% [markdown]
 # ## 4 · Attention entropy by layer
@@ -325,19 +342,25 @@ plt.show()
 # (1 = uniform over the visible keys, 0 = a single key; `attention_entropy`) by layer, for the models trained at
 # learning rate `entropy_lr`, on held-out text.
 
-# %%
-fig, ax = plt.subplots(figsize=(6.5, 4))
+# %% tags=["hide-input"]
+fig, ax = plt.subplots(figsize=(6.5, 4), layout="constrained")
 lay_axis = np.arange(1, n_layers + 1)
+mean_entropy = {}
 for i, layout in enumerate(LAYOUTS):
     ent = np.stack([entropy[layout, s].mean(1) for s in range(seeds)])               # [seeds, layers]
-    seed_band(ax, lay_axis, ent, label=layout, color=f"C{i}", marker="o")
+    seed_band(ax, lay_axis, ent, label=layout, color=f"C{i}", marker="o", bounds=FRACTION, clip=True)
     run.record(f"entropy/{layout}/by_layer", ent.mean(0))
+    mean_entropy[layout] = float(ent.mean())
 label_axes(ax, "layer (1 = next to the embeddings)", "normalized attention entropy (1 = uniform)",
            f"trained at lr = {entropy_lr:g}, {steps} steps")
 ax.set_xticks(lay_axis)
-fig.tight_layout()
+ax.set_ylim(0, 1)                                          # the quantity's whole range
 run.savefig(fig, "attention_entropy.png")
-plt.show()
+spread = "thin lines: the seeds" if seeds < 3 else "bands: 95 % t-intervals, clipped to [0, 1]"
+show(fig, "normalized entropy of the attention rows by layer on held-out text (1 = uniform over the visible keys, "
+          "0 = a single key), models trained at learning rate {entropy_lr:g}; means over {seeds} seeds ({spread}). "
+          "Mean over layers: Post-LN {post:.2f}, Pre-LN {pre:.2f}, RealFormer {realformer:.2f}.",
+     run=run, entropy_lr=entropy_lr, seeds=seeds, spread=spread, **mean_entropy)
 
 # %% [markdown]
 # ## 5 · Does warm-up rescue the failing layouts?

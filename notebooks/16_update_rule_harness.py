@@ -92,7 +92,17 @@ from taskloss.lm import (
 )
 from taskloss.losses import accuracy, macro_f1
 from taskloss.models import MLP
-from taskloss.results.plotting import label_axes
+from taskloss.results.plotting import (
+    FRACTION,
+    MIN_SEEDS_FOR_INTERVAL,
+    NONNEGATIVE,
+    bounded_interval,
+    label_axes,
+    mean_interval,
+    seed_band,
+    show,
+    small_multiples,
+)
 
 run = taskloss.results.start("16_update_rule_harness", output_dir, device=device, seed=seed)
 dev, f64 = run.device, torch.float64
@@ -210,15 +220,30 @@ run.record("quadratic/cos_sgd_small_alpha", float(cos_q["sgd"][0]))
 run.record("quadratic/cos_newton_large_alpha", float(cos_q["newton"][-1]))
 run.record("quadratic/ref_rel_stderr_max", max(r.rel_stderr for r in refs_q.values()))
 
-# %%
-fig, ax = plt.subplots(figsize=(9, 5))
-for i, (n, c) in enumerate(cos_q.items()):
-    ax.semilogx(quad_alphas, c, "o-" if i < 10 else "s--", ms=4, label=n, color=plt.cm.tab20(i % 20))
-label_axes(ax, "temperature α (loss units)", "cos∠(rule's step, Δθ*)", "quadratic, d = %d, κ = 100" % quad_dim,
-           lower_is_better=False, logx=True)
-ax.legend(fontsize=7, ncol=2)
+# %% tags=["hide-input"]
+def mean_ci(values, bounds):
+    """(mean, [[down], [up]] error bar of its 95 % t-interval clipped to ``bounds``) — no bar below three seeds."""
+    mu, lo, hi = mean_interval(np.asarray(values, dtype=float))
+    lo, hi = bounded_interval(lo, hi, bounds, clip=True)
+    return float(mu), ([[mu - lo], [hi - mu]] if len(values) >= MIN_SEEDS_FOR_INTERVAL else None)
+
+
+fig, axes = small_multiples(len(cos_q), ncols=4, panel_size=(3.1, 2.1))
+for ax, (n, c) in zip(axes, cos_q.items()):
+    ax.plot(quad_alphas, cos_q["newton"], color="0.55", ls="--", lw=1)
+    ax.plot(quad_alphas, cos_q["sgd"], color="0.55", ls=":", lw=1.3)
+    ax.plot(quad_alphas, c, "o-", ms=3, color="C0")
+    ax.set_xscale("log")
+    ax.set_title(n, fontsize=9)
+fig.supxlabel("temperature α (loss units)")
+fig.supylabel("cos∠(rule's step, Δθ*) (higher is better)")
+fig.suptitle(f"quadratic, d = {quad_dim}, κ = 100: each rule (blue) beside Newton (dashed) and SGD (dotted)")
 run.savefig(fig, "quadratic_cosine_vs_alpha.png")
-plt.show()
+show(fig, "one panel per rule: the cosine between its one step and Δθ* across the temperatures α, with Newton's "
+          "(dashed) and gradient descent's (dotted) in every panel. Newton's cosine is "
+          "{quadratic/cos_newton_small_alpha:.4f} at the smallest α and {quadratic/cos_newton_large_alpha:.3f} at the "
+          "largest; gradient descent's {quadratic/cos_sgd_small_alpha:.3f} and {quadratic/cos_sgd_large_alpha:.4f}.",
+     run=run)
 
 # %% [markdown]
 # ## 3 · Logistic regression on digits: Δθ* without a closed form
@@ -271,19 +296,24 @@ for n in ("sgd", "adam", "newton", "kfac", "hessian_free", "mgs", "zo_gaussian")
     run.record(f"logistic/cos_{n}", cos_l[n], headline=n in ("newton", "sgd", "mgs"))
 run.record("logistic/ref_rel_stderr_mid_alpha", refs_l[a_mid].rel_stderr)
 
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
-for i, n in enumerate(table):
-    s = steps_l[n]
-    for ax, x in zip(axes, (max(s.passes.total, 1), max(s.seconds * 1e3, 1e-2))):
-        ax.scatter(x, cos_l[n], color=plt.cm.tab20(i % 20), label=n, s=30)
-        ax.annotate(n, (x, cos_l[n]), fontsize=6, xytext=(3, 2), textcoords="offset points")
-label_axes(axes[0], "counted passes per step (forward + backward + functional)", f"cos∠(step, Δθ*) at α = {a_mid:g}",
-           "logistic regression, 3 vs 8", lower_is_better=False, logx=True, legend=False)
-label_axes(axes[1], "CPU time per step (ms)", f"cos∠(step, Δθ*) at α = {a_mid:g}", lower_is_better=False,
-           logx=True, legend=False)
+# %% tags=["hide-input"]
+order = sorted(table, key=lambda n: cos_l[n])                  # one row per rule, the best at the top
+ypos = np.arange(len(order))
+fig, axes = plt.subplots(1, 3, figsize=(13, 0.3 * len(order) + 1.8), sharey=True, layout="constrained")
+columns = ((cos_l[n], max(steps_l[n].passes.total, 1), max(steps_l[n].seconds * 1e3, 1e-2)) for n in order)
+for ax, xs in zip(axes, zip(*columns)):
+    ax.hlines(ypos, 0 if ax is axes[0] else min(xs) / 2, xs, color="0.8", lw=1)
+    ax.plot(xs, ypos, "o", color="C0")
+axes[0].set_yticks(ypos, order)
+label_axes(axes[0], f"cos∠(step, Δθ*) at α = {a_mid:g} (higher is better)", "", "agreement with Δθ*", legend=False)
+label_axes(axes[1], "counted passes per step (forward + backward + functional)", "", "cost in passes", logx=True,
+           legend=False)
+label_axes(axes[2], "CPU time per step (ms)", "", "cost in time", logx=True, legend=False)
+fig.suptitle("logistic regression, 3 vs 8: one step of each rule from the same θ")
 run.savefig(fig, "logistic_cosine_vs_cost.png")
-plt.show()
+show(fig, "one row per rule, sorted by the cosine between its step and Δθ* at α = {a_mid:g} (left), beside what the "
+          "step cost in counted passes (middle) and CPU time (right). Newton {logistic/cos_newton:.3f}, SGD "
+          "{logistic/cos_sgd:.3f}, one MGS step {logistic/cos_mgs:.3f}.", run=run, a_mid=a_mid)
 
 # %% [markdown]
 # **Reading the two tables.** On the quadratic every rule's step is fixed while Δθ* moves with α: Newton's step
@@ -441,27 +471,46 @@ run.record("digits/n_rules_better_than_sgd_error", n_better_sgd)
 assert err["sgd"] < 0.15 and err["adam"] < 0.15, "the baselines did not learn: the comparison would be empty"
 assert err["zo_gaussian"] > err["sgd"]   # 8 directions per step in 2410 dimensions cannot keep up at equal passes
 
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(13, 5))
-for i, (name, task) in enumerate(k for k in runs if k[1] == "error"):
-    recs, color = runs[(name, task)], plt.cm.tab20(i % 20)
-    x = np.array([h["passes"] for h in recs[0].history])
-    ys = [[h["error"] for h in r.history] for r in recs]
-    m = min(len(y) for y in ys)
-    axes[0].plot(x[:m], np.mean([y[:m] for y in ys], 0), color=color, label=name)
-    cpu = [r.seconds for r in recs]
-    axes[1].errorbar(np.mean(cpu), final[(name, task)].mean(), xerr=np.std(cpu), yerr=final[(name, task)].std(),
-                     fmt="o", color=color, label=name, capsize=2)
-    axes[1].annotate(name, (np.mean(cpu), final[(name, task)].mean()), fontsize=7, xytext=(4, 3),
-                     textcoords="offset points")
-label_axes(axes[0], "counted passes (forward + backward + functional)", "validation error rate",
-           "digits MLP: task loss against passes (mean of seeds)", lower_is_better=True, logy=True)
-label_axes(axes[1], "CPU seconds to the pass budget (one thread)", "final validation error rate",
-           "Pareto view: task loss against time (±1 sd over seeds)", lower_is_better=True, logx=True, logy=True,
+# %% tags=["hide-input"]
+def error_curves(recs):
+    """(counted passes, [seeds, evaluations] validation error) of one rule's runs, cut to the shortest run."""
+    m = min(len(r.history) for r in recs)
+    return (np.array([h["passes"] for h in recs[0].history[:m]]),
+            np.array([[h["error"] for h in r.history[:m]] for r in recs]))
+
+
+rules_d = [n for n, t in runs if t == "error"]
+sgd_x, sgd_ys = error_curves(runs[("sgd", "error")])
+fig, axes = small_multiples(len(rules_d), ncols=4, panel_size=(3.1, 2.1))
+for ax, name in zip(axes, rules_d):
+    ax.plot(sgd_x, sgd_ys.mean(0), color="0.6", lw=1)
+    seed_band(ax, *error_curves(runs[(name, "error")]), color="C0", bounds=FRACTION, clip=True)
+    ax.set_yscale("log")
+    ax.set_title(name, fontsize=9)
+fig.supxlabel("counted passes (forward + backward + functional)")
+fig.supylabel("validation error rate (lower is better)")
+fig.suptitle(f"digits MLP, tuned step sizes: each rule (blue, mean of {n_seeds} seeds) beside SGD (grey)")
+run.savefig(fig, "digits_curves.png")
+show(fig, "one panel per rule: the digits MLP's validation error rate against counted passes up to the budget of "
+          "{budget} (mean of {n_seeds} seeds, 95 % t-band clipped to [0, 1]; grey: SGD's mean, in every panel).",
+     run=run, budget=budget, n_seeds=n_seeds)
+
+order = sorted(rules_d, key=lambda n: -final[(n, "error")].mean())       # the lowest error at the top
+fig, axes = plt.subplots(1, 2, figsize=(12, 0.3 * len(order) + 1.8), sharey=True, layout="constrained")
+for y, name in enumerate(order):
+    mu, err = mean_ci(final[(name, "error")], FRACTION)
+    axes[0].errorbar(mu, y, xerr=err, fmt="o", color="C0", capsize=3)
+    mu, err = mean_ci([r.seconds for r in runs[(name, "error")]], NONNEGATIVE)
+    axes[1].errorbar(mu, y, xerr=err, fmt="o", color="C1", capsize=3)
+axes[0].set_yticks(range(len(order)), order)
+label_axes(axes[0], "final validation error rate (lower is better)", "", f"at {budget} passes", logx=True,
            legend=False)
-axes[0].legend(fontsize=7, ncol=2)
+label_axes(axes[1], "CPU seconds to the pass budget (one thread)", "", "time it took", logx=True, legend=False)
+fig.suptitle(f"digits MLP: mean over {n_seeds} seeds with 95 % t-intervals (error clipped to [0, 1])")
 run.savefig(fig, "digits_pareto.png")
-plt.show()
+show(fig, "the final validation error rate of each rule (left, sorted) and the CPU time its run took (right). SGD "
+          "{digits/error_sgd:.3f}, Adam {digits/error_adam:.3f}, K-FAC {digits/error_kfac:.3f}, MGS "
+          "{digits/error_mgs:.3f}; the lowest mean error: {digits/best_rule_error}.", run=run)
 
 # %% [markdown]
 # ## 5 · Newton, exact natural gradient and SPSA in a race they can run
@@ -501,24 +550,26 @@ print("\n".join(rows_lr))
 (run.dir / "harness_summary.md").write_text(summary_md + "\n" + "\n".join(rows_lr) + "\n")
 assert final_lr["sgd"].mean() < 0.2, "logistic regression did not learn: the comparison would be empty"
 
-# %%
-fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
+# %% tags=["hide-input"]
+fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), layout="constrained")
 for i, (name, recs) in enumerate(runs_lr.items()):
     color = plt.cm.tab10(i)
-    x = np.array([h["passes"] for h in recs[0].history])
-    m = min(len(r.history) for r in recs)
-    x, ys = x[:m], np.array([[h["error"] for h in r.history[:m]] for r in recs])
+    x, ys = error_curves(recs)
     axes[0].plot(x, ys.mean(0), color=color, label=name)
     axes[0].fill_between(x, ys.min(0), ys.max(0), color=color, alpha=0.15)
-    cpu = [r.seconds for r in recs]
-    axes[1].errorbar(np.mean(cpu), final_lr[name].mean(), xerr=np.std(cpu), yerr=final_lr[name].std(), fmt="o",
-                     color=color, label=name, capsize=2)
+    (mu_x, err_x), (mu_y, err_y) = mean_ci([r.seconds for r in recs], NONNEGATIVE), mean_ci(final_lr[name], FRACTION)
+    axes[1].errorbar(mu_x, mu_y, xerr=err_x, yerr=err_y, fmt="o", color=color, label=name, capsize=2)
 label_axes(axes[0], "counted passes (forward + backward + functional)", "validation error rate",
            "logistic regression: error against passes (mean, min–max of seeds)", lower_is_better=True, logy=True)
 label_axes(axes[1], "CPU seconds to the pass budget (one thread)", "final validation error rate",
-           "Pareto view (±1 sd over seeds)", lower_is_better=True, logx=True, logy=True)
+           "error against time (95 % t-intervals over seeds)", lower_is_better=True, logx=True, logy=True)
 run.savefig(fig, "logreg_race.png")
-plt.show()
+show(fig, "multinomial logistic regression on the ten digits, tuned step sizes, {n_seeds} seeds: left, the "
+          "validation error rate against counted passes (mean, shaded from the best to the worst seed); right, the "
+          "final error against the CPU time of the run. At {logit_budget} passes Newton ends at "
+          "{digits_logreg/error_newton:.3f} in {digits_logreg/cpu_s_newton:.2f} CPU s, SGD at "
+          "{digits_logreg/error_sgd:.3f} in {digits_logreg/cpu_s_sgd:.3f} s.",
+     run=run, n_seeds=n_seeds, logit_budget=logit_budget)
 
 # %% [markdown]
 # ## 6 · (c) A small LM with a sequence task loss
@@ -660,8 +711,8 @@ run.record("lm/base_ppl", base_lm["perplexity"])
 print("\n".join(rows_lm))
 (run.dir / "harness_summary.md").write_text(summary_md + "\n" + "\n".join(rows_lr) + "\n" + "\n".join(rows_lm) + "\n")
 
-# %%
-fig, axes = plt.subplots(2, 2, figsize=(13, 8.5))
+# %% tags=["hide-input"]
+fig, axes = plt.subplots(2, 2, figsize=(13, 8.5), layout="constrained")
 for i, (name, recs) in enumerate(runs_lm.items()):
     color = plt.cm.tab10(i)
     for row, key in enumerate(("task_loss", "perplexity")):
@@ -670,18 +721,24 @@ for i, (name, recs) in enumerate(runs_lm.items()):
         ys = np.array([[h[key] for h in r.history[:m]] for r in recs])
         axes[row, 0].plot(x, ys.mean(0), "o-", ms=3, color=color, label=name)
         axes[row, 0].fill_between(x, ys.min(0), ys.max(0), color=color, alpha=0.15)
-        cpu = [r.seconds for r in recs]
-        axes[row, 1].errorbar(np.mean(cpu), final_lm[name][key].mean(), xerr=np.std(cpu),
-                              yerr=final_lm[name][key].std(), fmt="o", color=color, label=name, capsize=2)
+        (mu_x, err_x), (mu_y, err_y) = (mean_ci([r.seconds for r in recs], NONNEGATIVE),
+                                        mean_ci(final_lm[name][key], NONNEGATIVE))
+        axes[row, 1].errorbar(mu_x, mu_y, xerr=err_x, yerr=err_y, fmt="o", color=color, label=name, capsize=2)
 for row, (key, lab) in enumerate((("task_loss", f"held-out {lm_task.spec}"), ("perplexity", "held-out perplexity"))):
     for ax in axes[row]:
         ax.axhline(base_lm[key], color="k", ls=":", lw=1, label="pretrained")
     label_axes(axes[row, 0], "counted passes (forward + backward)", lab,
                f"small LM: {key.replace('_', ' ')} against passes (mean, min–max of seeds)", lower_is_better=True)
     label_axes(axes[row, 1], "CPU seconds to the pass budget (one thread)", f"final {lab}",
-               "Pareto view (±1 sd over seeds)", lower_is_better=True, logx=True)
+               "against time (95 % t-intervals over seeds)", lower_is_better=True, logx=True)
 run.savefig(fig, "lm_task_loss_perplexity.png")
-plt.show()
+show(fig, "the committed small LM fine-tuned on completions, {lm_seeds} seeds, {lm_budget} counted passes: top, the "
+          "held-out task loss of greedy decoding ({spec}); bottom, the held-out perplexity; left against passes "
+          "(mean, shaded from the best to the worst seed), right the final value against CPU time; dotted: the "
+          "pretrained model. Task loss: pretrained {lm/base_task_loss:.3f}, SGD {lm/task_loss_sgd:.3f}, Adam "
+          "{lm/task_loss_adam:.3f}, MGS {lm/task_loss_mgs:.3f}; perplexity: pretrained {lm/base_ppl:.1f}, SGD "
+          "{lm/ppl_sgd:.1f}, Adam {lm/ppl_adam:.1f}.", run=run, lm_seeds=lm_seeds, lm_budget=lm_budget,
+     spec=lm_task.spec)
 
 # %% [markdown]
 # Checks that hold whatever the verdicts: every run used its budget and at most one step more; the held-out prefixes

@@ -1,10 +1,13 @@
 """Generated pages of the book, written at the start of every build (``config-inited``) so that the notebooks,
-README.md's notebook table and the package's ``__all__`` lists stay the one source of truth:
+docs/chapters.yaml and the package's ``__all__`` lists stay the one source of truth:
 
 - ``docs/notebooks/NN_topic.ipynb``: each committed notebook (outputs as committed), with a box under its title
-  holding its row of README.md's notebook table (question, source, expected results, runtime — whatever columns
-  the table has) and a "Uses" box linking every public ``taskloss`` name the notebook imports or names in its
-  prose; progress-bar widgets keep their text. ``docs/notebooks/index.md`` lists them in the table's order.
+  holding its entry of docs/chapters.yaml joined with its recorded results (question, sources, the headline in one
+  line, runtime, what the runs found; docs/_ext/book_chapters.py), links to download the notebook and its source
+  (and to open it on Colab or Binder when pyproject.toml names the repository's address), and a "Uses" box linking
+  every public ``taskloss`` name the notebook imports or names in its prose; progress-bar widgets keep their
+  text, and each figure gets its caption as alt text (docs/_ext/book_figures.py). ``docs/notebooks/index.md``
+  lists them in the order of docs/chapters.yaml.
 - ``docs/api/taskloss.<subpackage>.rst``: one page per subpackage (and ``taskloss.utils``): the subpackage
   docstring, a summary table of its ``__all__``, then module by module its docstring and the public names it
   defines, documented at their public path (``taskloss.search.MGS``).
@@ -28,6 +31,18 @@ from functools import lru_cache
 from pathlib import Path
 
 import nbformat
+from book_chapters import (
+    Chapter,
+    fingerprint_text,
+    hosted_links,
+    load_chapters,
+    notebook_metadata,
+    render_headline,
+    repository_url,
+    results_page,
+    runtime_text,
+)
+from book_figures import add_alt_metadata
 from sphinx.application import Sphinx
 from sphinx.config import Config
 from sphinx.pycode import ModuleAnalyzer
@@ -61,38 +76,15 @@ def remove_stale(folder: Path, keep: set[str]) -> None:
             p.unlink()
 
 
-# -- README's notebook table -------------------------------------------------------------------------------------
-
-def _split_row(line: str) -> list[str]:
-    cells = re.split(r"(?<!\\)\|", line.strip().strip("|"))
-    return [c.strip().replace("\\|", "|") for c in cells]
-
-
-def readme_table(readme: Path = REPO / "README.md") -> tuple[list[str], dict[str, dict[str, str]]]:
-    """Header (as written) and rows of README.md's notebook table (the first table whose first header cell is
-    'notebook'), rows keyed by notebook stem in the table's order, each a dict lower-cased column → cell."""
-    lines = readme.read_text(encoding="utf-8").splitlines()
-    for i, line in enumerate(lines):
-        if line.startswith("|") and _split_row(line)[0].lower() == "notebook":
-            header = _split_row(line)
-            rows: dict[str, dict[str, str]] = {}
-            for row in lines[i + 2:]:
-                if not row.startswith("|"):
-                    break
-                cells = _split_row(row)
-                stem = NOTEBOOK_STEM.search(cells[0])
-                if stem:
-                    rows[stem.group(1)] = dict(zip((h.lower() for h in header[1:]), cells[1:]))
-            return header, rows
-    raise RuntimeError(f"{readme} has no notebook table (a Markdown table whose first column is 'notebook')")
-
+# -- Markdown from the repository ------------------------------------------------------------------------------
 
 _LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
 
 
 def _site_markdown(cell: str) -> str:
-    """A README cell as Markdown for a page in docs/notebooks/: links to notebooks point at their pages, other
-    links into the repository (which the site does not hold) keep only their text."""
+    """Markdown written for the repository (docs/chapters.yaml) as Markdown for a page in docs/notebooks/: links
+    to notebooks point at their pages, other links into the repository (which the site does not hold) keep only
+    their text."""
     def fix(m: re.Match) -> str:
         text, target = m.groups()
         if re.match(r"[a-z]+:", target) or target.startswith("#"):
@@ -102,10 +94,6 @@ def _site_markdown(cell: str) -> str:
             return f"[{text}]({stem.group(1)}.ipynb)"
         return text
     return _LINK.sub(fix, cell)
-
-
-def _label(column: str) -> str:
-    return column[:1].upper() + column[1:]
 
 
 # -- the public API ------------------------------------------------------------------------------------------------
@@ -419,18 +407,27 @@ def _uses_box(uses: list[tuple[str, str]]) -> str:
     return "\n".join(lines + [":::"])
 
 
-def _readme_box(header: list[str], row: dict[str, str]) -> str:
-    lines = [":::{admonition} At a glance (from the README)", ":class: tip taskloss-glance", ""]
-    for column in header[1:]:
-        value = row.get(column.lower(), "").strip()
-        if value:
-            lines += [f"**{_label(column)}.** {_site_markdown(value)}", ""]
+def _chapter_box(chapter: Chapter, repo_url: str | None) -> str:
+    """The box under a chapter's title: its entry of docs/chapters.yaml with the committed run's numbers, and
+    where to get the notebook."""
+    meta = notebook_metadata(chapter.notebook)
+    machine = fingerprint_text(meta)
+    get = [f"{{download}}`{chapter.stem}.ipynb <../../notebooks/{chapter.stem}.ipynb>` (with its outputs)",
+           f"{{download}}`{chapter.stem}.py <../../notebooks/{chapter.stem}.py>` (the source)"]
+    get += [f"[{label}]({url})" for label, url in hosted_links(chapter.stem, repo_url)]
+    fields = [("Question", chapter.scope), ("Sources", chapter.sources),
+              ("In one line", render_headline(chapter) + "."),
+              ("Runtime of the committed run", runtime_text(meta) + (f" ({machine})" if machine else "")),
+              ("What the runs found", chapter.findings), ("The notebook", " · ".join(get))]
+    lines = [":::{admonition} At a glance", ":class: tip taskloss-glance", ""]
+    for label, value in fields:
+        lines += [f"**{label}.** {_site_markdown(value)}", ""]
     return "\n".join(lines).rstrip() + "\n:::"
 
 
-def book_notebook(path: Path, header: list[str], row: dict[str, str] | None):
-    """The page version of a committed notebook: README box and Uses box under the title, widget outputs as
-    their text, no widget state."""
+def book_notebook(path: Path, chapter: Chapter | None, repo_url: str | None = None):
+    """The page version of a committed notebook: chapter box and Uses box under the title, widget outputs as
+    their text, no widget state, the figures' alt texts from their captions."""
     nb = nbformat.read(path, as_version=4)
     page = copy.deepcopy(nb)
     page.metadata.pop("widgets", None)
@@ -447,7 +444,9 @@ def book_notebook(path: Path, header: list[str], row: dict[str, str] | None):
                     continue
             outputs.append(out)
         cell.outputs = outputs
-    boxes = "\n\n".join(b for b in (_readme_box(header, row) if row else "", _uses_box(notebook_uses(nb))) if b)
+    add_alt_metadata(page)
+    boxes = "\n\n".join(b for b in (_chapter_box(chapter, repo_url) if chapter else "", _uses_box(notebook_uses(nb)))
+                        if b)
     first = next((c for c in page.cells if c.cell_type == "markdown"), None)
     match = re.search(r"^# .*$", first.source, re.M) if first is not None else None
     if match:
@@ -458,37 +457,42 @@ def book_notebook(path: Path, header: list[str], row: dict[str, str] | None):
 
 
 def write_notebooks() -> list[str]:
-    header, rows = readme_table()
+    chapters = {ch.stem: ch for ch in load_chapters()}
     present = {p.stem: p for p in NOTEBOOK_DIR.glob("[0-9][0-9]_*.ipynb")}
-    order = [s for s in rows if s in present] + sorted(s for s in present if s not in rows)
-    for stem in rows:
+    order = [s for s in chapters if s in present] + sorted(s for s in present if s not in chapters)
+    for stem in chapters:
         if stem not in present:
-            logger.warning(f"README.md's notebook table lists {stem}, but notebooks/{stem}.ipynb does not exist",
-                           type="taskloss", subtype="readme")
+            logger.warning(f"docs/chapters.yaml lists {stem}, but notebooks/{stem}.ipynb does not exist",
+                           type="taskloss", subtype="chapters")
+    repo_url = repository_url()
     for stem in order:
-        if stem not in rows:
-            logger.warning(f"notebooks/{stem}.ipynb has no row in README.md's notebook table", type="taskloss",
-                           subtype="readme")
-        page = book_notebook(present[stem], header, rows.get(stem))
+        if stem not in chapters:
+            logger.warning(f"notebooks/{stem}.ipynb has no entry in docs/chapters.yaml", type="taskloss",
+                           subtype="chapters")
+        page = book_notebook(present[stem], chapters.get(stem), repo_url)
         write_if_changed(NB_OUT / f"{stem}.ipynb", nbformat.writes(page) + "\n")
     index = ["# Notebooks", "",
              "Each notebook asks one question, derives the answer step by step with a numerical check after each "
              "step, and measures it. The pages show the committed outputs of the default run (CI-sized parameters "
              "on a CPU); rerun one with other parameters through the runner (see the introduction).", "",
-             "| notebook | question |", "|---|---|"]
+             "| notebook | question | one result of the committed run |", "|---|---|---|"]
     for stem in order:
-        question = _site_markdown(rows.get(stem, {}).get("question", "")).replace("\n", " ")
-        index.append(f"| [{stem}]({stem}.ipynb) | {question} |")
+        ch = chapters.get(stem)
+        question = _site_markdown(ch.question).replace("|", "\\|") if ch else ""
+        headline = _site_markdown(render_headline(ch)).replace("|", "\\|") if ch else ""
+        index.append(f"| [{stem}]({stem}.ipynb) | {question} | {headline} |")
     index += ["", "```{toctree}", ":hidden:", ":maxdepth: 1", "", *order, "```", ""]
     write_if_changed(NB_OUT / "index.md", "\n".join(index))
-    remove_stale(NB_OUT, {f"{s}.ipynb" for s in order} | {"index.md"})
+    # the page of expected results, as docs/results.md has it but linking the chapters (index.md's toctree has it)
+    write_if_changed(NB_OUT / "results.md", results_page(list(chapters.values()), book=True))
+    remove_stale(NB_OUT, {f"{s}.ipynb" for s in order} | {"index.md", "results.md"})
     return order
 
 
 def generate(app: Sphinx, config: Config) -> None:
     # the book's own extensions shape every page: when their code changes, Sphinx rebuilds everything
-    config.book_extensions_hash = hashlib.sha256(b"".join(p.read_bytes() for p in
-                                                          sorted(Path(__file__).parent.glob("*.py")))).hexdigest()
+    sources = sorted(Path(__file__).parent.glob("*.py")) + [DOCS / "chapters.yaml"]
+    config.book_extensions_hash = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()
     write_api()
     write_notebooks()
 

@@ -3,23 +3,20 @@ site with warnings as errors, checked page by page (every internal link resolves
 site, each notebook page links the API entries it uses and each API entry its notebook), and finally two pages
 opened in headless Chromium (skipped where Debian's ``chromium`` is not installed; ``make book-check`` installs it).
 
-The first part takes seconds and runs in ``make test``, with a check that every docstring the reference shows
-parses as reST after napoleon without a warning (what ``-W`` would reject: a malformed table, a stray indent), so
-that a new subpackage's markup error shows in ``make test`` and not only in ``make book``. The build takes about
-1.5 min on 2 cores, so the tests of the built site are skipped there: ``make book-check`` builds the book and runs
-them on it (TASKLOSS_BOOK_SITE), and ``TASKLOSS_BOOK_BUILD=1`` makes them build one of their own.
+The first part takes seconds and runs in ``make test``, beside the quick checks of every docstring the reference
+shows (tests/docs/test_docstrings.py) and of the notebooks' Markdown (tests/docs/test_notebook_markdown.py). The
+build takes about a minute on 2 cores, so the tests of the built site are skipped there: ``.ci/run`` builds the book
+after ``make test``, ``make book-check`` builds it and runs them on it (TASKLOSS_BOOK_SITE), and
+``TASKLOSS_BOOK_BUILD=1`` makes them build one of their own.
 """
 from __future__ import annotations
 
 import html
-import inspect
 import os
 import re
 import shutil
 import subprocess
 import sys
-import textwrap
-from functools import lru_cache
 from pathlib import Path
 from urllib.parse import unquote, urlparse
 
@@ -31,6 +28,8 @@ from taskloss.utils import REPO_ROOT
 DOCS = REPO_ROOT / "docs"
 sys.path[:0] = [str(DOCS / "_ext"), str(DOCS)]
 
+import book_chapters  # noqa: E402
+import book_figures  # noqa: E402
 import book_links  # noqa: E402
 import book_sources  # noqa: E402
 import check_book  # noqa: E402
@@ -40,33 +39,33 @@ STEMS = {"02": "02_importance_sampling_and_mgs", "05": "05_policy_gradient_vs_ze
 
 # -- generators and link rules -------------------------------------------------------------------------------------
 
-def test_readme_table_columns_and_order(tmp_path):
-    readme = tmp_path / "README.md"
-    readme.write_text(textwrap.dedent("""\
-        # x
-        | notebook | question | source | expected results (CI defaults) | runtime |
-        |---|---|---|---|---:|
-        | [`09_emo_loss`](notebooks/09_emo_loss.ipynb) | Why \\| EMO? | [Ren](https://arxiv.org/abs/1) | `a` 1 | 9 s |
-        | [`02_importance_sampling_and_mgs`](notebooks/02_importance_sampling_and_mgs.ipynb) | MGS? | | | |
-
-        | notebook | other table |
-        """))
-    header, rows = book_sources.readme_table(readme)
-    assert header == ["notebook", "question", "source", "expected results (CI defaults)", "runtime"]   # as written
-    assert list(rows) == ["09_emo_loss", "02_importance_sampling_and_mgs"]          # the table's order
-    assert rows["09_emo_loss"]["question"] == "Why | EMO?"
-    assert rows["09_emo_loss"]["runtime"] == "9 s" and rows["02_importance_sampling_and_mgs"]["source"] == ""
-
-
-def test_every_committed_notebook_has_a_readme_row():
-    _, rows = book_sources.readme_table()
+def test_every_committed_notebook_is_a_chapter_and_every_chapter_a_notebook():
     stems = {p.stem for p in (REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")}
-    assert stems and stems <= set(rows), f"notebooks without a README row: {sorted(stems - set(rows))}"
+    chapters = [ch.stem for ch in book_chapters.load_chapters()]
+    assert stems and set(chapters) == stems, (sorted(stems - set(chapters)), sorted(set(chapters) - stems))
+    assert chapters == sorted(chapters)                               # reading order = notebook numbers
 
 
-def test_readme_cells_keep_external_links_and_point_notebook_links_at_pages():
+def test_repository_markdown_keeps_external_links_and_points_notebook_links_at_pages():
     cell = "[Ren](https://arxiv.org/abs/1) see [`09`](notebooks/09_emo_loss.ipynb) and [data](data/README.md)"
     assert book_sources._site_markdown(cell) == "[Ren](https://arxiv.org/abs/1) see [`09`](09_emo_loss.ipynb) and data"
+
+
+def test_chapter_box_links_the_notebook_files_and_hosted_services_only_for_a_known_address(tmp_path):
+    ch = book_chapters.load_chapters()[0]
+    box = book_sources._chapter_box(ch, None)
+    assert f"{{download}}`{ch.stem}.ipynb <../../notebooks/{ch.stem}.ipynb>`" in box
+    assert f"{{download}}`{ch.stem}.py <../../notebooks/{ch.stem}.py>`" in box
+    assert "colab" not in box.lower() and "binder" not in box.lower()
+    assert "**Question.**" in box and "**In one line.**" in box and "**Runtime of the committed run.**" in box
+    box = book_sources._chapter_box(ch, "https://github.com/someone/taskloss")
+    assert f"https://colab.research.google.com/github/someone/taskloss/blob/HEAD/notebooks/{ch.stem}.ipynb" in box
+    assert f"https://mybinder.org/v2/gh/someone/taskloss/HEAD?labpath=notebooks/{ch.stem}.ipynb" in box
+    pyproject = tmp_path / "pyproject.toml"
+    pyproject.write_text('[project]\nname = "x"\n')
+    assert book_chapters.repository_url(pyproject) is None                   # no address is guessed
+    pyproject.write_text('[project]\nname = "x"\n[project.urls]\nRepository = "https://github.com/a/b.git"\n')
+    assert book_chapters.repository_url(pyproject) == "https://github.com/a/b"
 
 
 @pytest.mark.parametrize("line, expected", [
@@ -142,6 +141,11 @@ def test_browser_check_rules_flag_each_failure(tmp_path):
     for expected in ("1 of 2 math elements were not rendered", "raw TeX", "TeX errors", "image did not load",
                      "request outside the site", "no such file", "links no notebook page"):
         assert expected in text, (expected, found)
+    hashed = _report(images=[{"src": "file:///x/_images/ab12.png", "width": 640, "alt": "../_images/ab12.png"}],
+                     uses_links=["file:///x/api/taskloss.search.html#taskloss.search.MGS"])
+    assert any("without a caption" in p for p in check_book.problems(tmp_path, "notebooks/01_x.html", hashed))
+    captioned = {**hashed, "images": [{**hashed["images"][0], "alt": "What to see: the error falls."}]}
+    assert check_book.problems(tmp_path, "notebooks/01_x.html", captioned) == []
 
 
 # -- one real build ------------------------------------------------------------------------------------------------
@@ -217,21 +221,37 @@ def test_nothing_loads_from_outside_the_site(site):
     assert "_static/mathjax/tex-chtml.js" in (site / "notebooks" / "06_natural_gradient.html").read_text()
 
 
-def test_notebook_pages_follow_the_readme_with_its_row_and_their_uses(site):
-    header, rows = book_sources.readme_table()
+def test_notebook_pages_follow_the_chapters_with_their_box_and_their_uses(site):
+    chapters = book_chapters.load_chapters()
     index = (site / "notebooks" / "index.html").read_text(encoding="utf-8")
-    positions = [index.find(f'href="{stem}.html"') for stem in rows]
+    positions = [index.find(f'href="{ch.stem}.html"') for ch in chapters]
     assert all(p >= 0 for p in positions) and positions == sorted(positions)
-    for stem, row in rows.items():
-        page = (site / "notebooks" / f"{stem}.html").read_text(encoding="utf-8")
+    for ch in chapters:
+        page = (site / "notebooks" / f"{ch.stem}.html").read_text(encoding="utf-8")
         glance = re.search(r'taskloss-glance.*?</div>', page, re.S)
-        assert glance and "Question." in glance.group(0), stem
-        words = re.sub(r"[`*$\\]|\[|\]\([^)]*\)", "", row["question"]).split()[:4]
+        assert glance and "Question." in glance.group(0) and "In one line." in glance.group(0), ch.stem
+        words = re.sub(r"[`*$\\]|\[|\]\([^)]*\)", "", ch.scope).split()[:4]
         shown = html.unescape(re.sub(r"<[^>]+>", "", glance.group(0)))
         shown = shown.translate(str.maketrans("’‘“”", "''\"\""))                  # Sphinx's smart quotes undone
-        assert " ".join(words) in shown, (stem, words)
+        assert " ".join(words) in shown, (ch.stem, words)
+        downloads = re.findall(r'class="reference download internal"[^>]*href="([^"]+)"', glance.group(0))
+        assert [Path(d).name for d in downloads] == [f"{ch.stem}.ipynb", f"{ch.stem}.py"], (ch.stem, downloads)
+        assert all((site / "notebooks" / unquote(d)).is_file() for d in downloads)
         uses = re.search(r'taskloss-uses.*?</ul>', page, re.S)
-        assert uses and re.search(r'href="\.\./api/taskloss\.\w+\.html#taskloss\.', uses.group(0)), stem
+        assert uses and re.search(r'href="\.\./api/taskloss\.\w+\.html#taskloss\.', uses.group(0)), ch.stem
+
+
+def test_every_figure_has_its_caption_as_alt_text_and_plotting_code_is_collapsed(site):
+    for ch in book_chapters.load_chapters():
+        page = (site / "notebooks" / f"{ch.stem}.html").read_text(encoding="utf-8")
+        nb = nbformat.read(ch.notebook, as_version=4)
+        expected = [book_figures.alt_text(c) for _, _, c in book_figures.figure_captions(nb)]
+        alts = [html.unescape(a) for a in re.findall(r'<img alt="([^"]*)" src="\.\./_images/', page)]
+        assert alts == expected, ch.stem
+        tagged = sum("hide-input" in c.metadata.get("tags", []) for c in nb.cells)
+        assert page.count("tag_hide-input") == tagged, ch.stem
+    page = (site / "notebooks" / "14_realformer.html").read_text(encoding="utf-8")
+    assert page.count('class="taskloss-caption"') == 3
 
 
 def test_api_entries_link_the_notebook_that_derives_them(site):
@@ -270,122 +290,11 @@ def test_pages_render_in_chromium(site, tmp_path):
 def test_chromium_check_fails_on_a_broken_page(tmp_path):
     site = tmp_path / "site"
     (site / "notebooks").mkdir(parents=True)
-    (site / "notebooks" / "broken.html").write_text(
+    (site / "notebooks" / "00_broken.html").write_text(
         '<html><body><p>Raw math $$x^2$$ and <span class="math">\\(y\\)</span></p>'
-        '<img src="missing.png"><a href="gone.html">gone</a></body></html>')
-    results = check_book.check(site, ["notebooks/broken.html"], tmp_path / "check")
-    text = "\n".join(results["notebooks/broken.html"])
+        '<img src="../_images/missing.png" alt="../_images/missing.png"><a href="gone.html">gone</a></body></html>')
+    results = check_book.check(site, ["notebooks/00_broken.html"], tmp_path / "check")
+    text = "\n".join(results["notebooks/00_broken.html"])
     for expected in ("MathJax did not load", "not rendered", "raw TeX", "image did not load", "no such file",
-                     "Uses"):
+                     "Uses", "without a caption as alt text"):
         assert expected in text, (expected, text)
-
-
-# -- docstring markup without a build (runs in make test) ----------------------------------------------------------
-
-def _documented_docstrings():
-    """(dotted name, what, object, docstring) of every docstring the reference shows: subpackages, modules, public
-    names and the public members of public classes (autodoc's ``:members:``)."""
-    import importlib
-    import inspect
-    seen: set[str] = set()
-    for page in book_sources.api_pages():
-        for m in page.modules:
-            mod = importlib.import_module(m.name)
-            for name, what, obj in ([(page.name, "module", importlib.import_module(page.name)), (m.name, "module", mod)]
-                                    + [(f"{m.name}.{n}", "", getattr(mod, n)) for n in m.public + m.own]):
-                if name in seen or book_sources._role(obj) == "data":
-                    continue
-                seen.add(name)
-                what = what or ("class" if inspect.isclass(obj) else "function")
-                yield name, what, obj, inspect.getdoc(obj)
-                if inspect.isclass(obj):
-                    for attr, value in vars(obj).items():
-                        value = getattr(value, "__func__", value)
-                        if attr.startswith("_") or not (callable(value) or isinstance(value, property)):
-                            continue
-                        kind = "property" if isinstance(value, property) else "method"
-                        yield f"{name}.{attr}", kind, value, inspect.getdoc(value)
-
-
-@lru_cache(maxsize=1)
-def _rst_parser():
-    """docutils' reST parser and settings, with Sphinx's roles and directives stubbed (whether a reference resolves
-    is the full build's job) and napoleon configured as docs/conf.py does."""
-    from docutils import nodes
-    from docutils.frontend import get_default_settings
-    from docutils.parsers.rst import Directive, Parser, directives, roles
-    from sphinx.ext.napoleon import Config
-
-    def any_role(name, rawtext, text, lineno, inliner, options=None, content=None):
-        return [nodes.literal(rawtext, text)], []
-
-    class AnyDirective(Directive):
-        optional_arguments, final_argument_whitespace, has_content = 10, True, True
-        option_spec = None
-
-        def run(self):
-            return []
-
-    for role in ("func", "class", "meth", "attr", "mod", "data", "exc", "obj", "doc", "ref", "term", "any",
-                 "py:func", "py:class", "py:meth", "py:attr", "py:mod", "py:data", "py:exc", "py:obj"):
-        roles.register_local_role(role, any_role)
-    for name in ("seealso", "versionadded", "versionchanged", "deprecated", "code-block", "autosummary", "todo"):
-        directives.register_directive(name, AnyDirective)
-    settings = get_default_settings(Parser)
-    settings.report_level, settings.halt_level, settings.warning_stream = 5, 5, False
-    config = Config(napoleon_google_docstring=True, napoleon_numpy_docstring=False, napoleon_use_rtype=False,
-                    napoleon_use_ivar=True)
-    return Parser(), settings, config
-
-
-def docstring_markup_problems(dotted: str, what: str, obj, doc: str | None) -> list[str]:
-    """docutils' warnings and errors on a docstring after napoleon and the book's notebook links, as Sphinx's
-    build raises them under -W."""
-    from docutils.utils import new_document
-    from sphinx.ext.napoleon import GoogleDocstring
-
-    if not doc:
-        return []
-    parser, settings, config = _rst_parser()
-    lines = str(GoogleDocstring(doc, config, what=what, name=dotted, obj=obj)).splitlines()
-    book_links.process_docstring(None, what, dotted, obj, {}, lines)
-    document = new_document(dotted, settings)
-    found: list[str] = []
-    document.reporter.attach_observer(
-        lambda msg: found.append(f"{dotted} (docstring line {msg.get('line')}): {msg.astext()}")
-        if msg["level"] >= 2 else None)
-    parser.parse("\n".join(lines), document)
-    return found
-
-
-def test_docstring_markup_check_flags_what_the_build_rejects():
-    def bad():
-        """A table whose first column is narrower than a cell.
-
-        =====  ====
-        name   x
-        =====  ====
-        much longer  1
-        =====  ====
-
-        Args:
-            x: *unclosed emphasis.
-        """
-    found = "\n".join(docstring_markup_problems("bad", "function", bad, inspect.getdoc(bad)))
-    assert "Malformed table" in found and "emphasis" in found, found
-
-    def good():
-        """Fine: :func:`taskloss.search.mgs_weights`, ``code``, :math:`x^2`. Derived in notebook 09_emo_loss.
-
-        Args:
-            x: a value.
-
-        Returns:
-            its square.
-        """
-    assert docstring_markup_problems("good", "function", good, inspect.getdoc(good)) == []
-
-
-def test_every_documented_docstring_parses_cleanly():
-    found = [p for args in _documented_docstrings() for p in docstring_markup_problems(*args)]
-    assert not found, "\n".join(found[:20])

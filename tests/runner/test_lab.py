@@ -1,11 +1,14 @@
 """`make lab`: a JupyterLab server with the repository's settings serves notebooks/NN_topic.py as a notebook,
-makes the Jupytext notebook the default viewer of Python files, and keeps token authentication on localhost."""
+makes the Jupytext notebook the default viewer of Python files, and keeps token authentication on localhost; it
+starts as root too (the server below is started through `make lab` itself), and `make help` names every target."""
 from __future__ import annotations
 
 import json
 import os
 import re
 import secrets
+import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -44,20 +47,54 @@ def test_make_lab_uses_the_repository_settings():
     assert config["ServerApp"]["ip"] == "localhost" and "token" not in json.dumps(config).lower()
 
 
+def _make(*args: str, env: dict | None = None) -> str:
+    proc = subprocess.run(["make", "-s", "-C", str(REPO_ROOT), *args], capture_output=True, text=True, env=env,
+                          timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+needs_make = pytest.mark.skipif(shutil.which("make") is None, reason="make is not installed")
+
+
+@needs_make
+@pytest.mark.parametrize("uid, root", [("0", True), ("1000", False)])
+def test_make_lab_allows_root_only_as_root_and_passes_lab_args(tmp_path, uid, root):
+    fake = tmp_path / "id"                      # what `id -u` answers decides; the real user does not matter
+    fake.write_text(f"#!/bin/sh\necho {uid}\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"}
+    command = _make("-n", "lab", f"PY={sys.executable}", "LAB_ARGS=--port=8899 --no-browser", env=env)
+    line = next(ln for ln in command.splitlines() if "jupyter lab" in ln)
+    assert ("--allow-root" in line) is root, line
+    assert line.rstrip().endswith("--port=8899 --no-browser"), line
+
+
+@needs_make
+def test_make_help_names_every_target():
+    makefile = (REPO_ROOT / "Makefile").read_text()
+    targets = {t for line in re.findall(r"^\.PHONY:(.*)$", makefile, re.MULTILINE) for t in line.split()}
+    listed = set(re.findall(r"make ([a-z][\w-]*)", _make("help")))
+    assert targets - {"help"} and targets - {"help"} <= listed, sorted(targets - listed - {"help"})
+
+
 @pytest.fixture(scope="module")
 def lab_server(tmp_path_factory):
+    """JupyterLab started by ``make lab`` (as root where the tests run as root: CI does), on a free port."""
     pytest.importorskip("jupyterlab")
     pytest.importorskip("jupytext")
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
     port, token = _free_port(), secrets.token_hex(16)
     runtime = tmp_path_factory.mktemp("jupyter-runtime")
-    env = {**os.environ, "JUPYTER_CONFIG_PATH": str(REPO_ROOT / ".jupyter"), "JUPYTER_RUNTIME_DIR": str(runtime),
-           "JUPYTER_TOKEN": token}
+    env = {**os.environ, "JUPYTER_RUNTIME_DIR": str(runtime), "JUPYTER_TOKEN": token}
+    env.pop("JUPYTER_CONFIG_PATH", None)
     log = runtime / "server.log"
+    lab_args = f"--no-browser --port={port} --ServerApp.port_retries=0 --ServerApp.root_dir={REPO_ROOT}"
     with open(log, "wb") as f:
-        proc = subprocess.Popen([sys.executable, "-m", "jupyter", "lab", "--no-browser", f"--port={port}",
-                                 "--ServerApp.port_retries=0", f"--ServerApp.root_dir={REPO_ROOT}",
-                                 *(["--allow-root"] if os.geteuid() == 0 else [])],  # CI runs as root
-                                env=env, stdout=f, stderr=subprocess.STDOUT, cwd=REPO_ROOT)
+        proc = subprocess.Popen(["make", "-s", "-C", str(REPO_ROOT), "lab", f"PY={sys.executable}",
+                                 f"LAB_ARGS={lab_args}"], env=env, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)   # its own process group: make, the shell and Jupyter
     base = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 90
@@ -66,16 +103,18 @@ def lab_server(tmp_path_factory):
                 _get(f"{base}/api/status", token)
                 break
             except (urllib.error.URLError, ConnectionError, OSError):
-                if proc.poll() is not None or time.time() > deadline:
-                    pytest.skip(f"jupyter-server could not start: {log.read_text()[-500:]}")
+                if proc.poll() is not None:            # e.g. Jupyter refusing root without --allow-root
+                    pytest.fail(f"make lab exited with {proc.returncode}: {log.read_text()[-800:]}")
+                if time.time() > deadline:
+                    pytest.skip(f"jupyter-server did not answer within 90 s: {log.read_text()[-500:]}")
                 time.sleep(0.5)
         yield base, token, log
     finally:
-        proc.terminate()
+        os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_contents_api_serves_the_py_source_as_a_notebook(lab_server):
