@@ -243,10 +243,15 @@ class Run:
         print(text)
         return text
 
-    def say(self, template: str, **values: Any) -> str:
-        """Render Markdown whose numbers come from the recorded results: ``{key:fmt}`` is replaced by
-        ``results[key]`` (keys may contain ``/``), ``{key.verdict}`` reads a field of a recorded comparison,
-        and ``values`` add names of their own. Displayed as Markdown in Jupyter (printed elsewhere); returned."""
+    def render(self, template: str, **values: Any) -> str:
+        """The Markdown text of ``template`` with its numbers from the recorded results: ``{key:fmt}`` is replaced
+        by ``results[key]`` (keys may contain ``/``), ``{key.verdict}`` reads a field of a recorded comparison (or
+        of a claim, or a family-corrected field such as ``{key.verdict_adjusted}``), and ``values`` add names of
+        their own.
+
+        Raises:
+            KeyError: a name that is neither recorded nor in ``values``.
+        """
         out = []
         for literal, field_name, spec, conv in string.Formatter().parse(template):
             out.append(literal)
@@ -256,18 +261,22 @@ class Run:
             if conv:
                 value = {"r": repr, "s": str, "a": ascii}[conv](value)
             out.append(format(value, spec or ""))
-        text = "".join(out)
+        return "".join(out)
+
+    def say(self, template: str, **values: Any) -> None:
+        """Show :meth:`render`'s text: as Markdown in Jupyter, printed elsewhere. Returns nothing, so a cell that
+        ends with ``run.say(...)`` shows the text once (use :meth:`render` for the string)."""
+        text = self.render(template, **values)
         try:
             from IPython import get_ipython
             from IPython.display import Markdown, display
 
             if get_ipython() is not None:
                 display(Markdown(text))
-                return text
+                return
         except ImportError:  # pragma: no cover - IPython ships with the notebook stack
             pass
         print(text)
-        return text
 
     def _lookup(self, field_name: str, values: dict[str, Any]) -> Any:
         if field_name in values:

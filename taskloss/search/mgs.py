@@ -231,7 +231,7 @@ class MGS(torch.optim.Optimizer):
 
     @property
     def mode(self) -> str:
-        """How candidates are scored: ``"vmap"``, ``"vmap_forward"`` or ``"loop"``."""
+        """The way candidates are scored, ``"vmap"``, ``"vmap_forward"`` or ``"loop"``."""
         return self.scorer.mode
 
     def state_dict(self) -> dict[str, Any]:

@@ -31,7 +31,7 @@ def test_a_claim_is_recorded_printed_and_not_enforced_outside_strict_mode(tmp_pa
     assert saved["strict"] is False
     table = run.claims_table()
     assert table.startswith("1 of 2 claims hold.") and "✗ **not held**" in table
-    assert run.say("{pg/gain.held} / {mgs/ess.value}") == "False / 3.5"
+    assert run.render("{pg/gain.held} / {mgs/ess.value}") == "False / 3.5"
 
 
 def test_strict_mode_enforces_claims_after_saving_them(tmp_path):
@@ -97,7 +97,7 @@ def test_comparison_table_is_one_family_with_holm_by_default(tmp_path, capsys):
     assert set(saved["adjusted"]) == {"strong", "weak", "none"}
     assert saved["adjusted"]["strong"]["verdict_adjusted"] == "better"
     assert "p_adjusted" not in saved["results"]["strong"]           # the recorded comparison stays as recorded
-    assert run.say("{strong.verdict_adjusted} {strong.family_size}") == "better 3"
+    assert run.render("{strong.verdict_adjusted} {strong.family_size}") == "better 3"
     with pytest.raises(KeyError, match="no comparison"):
         run.comparison_table(["missing"])
     assert "adjusted p" not in run.comparison_table(correction=None)

@@ -167,9 +167,11 @@ def test_run_compare_records_and_say_renders(tmp_path, capsys):
     table = run.comparison_table()
     assert "new vs old" in table and "**better**" in table
     run.record("x/loss", 0.123456)
-    text = run.say("loss {x/loss:.3f}; verdict {x/acc.verdict}; effect {x/acc.effect:+.2f}; n={n}", n=4)
+    text = run.render("loss {x/loss:.3f}; verdict {x/acc.verdict}; effect {x/acc.effect:+.2f}; n={n}", n=4)
     assert text == "loss 0.123; verdict better; effect +0.11; n=4"
-    assert text in capsys.readouterr().out
+    capsys.readouterr()
+    assert run.say("loss {x/loss:.3f}") is None                     # shown once, not also returned
+    assert "loss 0.123" in capsys.readouterr().out
     with pytest.raises(KeyError, match="no recorded result"):
         run.say("{missing}")
 
