@@ -90,6 +90,7 @@ test-fast: $(STAMP)
 
 notebooks: $(STAMP)
 	$(SERIAL) $(PY) -m taskloss.runner refresh $(NOTEBOOKS)
+	$(PY) docs/expected_results.py
 
 sync: $(STAMP)
 	$(PY) -m jupytext --sync $(NOTEBOOKS)

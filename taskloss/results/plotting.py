@@ -71,9 +71,11 @@ def bounded_interval(low, high, bounds, *, clip: bool = False, what: str = "inte
 
 
 def mean_interval(values, confidence: float = 0.95, axis: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(mean, low, high) of ``values`` along ``axis`` (the seeds): Student-t interval of the mean; with one seed
-    the interval collapses to the mean. (A figure draws the interval only from :data:`MIN_SEEDS_FOR_INTERVAL`
-    seeds; the numbers stay available for tables.)"""
+    """The mean of ``values`` along ``axis`` (the seeds) and its Student-t interval, ``(mean, low, high)``.
+
+    With one seed the interval collapses to the mean. A figure draws the interval only from
+    :data:`MIN_SEEDS_FOR_INTERVAL` seeds; the numbers stay available for tables.
+    """
     from scipy import stats
 
     v = np.asarray(values, dtype=np.float64)
