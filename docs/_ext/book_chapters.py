@@ -36,7 +36,7 @@ class Chapter:
     headline: str          # template over the committed headline results
     scope: str             # what the notebook does, in full
     sources: str           # every source, Markdown
-    findings: str          # prose written from the runs, full-scale ones included
+    findings: str          # what the committed run found: a template over its recorded values, like headline
 
     @property
     def notebook(self) -> Path:
@@ -90,10 +90,30 @@ class _Headline(string.Formatter):
                        f"not record; its headline results are {sorted(self.values)}")
 
 
+def _values(chapter: Chapter) -> dict[str, Any]:
+    """The committed headline results, each recorded comparison with its family-corrected fields
+    (``{key.verdict_adjusted}``), and the claims as ``claim/<key>`` (``{claim/<key>.held}``)."""
+    meta = notebook_metadata(chapter.notebook)
+    values = dict(meta.get("headline", {}))
+    for key, adjusted in (meta.get("adjusted") or {}).items():
+        if isinstance(values.get(key), dict) and isinstance(adjusted, dict):
+            values[key] = {**values[key], **adjusted}
+    for key, claim in (meta.get("claims") or {}).items():
+        values[f"claim/{key}"] = claim
+    return values
+
+
 def render_headline(chapter: Chapter, headline: dict[str, Any] | None = None) -> str:
     """The chapter's headline sentence with the numbers of its committed notebook."""
-    values = notebook_metadata(chapter.notebook).get("headline", {}) if headline is None else headline
+    values = _values(chapter) if headline is None else headline
     return _Headline(values, chapter.stem).format(chapter.headline)
+
+
+def render_findings(chapter: Chapter, headline: dict[str, Any] | None = None) -> str:
+    """The chapter's findings with the numbers of its committed notebook (a template, like the headline: a
+    number in the text is a ``{key:format}`` field, so it cannot drift from the committed run)."""
+    values = _values(chapter) if headline is None else headline
+    return _Headline(values, chapter.stem).format(chapter.findings)
 
 
 def _seconds(s: float) -> str:
@@ -202,5 +222,5 @@ def results_page(chapters: list[Chapter], *, book: bool = False) -> str:
                 f"**Runtime of the committed run.** {runtime_text(meta)}" + (f" ({machine})" if machine else "") + ".",
                 "", "| headline result | committed value |", "|---|---|"]
         out += [f"| `{key}` | {value} |" for key, value in headline_rows(meta)]
-        out += ["", f"**What the runs found.** {ch.findings}"]
+        out += ["", f"**What the runs found.** {render_findings(ch)}"]
     return "\n".join(out) + "\n"

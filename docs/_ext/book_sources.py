@@ -38,6 +38,7 @@ from book_chapters import (
     load_chapters,
     notebook_metadata,
     render_headline,
+    render_findings,
     repository_url,
     results_page,
     runtime_text,
@@ -418,7 +419,7 @@ def _chapter_box(chapter: Chapter, repo_url: str | None) -> str:
     fields = [("Question", chapter.scope), ("Sources", chapter.sources),
               ("In one line", render_headline(chapter) + "."),
               ("Runtime of the committed run", runtime_text(meta) + (f" ({machine})" if machine else "")),
-              ("What the runs found", chapter.findings), ("The notebook", " · ".join(get))]
+              ("What the runs found", render_findings(chapter)), ("The notebook", " · ".join(get))]
     lines = [":::{admonition} At a glance", ":class: tip taskloss-glance", ""]
     for label, value in fields:
         lines += [f"**{label}.** {_site_markdown(value)}", ""]

@@ -70,6 +70,8 @@ def refresh(paths: list[Path], *, timeout: float = 1800, out: Path = RUNS_DIR / 
         nb.metadata["taskloss"] = {
             "headline": {k: recorded["results"][k] for k in recorded.get("headline", [])},
             "fingerprint": fingerprint,
+            "claims": recorded.get("claims") or {},
+            "adjusted": recorded.get("adjusted") or {},
             "runtime": {"wall_s": seconds, "cpu_s": res.get("cpu_seconds"),
                         "threads": (fingerprint or {}).get("threads")},
         }
