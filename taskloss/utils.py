@@ -25,8 +25,36 @@ from pathlib import Path
 from typing import Callable, Iterable, Mapping
 
 import numpy as np
-import torch
-from torch import Tensor, nn
+
+
+class _Lazy:
+    """A module (or a name in one) imported on first use: the runner's command line and the results API import
+    this module, and ``python -m taskloss.runner --help`` should not wait for torch (seconds on a busy machine)."""
+
+    def __init__(self, module: str, name: str | None = None, *, bind: str | None = None):
+        self._where, self._bind = (module, name), bind
+
+    def _load(self):
+        module, name = self._where
+        value = importlib.import_module(module)
+        value = getattr(value, name) if name else value
+        if self._bind and globals().get(self._bind) is self:    # later uses in this module see the real object
+            globals()[self._bind] = value
+        return value
+
+    def __getattr__(self, attr: str):
+        return getattr(self._load(), attr)
+
+    def __instancecheck__(self, obj) -> bool:      # isinstance(x, Tensor)
+        return isinstance(obj, self._load())
+
+    def __subclasscheck__(self, cls) -> bool:
+        return issubclass(cls, self._load())
+
+
+torch = _Lazy("torch", bind="torch")
+nn = _Lazy("torch.nn", bind="nn")
+Tensor = _Lazy("torch", "Tensor", bind="Tensor")
 
 __all__ = [
     "REPO_ROOT", "DATA_DIR", "RUNS_DIR", "atomic_write_text",

@@ -36,7 +36,6 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import numpy as np
-import torch
 
 from taskloss.results.compare import Comparison, adjust, comparison_table, paired_comparison
 from taskloss.results.fingerprint import numerics_fingerprint, same_numerics
@@ -52,7 +51,7 @@ from taskloss.results.headlines import (
     mismatch_message,
     portable_difference,
 )
-from taskloss.utils import RUNS_DIR, atomic_write_text, resolve_device, seed_everything
+from taskloss.utils import RUNS_DIR, atomic_write_text, resolve_device, seed_everything, torch
 
 __all__ = ["Run", "start", "RESULTS_FILE", "ClaimNotHeld"]
 

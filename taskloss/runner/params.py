@@ -38,6 +38,7 @@ import yaml
 __all__ = [
     "Parameter", "ParameterError", "read_notebook", "notebook_parameters", "coerce", "validate_overrides",
     "load_yaml_params", "parse_cli_value", "expand_grid", "check_constraints", "YAML12Loader",
+    "percent_cells_tagged",
 ]
 
 
@@ -143,6 +144,33 @@ def _parse_bounds(name: str, comment: str) -> tuple[tuple[tuple[str, float], ...
     return tuple(bounds), allow_inf
 
 
+_PERCENT_CELL = re.compile(r"^# %%(?P<rest>.*)$")
+_TAGS = re.compile(r"""tags\s*=\s*\[(?P<tags>[^\]]*)\]""")
+
+
+def percent_cells_tagged(text: str, tag: str) -> list[str]:
+    """The sources of the cells of a jupytext percent-format text (``# %%`` cell markers) that carry ``tag`` — what
+    ``jupytext.reads(text).cells`` gives for them, without importing the notebook stack (seconds): the runner reads
+    a notebook's parameters through this. ``tests/runner/test_params.py`` checks it against jupytext on every
+    notebook."""
+    cells: list[tuple[list[str], list[str]]] = []
+    for line in text.splitlines():
+        m = _PERCENT_CELL.match(line)
+        if m:
+            tags = _TAGS.search(m.group("rest"))
+            names = [t.strip().strip("'\"") for t in tags.group("tags").split(",")] if tags else []
+            cells.append((names, []))
+        elif cells:
+            cells[-1][1].append(line)
+    out = []
+    for names, lines in cells:
+        if tag in names:
+            while lines and not lines[-1].strip():
+                lines.pop()
+            out.append("\n".join(lines).strip("\n"))
+    return out
+
+
 def notebook_parameters(nb_or_path) -> dict[str, Parameter]:
     """The parameters of a notebook's ``parameters``-tagged cell, with declared type, default, help and bounds.
 
@@ -150,11 +178,14 @@ def notebook_parameters(nb_or_path) -> dict[str, Parameter]:
     and layout cannot hide a parameter; the type is the annotation, else the type of the literal default. The
     help text is the comment on the parameter's line (as ``papermill --help-notebook`` shows it).
     """
-    nb = read_notebook(nb_or_path) if isinstance(nb_or_path, (str, Path)) else nb_or_path
-    tagged = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
-    if len(tagged) != 1:
-        raise ParameterError(f"notebook must have exactly one cell tagged 'parameters', found {len(tagged)}")
-    source = tagged[0].source
+    if isinstance(nb_or_path, (str, Path)) and Path(nb_or_path).suffix == ".py" and Path(nb_or_path).exists():
+        cells = percent_cells_tagged(Path(nb_or_path).read_text(encoding="utf-8"), "parameters")
+    else:
+        nb = read_notebook(nb_or_path) if isinstance(nb_or_path, (str, Path)) else nb_or_path
+        cells = [c.source for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    if len(cells) != 1:
+        raise ParameterError(f"notebook must have exactly one cell tagged 'parameters', found {len(cells)}")
+    source = cells[0]
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:

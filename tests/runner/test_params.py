@@ -2,12 +2,15 @@
 help comments."""
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from taskloss.runner import runs
 from taskloss.runner.cli import describe_parameters, main
+from taskloss.utils import REPO_ROOT
 from taskloss.runner.params import (
     ParameterError,
     check_constraints,
@@ -122,3 +125,23 @@ def test_cli_options_have_help_texts(capsys):
                           ("--grid NAME=V1,V2", "sweep a parameter"), ("--jobs N", "runs at once"),
                           ("--executor", "submitit")]:
         assert option in text and words in text, option
+
+
+@pytest.mark.parametrize("py", sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py")), ids=lambda p: p.stem)
+def test_the_fast_parameters_reader_equals_jupytext(py):
+    import jupytext
+
+    from taskloss.runner.params import percent_cells_tagged
+
+    text = py.read_text(encoding="utf-8")
+    expected = [c.source for c in jupytext.reads(text, fmt="py:percent").cells
+                if "parameters" in c.metadata.get("tags", [])]
+    assert percent_cells_tagged(text, "parameters") == expected
+
+
+def test_the_parameters_command_answers_without_the_notebook_stack():
+    """`params` and `--help` import neither torch nor jupytext (seconds on a busy machine)."""
+    code = ("import sys; from taskloss.runner.cli import main; main(['params', '01']); "
+            "print('HEAVY', sorted(m for m in ('torch', 'jupytext', 'nbformat') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "Parameters of 01_" in out and "HEAVY []" in out
