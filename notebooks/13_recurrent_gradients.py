@@ -596,8 +596,8 @@ initialization, $\gamma$ = {clip:g} rescaled {clip/rnn/fraction_clipped:.0%} of 
 # %% [markdown]
 # > **Errata to the source.** Su's post ([kexue.fm/archives/7888](https://kexue.fm/archives/7888)) writes one step
 # > of the cell recursion as
-# > $\frac{\partial c_t}{\partial c_{t-1}} = f_t + c_{t-1}\frac{\partial f_t}{\partial c_{t-1}}
-# > + g_t\frac{\partial i_t}{\partial c_{t-1}} + i_t\frac{\partial g_t}{\partial c_{t-1}}$.
+# > $\frac{\partial c_t}{\partial c_{t-1}} = f_t + c_{t-1}\frac{\partial f_t}{\partial c_{t-1}} +
+# > g_t\frac{\partial i_t}{\partial c_{t-1}} + i_t\frac{\partial g_t}{\partial c_{t-1}}$.
 # > It treats the last three terms as secondary, so that $f_t \in (0, 1)$ leaves little room for explosion. Section
 # > 2 shows what those terms are: $\frac{\partial c_t}{\partial h_{t-1}}\operatorname{diag}(o_{t-1}\tanh'(c_{t-1}))$,
 # > which compound over many steps. Whether they stay secondary depends on the network, not on the algebra:
