@@ -12,39 +12,48 @@
 # # 15 · Integrated gradients: attribution as a path integral of the gradient
 #
 # *Attribution* asks which components of an input $x$ a model's output $F(x)$ owes its value to: a score per
-# pixel of an image, per token of a sentence. The first idea is the gradient $\nabla_x F(x)$ — how strongly $F$
-# reacts to each component. It fails exactly where a network is most sure of itself: a saturated unit (a
-# confident softmax, a clipped ReLU) has a near-zero gradient however much its input mattered.
+# pixel of an image, per token of a sentence. The first idea is the gradient $\nabla_x F(x)$, how strongly $F$
+# reacts to each component. It fails exactly where a network is most sure of itself. A saturated unit (a
+# confident softmax, a clipped ReLU) has a near-zero gradient, however much its input mattered.
 # **Integrated gradients** replaces the gradient at one point by its integral along a path from a *baseline*
-# $x'$ to $x$, which splits $F(x) - F(x')$ over the components *exactly*.
+# $x'$ to $x$. That splits $F(x) - F(x')$ over the components *exactly*.
+
+# %% [markdown]
+# **Question.** Why does the path integral fix the saturated gradient? How accurately does a finite sum of
+# gradients approximate the integral, and with which rule? How much does the choice of baseline change the
+# explanation? Does the explanation depend on what the model learned at all?
 #
-# **Question.** Why does the path integral fix the saturated gradient; how accurately does a finite sum of
-# gradients approximate the integral, and with which rule; how much does the choice of baseline change the
-# explanation; and does the explanation depend on what the model learned at all?
+# **Sources.**
+# - Su Jianlin, *积分梯度：一种新颖的神经网络可视化方法* (Integrated gradients: a novel way to visualize neural
+#   networks), Scientific Spaces, 2020, [kexue.fm/archives/7533](https://kexue.fm/archives/7533). It derives the
+#   method from a first-order expansion.
+# - M. Sundararajan, A. Taly, Q. Yan, *Axiomatic attribution for deep networks*, ICML 2017,
+#   [arXiv:1703.01365](https://arxiv.org/abs/1703.01365). It defines the method by axioms; the same authors'
+#   *Gradients of counterfactuals*, [arXiv:1611.02639](https://arxiv.org/abs/1611.02639), introduced it.
+# - J. Adebayo, J. Gilmer, M. Muelly, I. Goodfellow, M. Hardt, B. Kim, *Sanity checks for saliency maps*,
+#   NeurIPS 2018, [arXiv:1810.03292](https://arxiv.org/abs/1810.03292): the randomization test.
+# - G. Erion, J. D. Janizek, P. Sturmfels, S. M. Lundberg, S.-I. Lee, *Improving performance of deep learning
+#   models with axiomatic attribution priors and expected gradients*, Nature Machine Intelligence 2021,
+#   [arXiv:1906.10670](https://arxiv.org/abs/1906.10670): expected gradients.
 #
-# Sources: the essay *积分梯度：一种新颖的神经网络可视化方法* ("Integrated gradients: a novel way to visualize
-# neural networks"; Su Jianlin, kexue.fm, 2020), which derives the method from a first-order expansion;
-# Sundararajan, Taly & Yan, *Axiomatic Attribution for Deep Networks* (ICML 2017), which defines it by axioms;
-# Adebayo et al., *Sanity Checks for Saliency Maps* (NeurIPS 2018) for the randomization test. Package code:
-# `taskloss.attribution` (reference implementation compared against in the tests: Captum's
-# `IntegratedGradients`).
+# **Package code.** `taskloss.attribution`, tested against Captum's `IntegratedGradients`.
 
 # %% tags=["parameters"]
-seed: int = 0
-device: str = "auto"
-output_dir: str = ""
-cnn_width: int = 8           # channels of the digits CNN's first convolution
-mlp_hidden: int = 64         # width of the smooth (tanh) digits MLP
-train_steps: int = 200       # Adam steps (batch 64) for each trained model
-lr: float = 0.005
-n_images: int = 32           # test digits whose attributions are compared
-n_sweep: int = 8             # test digits in the steps-vs-error sweep
-max_steps: int = 256         # largest number of quadrature nodes in the sweep
-ig_steps: int = 32           # Gauss–Legendre nodes for the maps and the sanity check
-blur_sigma: float = 1.0      # pixels, blurred baseline
-noise_std: float = 0.3       # Gaussian-noise baseline around the input
-eg_references: int = 16      # training digits in the expected-gradients baseline set
-n_random_seeds: int = 5      # re-initialisation seeds of the sanity check (and retrained reference models)
+seed: int = 0                # [>= 0] seed of the models' training, the noise baselines and the randomization
+device: str = "auto"         # "auto" (cuda when available), "cpu" or "cuda"
+output_dir: str = ""         # run folder; "" lets the runner choose (runs/interactive/… by hand)
+cnn_width: int = 8           # [>= 1] channels of the digits CNN's first convolution
+mlp_hidden: int = 64         # [>= 1] width of the smooth (tanh) digits MLP
+train_steps: int = 200       # [>= 1] Adam steps (batch 64) for each trained model
+lr: float = 0.005            # [> 0] Adam learning rate
+n_images: int = 32           # [>= 4] test digits whose attributions are compared (4 are drawn)
+n_sweep: int = 8             # [>= 3] test digits in the steps-vs-error sweep (a paired verdict needs 3)
+max_steps: int = 256         # [>= 16] largest number of quadrature nodes in the sweep (16 is compared)
+ig_steps: int = 32           # [>= 1] Gauss–Legendre nodes for the maps and the sanity check
+blur_sigma: float = 1.0      # [> 0] pixels, blurred baseline
+noise_std: float = 0.3       # [> 0] Gaussian-noise baseline around the input
+eg_references: int = 16      # [>= 1] training digits in the expected-gradients baseline set
+n_random_seeds: int = 5      # [>= 3] re-initialisation seeds of the sanity check (and retrained reference models)
 
 # %%
 import copy
@@ -59,25 +68,17 @@ from scipy.integrate import quad
 from tqdm.auto import tqdm
 
 import taskloss.results
-from taskloss.attribution import (
-    METHODS,
-    EmbeddingIntegratedGradients,
-    IntegratedGradients,
-    baseline_set,
-    blurred_baseline,
-    captum_trapezoid_factor,
-    cascading_randomization,
-    gaussian_noise_baseline,
-    plot_tokens,
-    spearman_correlation,
-    tokens_html,
-    uniform_noise_baseline,
-)
+from taskloss.attribution import (METHODS, EmbeddingIntegratedGradients, IntegratedGradients, baseline_set,
+                                  blurred_baseline, captum_trapezoid_factor, cascading_randomization,
+                                  gaussian_noise_baseline, plot_tokens, spearman_correlation, tokens_html,
+                                  uniform_noise_baseline)
 from taskloss.datasets import digits_images, load_digits_splits
 from taskloss.lm import load_pretrained_lm
 from taskloss.models import MLP, SmallCNN
+from taskloss.results.headlines import Tolerance, seed_spread
 from taskloss.results.plotting import bars_with_interval, label_axes, mean_interval, show
 
+# %%
 t_start = time.time()
 run = taskloss.results.start("15_integrated_gradients", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
@@ -86,18 +87,19 @@ print("device:", dev)
 # %% [markdown]
 # ## 1 · The gradient as an attribution, and where it fails
 #
-# Compare the input $x$ with a reference input $x'$ — the **baseline**, "the input with the information
-# removed" (a black image, zero embeddings). To first order around $x$,
+# Compare the input $x$ with a reference input $x'$, the **baseline**: "the input with the information removed"
+# (a black image, zero embeddings). To first order around $x$,
 #
 # $$F(x) - F(x') \approx \nabla F(x)\cdot(x - x') = \sum_i \underbrace{\partial_i F(x)\,(x_i - x'_i)}_{\text{share of component } i}.$$
 #
-# Read this way (the essay's reading), the gradient times the displacement *is* an attribution: the total
-# change of $F$ written as a sum of per-component shares. Its only defect is that the expansion is first order.
-# When $F$ is **saturated** near $x$ — flat there, after having risen steeply on the way from $x'$ — the
-# shares add up to almost nothing although $F$ changed a lot.
+# Read this way, as Su reads it, the gradient times the displacement *is* an attribution: the total change of $F$
+# written as a sum of per-component shares. Its only defect is that the expansion is first order. Suppose $F$ is
+# **saturated** near $x$: flat there, after rising steeply on the way from $x'$. Then the shares add up to
+# almost nothing, although $F$ changed a lot.
 #
 # A model small enough to see: $F(x) = \tanh(w\cdot x)$ with $w = (3, 1)$, the input $x = (1, 1)$ and the
 # baseline $x' = 0$. Both features pushed $F$ from $0$ to $\tanh 4 \approx 1$, feature 1 three times as hard.
+# The numbers below are fixed (no parameter enters), so their checks are identities.
 
 # %%
 w_sat = torch.tensor([3.0, 1.0], dtype=D)
@@ -112,7 +114,7 @@ share_grad = float(grad_x_input.sum()) / delta_f_sat
 print(f"F(x) − F(x′) = {delta_f_sat:.5f};  gradient × (x − x′) = {grad_x_input.tolist()[0]}, "
       f"sum {grad_x_input.sum():.5f} = {100 * share_grad:.2f} % of it")
 assert share_grad < 0.01          # the saturated gradient accounts for under 1 % of the change
-run.record("saturated/gradient_share_of_change", share_grad)
+_ = run.record("saturated/gradient_share_of_change", share_grad)
 
 # %% [markdown]
 # ## 2 · The exact version: integrate the gradient along a path
@@ -124,16 +126,17 @@ run.record("saturated/gradient_share_of_change", share_grad)
 # = \sum_i \int_0^1 \partial_i F(\gamma(\alpha))\,\gamma_i'(\alpha)\,d\alpha .$$
 #
 # This has the shape of the first-order split, but it is an identity. On the straight line
-# $\gamma(\alpha) = x' + \alpha(x - x')$, $\gamma_i' = x_i - x'_i$ and the share of component $i$ is the
+# $\gamma(\alpha) = x' + \alpha(x - x')$ we have $\gamma_i' = x_i - x'_i$, and the share of component $i$ is the
 # **integrated gradient**
 #
 # $$\mathrm{IG}_i(x; x') = (x_i - x'_i)\int_0^1 \partial_i F\big(x' + \alpha(x - x')\big)\,d\alpha ,
 # \qquad \sum_i \mathrm{IG}_i = F(x) - F(x') \quad\text{(completeness)}.$$
 #
 # The gradient at the single point $x$ is replaced by its average over the whole path, so a flat end does not
-# hide the steep part. Check: each component's integral by adaptive quadrature (`scipy.integrate.quad`), their
-# sum against $F(x) - F(x')$, and the closed form for a function of one projection, $F = \varphi(w\cdot x)$ with
-# $x' = 0$: $\mathrm{IG}_i = \frac{w_i x_i}{w\cdot x}\,(\varphi(w\cdot x) - \varphi(0))$.
+# hide the steep part. The check computes each component's integral by adaptive quadrature
+# (`scipy.integrate.quad`) and compares their sum with $F(x) - F(x')$. A function of one projection,
+# $F = \varphi(w\cdot x)$ with $x' = 0$, also has a closed form:
+# $\mathrm{IG}_i = \frac{w_i x_i}{w\cdot x}\,(\varphi(w\cdot x) - \varphi(0))$.
 
 # %%
 def path_partial(i: int, a: float) -> float:
@@ -150,10 +153,10 @@ print(f"IG = {ig_quad.tolist()[0]}  (sum {ig_quad.sum():.5f}; closed form {ig_cl
 
 # %% [markdown]
 # In practice the integral is a weighted sum over $m$ points of the path, $\int_0^1 g \approx \sum_k w_k
-# g(\alpha_k)$: $m$ gradient evaluations, all independent, so they run as one batch. The paper's version uses
-# the right Riemann sum $\alpha_k = k/m$, $w_k = 1/m$. From scratch, then the same with the package (which
-# batches the $m$ points into one forward/backward pass and returns the completeness error
-# $\sum_i \mathrm{IG}_i - (F(x) - F(x'))$ with the attributions):
+# g(\alpha_k)$. That is $m$ gradient evaluations, all independent, so they run as one batch. The paper's version
+# uses the right Riemann sum $\alpha_k = k/m$, $w_k = 1/m$. Below it is written from scratch, then compared with
+# the package. The package batches the $m$ points into one forward/backward pass and returns the completeness
+# error $\sum_i \mathrm{IG}_i - (F(x) - F(x'))$ with the attributions.
 
 # %%
 def ig_from_scratch(f, x, x0, m):
@@ -172,7 +175,7 @@ gl_sat = IntegratedGradients(f_sat).attribute(x_sat, baselines=x0_sat, n_steps=1
 torch.testing.assert_close(gl_sat.attributions, ig_closed, rtol=1e-6, atol=1e-8)
 print(f"right Riemann, 50 nodes: completeness error {float(res_sat.completeness_error):+.2e}; "
       f"Gauss–Legendre, 16 nodes: {float(gl_sat.completeness_error):+.2e}")
-run.record("saturated/ig_share_feature1", float(ig_closed[0, 0]) / delta_f_sat)
+_ = run.record("saturated/ig_share_feature1", float(ig_closed[0, 0]) / delta_f_sat)
 
 # %%
 alphas = torch.linspace(0, 1, 201, dtype=D)
@@ -200,9 +203,9 @@ show(fig, "left, along the straight path from the baseline x′ to x: F and each
 # ## 3 · A trained classifier saturates too
 #
 # The same failure on a real network: a small CNN trained on the 8×8 digits, explained for the probability of
-# the class it predicts, against the black image. A confident softmax is flat in its logits, so
-# $\sum_i \partial_i p(x)(x_i - x'_i)$ is a small fraction of $p(x) - p(x')$, while integrated gradients accounts
-# for all of it (up to the quadrature error). A smooth tanh MLP is trained beside it for section 4.
+# the class it predicts, against the black image. A confident softmax is flat in its logits. So
+# $\sum_i \partial_i p(x)(x_i - x'_i)$ should be a small fraction of $p(x) - p(x')$, while integrated gradients
+# accounts for all of it, up to the quadrature error. A smooth tanh MLP trains beside it for section 4.
 
 # %%
 (X_train, y_train), _, (X_test, y_test) = load_digits_splits(0)
@@ -226,6 +229,7 @@ def train(model, inputs, seed_: int):
         return model, float((model(test_in).argmax(-1) == y_test).float().mean())
 
 
+# %%
 torch.manual_seed(seed)
 cnn, cnn_acc = train(SmallCNN(width=cnn_width).to(dev), images_train, seed)
 torch.manual_seed(seed + 1000)
@@ -233,7 +237,8 @@ mlp, mlp_acc = train(MLP(64, (mlp_hidden, mlp_hidden), 10, activation="tanh").to
 run.record("cnn/test_accuracy", cnn_acc)
 run.record("mlp/test_accuracy", mlp_acc)
 print(f"test accuracy: CNN {cnn_acc:.3f}, tanh MLP {mlp_acc:.3f}")
-assert cnn_acc > 0.85 and mlp_acc > 0.85
+_ = run.claim("train/both_learned", "the CNN and the tanh MLP both reach over 85 % test accuracy",
+              cnn_acc > 0.85 and mlp_acc > 0.85, value=[cnn_acc, mlp_acc], bound="> 0.85")
 
 # %%
 x_img, y_img = images_test[:n_images], y_test[:n_images]
@@ -247,16 +252,23 @@ share_g = (g_img * x_img).flatten(1).sum(1) / ig_prob.output_difference
 share_ig = ig_prob.attributions.flatten(1).sum(1) / ig_prob.output_difference
 print(f"median share of p(x) − p(x′) accounted for: gradient × input {share_g.median():.3f}, "
       f"integrated gradients {share_ig.median():.4f}")
-run.record("cnn/prob_gradient_share_median", float(share_g.median()), headline=True)
+run.record("cnn/prob_gradient_share_median", float(share_g.median()), headline=True,
+           across_machines=Tolerance(atol=0.01, reason="a median share of a trained CNN's output change, near 0 "
+                                                       "while the softmax saturates; 0.01 allows a 4× change"))
 run.record("cnn/prob_ig_share_median", float(share_ig.median()))
-assert float((share_ig - 1).abs().median()) < 0.05        # IG is complete up to the quadrature error
+run.claim("cnn/gradient_misses_ig_completes", "the gradient accounts for under half of p(x) − p(x′), integrated "
+          "gradients for more than half", float(share_g.median()) < 0.5 < float(share_ig.median()),
+          value=[float(share_g.median()), float(share_ig.median())], bound="median shares < 0.5 < …")
+_ = run.claim("cnn/ig_complete_within_5pc", f"with {ig_steps} Gauss–Legendre nodes integrated gradients is complete "
+              "within 5 %", float((share_ig - 1).abs().median()) < 0.05,
+              value=float((share_ig - 1).abs().median()), bound="median |share − 1| < 0.05")
 
 # %% [markdown]
 # ## 4 · From the integral to a sum: which rule, how many steps
 #
 # The completeness error of integrated gradients is exactly the error of a one-dimensional quadrature of
-# $g(\alpha) = \frac{d}{d\alpha}F(\gamma(\alpha))$, so the classical error laws apply. With $m$ nodes and a
-# smooth $g$ (Euler–Maclaurin for the Riemann rules):
+# $g(\alpha) = \frac{d}{d\alpha}F(\gamma(\alpha))$. So the classical error laws apply; with $m$ nodes and a smooth
+# $g$ they are (Euler–Maclaurin for the Riemann rules):
 #
 # | rule | nodes $\alpha_k$ | leading error |
 # |---|---|---|
@@ -264,12 +276,13 @@ assert float((share_ig - 1).abs().median()) < 0.05        # IG is complete up to
 # | midpoint | $(k+\frac12)/m$ | $-\frac{g'(1)-g'(0)}{24m^2}$ — order $1/m^2$ |
 # | trapezoid | $k/(m-1)$, half weight at the ends | $+\frac{g'(1)-g'(0)}{12(m-1)^2}$ — order $1/m^2$ |
 # | Gauss–Legendre | roots of the Legendre polynomial $P_m$ | exact for degree $\le 2m-1$; geometric in $m$ for analytic $g$ |
-#
-# Two models: the tanh MLP, whose $g$ is analytic, and the ReLU CNN (with max-pooling), whose gradient is
-# piecewise constant in the input: $g$ **jumps** wherever a unit switches on or off along the path. A rule
-# cannot locate a jump, and each jump costs $O(1/m)$ whatever the rule — the higher orders need smoothness.
+
+# %% [markdown]
+# Two models: the tanh MLP, whose $g$ is analytic, and the ReLU CNN with max-pooling, whose gradient is
+# piecewise constant in the input. Its $g$ **jumps** wherever a unit switches on or off along the path. A rule
+# cannot locate a jump, and each jump costs $O(1/m)$ whatever the rule: the higher orders need smoothness.
 # The sweep also shows Captum's trapezoid rule, whose weights sum to $(m-1)/m$ (see
-# `taskloss.attribution.quadrature`): its attributions are ours times $(m-1)/m$.
+# `taskloss.attribution.quadrature`). Its attributions are ours times $(m-1)/m$.
 
 # %%
 step_grid = [m for m in (2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512) if m <= max_steps]
@@ -341,8 +354,8 @@ show(fig, "|completeness error| of integrated gradients against the number of qu
 
 # %% [markdown]
 # One paired comparison of the two best rules at equal cost: $\log_{10}$ of the completeness error with
-# $m = 16$ nodes, Gauss–Legendre against the trapezoid rule, paired over the swept digits (the pairs are
-# images here, not seeds: both rules see the same model and inputs).
+# $m = 16$ nodes, Gauss–Legendre against the trapezoid rule. The pairs are the swept digits, not seeds: both rules
+# see the same model and inputs. The verdicts after the family-wise correction come in section 8.
 
 # %%
 m16 = step_grid.index(16)
@@ -367,9 +380,9 @@ for model_name in models:
 # * **expected gradients** — the mean of the integrated gradients over $K$ training digits as baselines, whose
 #   completeness reads $\sum_i \mathrm{EG}_i = F(x) - \frac1K\sum_k F(x'_k)$.
 #
-# A structural consequence of the black baseline: where the input pixel is black too, $x_i - x'_i = 0$ and the
-# attribution is exactly zero, whatever the model does with that pixel — the black baseline cannot say that a
-# missing stroke mattered.
+# The black baseline has a structural consequence. Where the input pixel is black too, $x_i - x'_i = 0$ and the
+# attribution is exactly zero, whatever the model does with that pixel (asserted). The black baseline cannot
+# say that a missing stroke mattered.
 
 # %%
 gen = torch.Generator(device=dev).manual_seed(seed)
@@ -422,13 +435,15 @@ show(fig, "integrated gradients of log p(true class) of the digits CNN for {n_sh
 # %% [markdown]
 # ## 6 · Tokens: attribution in embedding space
 #
-# Token ids are not points of a continuous space, so the path runs through the token **embeddings**: with
-# $e = E[x]\in\mathbb R^{T\times d}$ the input's embeddings and $e'$ the baseline's, integrate along
+# Token ids are not points of a continuous space, so the path runs through the token **embeddings**. Let
+# $e = E[x]\in\mathbb R^{T\times d}$ be the input's embeddings and $e'$ the baseline's. We integrate along
 # $e' + \alpha(e - e')$ and sum each token's $d$ attributions into one score. The model runs unchanged: a hook
-# replaces the embedding layer's output by the path points (what Captum's `LayerIntegratedGradients` does; the
-# package's `EmbeddingIntegratedGradients` is tested equal to it). Below, the committed small LM explains the
-# log-probability of the next token it predicts, against all-zero embeddings, rendered as shaded text (red:
-# the token raised that log-probability; blue: it lowered it; shades compare tokens within a sentence).
+# replaces the embedding layer's output by the path points. That is what Captum's `LayerIntegratedGradients`
+# does, and the package's `EmbeddingIntegratedGradients` is tested equal to it.
+#
+# Below, the committed small LM explains the log-probability of the next token it predicts, against all-zero
+# embeddings. The text is shaded: red tokens raised that log-probability, blue ones lowered it, and shades
+# compare tokens within a sentence.
 
 # %%
 lm, tok = load_pretrained_lm(device=dev)
@@ -448,7 +463,8 @@ for text in prompts:
     display(HTML(tokens_html(words, r.attributions[0].cpu(), title=f"→ “{tok.decode(nxt.tolist())}”")))
 lm_rel = max(float(r.completeness_error.abs() / r.output_difference.abs()) for *_, r in token_rows)
 run.record("lm/max_relative_completeness_error", lm_rel)
-assert lm_rel < 1e-3
+_ = run.claim("lm/ig_complete", f"with {ig_steps} nodes the token attributions are complete within 0.1 %",
+              lm_rel < 1e-3, value=lm_rel, bound="relative completeness error < 1e-3")
 
 # %%
 top_last = np.mean([float(s[-1] / s.abs().sum()) for _, s, _, _ in token_rows])
@@ -468,12 +484,13 @@ show(fig, "each line is one held-out context of the small LM, its tokens shaded 
 # ## 7 · Does the explanation depend on the model? The randomization test
 #
 # Adebayo et al. re-initialise a trained network's layers, from the output layer down ("cascading"), and ask
-# whether the attribution maps change. If the map of a network with random weights still looks like the
-# trained network's, the method explains the *input* (edges, bright pixels), not the model. Similarity is
-# the Spearman rank correlation $\rho$ between maps, computed on the signed maps and on their absolute values.
-# To calibrate $\rho$, the same is measured between the trained CNN and CNNs **retrained** from other seeds —
-# models that learned the same task. Each re-initialisation seed gives one value (mean over the
-# `n_images` digits); intervals are over seeds. The plain gradient is shown beside integrated gradients.
+# whether the attribution maps change. If the map of a network with random weights still looks like the trained
+# network's, the method explains the *input* (edges, bright pixels), not the model.
+#
+# Similarity is the Spearman rank correlation $\rho$ between maps, on the signed maps and on their absolute
+# values. To calibrate $\rho$, the same is measured between the trained CNN and CNNs **retrained** from other
+# seeds: models that learned the same task. Each re-initialisation seed gives one value, the mean over the
+# `n_images` digits, and intervals are over seeds. The plain gradient is shown beside integrated gradients.
 
 # %%
 def ig_map(model, x, target):
@@ -550,85 +567,132 @@ run.compare("sanity/IG_abs_retrained_vs_randomized", sanity[("IG", "abs", "retra
 run.compare("sanity/IG_abs_inked_retrained_vs_randomized", sanity[("IG", "abs_inked", "retrained")],
             sanity[("IG", "abs_inked", "all_layers")], name="retrained CNN", baseline="randomized CNN",
             metric="ρ with the trained CNN's IG map (|·|, inked pixels)", lower_is_better=False)
-run.comparison_table()
-run.record("runtime_s", time.time() - t_start)
+_ = run.comparison_table()
 
 # %% [markdown]
 # ## 8 · What the numbers say
+#
+# First the claims of this run, each with its numbers; then what they say, section by section.
 
 # %%
 rec = run.results
-run.record("sanity/IG_signed_randomized_mean", rec["sanity/IG/signed/all_layers"]["mean"], headline=True)
-run.record("sanity/IG_abs_randomized_mean", rec["sanity/IG/abs/all_layers"]["mean"], headline=True)
+run.record("sanity/IG_signed_randomized_mean", rec["sanity/IG/signed/all_layers"]["mean"], headline=True,
+           across_machines=seed_spread(sanity[("IG", "signed", "all_layers")]))
+run.record("sanity/IG_abs_randomized_mean", rec["sanity/IG/abs/all_layers"]["mean"], headline=True,
+           across_machines=seed_spread(sanity[("IG", "abs", "all_layers")]))
 run.record("convergence/mlp/gl_steps_over_middle_steps",
-           steps_needed[("mlp", "gausslegendre")] / steps_needed[("mlp", "riemann_middle")], headline=True)
-steps_text = {f"{short}_{m}": (f"{v:g}" if np.isfinite(v) else f"more than {step_grid[-1]}")
-              for (short, m), v in steps_needed.items()}
+           steps_needed[("mlp", "gausslegendre")] / steps_needed[("mlp", "riemann_middle")], headline=True,
+           across_machines=Tolerance(atol=0.1, reason="a ratio of node counts read off a grid, on a trained MLP: "
+                                                      "one grid step either way"))
+order = lambda short, m: rec[f"convergence/{short}/{m}/order"]                             # noqa: E731
+run.claim("rules/mlp_orders_as_predicted", "on the smooth MLP the Riemann rules converge with order 1, midpoint and "
+          "trapezoid with order 2", all(abs(order("mlp", m) - k) < 0.3 for m, k in (
+              ("riemann_left", 1), ("riemann_right", 1), ("riemann_middle", 2), ("riemann_trapezoid", 2))),
+          value=[order("mlp", m) for m in ("riemann_left", "riemann_right", "riemann_middle", "riemann_trapezoid")],
+          bound="within 0.3 of 1, 1, 2, 2")
+run.claim("rules/cnn_jumps_cost_1_over_m", "on the ReLU CNN the second-order rules fall below order 1.7",
+          order("cnn", "riemann_middle") < 1.7 and order("cnn", "riemann_trapezoid") < 1.7,
+          value=[order("cnn", "riemann_middle"), order("cnn", "riemann_trapezoid")], bound="< 1.7")
+_ = run.claim("rules/gauss_legendre_cheapest", "on the MLP Gauss–Legendre reaches 10⁻³ with at most 16 nodes, at most "
+              "half the midpoint rule's", steps_needed[("mlp", "gausslegendre")] <= 16
+              and rec["convergence/mlp/gl_steps_over_middle_steps"] <= 0.5,
+              value=rec["convergence/mlp/gl_steps_over_middle_steps"], bound="≤ 16 nodes and ratio ≤ 0.5")
+
+# %%
+sig_rand, sig_re = rec["sanity/IG_signed_randomized_mean"], rec["sanity/IG/signed/retrained"]["mean"]
+run.claim("sanity/signed_ig_passes", "signed IG maps of a randomized CNN are unrelated to the trained one's, and "
+          "retrained CNNs' maps are closer", abs(sig_rand) < 0.3 and sig_re > sig_rand + 0.2, value=[sig_rand, sig_re],
+          bound="|ρ_random| < 0.3 and ρ_retrained > ρ_random + 0.2")
+_ = run.claim("sanity/abs_ig_fails", "absolute IG maps survive randomization", rec["sanity/IG_abs_randomized_mean"] > 0.6,
+              value=rec["sanity/IG_abs_randomized_mean"], bound="ρ > 0.6")
+
+# %%
+run.record("runtime_s", time.time() - t_start)
+_ = run.claims_table()
+
+# %%
 run.say(
     "**Saturation.** On $\\tanh(3x_1 + x_2)$ at $(1,1)$ the gradient times the input accounts for "
-    "{saturated/gradient_share_of_change:.2%} of $F(x) - F(0)$; integrated gradients accounts for all of it and "
-    "gives feature 1 a share of {saturated/ig_share_feature1:.3f} (the closed form's 3/4). On the trained digits "
-    "CNN (test accuracy {cnn/test_accuracy:.3f}) explaining the predicted class's probability, the gradient "
-    "accounts for a median {cnn/prob_gradient_share_median:.1%} of $p(x) - p(x')$ and integrated gradients for "
-    "{cnn/prob_ig_share_median:.1%}.\n\n"
+    "{saturated/gradient_share_of_change:.2%} of $F(x) - F(0)$. Integrated gradients accounts for all of it and "
+    "gives feature 1 a share of {saturated/ig_share_feature1:.3f}, the closed form's 3/4. On the trained digits CNN "
+    "(test accuracy {cnn/test_accuracy:.3f}), explaining the predicted class's probability, the gradient accounts "
+    "for a median {cnn/prob_gradient_share_median:.1%} of $p(x) - p(x')$, integrated gradients for "
+    "{cnn/prob_ig_share_median:.1%}.")
+
+# %%
+steps_text = {f"{short}_{m}": (f"{v:g}" if np.isfinite(v) else f"more than {step_grid[-1]}")
+              for (short, m), v in steps_needed.items()}
+gl = {short: run.comparisons[f"convergence/{short}/gl_vs_trapezoid_log10err_m16"] for short in ("mlp", "cnn")}
+as_predicted = run.claims["rules/mlp_orders_as_predicted"]["held"]
+run.say(
     "**Rules.** On the smooth tanh MLP the fitted orders are {convergence/mlp/riemann_left/order:.2f} (left), "
     "{convergence/mlp/riemann_middle/order:.2f} (midpoint) and {convergence/mlp/riemann_trapezoid/order:.2f} "
-    "(trapezoid), as predicted, and Gauss–Legendre needs {mlp_gausslegendre} nodes for "
-    "a completeness error of $10^{{-3}}$ against {mlp_riemann_middle} for the midpoint "
-    "rule and {mlp_riemann_trapezoid} for the trapezoid rule. On the ReLU CNN the "
-    "orders collapse to {convergence/cnn/riemann_left/order:.2f} (left), {convergence/cnn/riemann_middle/order:.2f} "
-    "(midpoint) and {convergence/cnn/riemann_trapezoid/order:.2f} (trapezoid): the path integrand jumps, and "
-    "Gauss–Legendre needs {cnn_gausslegendre} nodes, the midpoint rule "
-    "{cnn_riemann_middle}. Captum's trapezoid weights add a $1/m$ error of their own "
-    "(dotted curves).\n\n"
-    "**Baselines.** The black baseline puts exactly 0 on black pixels; the blurred, noise and expected-gradients "
+    "(trapezoid)" + (", as predicted" if as_predicted else ", not all as predicted") + ". For a completeness error "
+    "of $10^{{-3}}$ Gauss–Legendre needs {mlp_gausslegendre} nodes, the midpoint rule {mlp_riemann_middle} and the "
+    "trapezoid rule {mlp_riemann_trapezoid}. On the ReLU CNN the orders are {convergence/cnn/riemann_left/order:.2f} "
+    "(left), {convergence/cnn/riemann_middle/order:.2f} (midpoint) and {convergence/cnn/riemann_trapezoid/order:.2f} "
+    "(trapezoid): the path integrand jumps. Gauss–Legendre needs {cnn_gausslegendre} nodes there, the midpoint "
+    "rule {cnn_riemann_middle}. Captum's trapezoid weights add a $1/m$ error of their own (dotted curves). At "
+    f"m = 16, after the Holm correction across the {gl['mlp'].family_size} comparisons, Gauss–Legendre against "
+    f"the trapezoid rule is **{gl['mlp'].verdict_adjusted}** on the MLP and **{gl['cnn'].verdict_adjusted}** on "
+    "the CNN.", **steps_text)
+
+# %%
+run.say(
+    "**Baselines.** The black baseline puts exactly 0 on black pixels. The blurred, noise and expected-gradients "
     "baselines put {baselines/blurred/share_on_black_pixels:.0%}, {baselines/uniform/share_on_black_pixels:.0%}, "
-    "{baselines/gaussian/share_on_black_pixels:.0%} and {baselines/expected/share_on_black_pixels:.0%} of the attribution "
-    "mass there, and their maps rank pixels differently from the black baseline's (mean ρ "
+    "{baselines/gaussian/share_on_black_pixels:.0%} and {baselines/expected/share_on_black_pixels:.0%} of the "
+    "attribution mass there. Their maps rank pixels differently from the black baseline's: mean ρ "
     "{baselines/blurred/spearman_vs_zeros:+.2f}, {baselines/uniform/spearman_vs_zeros:+.2f}, "
-    "{baselines/gaussian/spearman_vs_zeros:+.2f}, {baselines/expected/spearman_vs_zeros:+.2f}).\n\n"
+    "{baselines/gaussian/spearman_vs_zeros:+.2f} and {baselines/expected/spearman_vs_zeros:+.2f}.")
+
+# %%
+cmp_sig, cmp_abs = (run.comparisons[f"sanity/IG_{k}_retrained_vs_randomized"] for k in ("signed", "abs"))
+run.say(
     "**Randomization.** Signed IG maps of the fully re-initialised CNN have mean ρ "
-    "{sanity/IG_signed_randomized_mean:+.3f} with the trained CNN's (retrained CNNs: "
-    "{sanity/IG/signed/retrained.mean:+.3f}): the signed maps pass the test. The absolute maps do not: ρ "
-    "{sanity/IG_abs_randomized_mean:+.3f} for random weights against {sanity/IG/abs/retrained.mean:+.3f} for "
-    "retrained ones — the factor $x - x'$ puts the same zeros and the same bright strokes into every model's "
-    "map. Restricted to inked pixels the gap reopens ({sanity/IG/abs_inked/all_layers.mean:+.3f} vs "
-    "{sanity/IG/abs_inked/retrained.mean:+.3f}).", **steps_text)
+    "{sanity/IG_signed_randomized_mean:+.3f} with the trained CNN's; retrained CNNs reach "
+    "{sanity/IG/signed/retrained.mean:+.3f}. Retrained against randomized is **" + cmp_sig.verdict_adjusted
+    + "** after the correction: the signed maps " + ("pass" if cmp_sig.verdict_adjusted == "better" else
+                                                     "do not clearly pass") + " the test. For the absolute maps ρ is "
+    "{sanity/IG_abs_randomized_mean:+.3f} with random weights against {sanity/IG/abs/retrained.mean:+.3f} with "
+    "retrained ones. The factor $x - x'$ puts the same zeros and the same bright strokes into every model's map. "
+    "Restricted to inked pixels the gap reopens ({sanity/IG/abs_inked/all_layers.mean:+.3f} against "
+    "{sanity/IG/abs_inked/retrained.mean:+.3f}).")
 
 # %% [markdown]
-# > **Errata and remarks on the sources.**
-# > 1. *Orientation.* The essay expands around the input and reads the shares as the cost of moving *from* $x$
-# >    *to* the baseline $\bar x$ (its path runs from $x$ to $\bar x$); the paper, Captum and this package run
-# >    the path from $x'$ to $x$ and split $F(x) - F(x')$. The two orientations give the same shares with
-# >    opposite signs: a map drawn with one and read with the other swaps red and blue.
-# > 2. *Why the straight line.* The essay takes the straight path as the simplest choice. Completeness holds for
-# >    *every* path; what singles out the straight line is symmetry: it is the only path method that gives
-# >    equal attributions to features on which $F$ is symmetric when input and baseline agree on them
-# >    (the paper's Theorem 1; checked in `tests/attribution/test_axioms.py`).
-# > 3. *The identity is exact, the computation is not.* What is computed is a quadrature; its error is the
-# >    completeness error and depends on the rule and on the smoothness of the path integrand. On ReLU
-# >    networks every rule falls back to order $1/m$ (section 4), so the paper's advice — enough steps that
-# >    completeness holds within a few percent — is the check that matters, and it is returned with every
-# >    attribution here.
-# > 4. *Reference implementation.* Captum's `riemann_trapezoid` weights sum to $(m-1)/m$: its attributions are
-# >    $(m-1)/m$ times the trapezoid rule's, an $O(1/m)$ completeness error (section 4's dotted curves). This
-# >    package uses the trapezoid rule's weights and is tested equal to Captum up to that factor.
-#
+# > **Erratum: orientation.** Su's post ([kexue.fm/archives/7533](https://kexue.fm/archives/7533)) expands around
+# > the input and reads the shares as the cost of moving *from* $x$ *to* the baseline $\bar x$:
+# > $F(\bar x) - F(x) \approx \sum_i [\nabla_x F(x)]_i\,(\bar x_i - x_i)$, with the path running from $x$ to $\bar x$.
+# > The paper, Captum and this package run the path from $x'$ to $x$ and split $F(x) - F(x')$. The two
+# > orientations give the same shares with opposite signs: a map drawn with one and read with the other swaps
+# > red and blue.
+
+# %% [markdown]
+# **Remarks.**
+# 1. *Why the straight line.* Su takes the straight path as the simplest choice. Completeness holds for *every*
+#    path. What singles out the straight line is symmetry: it is the only path method that gives equal
+#    attributions to features on which $F$ is symmetric, when input and baseline agree on them. That is the
+#    paper's Theorem 1, checked in `tests/attribution/test_axioms.py`.
+# 2. *The identity is exact, the computation is not.* What is computed is a quadrature. Its error is the
+#    completeness error, and it depends on the rule and on the smoothness of the path integrand. On ReLU networks
+#    every rule falls back to order $1/m$ (section 4). So the paper's advice, enough steps that completeness
+#    holds within a few percent, is the check that matters; it is returned with every attribution here.
+# 3. *Reference implementation.* Captum's `riemann_trapezoid` weights sum to $(m-1)/m$. Its attributions are
+#    $(m-1)/m$ times the trapezoid rule's, an $O(1/m)$ completeness error (section 4's dotted curves). This package
+#    uses the trapezoid rule's weights and is tested equal to Captum up to that factor.
+
+# %%
+held = sum(c["held"] for c in run.claims.values())
+run.say(f"**Summary.** At these parameters {held} of the {len(run.claims)} claims hold (table above). The "
+        "saturation example and completeness are exact. The quadrature orders follow the smoothness of the path "
+        "integrand. The randomization test separates signed from absolute maps over {n} re-initialisation seeds. "
+        "A larger run (`params/15_integrated_gradients/full.yaml`: better-trained models, more digits, 20 seeds, "
+        "the sweep to 1024 nodes) would narrow the intervals and show where the ReLU CNN's rules reach 10⁻³.",
+        n=n_random_seeds)
+
+# %% [markdown]
 # **Try this.**
 # * More training and the full-scale sweep: `python -m taskloss.runner run 15 -f params/15_integrated_gradients/full.yaml`
 # * A wider CNN and more randomization seeds: `python -m taskloss.runner run 15 -p cnn_width 32 -p n_random_seeds 20`
 # * How wide a blur still explains the strokes: `python -m taskloss.runner run 15 --grid blur_sigma=0.5,1,2,4`
-
-# %%
-# Assertions at CI scale (margins that hold for seeds 0–19)
-assert share_g.median() < 0.5 < share_ig.median()
-order = lambda short, m: rec[f"convergence/{short}/{m}/order"]                             # noqa: E731
-assert abs(order("mlp", "riemann_left") - 1) < 0.3 and abs(order("mlp", "riemann_right") - 1) < 0.3
-assert abs(order("mlp", "riemann_middle") - 2) < 0.3 and abs(order("mlp", "riemann_trapezoid") - 2) < 0.3
-assert order("cnn", "riemann_middle") < 1.7 and order("cnn", "riemann_trapezoid") < 1.7   # jumps cost 1/m
-assert rec["convergence/mlp/gl_steps_over_middle_steps"] <= 0.5                         # GL ≤ half the steps
-assert steps_needed[("mlp", "gausslegendre")] <= 16
-assert abs(rec["sanity/IG_signed_randomized_mean"]) < 0.3
-assert rec["sanity/IG/signed/retrained"]["mean"] > rec["sanity/IG_signed_randomized_mean"] + 0.2
-assert rec["sanity/IG_abs_randomized_mean"] > 0.6                 # |IG| survives randomization (the finding)
-print(f"all assertions passed; notebook runtime {time.time() - t_start:.0f} s")
+# * Seconds, not minutes: `python -m taskloss.runner run 15 --set smoke`
