@@ -303,13 +303,13 @@ show(fig, "the orange dot (SNIS with the MGS mixture) lies {demo/err_over_eps_qu
 #   So the large-$\alpha$ update is a small gradient-descent step on a ball-smoothed loss; for a linear loss it
 #   is exactly $-\tfrac{\varepsilon^2}{(d+2)\alpha}g$.
 #
-# Below, the quadrature $\Delta\theta_*(\alpha)$ for the kinked loss against the argmin over the ball (found on
-# the fine grid), the smoothed-gradient prediction at large $\alpha$, the linearized loss's exact answer
-# (`ball_expected_update`, §3), and Monte Carlo with the uniform proposal, whose effective sample size collapses
-# as $\alpha\to0$ (the target becomes a spike the uniform draws rarely hit). At large $\alpha$ the opposite
-# problem: $\Delta\theta_*$ is tiny while each uniform draw has spread $\varepsilon/\sqrt{d+2}$ per coordinate, so
-# the Monte Carlo estimate hits a noise floor (standard deviation $\approx\varepsilon/\sqrt{(d+2)n}$ per coordinate)
-# instead of following $1/\alpha$.
+# Below, the quadrature $\Delta\theta_*(\alpha)$ for the kinked loss is set against four references: the argmin
+# over the ball (found on the fine grid), the smoothed-gradient prediction at large $\alpha$, the linearized
+# loss's exact answer (`ball_expected_update`, §3), and Monte Carlo with the uniform proposal. As $\alpha\to0$
+# the target becomes a spike the uniform draws rarely hit, so their effective sample size should collapse. At
+# large $\alpha$ the opposite problem: $\Delta\theta_*$ is tiny while each uniform draw has spread
+# $\varepsilon/\sqrt{d+2}$ per coordinate. The Monte Carlo estimate then hits a noise floor (standard deviation
+# $\approx\varepsilon/\sqrt{(d+2)n}$ per coordinate) instead of following $1/\alpha$.
 
 # %%
 name = "kinked"
@@ -844,11 +844,11 @@ show(fig, "left, against the shift: ESS/n is {snis/ess_fraction_good_proposal:.3
 # The test: the update distribution of a $d$-dimensional quadratic at temperature `ess_alpha`, with curvatures
 # $h_i$ log-spaced in $[0.8, 1.25]$ (condition number 1.56 — mild for a network) and $\theta-\theta^\star$ drawn so
 # that Newton's step is about one target standard deviation per coordinate. Target: $\mu=-H^{-1}g$,
-# $s_i^2=\alpha/h_i$. Proposals, all isotropic with the widest target width $v^2 = \alpha/h_{\min}$ (so no weight
-# has infinite variance): a Gaussian centred *exactly* at $\Delta\theta_*$ (the best a proposal's centre can be),
-# the gradient-guided Gaussian at $-\eta g$ with $\eta = 1/\bar h$ (the geometric mean curvature), and the MGS
-# mixture with $\lambda$ = `mgs_lambda`. The largest $d$, 2410, is the number of parameters of notebook 03's
-# digits classifier.
+# $s_i^2=\alpha/h_i$. The proposals are all isotropic with the widest target width $v^2 = \alpha/h_{\min}$, so no
+# weight has infinite variance. Three of them: a Gaussian centred *exactly* at $\Delta\theta_*$ (the best a
+# proposal's centre can be); the gradient-guided Gaussian at $-\eta g$ with $\eta = 1/\bar h$ (the geometric mean
+# curvature); and the MGS mixture with $\lambda$ = `mgs_lambda`. The largest $d$, 2410, is the number of
+# parameters of notebook 03's digits classifier.
 
 # %%
 ESS_PROPS = ("Gaussian at Δθ*", "Gaussian at −ηg", "MGS mixture")

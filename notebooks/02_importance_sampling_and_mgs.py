@@ -141,16 +141,17 @@ print("grid mean", quad_mean.numpy(), " closed form -H^-1 g", (-newton_direction
 # ## 2 · Self-normalized importance sampling
 #
 # We can evaluate ρ(Δ) = exp(−[l(θ+Δ) − l(θ)]/α) at any Δ, but not Z. Draw Δ₁…Δ_K from a proposal q with a
-# known density; then E_p[f] = E_q[(p/q) f], and replacing the unknown Z by its own Monte Carlo estimate
+# known density; then E_p[f] = E_q[(p/q) f]. Replacing the unknown Z by its own Monte Carlo estimate
 # (1/K)Σ ρ(Δ_k)/q(Δ_k) gives the *self-normalized* estimator
 #
 # $$\widehat{\Delta\theta} = \sum_k w_k\,\Delta_k,\qquad
 #   w_k = \frac{\rho(\Delta_k)/q(\Delta_k)}{\sum_j \rho(\Delta_j)/q(\Delta_j)}
 #   = \operatorname{softmax}_k\!\Big(-\frac{l(\theta+\Delta_k)-l(\theta)}{\alpha} - \log q(\Delta_k)\Big).$$
 #
-# Two consequences: l(θ) cancels (it shifts every logit equally), and the softmax form is how the weights must
-# be computed — the exponents are sums over a whole batch of task losses divided by a small α, easily beyond
-# the ±745 that `exp` survives in float64. `taskloss.search.mgs_density.mgs_weights` does exactly this in log space.
+# Two consequences. First, l(θ) cancels: it shifts every logit equally. Second, the weights must be computed in
+# this softmax form. The exponents are sums over a whole batch of task losses divided by a small α, easily
+# beyond the ±745 that `exp` survives in float64. `taskloss.search.mgs_density.mgs_weights` does exactly this
+# in log space.
 #
 # **MGS's proposal** is a two-component Gaussian mixture: with probability λ a pure perturbation of the current
 # parameters, with probability 1−λ a perturbation of the surrogate's gradient step,
@@ -510,14 +511,15 @@ _ = run.claim("alpha_inf/estimate_not_zero", f"at α = {alphas[-1]:g} the error 
 # %% [markdown]
 # ## 6 · Dimension: where importance sampling in parameter space runs out
 #
-# The ESS formula above has the squared distance between means *summed over coordinates*, and the same holds
-# for any mismatch of widths: for a target N(0, s²) and proposal N(0, σ²) per coordinate the second moment of
-# the weight is a per-coordinate factor c = σ² / (s√(2σ² − s²)) > 1, so in d dimensions ESS/K → c^{−d}
-# (notebook 01 §6 derives the general product). With the proposal only 20 % wider than the target, c ≈ 1.02 —
+# The ESS formula above has the squared distance between means *summed over coordinates*. The same holds for
+# any mismatch of widths. For a target N(0, s²) and a proposal N(0, σ²) per coordinate, the second moment of the
+# weight is a per-coordinate factor c = σ² / (s√(2σ² − s²)) > 1, so in d dimensions ESS/K → c^{−d} (notebook 01
+# §6 derives the general product). With the proposal only 20 % wider than the target, c ≈ 1.02. That is
 # harmless in 10 dimensions, but a 5 000-parameter classifier has c^{−d} ≈ e^{−100}. Then one candidate takes
-# essentially all of the weight, and MGS's update is "the candidate with the largest −Δl/α − log q". With the
-# true mixture density, −log q differs between candidates by ≈ ½(‖z_k‖² − d) with spread √(d/2) ≈ 50 at
-# d = 5 000 — unless α is small enough for the task-loss term to dominate, the winner is chosen by its noise
+# essentially all of the weight: MGS's update is "the candidate with the largest −Δl/α − log q".
+#
+# With the true mixture density, −log q differs between candidates by ≈ ½(‖z_k‖² − d), with spread √(d/2) ≈ 50
+# at d = 5 000. Unless α is small enough for the task-loss term to dominate, the winner is chosen by its noise
 # norm. Notebook 03 measures this on digits.
 
 # %%
