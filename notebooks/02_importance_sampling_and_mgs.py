@@ -11,48 +11,63 @@
 # %% [markdown]
 # # 02 · Importance sampling and MLE-guided parameter search
 #
-# Notebook 01 turned an optimizer step into an expectation: the update Δθ* is the mean of a distribution
-# p(Δθ) ∝ exp(−[l(θ+Δθ) − l(θ)]/α) over candidate steps, which only needs *values* of the task loss l — no
-# gradient of l. Its mean cannot be computed in closed form for a real task loss, but it can be *estimated*
-# from a few candidate steps drawn from any distribution q we can sample from, by importance sampling.
+# Notebook 01 turned an optimizer step into an expectation. The update Δθ* is the mean of a distribution
+# p(Δθ) ∝ exp(−[l(θ+Δθ) − l(θ)]/α) over candidate steps. It needs only *values* of the task loss l, no
+# gradient of l. For a real task loss the mean has no closed form. Importance sampling *estimates* it from a
+# few candidate steps drawn from any distribution q we can sample from.
 #
-# **Question.** Which q makes that estimate good with a handful of candidates, and what does the resulting
-# update — MLE-guided parameter search (MGS), which draws candidates around the step of the differentiable
-# surrogate loss l̃ (cross-entropy) — do when l̃ and l disagree? Is it cheaper than policy gradient for the same
-# result, as the source essay argues the other way round?
+# **Question.** Which q makes that estimate good with a handful of candidates? MLE-guided parameter search
+# (MGS) draws candidates around the step of a differentiable surrogate l̃ (cross-entropy). What does it do
+# when l̃ and l disagree? And is it dearer than policy gradient for the same result, as Su's post argues?
 #
-# Source: *MLE-guided parameter search for task loss minimization in neural sequence modeling* (Welleck & Cho,
-# AAAI 2021) and the essay that introduces it (reference 000 of this repository); the "Errata" box at the end
-# lists where the numbers below correct the essay. Package code: `taskloss.search.mgs` (`MGS`),
-# `taskloss.search.mgs_density` (`mixture_log_density`, `mgs_weights`), `taskloss.sampling` (`effective_sample_size`); the
-# importance-sampling machinery of notebook 01 lives in `taskloss.sampling.update`.
+# **Sources.**
+# * S. Welleck and K. Cho, "MLE-guided parameter search for task loss minimization in neural sequence
+#   modeling", AAAI 2021, [arXiv:2006.03158](https://arxiv.org/abs/2006.03158). Its code is
+#   <https://github.com/wellecks/mgs>; the candidates' density is `perturb` in
+#   `seq_level/gpt2/guided/utils.py` (commit 25c41ea).
+# * Su Jianlin, 《从采样看优化：可导优化与不可导优化的统一视角》 ("Optimization from the perspective of
+#   sampling: a unified view of differentiable and non-differentiable optimization"), *Scientific Spaces*,
+#   2020, <https://kexue.fm/archives/7521>. The "Errata" box at the end lists where the numbers below
+#   correct it.
+# * R. J. Williams, "Simple statistical gradient-following algorithms for connectionist reinforcement
+#   learning", *Machine Learning* 8, 1992, [doi:10.1007/BF00992696](https://doi.org/10.1007/BF00992696) (REINFORCE, §8).
+#
+# Package code: `taskloss.search.mgs` (`MGS`), `taskloss.search.mgs_density` (`mixture_log_density`,
+# `mgs_weights`), `taskloss.sampling` (`effective_sample_size`). Notebook 01's importance-sampling machinery
+# lives in `taskloss.sampling.update`.
 #
 # Sections: 1 the update · 2 self-normalized importance sampling · 3 why the surrogate's step is a good
 # centre · 4 error against K · 5 the roles of α, σ, λ (and α → ∞) · 6 dimension · 7 MGS when l̃ and l disagree
 # · 8 MGS against policy gradient at equal compute.
+#
+# Identities (derivation steps, parities with scipy and the package, Monte Carlo estimates within a tolerance
+# that shrinks like $1/\sqrt n$) are asserted. Claims — the findings of this run at these parameters — are
+# printed as held or not held and listed at the end. Verdicts between methods are paired over seeds and
+# Holm-corrected across each table.
 
 # %% tags=["parameters"]
-seed: int = 0
-device: str = "auto"
-output_dir: str = ""
-dim: int = 10               # [> 0] dimension of the quadratic test problem
-alpha: float = 0.05         # [> 0] temperature of the update distribution
-sigma: float = 0.25         # [> 0] proposal noise scale (absolute)
-n_seeds: int = 20           # [>= 2] repetitions of every Monte Carlo estimate
-max_log2_K: int = 10        # [>= 3] the error-vs-K curve doubles K from 2 up to 2^max_log2_K
-sweep_samples: int = 32     # [> 0] candidates per estimate in the α / σ / λ sweeps
-ess_draws: int = 20000      # [> 0] draws for the closed-form ESS checks
-toy_steps: int = 60         # [> 0] optimization steps on the 2-D problem
-toy_seeds: int = 5          # [>= 2] MGS runs on the 2-D problem
-pg_budget: int = 1200       # [> 0] §8: compute per training run, in forward-pass equivalents of one minibatch
-pg_seeds: int = 5           # [>= 2] §8: training seeds per method
+seed: int = 0                 # [>= 0] seed of every random draw
+device: str = "auto"          # "auto" (cuda when available), "cpu" or "cuda"
+output_dir: str = ""          # run folder; empty: the runner's, or runs/interactive/<notebook>
+dim: int = 10                 # [>= 1] dimension of the quadratic test problem
+alpha: float = 0.05           # [> 0] temperature of the update distribution
+sigma: float = 0.25           # [> 0] proposal noise scale (absolute)
+n_seeds: int = 20             # [>= 3] repetitions of every Monte Carlo estimate (paired verdicts need 3)
+max_log2_K: int = 10          # [>= 3] the error-vs-K curve doubles K from 2 up to 2^max_log2_K
+sweep_samples: int = 32       # [>= 2] candidates per estimate in the α / σ / λ sweeps
+ess_draws: int = 20000        # [>= 100] draws for the closed-form ESS checks
+toy_steps: int = 60           # [>= 1] optimization steps on the 2-D problem
+toy_seeds: int = 5            # [>= 1] MGS runs on the 2-D problem
+pg_budget: int = 1200         # [>= 6] §8: compute per training run, in forward-pass equivalents of one minibatch
+pg_seeds: int = 5             # [>= 3] §8: training seeds per method (paired verdicts need 3)
 pg_lrs: list[float] = [0.01, 0.03, 0.1]   # [> 0] §8: learning rates tuned per method on the validation split
-pg_tune_seeds: int = 2      # [> 0] §8: seeds per learning rate when tuning
-pg_samples: int = 4         # [>= 2] §8: REINFORCE labels per input (leave-one-out baseline)
-pg_mle_weight: float = 0.1  # [>= 0] §8: cross-entropy weight in "REINFORCE + MLE"
-mgs_samples: int = 4        # [> 0] §8: MGS candidates per step (the paper's n = 4)
+pg_tune_seeds: int = 2        # [>= 1] §8: seeds per learning rate when tuning
+pg_samples: int = 4           # [>= 2] §8: REINFORCE labels per input (leave-one-out baseline)
+pg_mle_weight: float = 0.1    # [>= 0] §8: cross-entropy weight in "REINFORCE + MLE"
+mgs_samples: int = 4          # [>= 1] §8: MGS candidates per step (the paper's n = 4)
 
 # %%
+import dataclasses
 import math
 import time
 
@@ -65,9 +80,10 @@ from torch import nn
 from tqdm.auto import tqdm
 
 import taskloss.results
+from taskloss.results.headlines import Tolerance, seed_spread
 from taskloss.datasets import load_digits_splits
 from taskloss.losses import accuracy
-from taskloss.results.plotting import comparison_forest, label_axes, median_band, seed_band
+from taskloss.results.plotting import comparison_forest, label_axes, median_band, seed_band, show
 from taskloss.sampling import GaussianMixtureProposal, effective_sample_size, gaussian_update_distribution, newton_direction
 from taskloss.search import MGS, classification_reinforce, mgs_weights, mixture_log_density
 
@@ -76,6 +92,11 @@ run = taskloss.results.start("02_importance_sampling_and_mgs", output_dir, devic
 dev, D = run.device, torch.float64
 t_start = time.time()
 print("device:", dev)
+
+
+def mc_tol(tol, n, n_ref):
+    """A Monte Carlo tolerance set for n_ref draws, widened like 1/√n for fewer draws (never narrowed)."""
+    return tol * math.sqrt(max(1.0, n_ref / n))
 
 # %% [markdown]
 # ## 1 · The update we want to estimate
@@ -120,16 +141,17 @@ print("grid mean", quad_mean.numpy(), " closed form -H^-1 g", (-newton_direction
 # ## 2 · Self-normalized importance sampling
 #
 # We can evaluate ρ(Δ) = exp(−[l(θ+Δ) − l(θ)]/α) at any Δ, but not Z. Draw Δ₁…Δ_K from a proposal q with a
-# known density; then E_p[f] = E_q[(p/q) f], and replacing the unknown Z by its own Monte Carlo estimate
+# known density; then E_p[f] = E_q[(p/q) f]. Replacing the unknown Z by its own Monte Carlo estimate
 # (1/K)Σ ρ(Δ_k)/q(Δ_k) gives the *self-normalized* estimator
 #
 # $$\widehat{\Delta\theta} = \sum_k w_k\,\Delta_k,\qquad
 #   w_k = \frac{\rho(\Delta_k)/q(\Delta_k)}{\sum_j \rho(\Delta_j)/q(\Delta_j)}
 #   = \operatorname{softmax}_k\!\Big(-\frac{l(\theta+\Delta_k)-l(\theta)}{\alpha} - \log q(\Delta_k)\Big).$$
 #
-# Two consequences: l(θ) cancels (it shifts every logit equally), and the softmax form is how the weights must
-# be computed — the exponents are sums over a whole batch of task losses divided by a small α, easily beyond
-# the ±745 that `exp` survives in float64. `taskloss.search.mgs_density.mgs_weights` does exactly this in log space.
+# Two consequences. First, l(θ) cancels: it shifts every logit equally. Second, the weights must be computed in
+# this softmax form. The exponents are sums over a whole batch of task losses divided by a small α, easily
+# beyond the ±745 that `exp` survives in float64. `taskloss.search.mgs_density.mgs_weights` does exactly this
+# in log space.
 #
 # **MGS's proposal** is a two-component Gaussian mixture: with probability λ a pure perturbation of the current
 # parameters, with probability 1−λ a perturbation of the surrogate's gradient step,
@@ -193,7 +215,7 @@ for off in [0.0, 0.5, 1.0, 1.5]:                                # ‖μ_p − μ
     _, w = snis(theta_iso, l_iso, g_sur, alpha, sigma, 0.0, ess_draws, torch.Generator().manual_seed(seed))
     got, want = effective_sample_size(w) / ess_draws, math.exp(-off**2)
     print(f"offset {off:.1f}σ: ESS/K = {got:.3f}   closed form {want:.3f}")
-    assert abs(got - want) < 0.05 + 0.1 * want
+    assert abs(got - want) < mc_tol(0.05 + 0.1 * want, ess_draws, 20_000)
 
 # %% [markdown]
 # Now the realistic case: a quadratic task loss with a non-isotropic H (eigenvalues between 0.8 and 1.25),
@@ -238,7 +260,10 @@ c_ess = run.compare("ess/mgs_vs_zero_centred_eps0", ess_table["MGS mixture (λ=�
                     metric="ESS of 256 draws (ε = 0)", lower_is_better=False)
 run.record("ess/mgs_over_zero_centred_at_eps0", float(np.median(ess_table["MGS mixture (λ=½)"][:, 0]) /
                                                       np.median(ess_table["zero-centred (λ=1)"][:, 0])), headline=True)
-assert c_ess.verdict == "better" and np.median(ess_table["zero-centred (λ=1)"][:, 0]) < 3.0
+run.record("ess/zero_centred_median", float(np.median(ess_table["zero-centred (λ=1)"][:, 0])))
+run.record("ess/mgs_median", float(np.median(ess_table["MGS mixture (λ=½)"][:, 0])))
+_ = run.claim("ess/zero_centred_collapses", "the zero-centred proposal keeps a median ESS below 3 of 256 draws",
+              run.results["ess/zero_centred_median"] < 3.0, value=run.results["ess/zero_centred_median"], bound="< 3")
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6, 3.8))
@@ -247,20 +272,19 @@ for name, vals in ess_table.items():
 label_axes(ax, "surrogate gradient error ε (relative to ‖∇l‖)", "ESS of 256 draws",
            "Effective sample size of the proposals", lower_is_better=False, logy=True)
 run.savefig(fig, "ess_vs_surrogate_error.png")
-plt.show()
+show(fig, "the MGS mixture's median ESS is {ess/mgs_median:.1f} of 256 while the surrogate is exact and {last:.1f} "
+     "at ε = {eps_max}; the zero-centred proposal's is {ess/zero_centred_median:.2f} at ε = 0.", run=run,
+     last=float(np.median(ess_table["MGS mixture (λ=½)"][:, -1])), eps_max=eps_values[-1])
 
 # %% [markdown]
-# *What to see:* the MLE-centred proposals keep tens of effective draws out of 256 while the surrogate is
-# exact, and lose them as its error ε grows; the zero-centred proposal sits at ESS ≈ 1 throughout.
-#
-# ## 4 · The estimate approaches Δθ* as K grows — but not at K = 4
+# ## 4 · Error against the number of candidates K
 #
 # Error ‖Δθ̂ − Δθ*‖ against K for the three proposals (surrogate error ε = 0.1), median and quartiles over
-# seeds. A fourth curve uses the density the reference implementation evaluates, which treats the Gaussians
-# as if σ were 1 (`density="unit_sigma"`): with σ ≠ 1 that is not the density the candidates were drawn from,
-# so the weights are systematically wrong and the error stops improving at some K. The grey dashed line is
-# the error of the plain surrogate step −∇l̃, which costs no task-loss evaluation at all: the source essay's
-# "a handful of candidates is enough" (the paper used K = 4) is checked against it.
+# seeds. A fourth curve uses the density of the reference code (`perturb` in the MGS repository). It treats
+# the Gaussians as if σ were 1 (`density="unit_sigma"`). With σ ≠ 1 that is not the density the candidates
+# were drawn from, so the weights are systematically wrong. The grey dashed line is the error of the plain
+# surrogate step −∇l̃, which costs no task-loss evaluation at all. Su's post says that a handful of candidates
+# is enough (the paper used K = 4); that line is what K = 4 must beat.
 
 # %%
 Ks = [2 ** i for i in range(1, max_log2_K + 1)]
@@ -277,6 +301,21 @@ for s in tqdm(range(n_seeds), desc="error vs K"):
             est, _ = snis(theta0, l_quad, g_sur, alpha, sigma, lam, K, gen, density=dens)
             errors[name][s, j] = float((est - target).norm())
 
+# %%
+med = {name: np.median(e, 0) for name, e in errors.items()}
+for name, m in med.items():
+    print(f"{name:22s}", " ".join(f"{v:.3f}" for v in m))
+i4, i8, ilast = Ks.index(4), Ks.index(8), len(Ks) - 1
+mgs_err = errors["MGS mixture (λ=½)"]
+below = [K for K, m in zip(Ks, med["MGS mixture (λ=½)"]) if m < np.median(step_error)]
+tenth = [K for K, m in zip(Ks, med["MGS mixture (λ=½)"]) if m < 0.1 * float(target.norm())]
+run.record("error/mgs_K4_over_target_norm", float(med["MGS mixture (λ=½)"][i4] / target.norm()), headline=True)
+run.record("error/surrogate_step_over_target_norm", float(np.median(step_error) / target.norm()))
+run.record("error/mgs_Kmax", float(med["MGS mixture (λ=½)"][ilast]))
+K_beat = f"K = {below[0]}" if below else f"no K up to {Ks[-1]}"          # the first K below the plain step
+K_tenth = f"K = {tenth[0]}" if tenth else f"no K up to {Ks[-1]}"
+_ = run.record("error/K_max", Ks[-1])
+
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6.5, 4.2))
 for name, e in errors.items():
@@ -289,44 +328,25 @@ label_axes(ax, "K candidates (task-loss evaluations per step)", "‖Δθ̂ − �
            f"Estimation error, d = {dim}", lower_is_better=True, logx=True, logy=True)
 ax.legend(fontsize=7)
 run.savefig(fig, "error_vs_K.png")
-plt.show()
-
-# %% [markdown]
-# *What to see:* the MGS mixture falls at the Monte Carlo rate $K^{-1/2}$ and crosses the plain surrogate step
-# only after tens of candidates; the zero-centred proposal stays near ‖Δθ*‖ for a long time; the unit-σ density
-# flattens out at large K.
-
-# %%
-med = {name: np.median(e, 0) for name, e in errors.items()}
-for name, m in med.items():
-    print(f"{name:22s}", " ".join(f"{v:.3f}" for v in m))
-i4, i8, ilast = Ks.index(4), Ks.index(8), len(Ks) - 1
-mgs_err = errors["MGS mixture (λ=½)"]
-below = [K for K, m in zip(Ks, med["MGS mixture (λ=½)"]) if m < np.median(step_error)]
-tenth = [K for K, m in zip(Ks, med["MGS mixture (λ=½)"]) if m < 0.1 * float(target.norm())]
-run.record("error/mgs_K4_over_target_norm", float(med["MGS mixture (λ=½)"][i4] / target.norm()), headline=True)
-run.record("error/surrogate_step_over_target_norm", float(np.median(step_error) / target.norm()))
-run.record("error/mgs_Kmax", float(med["MGS mixture (λ=½)"][ilast]))
-run.record("error/K_to_beat_surrogate_step", below[0] if below else math.inf)
-run.record("error/K_to_reach_tenth_of_target", tenth[0] if tenth else math.inf)
-_ = run.record("error/K_max", Ks[-1])
+show(fig, "the MGS mixture against the dotted K^(−1/2) line; its median error falls below the plain surrogate "
+     "step (dashed) at {K_beat}. At K = {error/K_max:.0f} its median error is "
+     "{error/mgs_Kmax:.3f}, the unit-σ density's {unit:.3f} and the zero-centred proposal's {zero:.3f}.", run=run,
+     K_beat=K_beat, unit=float(np.median(errors["MGS, unit-σ density"][:, -1])),
+     zero=float(np.median(errors["zero-centred (λ=1)"][:, -1])))
 
 # %%
 kw = dict(metric="‖Δθ̂ − Δθ*‖", lower_is_better=True)
 c_k4 = run.compare("error/mgs_K4_vs_surrogate_step", mgs_err[:, i4], step_error, name="MGS, K = 4",
-                   baseline="surrogate step −∇l̃", **kw)
+                   baseline="surrogate step −∇l̃", headline=True, **kw)
 c_kmax = run.compare("error/mgs_Kmax_vs_surrogate_step", mgs_err[:, ilast], step_error,
                      name=f"MGS, K = {Ks[-1]}", baseline="surrogate step −∇l̃", **kw)
 c_zero = run.compare("error/mgs_vs_zero_centred_K8", mgs_err[:, i8], errors["zero-centred (λ=1)"][:, i8],
                      name="MGS, K = 8", baseline="zero-centred, K = 8", **kw)
 c_unit = run.compare("error/unit_sigma_vs_mixture_Kmax", errors["MGS, unit-σ density"][:, ilast], mgs_err[:, ilast],
                      name=f"unit-σ density, K = {Ks[-1]}", baseline=f"true density, K = {Ks[-1]}", **kw)
-for c in (c_k4, c_kmax, c_zero, c_unit):
-    print(c.sentence())
-# claims: MGS converges (≥ 4× smaller error from K = 4 to K = max); at K = 4 it is worse than the plain step
-assert med["MGS mixture (λ=½)"][ilast] < med["MGS mixture (λ=½)"][i4] / 4
-assert c_k4.verdict == "worse" and c_kmax.verdict == "better" and c_zero.verdict == "better"
-assert c_unit.verdict == "worse"     # the unit-σ density does not converge to Δθ*
+shrink = float(med["MGS mixture (λ=½)"][i4] / med["MGS mixture (λ=½)"][ilast])
+_ = run.claim("error/mgs_converges", f"the MGS mixture's median error is over 4× smaller at K = {Ks[-1]} than at "
+              "K = 4", shrink > 4, value=shrink, bound="> 4")
 
 # %% [markdown]
 # ## 5 · The roles of α, σ and λ
@@ -377,6 +397,17 @@ print(f"σ sweep  error K={sweep_samples}", np.median(res_sigma[0], 0).round(3),
       np.median(res_sigma_big[0], 0).round(3), f"\n         plain surrogate step {surrogate_step_error:.3f}")
 print("λ sweep A error", np.median(res_lam_a[0], 0).round(3), "   B error", np.median(res_lam_b[0], 0).round(3))
 
+# %%
+e_alpha, e_sig_big = np.median(res_alpha[0], 0), np.median(res_sigma_big[0], 0)
+best_sigma = int(np.argmin(e_sig_big))
+ess_alpha = np.median(res_alpha[1], 0)
+run.record("sweep/best_sigma_Kmax", sigmas[best_sigma])
+run.record("sweep/error_best_sigma_Kmax_over_surrogate_step", e_sig_big[best_sigma] / surrogate_step_error)
+run.record("sweep/ess_smallest_alpha", float(ess_alpha[0]))
+run.record("sweep/ess_largest_alpha", float(ess_alpha[-1]))
+run.record("sweep/error_largest_sigma_over_surrogate_step", float(np.median(res_sigma[0], 0)[-1]) / surrogate_step_error)
+_ = run.record("sweep/best_alpha", alphas[int(np.argmin(e_alpha))])
+
 # %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 3, figsize=(14, 3.9))
 median_band(axes[0], alphas, res_alpha[0], label="error ‖Δθ̂ − Δθ*‖", color="C0", marker="o", ms=3)
@@ -398,38 +429,66 @@ label_axes(axes[2], "λ (weight of the zero-centred component)", "error (paramet
            f"sweep of λ (K = {sweep_samples})", lower_is_better=True, logy=True)
 fig.tight_layout()
 run.savefig(fig, "sweeps_alpha_sigma_lambda.png")
-plt.show()
-
-# %% [markdown]
-# *What to see:* left, the ESS climbs from 1 as α grows while the error first falls, then rises again once α
-# is far above the target's own scale; middle, with many candidates the error has an interior minimum in σ
-# well below the plain step; right, scenario B needs the zero-centred component, scenario A does not.
+show(fig, "left, the median ESS is {sweep/ess_smallest_alpha:.2f} of {K} at α = {a0:g} and "
+     "{sweep/ess_largest_alpha:.1f} at α = {a1:g}; the error is smallest at α = {sweep/best_alpha:g}. Middle, "
+     "with {Kbig} candidates the error is smallest at σ = {sweep/best_sigma_Kmax:g}, "
+     "{sweep/error_best_sigma_Kmax_over_surrogate_step:.2f}× the plain step's. Right, the two λ scenarios.",
+     run=run, K=sweep_samples, Kbig=2 ** max_log2_K, a0=alphas[0], a1=alphas[-1])
 
 # %%
-e_alpha, e_sig_big = np.median(res_alpha[0], 0), np.median(res_sigma_big[0], 0)
-best_sigma = int(np.argmin(e_sig_big))
 c_lam_b = run.compare("sweep/lambda_half_vs_zero_scenario_B", res_lam_b[0][:, lams.index(0.5)], res_lam_b[0][:, 0],
                       name="λ = ½", baseline="λ = 0", metric="error, θ at the task minimum", lower_is_better=True)
 c_lam_a = run.compare("sweep/lambda_half_vs_one_scenario_A", res_lam_a[0][:, lams.index(0.5)], res_lam_a[0][:, -1],
                       name="λ = ½", baseline="λ = 1", metric="error, surrogate ≈ task loss", lower_is_better=True)
-# claims: tiny α collapses the weights; with many candidates the best σ is interior and beats the surrogate
-# step; σ far above the target width is worse than the plain step; scenario B needs λ > 0, A prefers λ < 1
-assert np.median(res_alpha[1], 0)[0] < 2.0 and np.median(res_alpha[1], 0)[0] < np.median(res_alpha[1], 0)[-1]
-assert 0 < best_sigma < len(sigmas) - 1, sigmas[best_sigma]
-assert e_sig_big[best_sigma] < 0.5 * surrogate_step_error
-assert np.median(res_sigma[0], 0)[-1] > 2 * surrogate_step_error
-assert c_lam_b.verdict == "better" and c_lam_a.verdict == "better"
-run.record("sweep/best_sigma_Kmax", sigmas[best_sigma])
-run.record("sweep/error_best_sigma_Kmax_over_surrogate_step", e_sig_big[best_sigma] / surrogate_step_error)
-_ = run.record("sweep/best_alpha", alphas[int(np.argmin(e_alpha))])
+run.claim("sweep/tiny_alpha_collapses", f"at α = {alphas[0]:g} the median ESS is below 2 and below that at the "
+          "largest α", ess_alpha[0] < 2.0 and ess_alpha[0] < ess_alpha[-1], value=float(ess_alpha[0]), bound="< 2")
+run.claim("sweep/best_sigma_interior_and_beats_step", f"with {2 ** max_log2_K} candidates the best σ is inside "
+          "the swept range and halves the plain step's error", 0 < best_sigma < len(sigmas) - 1
+          and e_sig_big[best_sigma] < 0.5 * surrogate_step_error,
+          value=float(e_sig_big[best_sigma] / surrogate_step_error), bound="< 0.5, σ not at an end of the sweep")
+_ = run.claim("sweep/wide_sigma_worse_than_step", f"at σ = {sigmas[-1]:g} and K = {sweep_samples} the error is "
+              "over twice the plain step's", run.results["sweep/error_largest_sigma_over_surrogate_step"] > 2,
+              value=run.results["sweep/error_largest_sigma_over_surrogate_step"], bound="> 2")
 
 # %% [markdown]
-# **α → ∞.** The source essay says that as α → ∞ the update distribution becomes uniform and Δθ* → 0, "the
-# most stable" update. Two things happen instead. The *exact* Δθ* of this quadratic is −H⁻¹g for every α
-# (§1): without a bounded set of allowed steps, p never becomes uniform and Δθ* never shrinks (notebook 01 §2
-# shows the 1/α decay on a ball). And the *estimator* loses the task loss: log w_k = −Δl_k/α − log q(Δ_k) →
-# −log q(Δ_k), so the weights tend to softmax(−log q) — they favour the candidates the proposal found least
-# likely, whatever their loss — and the estimate tends to that 1/q-weighted mean of the draws, not to 0.
+# ### Verdicts of §3–§5
+#
+# Paired over the same `n_seeds` seeds, 95 % t-intervals, Holm-corrected across this table.
+
+# %%
+FAMILY_ESTIMATOR = ["ess/mgs_vs_zero_centred_eps0", "error/mgs_K4_vs_surrogate_step",
+                    "error/mgs_Kmax_vs_surrogate_step", "error/mgs_vs_zero_centred_K8",
+                    "error/unit_sigma_vs_mixture_Kmax", "sweep/lambda_half_vs_zero_scenario_B",
+                    "sweep/lambda_half_vs_one_scenario_A"]
+_ = run.comparison_table(FAMILY_ESTIMATOR)
+
+# %%
+def verdict_claim(key, statement, expected):
+    """A claim on a recorded comparison's Holm-corrected verdict."""
+    c = run.comparisons[key]
+    run.claim(f"verdict/{key}", f"{statement} (Holm-corrected, {c.family_size} comparisons)",
+              c.verdict_adjusted == expected, value=c.effect, bound=f"verdict {expected!r}")
+
+
+verdict_claim("ess/mgs_vs_zero_centred_eps0", "the MGS mixture keeps more ESS than the zero-centred proposal", "better")
+verdict_claim("error/mgs_K4_vs_surrogate_step", "MGS at K = 4 estimates Δθ* worse than the plain surrogate step", "worse")
+verdict_claim("error/mgs_Kmax_vs_surrogate_step", f"MGS at K = {Ks[-1]} beats the plain surrogate step", "better")
+verdict_claim("error/mgs_vs_zero_centred_K8", "at K = 8 MGS beats the zero-centred proposal", "better")
+verdict_claim("error/unit_sigma_vs_mixture_Kmax", f"at K = {Ks[-1]} the unit-σ density is worse than the true one",
+              "worse")
+verdict_claim("sweep/lambda_half_vs_zero_scenario_B", "with θ at the task minimum, λ = ½ beats λ = 0", "better")
+verdict_claim("sweep/lambda_half_vs_one_scenario_A", "with a right surrogate, λ = ½ beats λ = 1", "better")
+
+# %% [markdown]
+# **α → ∞.** Su's post says that as α → ∞ the update distribution becomes uniform and Δθ* → 0, "the most
+# stable" update. Two things happen instead. The *exact* Δθ* of this quadratic is −H⁻¹g for every α (§1).
+# Without a bounded set of allowed steps, p never becomes uniform and Δθ* never shrinks (notebook 01 §2 shows
+# the 1/α decay on a ball). And the *estimator* loses the task loss: log w_k = −Δl_k/α − log q(Δ_k) tends to
+# −log q(Δ_k). The weights tend to softmax(−log q): they favour the candidates the proposal found least
+# likely, whatever their loss. The estimate tends to that 1/q-weighted mean of the draws, not to 0.
+#
+# The identity checked below: each weight differs from softmax(−log q) by at most the factor
+# exp(±2·max|Δl|/α).
 
 # %%
 j_inf, norms_inf = len(alphas) - 1, []
@@ -439,26 +498,28 @@ for s in range(n_seeds):
     deltas = torch.where(zero[:, None], torch.zeros(dim, dtype=D), -g_sweep[s]) + sigma * torch.randn(
         sweep_samples, dim, generator=gen, dtype=D)
     log_q = mixture_log_density(deltas, g_sweep[s], sigma, 0.5)
-    w_inf = mgs_weights(l_quad(theta0 + deltas), l_quad(theta0), log_q, alphas[-1])
-    torch.testing.assert_close(w_inf, torch.softmax(-log_q, 0), rtol=1e-3, atol=1e-6)   # the task loss drops out
+    dl = l_quad(theta0 + deltas) - l_quad(theta0)
+    w_inf, w_q = mgs_weights(dl + l_quad(theta0), l_quad(theta0), log_q, alphas[-1]), torch.softmax(-log_q, 0)
+    assert bool(((w_inf - w_q).abs() <= w_q * math.expm1(2 * float(dl.abs().max()) / alphas[-1]) + 1e-12).all())
     norms_inf.append(float((w_inf @ deltas).norm() / target.norm()))
 run.record("alpha_inf/error_over_best_alpha_error", float(e_alpha[-1] / e_alpha.min()))
 run.record("alpha_inf/estimate_norm_over_target_norm", float(np.median(norms_inf)))
-assert e_alpha[-1] > 1.5 * e_alpha.min() and np.median(norms_inf) > 0.2
-print(f"α = {alphas[-1]:g}: weights = softmax(−log q) to 1e-3; median error {e_alpha[-1]:.3f} vs {e_alpha.min():.3f} at "
-      f"the best α; median ‖estimate‖/‖Δθ*‖ = {np.median(norms_inf):.2f} — not 0")
+_ = run.claim("alpha_inf/estimate_not_zero", f"at α = {alphas[-1]:g} the error exceeds 1.5× the best α's and the "
+              "estimate's median norm exceeds 0.2·‖Δθ*‖", e_alpha[-1] > 1.5 * e_alpha.min()
+              and np.median(norms_inf) > 0.2, value=float(np.median(norms_inf)), bound="> 0.2")
 
 # %% [markdown]
 # ## 6 · Dimension: where importance sampling in parameter space runs out
 #
-# The ESS formula above has the squared distance between means *summed over coordinates*, and the same holds
-# for any mismatch of widths: for a target N(0, s²) and proposal N(0, σ²) per coordinate the second moment of
-# the weight is a per-coordinate factor c = σ² / (s√(2σ² − s²)) > 1, so in d dimensions ESS/K → c^{−d}
-# (notebook 01 §6 derives the general product). With the proposal only 20 % wider than the target, c ≈ 1.02 —
+# The ESS formula above has the squared distance between means *summed over coordinates*. The same holds for
+# any mismatch of widths. For a target N(0, s²) and a proposal N(0, σ²) per coordinate, the second moment of the
+# weight is a per-coordinate factor c = σ² / (s√(2σ² − s²)) > 1, so in d dimensions ESS/K → c^{−d} (notebook 01
+# §6 derives the general product). With the proposal only 20 % wider than the target, c ≈ 1.02. That is
 # harmless in 10 dimensions, but a 5 000-parameter classifier has c^{−d} ≈ e^{−100}. Then one candidate takes
-# essentially all of the weight, and MGS's update is "the candidate with the largest −Δl/α − log q". With the
-# true mixture density, −log q differs between candidates by ≈ ½(‖z_k‖² − d) with spread √(d/2) ≈ 50 at
-# d = 5 000 — unless α is small enough for the task-loss term to dominate, the winner is chosen by its noise
+# essentially all of the weight: MGS's update is "the candidate with the largest −Δl/α − log q".
+#
+# With the true mixture density, −log q differs between candidates by ≈ ½(‖z_k‖² − d), with spread √(d/2) ≈ 50
+# at d = 5 000. Unless α is small enough for the task-loss term to dominate, the winner is chosen by its noise
 # norm. Notebook 03 measures this on digits.
 
 # %%
@@ -475,6 +536,8 @@ for j, d in enumerate(dims):
         ess_dim[s, j] = effective_sample_size(torch.softmax(log_p - log_q, 0)) / 4096
 theory = [c ** (-d) for d in dims]
 print("d", dims, "\nESS/K measured", np.round(np.median(ess_dim, 0), 4), "\nc^-d          ", np.round(theory, 4))
+# fixed sizes (4096 draws, 5 repetitions), whatever the parameters: the measured ESS/K matches c^(−d) where
+# 4096 draws resolve it, and stays far below its d = 2 value at d = 512, where c^(−d) is below 1e-4
 assert abs(np.median(ess_dim, 0)[0] - theory[0]) < 0.05
 assert np.median(ess_dim, 0)[-1] < 0.05 and np.median(ess_dim, 0)[-1] < np.median(ess_dim, 0)[0] / 10
 _ = run.record("ess_over_K/d512", float(np.median(ess_dim, 0)[-1]))
@@ -487,12 +550,11 @@ ax.axhline(1 / 4096, color="grey", lw=0.8, ls="--", label="ESS = 1")
 label_axes(ax, "dimension d", "ESS / K", "Proposal 20 % wider than the target", lower_is_better=False,
            logx=True, logy=True)
 run.savefig(fig, "ess_vs_dimension.png")
-plt.show()
+show(fig, "the measured fraction against the closed form c^(−d); at d = 512 it is {ess_over_K/d512:.4f}, where "
+     "c^(−d) = {th:.1e}: 4096 draws cannot resolve a fraction that small (finite-K ESS is optimistic).",
+     run=run, th=theory[-1])
 
 # %% [markdown]
-# *What to see:* the measured fraction follows $c^{-d}$ down by orders of magnitude, until it meets the floor of
-# one effective draw.
-#
 # ## 7 · MGS against the plain surrogate step when l̃ and l disagree
 #
 # A 2-D problem where the surrogate is smooth and wrong and the task loss is right and non-differentiable:
@@ -548,6 +610,7 @@ def surrogate_closure(model, batch=None):
     return closure
 
 
+# %%
 start_pt = torch.tensor([-1.5, -1.5], dtype=D)
 pt = Point(start_pt)
 mgs_pt = mgs_for(pt, 1.0, seed, n_samples=6, alpha=0.1, sigma=0.3, keep_deltas=True)
@@ -586,6 +649,20 @@ gd_final = float(staircase(gd_path[-1]))
 mgs_final = np.array([float(staircase(p[-1])) for p, _ in mgs_runs])
 print(f"task loss at the end: GD on l̃ {gd_final:.2f}; MGS {mgs_final} (start {float(staircase(start_pt)):.2f})")
 
+# %%
+run.record("toy/gd_final_task_loss", gd_final, headline=True)
+run.record("toy/mgs_final_task_loss_mean", float(mgs_final.mean()), headline=True,
+           across_machines=Tolerance(atol=0.25, reason="the staircase moves in steps of 0.25; a seed ending one "
+                                                        "step elsewhere moves the mean by 0.25 / toy_seeds"))
+run.record("toy/mgs_final_task_loss_max", float(mgs_final.max()))
+run.record("toy/mgs_median_ess", float(np.median([np.median(e) for _, e in mgs_runs])))
+# GD is deterministic, so there is no paired comparison to make: the claim is about every MGS seed
+run.claim("toy/gd_stops_at_surrogate_minimum", "gradient descent on l̃ ends on the staircase's level at b (≥ 1.5)",
+          gd_final >= 1.5, value=gd_final, bound=">= 1.5")
+_ = run.claim("toy/every_mgs_seed_lower", f"every one of {toy_seeds} MGS runs ends at least one unit of task "
+              "loss below gradient descent on l̃", mgs_final.max() <= gd_final - 1.0,
+              value=float(mgs_final.max()), bound=f"<= {gd_final - 1.0:.2f}")
+
 # %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 4))
 xs = torch.linspace(-2, 2.5, 300, dtype=D)
@@ -604,46 +681,31 @@ seed_band(axes[1], np.arange(toy_steps + 1), [staircase(p).numpy() for p, _ in m
 label_axes(axes[1], "step", "task loss l(θ)", "task loss along the way", lower_is_better=True)
 fig.tight_layout()
 run.savefig(fig, "mgs_vs_surrogate_2d.png")
-plt.show()
-
-# %% [markdown]
-# *What to see:* gradient descent on the surrogate walks straight to b and stops on a high step of the
-# staircase; every MGS run keeps descending the staircase towards a.
-
-# %%
-c_toy = run.compare("toy/mgs_vs_gd_final_task_loss", mgs_final, np.full(toy_seeds, gd_final), name="MGS",
-                    baseline="GD on the surrogate", metric="final task loss (2-D staircase)", lower_is_better=True)
-run.record("toy/gd_final_task_loss", gd_final, headline=True)
-run.record("toy/mgs_final_task_loss_mean", float(mgs_final.mean()), headline=True)
-run.record("toy/mgs_final_task_loss_max", float(mgs_final.max()))
-run.record("toy/mgs_median_ess", float(np.median([np.median(e) for _, e in mgs_runs])))
-print(c_toy.sentence())
-assert gd_final >= 1.5                          # GD on l̃ stops at b, where the staircase is 2
-assert mgs_final.max() <= gd_final - 1.0        # every MGS seed ends at least one unit of task loss lower
-assert c_toy.verdict == "better"
+show(fig, "gradient descent on the surrogate walks to b and ends at task loss {toy/gd_final_task_loss:.2f}; the "
+     "{n} MGS runs end at {toy/mgs_final_task_loss_mean:.2f} on average (worst {toy/mgs_final_task_loss_max:.2f}).",
+     run=run, n=toy_seeds)
 
 # %% [markdown]
 # ## 8 · MGS against policy gradient at equal compute
 #
-# The essay argues that policy gradient (REINFORCE: sample *outputs* from p_θ(y|x), reweight their
-# log-likelihood by the task reward; notebook 05) should be cheaper than MGS (sample *parameters*), while MGS
-# uses the surrogate's gradient to guide its search from the start. Here both train a linear softmax
-# classifier on the 8×8 digits (650 parameters) from the same random start to maximize accuracy, under the
-# **same compute budget**, counted in forward-pass equivalents of one minibatch of 128 digits:
+# Su's post argues that policy gradient should be cheaper than MGS. REINFORCE samples *outputs* from
+# p_θ(y|x) and reweights their log-likelihood by the task reward (notebook 05); MGS samples *parameters*.
+# MGS, in turn, uses the surrogate's gradient to guide its search from the start. Here both train a linear
+# softmax classifier on the 8×8 digits (650 parameters) from the same random start to maximize accuracy. They
+# get the **same compute budget**, counted in forward-pass equivalents of one minibatch of 128 digits:
 #
 # | method | per step | cost units |
 # |---|---|---|
-# | MLE (cross-entropy, Adam) — the reference | forward + backward (≈ 2 forwards) | 3 |
-# | REINFORCE (`classification_reinforce`, `pg_samples` labels per input, leave-one-out baseline, Adam) | forward + backward; sampling labels from the softmax needs no further forward for a classifier | 3 |
+# | MLE (cross-entropy, Adam), the reference | forward + backward (≈ 2 forwards) | 3 |
+# | REINFORCE (`classification_reinforce`, `pg_samples` labels per input, leave-one-out baseline, Adam) | forward + backward; sampling labels from a classifier's softmax needs no further forward | 3 |
 # | REINFORCE + MLE (the same plus `pg_mle_weight` × cross-entropy) | same | 3 |
-# | MGS (`MGS`, AdamW, `mgs_samples` candidates, the reference's α = 0.01, σ = 1 relative, λ = ½, clipping at norm 1, the package's true mixture density) | the surrogate's forward + backward, then K candidate forwards (l(θ) cancels and is not computed) | 3 + K |
+# | MGS (`MGS`, AdamW, `mgs_samples` candidates, the reference code's α = 0.01, σ = 1 relative, λ = ½, clipping at norm 1, the package's true mixture density) | the surrogate's forward + backward, then K candidate forwards (l(θ) cancels and is not computed) | 3 + K |
 #
-# So at equal compute REINFORCE takes (3 + K)/3 times as many steps as MGS. Classification is the most
-# favourable case for policy gradient: for a sequence model each sampled output is a decoded sequence and costs
-# forwards of its own. Each method's learning rate is tuned on the validation split over `pg_lrs`
-# (`pg_tune_seeds` seeds each, full budget); the tuned runs then use `pg_seeds` fresh seeds and report
-# held-out test accuracy at six points of the budget — a budget sweep, so a verdict can be checked for having
-# settled.
+# So at equal compute REINFORCE takes (3 + K)/3 times as many steps as MGS. Classification favours policy
+# gradient: for a sequence model each sampled output is a decoded sequence that costs forwards of its own.
+# Each method's learning rate is tuned on the validation split over `pg_lrs` (`pg_tune_seeds` seeds each, full
+# budget). The tuned runs then use `pg_seeds` fresh seeds and report held-out test accuracy at six points of
+# the budget. This budget sweep shows whether a verdict has settled.
 
 # %%
 splits = load_digits_splits(0)
@@ -651,6 +713,9 @@ splits = load_digits_splits(0)
 METHODS = ["MLE", "REINFORCE", "REINFORCE + MLE", "MGS"]
 COST = {"MLE": 3, "REINFORCE": 3, "REINFORCE + MLE": 3, "MGS": 3 + mgs_samples}
 MARKS = [round(pg_budget * (i + 1) / 6) for i in range(6)]     # budget sweep: accuracy at these costs
+if MARKS[0] < COST["MGS"]:
+    raise ValueError(f"pg_budget = {pg_budget} leaves MGS no step before the first mark: it needs pg_budget >= "
+                     f"{6 * COST['MGS']} with mgs_samples = {mgs_samples}")
 
 
 def linear_model(s):
@@ -741,36 +806,45 @@ label_axes(ax, "compute (forward-pass equivalents of one minibatch)", "held-out 
            "Equal compute: digits, linear softmax, from scratch", lower_is_better=False)
 ax.legend(fontsize=7, loc="lower right")
 run.savefig(fig, "equal_compute.png")
-plt.show()
-
-# %% [markdown]
-# *What to see:* each curve is the test accuracy after the same amount of compute; the methods' order at the
-# right end is the verdict below, and whether the bands have stopped crossing tells whether it has settled.
+show(fig, "each curve is the held-out test accuracy after the same amount of compute, {n} seeds per method. The "
+     "order at the right end is what the verdicts below test; bands that still cross have not settled.",
+     run=run, n=pg_seeds)
 
 # %%
 half, kw = len(MARKS) // 2 - 1, dict(metric="test accuracy at equal compute", lower_is_better=False)
-eq = []
+FAMILY_EQUAL = []
 for base, key in (("REINFORCE", "reinforce"), ("REINFORCE + MLE", "reinforce_mle"), ("MLE", "mle")):
-    eq.append(run.compare(f"equal_compute/mgs_vs_{key}", curves_eq["MGS"][:, -1], curves_eq[base][:, -1],
-                          name="MGS", baseline=base, **kw))
-    eq.append(run.compare(f"equal_compute/mgs_vs_{key}_half_budget", curves_eq["MGS"][:, half],
-                          curves_eq[base][:, half], name="MGS (half budget)", baseline=f"{base} (half budget)", **kw))
+    run.compare(f"equal_compute/mgs_vs_{key}", curves_eq["MGS"][:, -1], curves_eq[base][:, -1],
+                name="MGS", baseline=base, headline=True, **kw)
+    run.compare(f"equal_compute/mgs_vs_{key}_half_budget", curves_eq["MGS"][:, half],
+                curves_eq[base][:, half], name="MGS (half budget)", baseline=f"{base} (half budget)", **kw)
+    FAMILY_EQUAL += [f"equal_compute/mgs_vs_{key}", f"equal_compute/mgs_vs_{key}_half_budget"]
 KEY = {"MLE": "mle", "REINFORCE": "reinforce", "REINFORCE + MLE": "reinforce_mle", "MGS": "mgs"}
 for method in METHODS:
-    run.record(f"equal_compute/test_acc_{KEY[method]}", float(curves_eq[method][:, -1].mean()), headline=method == "MGS")
+    run.record(f"equal_compute/test_acc_{KEY[method]}", float(curves_eq[method][:, -1].mean()),
+               headline=method == "MGS", across_machines=seed_spread(curves_eq[method][:, -1]))
 run.record("equal_compute/mgs_median_ess", float(np.median(ess_eq)))
-assert all(curves_eq[m][:, -1].min() > 0.5 for m in METHODS)      # every method learns (chance: 0.1)
+worst = min(float(curves_eq[m][:, -1].min()) for m in METHODS)
+_ = run.claim("equal_compute/every_method_learns", "every method and seed ends above 0.5 test accuracy (chance: "
+              "0.1)", worst > 0.5, value=worst, bound="> 0.5")
+
+# %% [markdown]
+# ### Verdicts of §8
+#
+# Paired over the same `pg_seeds` seeds, 95 % t-intervals, Holm-corrected across this table.
+
+# %%
+_ = run.comparison_table(FAMILY_EQUAL)
 
 # %% tags=["hide-input"]
+eq = [dataclasses.replace(run.comparisons[k], verdict=run.comparisons[k].verdict_adjusted) for k in FAMILY_EQUAL]
 fig, ax = plt.subplots(figsize=(7.5, 3.2))
 comparison_forest(ax, eq)
 ax.set_title("MGS against each rival at equal compute (full and half budget)")
 run.savefig(fig, "equal_compute_verdicts.png")
-plt.show()
-
-# %% [markdown]
-# *What to see:* a row whose interval crosses the vertical line is inconclusive at this number of seeds; a row
-# whose colour differs between the half and the full budget has not settled.
+n_decided = sum(c.verdict != "inconclusive" for c in eq)
+show(fig, "each row is one paired comparison with its 95 % interval; its colour is the Holm-corrected verdict "
+     "across the {n} comparisons. {d} of them are decided at {s} seeds.", run=run, n=len(eq), d=n_decided, s=pg_seeds)
 
 # %% [markdown]
 # ## Results
@@ -780,95 +854,103 @@ run.record("runtime_s", time.time() - t_start)
 _ = run.table()
 
 # %% [markdown]
-# ### Verdicts (paired over seeds; 95 % t-intervals; "inconclusive" when the interval covers 0)
+# ## Claims
+#
+# The findings of this run that depend on its parameters and seeds, each with its evidence.
 
 # %%
-_ = run.comparison_table()
+_ = run.claims_table()
 
 # %% [markdown]
-# ## What the numbers say
+# ## Summary
 #
-# Rendered from this run's recorded values; the asserts above hold for seeds 0–19 at these defaults.
+# Rendered from this run's recorded values. Verdicts are the Holm-corrected ones of their table.
 
 # %%
 def vs(key):
-    """'better than B (effect, interval)' / 'worse than …' / 'not distinguishable from …' for a recorded comparison."""
+    """A recorded comparison's Holm-corrected verdict in words, with its effect, interval and adjusted p."""
     c = run.comparisons[key]
-    word = {"better": "better than", "worse": "worse than", "inconclusive": "not distinguishable from"}[c.verdict]
-    return (f"{word} {c.baseline} (effect {c.effect:+.3g}, {100 * c.confidence:.0f} % CI "
-            f"[{c.ci_low:.3g}, {c.ci_high:.3g}], {c.n} seeds)")
+    word = {"better": "better than", "worse": "worse than",
+            "inconclusive": "not distinguishable from"}[c.verdict_adjusted]
+    return (f"{word} {c.baseline} (effect {c.effect:+.3g}, 95 % CI [{c.ci_low:.3g}, {c.ci_high:.3g}], {c.n} seeds, "
+            f"Holm-adjusted p = {c.p_adjusted:.2g} of {c.family_size})")
 
 
 def vs_short(key):
-    """The verdict word and effect only, for a second mention of the same pair."""
+    """The corrected verdict word and effect only, for a second mention of the same pair."""
     c = run.comparisons[key]
-    return f"{ {'inconclusive': 'not distinguishable'}.get(c.verdict, c.verdict)} ({c.effect:+.3g})"
+    return f"{ {'inconclusive': 'not distinguishable'}.get(c.verdict_adjusted, c.verdict_adjusted)} ({c.effect:+.3g})"
 
 
 # %%
 _ = run.say(
-    "* **Importance sampling recovers Newton's step without a gradient of the task loss**, at the Monte Carlo "
-    "rate K^(−1/2): at K = {error/K_max:.0f} the MGS estimate's median error is {error/mgs_Kmax:.3f}.\n"
-    "* **A handful of candidates does not estimate Δθ*.** At K = 4 — the paper's choice — the median error is "
-    "{error/mgs_K4_over_target_norm:.0%} of ‖Δθ*‖, while the plain surrogate step −∇l̃ (no task-loss evaluation "
-    "at all) is off by {error/surrogate_step_over_target_norm:.0%}: MGS at K = 4 is {k4}. It needs K = "
-    "{error/K_to_beat_surrogate_step:.0f} to beat the plain step (at K = {error/K_max:.0f} it is {kmax}) and "
-    "K = {error/K_to_reach_tenth_of_target:.0f} to get within 10 % of ‖Δθ*‖. With four candidates MGS is a "
-    "randomized search step around the surrogate's, not an estimate of the mean.\n"
-    "* **The surrogate's step is what makes the proposal work.** Centred at −∇l̃, the mixture's median ESS is "
-    "{ess/mgs_over_zero_centred_at_eps0:.0f}× that of a zero-centred proposal; its error at K = 8 is {zero}.\n"
-    "* **The density matters.** The reference code's unit-σ density is not the density of the draws when σ ≠ 1: "
-    "at K = {error/K_max:.0f} its error is {unit}.",
-    k4=vs("error/mgs_K4_vs_surrogate_step"), kmax=vs("error/mgs_Kmax_vs_surrogate_step"),
-    zero=vs("error/mgs_vs_zero_centred_K8"), unit=vs("error/unit_sigma_vs_mixture_Kmax"))
+    "* **Importance sampling recovers Newton's step without a gradient of the task loss.** At K = "
+    "{error/K_max:.0f} the MGS estimate's median error is {error/mgs_Kmax:.3f}.\n"
+    "* **At K = 4, the paper's choice, MGS does not estimate Δθ*.** Its median error is "
+    "{error/mgs_K4_over_target_norm:.0%} of ‖Δθ*‖. The plain surrogate step −∇l̃ is off by "
+    "{error/surrogate_step_over_target_norm:.0%}, with no task-loss evaluation at all. MGS at K = 4 is {k4}.\n"
+    "* **More candidates fix it.** The median error falls below the plain step's at {K_beat} and within 10 % of "
+    "‖Δθ*‖ at {K_tenth}. At K = {error/K_max:.0f} MGS is {kmax}. With four candidates MGS is a randomized search "
+    "step around the surrogate's, not an estimate of the mean.\n"
+    "* **The surrogate's step makes the proposal work.** Centred at −∇l̃, the mixture's median ESS is "
+    "{ess/mgs_over_zero_centred_at_eps0:.0f}× a zero-centred proposal's. At K = 8 MGS is {zero}.\n"
+    "* **The density matters.** The reference code's unit-σ density is not the density of the draws when σ ≠ 1. "
+    "At K = {error/K_max:.0f} it is {unit}.",
+    k4=vs("error/mgs_K4_vs_surrogate_step"), kmax=vs("error/mgs_Kmax_vs_surrogate_step"), K_beat=K_beat,
+    K_tenth=K_tenth, zero=vs("error/mgs_vs_zero_centred_K8"), unit=vs("error/unit_sigma_vs_mixture_Kmax"))
 
 # %%
 _ = run.say(
-    "* **The knobs.** α → 0 turns the update into \"best of K\" (ESS → 1); the best α in the sweep is "
-    "{sweep/best_alpha:g}. **α → ∞** does not drive the update to 0: the weights become softmax(−log q), the "
-    "task loss drops out, the error grows to {alpha_inf/error_over_best_alpha_error:.1f}× the best α's and the "
-    "estimate's norm stays at {alpha_inf/estimate_norm_over_target_norm:.2f}·‖Δθ*‖. With many candidates the best "
-    "σ ({sweep/best_sigma_Kmax:g}) brings the error to {sweep/error_best_sigma_Kmax_over_surrogate_step:.2f}× the "
-    "plain step's. When θ already sits at the task minimum and the surrogate pulls, λ = ½ is {lam_b}; when the "
-    "surrogate is right, λ = ½ is {lam_a}.\n"
-    "* **Dimension.** A proposal only 20 % wider than the target keeps ESS/K = {ess_over_K/d512:.4f} at d = 512 "
-    "(c^(−d)); notebook 03 measures the collapse on a 2 410-parameter classifier.\n"
-    "* **When surrogate and task loss disagree, MGS follows the task loss**: on the 2-D staircase, gradient "
-    "descent on l̃ ends at task loss {toy/gd_final_task_loss:.2f}, MGS at {toy/mgs_final_task_loss_mean:.2f} on "
-    "average (worst seed {toy/mgs_final_task_loss_max:.2f}).",
-    lam_b=vs("sweep/lambda_half_vs_zero_scenario_B"), lam_a=vs("sweep/lambda_half_vs_one_scenario_A"))
+    "* **The knobs.** At α = {a0:g} the median ESS is {sweep/ess_smallest_alpha:.2f}: the update becomes \"best "
+    "of K\". The best α in the sweep is {sweep/best_alpha:g}. At α = {a1:g} the weights become softmax(−log q) "
+    "and the task loss drops out. The error is then {alpha_inf/error_over_best_alpha_error:.1f}× the best α's, "
+    "and the estimate's norm is {alpha_inf/estimate_norm_over_target_norm:.2f}·‖Δθ*‖, not 0.\n"
+    "* With {Kbig} candidates the best σ ({sweep/best_sigma_Kmax:g}) brings the error to "
+    "{sweep/error_best_sigma_Kmax_over_surrogate_step:.2f}× the plain step's. With θ at the task minimum and the "
+    "surrogate pulling, λ = ½ is {lam_b}. With a right surrogate, λ = ½ is {lam_a}.\n"
+    "* **Dimension.** A proposal only 20 % wider than the target keeps ESS/K = {ess_over_K/d512:.4f} at d = 512. "
+    "Notebook 03 measures the collapse on a 2 410-parameter classifier.\n"
+    "* **When surrogate and task loss disagree, MGS follows the task loss.** On the 2-D staircase, gradient "
+    "descent on l̃ ends at task loss {toy/gd_final_task_loss:.2f}. MGS ends at {toy/mgs_final_task_loss_mean:.2f} "
+    "on average over {nt} runs (worst {toy/mgs_final_task_loss_max:.2f}).",
+    lam_b=vs("sweep/lambda_half_vs_zero_scenario_B"), lam_a=vs("sweep/lambda_half_vs_one_scenario_A"),
+    a0=alphas[0], a1=alphas[-1], Kbig=2 ** max_log2_K, nt=toy_seeds)
 
 # %%
 _ = run.say(
-    "* **At equal compute** (§8: {budget} forward equivalents, learning rates tuned per method, {n} seeds) MGS "
-    "reaches test accuracy {equal_compute/test_acc_mgs:.3f}, REINFORCE {equal_compute/test_acc_reinforce:.3f}, "
-    "REINFORCE + MLE {equal_compute/test_acc_reinforce_mle:.3f} and MLE {equal_compute/test_acc_mle:.3f}. MGS "
-    "is {rf} (at half the budget: {rf_half}); {rfm} (half: {rfm_half}); {mle} (half: {mle_half}). Its median "
-    "ESS was {equal_compute/mgs_median_ess:.2f} of {K} candidates{collapse}.",
+    "* **At equal compute** (§8: {budget} forward equivalents, learning rates tuned per method, {n} seeds) the "
+    "test accuracy is {equal_compute/test_acc_mgs:.3f} for MGS, {equal_compute/test_acc_reinforce:.3f} for "
+    "REINFORCE, {equal_compute/test_acc_reinforce_mle:.3f} for REINFORCE + MLE and {equal_compute/test_acc_mle:.3f} "
+    "for MLE. MGS is {rf} (half budget: {rf_half}). It is {rfm} (half: {rfm_half}), and {mle} (half: {mle_half}). "
+    "Its median ESS was {equal_compute/mgs_median_ess:.2f} of {K} candidates{collapse}.\n"
+    "* **What a larger run would decide.** {decided} of the {fam} equal-compute verdicts survive the Holm "
+    "correction at {n} seeds. Whether MGS trails REINFORCE + MLE needs more seeds, e.g. `-p pg_seeds 20`.",
     rf=vs("equal_compute/mgs_vs_reinforce"), rf_half=vs_short("equal_compute/mgs_vs_reinforce_half_budget"),
     rfm=vs("equal_compute/mgs_vs_reinforce_mle"), rfm_half=vs_short("equal_compute/mgs_vs_reinforce_mle_half_budget"),
     mle=vs("equal_compute/mgs_vs_mle"), mle_half=vs_short("equal_compute/mgs_vs_mle_half_budget"),
-    budget=pg_budget, n=pg_seeds, K=mgs_samples, collapse=(
+    budget=pg_budget, n=pg_seeds, K=mgs_samples, fam=len(FAMILY_EQUAL), decided=n_decided, collapse=(
         ": its weights pick one candidate per step, so each update is one surrogate-guided or random step "
-        "rather than a task-loss-weighted average"
-        if np.median(ess_eq) < 1.5 else ""))
+        "rather than a task-loss-weighted average" if np.median(ess_eq) < 1.5 else ""))
 
 # %% [markdown]
-# ## Errata vs. the source
+# ## Errata to Su's post
+#
+# Su Jianlin's post (<https://kexue.fm/archives/7521>) introduces the paper. Four of its statements, each
+# checked above:
 
 # %%
 _ = run.say(
-    "> 1. **\"With the guidance of q, n need not be large\" (n = 4 in the paper).** As an estimator of Δθ*, "
-    "K = 4 leaves a median error of {error/mgs_K4_over_target_norm:.0%} of ‖Δθ*‖ here, and MGS at K = 4 is {k4}; "
-    "the paper's gains at n = 4 are those of a search step, not of an accurate mean (§4).\n"
-    "> 2. **α → ∞ does not give Δθ* → 0** unless the allowed steps are bounded: for a quadratic Δθ* = −H⁻¹g at "
+    "> 1. **\"With the guidance of q, n need not be large\"** (n = 4 in the paper). As an estimator of Δθ*, "
+    "K = 4 leaves a median error of {error/mgs_K4_over_target_norm:.0%} of ‖Δθ*‖ here; MGS at K = 4 is {k4}. "
+    "The paper's gains at n = 4 are those of a search step, not of an accurate mean (§4).\n"
+    "> 2. **α → +∞ does not give Δθ* → 0** unless the allowed steps are bounded. For a quadratic Δθ* = −H⁻¹g at "
     "every α, and the estimator tends to the 1/q-weighted mean of its draws (§5; notebook 01 §2 has the ball).\n"
-    "> 3. **\"Policy gradient should be less intensive.\"** Per step, yes (3 cost units against 3 + K). Per unit "
-    "of accuracy on digits at equal compute (§8), MGS was {rf}, and {rfm}: the comparison that matters is with "
-    "policy gradient that also uses the cross-entropy, as the essay itself recommends for pre-training.\n"
-    "> 4. The essay writes the proposal as one Gaussian around −∇l̃; the paper and the reference code use the "
-    "mixture with the zero-centred component (λ), whose effect §5 isolates. The reference code also evaluates "
-    "the mixture at unit variance, which is not the density of its draws (§4).",
+    "> 3. **\"Policy gradient should be less intensive.\"** Per step, yes: 3 cost units against 3 + K. At equal "
+    "compute on digits (§8) MGS was {rf}, and {rfm}. The comparison that matters is with policy gradient that "
+    "also uses the cross-entropy: the post itself says policy gradient usually needs likelihood pre-training.\n"
+    "> 4. **The density in the paper's code.** The post quotes the paper's mixture "
+    "q(Δθ|θ) = λN(Δθ; 0, σ²) + (1 − λ)N(Δθ; −∇l̃(θ), σ²), whose λ §5 isolates. The reference code evaluates "
+    "this mixture as if σ were 1, which is not the density of its draws when σ ≠ 1 (§4).",
     k4=vs("error/mgs_K4_vs_surrogate_step"), rf=vs("equal_compute/mgs_vs_reinforce"),
     rfm=vs("equal_compute/mgs_vs_reinforce_mle"))
 

@@ -11,8 +11,8 @@
 # %% [markdown]
 # # 05 · Policy gradient vs zeroth-order search: sampling outputs or sampling parameters
 #
-# A *task loss* — the 0-1 loss of an `argmax` prediction (1 if the predicted label is wrong, else 0), an edit
-# distance, BLEU — has no useful gradient. Two families of methods still optimize it from *loss values alone*:
+# A *task loss* has no useful gradient: the 0-1 loss of an `argmax` prediction (1 if the predicted label is
+# wrong, else 0), an edit distance, BLEU. Two families of methods still optimize it from *loss values alone*:
 #
 # * **policy gradient** (REINFORCE) makes the *output* random, $y\sim p_\theta(y\mid x)$, and follows the gradient
 #   of the expected task reward $\mathbb E_{y\sim p_\theta}[R(y)]$;
@@ -21,37 +21,50 @@
 #   is the smoothing scale). *Zeroth order* means that only values of $f$, no derivatives, are used.
 #
 # **Question.** Are these really different methods? We show that for a Gaussian search distribution the
-# zeroth-order estimator *is* REINFORCE — the same formula with the score of the Gaussian — then study what makes
-# either estimator usable (baselines, antithetic pairs), and finally compare sampling outputs with sampling
+# zeroth-order estimator *is* REINFORCE: the same formula with the score of the Gaussian. Then we study what
+# makes either estimator usable (baselines, antithetic pairs). Finally we compare sampling outputs with sampling
 # parameters on one digits classifier: gradient quality per unit of compute, and training runs with every
 # method's learning rate tuned, over a budget sweep, judged by paired comparisons over seeds.
 #
-# Sources: the essay on policy gradient vs zeroth-order optimization and the policy-gradient section of the essay
-# on *MLE-guided parameter search* (see `references/`); Williams 1992, *Simple Statistical Gradient-Following
-# Algorithms for Connectionist Reinforcement Learning* (REINFORCE); Nesterov & Spokoiny 2017, *Random
-# Gradient-Free Minimization of Convex Functions* (Gaussian smoothing); Spall 1992 (SPSA); Malladi et al. 2023,
-# *Fine-Tuning Language Models with Just Forward Passes* (MeZO).
+# **Sources.**
+# * Su Jianlin, 《殊途同归的策略梯度与零阶优化》 ("Policy gradient and zeroth-order optimization: different paths
+#   to the same destination"), *Scientific Spaces*, 2020, <https://kexue.fm/archives/7737>.
+# * Su Jianlin, 《从采样看优化：可导优化与不可导优化的统一视角》 ("Optimization from the perspective of
+#   sampling"), *Scientific Spaces*, 2020, <https://kexue.fm/archives/7521>: its section on policy gradient.
+# * R. J. Williams, "Simple statistical gradient-following algorithms for connectionist reinforcement
+#   learning", *Machine Learning* 8, 1992, [doi:10.1007/BF00992696](https://doi.org/10.1007/BF00992696).
+# * Y. Nesterov and V. Spokoiny, "Random gradient-free minimization of convex functions", *Foundations of
+#   Computational Mathematics* 17, 2017, [doi:10.1007/s10208-015-9296-2](https://doi.org/10.1007/s10208-015-9296-2).
+# * J. C. Spall, "Multivariate stochastic approximation using a simultaneous perturbation gradient
+#   approximation", *IEEE Transactions on Automatic Control* 37(3), 1992 (SPSA).
+# * S. Malladi et al., "Fine-tuning language models with just forward passes", NeurIPS 2023,
+#   [arXiv:2305.17333](https://arxiv.org/abs/2305.17333) (MeZO).
 #
 # Package code: `taskloss.search.policy_gradient` (REINFORCE), `taskloss.search.zeroth_order` (Gaussian smoothing,
 # SPSA, MeZO), `taskloss.losses.metrics` (the task losses).
+#
+# Identities (the estimators' equality, closed forms, parities with the package, Monte Carlo errors within
+# tolerances that scale with the number of directions) are asserted. Claims — the findings of this run at
+# these parameters — are printed as held or not held and listed at the end. Verdicts are paired over seeds and
+# Holm-corrected across each table.
 
 # %% tags=["parameters"]
-seed: int = 0
-device: str = "auto"
-output_dir: str = ""
-dim: int = 20                  # [> 0] dimension of the quadratic test problem (§1–2)
+seed: int = 0                  # [>= 0] seed of every random draw
+device: str = "auto"           # "auto" (cuda when available), "cpu" or "cuda"
+output_dir: str = ""           # run folder; empty: the runner's, or runs/interactive/<notebook>
+dim: int = 20                  # [>= 1] dimension of the quadratic test problem (§1–2)
 sigma: float = 0.5             # [> 0] smoothing scale on the quadratic
 offset: float = 5.0            # constant added to the quadratic: a loss that is not centred at zero
-n_max_log2: int = 14           # [>= 1] §1 convergence check up to 2**n_max_log2 directions
+n_max_log2: int = 14           # [>= 2] §1 convergence check up to 2**n_max_log2 directions
 var_reps: int = 100            # [>= 2] independent estimates per point of the variance curves
 var_seeds: int = 5             # [>= 2] random quadratics for §1–2
 pg_samples: int = 4            # [>= 2] REINFORCE samples per input (the leave-one-out baseline needs 2)
-zo_dirs: int = 64              # [> 0] parameter perturbations per zeroth-order estimate (digits)
-grad_seeds: int = 5            # [>= 2] initializations for the gradient-quality comparison (§3)
-grad_reps: int = 12            # [> 0] independent estimates per initialization (§3)
-train_steps: int = 300         # [> 0] optimizer steps per training run (§4)
-batch_size: int = 128          # [> 0] minibatch size of every training run
-train_seeds: int = 5           # [>= 2] seeds per method and learning rate, paired across methods (§4)
+zo_dirs: int = 64              # [>= 1] parameter perturbations per zeroth-order estimate (digits)
+grad_seeds: int = 5            # [>= 3] initializations for the gradient-quality comparison (§3; paired verdicts need 3)
+grad_reps: int = 12            # [>= 1] independent estimates per initialization (§3)
+train_steps: int = 300         # [>= 1] optimizer steps per training run (§4)
+batch_size: int = 128          # [>= 1] minibatch size of every training run
+train_seeds: int = 5           # [>= 3] seeds per method and learning rate, paired across methods (§4)
 lr_factors: list[float] = [0.3, 1.0, 3.0]   # [> 0] learning-rate grid: each method's centre times these
 lr_mle: float = 0.1            # [> 0] Adam step centre for MLE
 lr_pg: float = 0.01            # [> 0] Adam step centre for REINFORCE
@@ -62,10 +75,11 @@ pg_mle_weight: float = 0.1     # [>= 0] weight of the cross-entropy mixed into R
 warm_fraction: float = 0.5     # [> 0, < 1] "MLE → REINFORCE": fraction of the steps spent on MLE first
 zo_sigma: float = 0.1          # [> 0] parameter-noise scale of zeroth order on the 0-1 loss
 mezo_sigma: float = 0.01       # [> 0] MeZO perturbation scale σ
-mezo_samples: int = 16         # [> 0] antithetic pairs per MeZO step
-eval_every: int = 25           # [> 0] steps between held-out evaluations
+mezo_samples: int = 16         # [>= 1] antithetic pairs per MeZO step
+eval_every: int = 25           # [>= 1] steps between held-out evaluations
 
 # %%
+import dataclasses
 import math
 import time
 
@@ -80,11 +94,12 @@ from taskloss.datasets import load_digits_splits
 from taskloss.losses import metrics
 from taskloss.results.compare import paired_comparison
 from taskloss.results.headlines import seed_spread
-from taskloss.results.plotting import comparison_forest, label_axes, mean_interval, median_band, seed_band
+from taskloss.results.plotting import comparison_forest, label_axes, mean_interval, median_band, seed_band, show
 from taskloss.search import policy_gradient as PG
 from taskloss.search import zeroth_order as ZO
 from taskloss.utils import functional_loss
 
+# %%
 run = taskloss.results.start("05_policy_gradient_vs_zeroth_order", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
 print("device:", dev)
@@ -178,6 +193,30 @@ slope_q = np.polyfit(np.log(ns), np.log(err_q.mean(0)), 1)[0]
 slope_c = np.polyfit(np.log(ns), np.log(err_c.mean(0)), 1)[0]
 smoothing_bias = math.exp(sig_cos**2 / 2) - 1
 
+# %%
+print(f"log-log slope of the relative error: quadratic {slope_q:.3f}, cosine {slope_c:.3f}  (Monte Carlo: -0.5)")
+print(f"at n = {ns[-1]}: rel. error to the smoothed gradient {err_c[:, -1].mean():.3f}, to the true gradient "
+      f"{err_c_true[:, -1].mean():.3f} (theory e^(σ²/2) − 1 = {smoothing_bias:.3f})")
+# Bounds set at dim 20, n = 2¹⁴ and scaled with the error's growth: √(dim/n) for the quadratic; dim/√n for the cosine,
+# whose value baseline f(θ) misses the smoothed value E f(θ+σu) by (e^(−σ²/2) − 1)·Σ cos θ_i, an offset ∝ dim
+# that multiplies every direction (measured at n = 2¹⁴: error·√n/dim = 0.78, 0.67, 0.65 at dim 20, 50, 100).
+scale_q, scale_c = math.sqrt(dim / ns[-1] * 2**14 / 20), dim / 20 * math.sqrt(2**14 / ns[-1])
+assert err_q.mean(0)[-1] < 0.15 * scale_q and err_c.mean(0)[-1] < 0.2 * scale_c
+run.claim("convergence/monte_carlo_rate", "the relative error falls with a log-log slope between −0.65 and −0.35 "
+          "(Monte Carlo: −0.5) on both functions", -0.65 < slope_q < -0.35 and -0.65 < slope_c < -0.35,
+          value=float(slope_q), bound="in (−0.65, −0.35), quadratic and cosine")
+# converges to the smoothed gradient only, and misses the true one by the bias. The median over problems: per
+# problem the gap to the bias can be as large as that problem's Monte Carlo error (triangle inequality)
+run.claim("convergence/cosine_converges_to_smoothed_gradient", f"at n = {ns[-1]} every cosine problem is over 3× "
+          "closer to the smoothed gradient than to the true one", bool((err_c_true[:, -1] > 3 * err_c[:, -1]).all()))
+gap = abs(float(np.median(err_c_true[:, -1])) - smoothing_bias)
+run.claim("convergence/cosine_misses_true_gradient_by_bias", "the median distance to the true gradient is within "
+          "0.1 of the smoothing bias e^(σ²/2) − 1", gap < 0.1, value=gap, bound="< 0.1")
+run.record("identity/slope_rel_error_vs_n", float(slope_q))
+run.record("identity/slope_rel_error_vs_n_cosine", float(slope_c))
+run.record("identity/cosine_error_to_true_gradient", float(err_c_true[:, -1].mean()))
+_ = run.record("identity/cosine_smoothing_bias_theory", smoothing_bias)
+
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6, 3.8))
 median_band(ax, ns, err_q, label="quadratic: vs $A\\theta+b$", marker="o")
@@ -188,30 +227,13 @@ ax.plot(ns, np.median(err_q, 0)[0] * np.array(ns, float) ** -0.5, "k:", label="$
 label_axes(ax, "directions n (log scale)", "relative error of the estimate", logx=True, logy=True,
            lower_is_better=True, title=f"Gaussian smoothing = REINFORCE, converging ({var_seeds} seeds)")
 run.savefig(fig, "convergence.png")
-plt.show()
+show(fig, "the error to the quadratic's true gradient and to the cosine's *smoothed* gradient fall with log-log "
+     "slopes {identity/slope_rel_error_vs_n:.3f} and {identity/slope_rel_error_vs_n_cosine:.3f} (dotted: −0.5). "
+     "The error to the cosine's true gradient ends at {identity/cosine_error_to_true_gradient:.3f}, against the "
+     "dash-dotted e^(σ²/2) − 1 = {identity/cosine_smoothing_bias_theory:.3f}: Gaussian smoothing estimates the "
+     "gradient of a different, smoothed objective. Bands: interquartile range over {n} problems.", run=run,
+     n=var_seeds)
 
-# %% [markdown]
-# *What to see:* the error to the quadratic's true gradient and to the cosine's *smoothed* gradient fall along the
-# dotted $n^{-1/2}$ line; the error to the cosine's true gradient levels off at the dash-dotted $e^{\sigma^2/2}-1$:
-# Gaussian smoothing estimates the gradient of a different, smoothed objective. Bands: interquartile range over seeds.
-
-# %%
-print(f"log-log slope of the relative error: quadratic {slope_q:.3f}, cosine {slope_c:.3f}  (Monte Carlo: -0.5)")
-print(f"at n = {ns[-1]}: rel. error to the smoothed gradient {err_c[:, -1].mean():.3f}, to the true gradient "
-      f"{err_c_true[:, -1].mean():.3f} (theory e^(σ²/2) − 1 = {smoothing_bias:.3f})")
-assert -0.65 < slope_q < -0.35 and -0.65 < slope_c < -0.35
-# Bounds set at dim 20, n = 2¹⁴ and scaled with the error's growth: √(dim/n) for the quadratic; dim/√n for the cosine,
-# whose value baseline f(θ) misses the smoothed value E f(θ+σu) by (e^(−σ²/2) − 1)·Σ cos θ_i, an offset ∝ dim
-# that multiplies every direction (measured at n = 2¹⁴: error·√n/dim = 0.78, 0.67, 0.65 at dim 20, 50, 100).
-scale_q, scale_c = math.sqrt(dim / ns[-1] * 2**14 / 20), dim / 20 * math.sqrt(2**14 / ns[-1])
-assert err_q.mean(0)[-1] < 0.15 * scale_q and err_c.mean(0)[-1] < 0.2 * scale_c
-assert (err_c_true[:, -1] > 3 * err_c[:, -1]).all()                   # converges to the smoothed gradient only
-# ... and misses the true one by the bias. Median over problems: per problem the gap to the bias can be as large
-# as that problem's Monte-Carlo error (triangle inequality), 0.20 for one problem of seed 12 (gap 0.12).
-assert abs(np.median(err_c_true[:, -1]) - smoothing_bias) < 0.1
-_ = run.record("identity/slope_rel_error_vs_n", float(slope_q))
-_ = run.record("identity/cosine_error_to_true_gradient", float(err_c_true[:, -1].mean()))
-_ = run.record("identity/cosine_smoothing_bias_theory", smoothing_bias)
 
 # %% [markdown]
 # ## 2 · Baselines and antithetic pairs
@@ -260,6 +282,7 @@ def quad_batch(A, b):
     return lambda P: 0.5 * torch.einsum("...i,ij,...j->...", P, A, P) + P @ b + offset
 
 
+# %%
 kinds = ["none", "value", "loo", "antithetic"]
 for k in kinds:                          # parity with the package on the same directions
     g_pkg, eps, _ = ZO.gaussian_smoothing_grad(f, theta, sigma, 8, baseline=k, return_samples=True,
@@ -303,6 +326,33 @@ print(f"sample-mean baseline incl. itself, n=2: E[ĝ]·g/|g|² = {shrink:.3f} "
 assert abs(shrink - 0.5) < 0.05
 _ = run.record("baselines/sample_mean_shrink_n2", shrink)
 
+# %%
+slopes = {k: np.polyfit(np.log(grid[k]), np.log(mse[k][0]), 1)[0] for k in kinds}
+ratio_value = mse["none"][0] / mse["value"][0]
+ratio_loo = mse["none"][0][1:] / mse["loo"][0]
+ratio_closed = mse["antithetic"][0] / closed
+print("log-log slopes of the MSE:", {k: round(float(v), 3) for k, v in slopes.items()})
+print("variance reduction none → f(θ) baseline, per n:", np.round(ratio_value, 1))
+print("variance reduction none → leave-one-out, per n ≥ 2:", np.round(ratio_loo, 1))
+print("antithetic MSE / closed form (d+1)|g|²/n:", np.round(ratio_closed, 3))
+covered = (mse["antithetic"][1] <= closed) & (closed <= mse["antithetic"][2])
+print(f"closed form inside the antithetic curve's 95 % interval at {covered.sum()} of {len(n_grid)} n")
+run.claim("baselines/mse_falls_as_one_over_n", "every estimator's MSE falls with a log-log slope between −1.2 and "
+          "−0.8", all(-1.2 < v < -0.8 for v in slopes.values()), value={k: float(v) for k, v in slopes.items()},
+          bound="in (−1.2, −0.8)")
+run.claim("baselines/baselines_cut_variance", "a baseline f(θ) cuts the MSE over 5× and leave-one-out over 3× at "
+          "every n", bool((ratio_value > 5).all() and (ratio_loo > 3).all()),
+          value=float(min(ratio_value.min(), ratio_loo.min())), bound="> 5 (value), > 3 (leave-one-out)")
+# The closed form must sit within ~4 standard errors of the pooled mean at every n. A fixed 15 % bound failed at
+# n = 1 on seed 5 (0.822): one-direction squared errors are heavy-tailed, so 300 draws leave ~9 % standard error.
+half = mse["antithetic"][2] - mse["antithetic"][0]                 # 95 % half-width = 1.96 standard errors
+assert (np.abs(mse["antithetic"][0] - closed) < 2.2 * half).all(), ratio_closed
+j16 = n_grid.index(16)
+_ = run.record("baselines/variance_reduction_value_baseline_n16", float(ratio_value[j16]), headline=True)
+_ = run.record("baselines/variance_reduction_loo_n16", float(ratio_loo[j16 - 1]))
+_ = run.record("baselines/antithetic_over_closed_form_max_dev", float(np.abs(ratio_closed - 1).max()))
+_ = run.record("baselines/mse_slopes", {k: float(v) for k, v in slopes.items()})
+
 # %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
 for k, mk in zip(kinds, "osD^"):
@@ -316,37 +366,12 @@ for ax, xl, per in zip(axes, ("directions n (log scale)", "function evaluations 
 axes[0].set_title(f"variance vs n (d = {dim}, σ = {sigma}, f(θ) ≈ {np.mean(f_levels):.0f})")
 axes[1].set_title("same, per function evaluation")
 run.savefig(fig, "variance.png")
-plt.show()
+show(fig, "every estimator's relative mean squared error against n (left) and against function evaluations "
+     "(right). At n = 16 the baseline f(θ) divides it by {baselines/variance_reduction_value_baseline_n16:.1f} "
+     "and leave-one-out by {baselines/variance_reduction_loo_n16:.1f}; the antithetic line stays within "
+     "{baselines/antithetic_over_closed_form_max_dev:.1%} of its closed form. Bands: 95 % t-intervals of the mean "
+     "over the {n} pooled estimates per point.", run=run, n=var_seeds * var_reps)
 
-# %% [markdown]
-# *What to see:* every estimator's relative mean squared error falls as $1/n$; subtracting a baseline moves the
-# whole line down by an order of magnitude, and the antithetic line lies on its closed form. Per function
-# evaluation (right) the three variance-reduced estimators end close together. Bands: 95 % t-intervals of the mean
-# over the `var_seeds` × `var_reps` pooled estimates (narrow: thousands of draws per point).
-
-# %%
-slopes = {k: np.polyfit(np.log(grid[k]), np.log(mse[k][0]), 1)[0] for k in kinds}
-ratio_value = mse["none"][0] / mse["value"][0]
-ratio_loo = mse["none"][0][1:] / mse["loo"][0]
-ratio_closed = mse["antithetic"][0] / closed
-print("log-log slopes of the MSE:", {k: round(float(v), 3) for k, v in slopes.items()})
-print("variance reduction none → f(θ) baseline, per n:", np.round(ratio_value, 1))
-print("variance reduction none → leave-one-out, per n ≥ 2:", np.round(ratio_loo, 1))
-print("antithetic MSE / closed form (d+1)|g|²/n:", np.round(ratio_closed, 3))
-covered = (mse["antithetic"][1] <= closed) & (closed <= mse["antithetic"][2])
-print(f"closed form inside the antithetic curve's 95 % interval at {covered.sum()} of {len(n_grid)} n")
-for k in kinds:
-    assert -1.2 < slopes[k] < -0.8, (k, slopes[k])
-assert (ratio_value > 5).all() and (ratio_loo > 3).all()
-# The closed form must sit within ~4 standard errors of the pooled mean at every n. A fixed 15 % bound failed at
-# n = 1 on seed 5 (0.822): one-direction squared errors are heavy-tailed, so 300 draws leave ~9 % standard error.
-half = mse["antithetic"][2] - mse["antithetic"][0]                 # 95 % half-width = 1.96 standard errors
-assert (np.abs(mse["antithetic"][0] - closed) < 2.2 * half).all(), ratio_closed
-j16 = n_grid.index(16)
-_ = run.record("baselines/variance_reduction_value_baseline_n16", float(ratio_value[j16]), headline=True)
-_ = run.record("baselines/variance_reduction_loo_n16", float(ratio_loo[j16 - 1]))
-_ = run.record("baselines/antithetic_over_closed_form_max_dev", float(np.abs(ratio_closed - 1).max()))
-_ = run.record("baselines/mse_slopes", {k: float(v) for k, v in slopes.items()})
 
 # %% [markdown]
 # ## 3 · Sampling outputs vs sampling parameters on digits: gradient quality
@@ -419,6 +444,35 @@ for s in tqdm(range(grad_seeds), desc="gradient quality"):
 n_par = g_true.numel()
 theory_cos = 1 / math.sqrt(1 + (n_par + 1) / zo_dirs)
 
+# %%
+print(f"d = {n_par} parameters; theory for ZO on J: cos ≈ {theory_cos:.3f}")
+for nm in names:
+    print(f"{nm:22s} cosine to ∇J per initialization: {np.round(cos_by[nm], 3)}")
+run.compare("grad/cos_reinforce_vs_zo_J", cos_by[names[0]], cos_by[names[1]], name=names[0], baseline=names[1],
+            metric="cosine to ∇J", lower_is_better=False)
+run.compare("grad/cos_reinforce_vs_zo_01", cos_by[names[0]], cos_by[names[2]], name=names[0], baseline=names[2],
+            metric="cosine to ∇J", lower_is_better=False, headline=True)
+_ = run.comparison_table(["grad/cos_reinforce_vs_zo_J", "grad/cos_reinforce_vs_zo_01"])
+run.record("grad/cos_pg", float(cos_by[names[0]].mean()), headline=True)
+run.record("grad/cos_zo_expected_reward", float(cos_by[names[1]].mean()))
+run.record("grad/cos_zo_01", float(cos_by[names[2]].mean()), headline=True)
+_ = run.record("grad/cos_zo_theory", theory_cos)
+
+# %%
+for key, what in (("grad/cos_reinforce_vs_zo_J", "zeroth order on J"), ("grad/cos_reinforce_vs_zo_01",
+                                                                         "zeroth order on the 0-1 loss")):
+    c = run.comparisons[key]
+    run.claim(f"verdict/{key}", f"REINFORCE's estimate is better aligned with ∇J than {what} (Holm-corrected, "
+              f"{c.family_size} comparisons)", c.verdict_adjusted == "better", value=c.effect, bound="verdict 'better'")
+run.claim("grad/reinforce_aligned", "every initialization's mean REINFORCE cosine to ∇J exceeds 0.6",
+          bool((cos_by[names[0]] > 0.6).all()), value=float(cos_by[names[0]].min()), bound="> 0.6")
+dev_th = float(np.abs(cos_by[names[1]] - theory_cos).max())
+run.claim("grad/zo_matches_c_n", "zeroth order on J reaches the predicted cosine c_n within 0.08 at every "
+          "initialization", dev_th < 0.08, value=dev_th, bound="< 0.08")
+_ = run.claim("grad/zo_01_aligned", "zeroth order on the 0-1 loss is aligned with ∇J (cosine above 0.02) at every "
+              "initialization", bool((cos_by[names[2]] > 0.02).all()), value=float(cos_by[names[2]].min()),
+              bound="> 0.02")
+
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(6, 3.6))
 x = np.arange(len(names))
@@ -432,51 +486,40 @@ ax.set_ylim(0, 1)
 label_axes(ax, "estimator (one estimate, full training set)", "cosine to exact ∇J", lower_is_better=False,
            title=f"gradient quality ({grad_seeds} initializations × {grad_reps} estimates)")
 run.savefig(fig, "gradient_quality.png")
-plt.show()
+show(fig, "one REINFORCE estimate with {S} sampled labels per input has mean cosine {grad/cos_pg:.3f} to ∇J. A "
+     "zeroth-order estimate from {n} antithetic parameter perturbations reaches {grad/cos_zo_expected_reward:.3f} "
+     "on J (theory, dotted: {grad/cos_zo_theory:.3f}) and {grad/cos_zo_01:.3f} on the 0-1 loss. Bars from 0: means "
+     "over initializations with 95 % t-intervals; dots: each initialization.", run=run, S=pg_samples, n=zo_dirs)
+
 
 # %% [markdown]
-# *What to see:* one REINFORCE estimate with 4 sampled labels per input points almost along $\nabla J$; a
-# zeroth-order estimate from 64 antithetic parameter perturbations reaches the low cosine the theory predicts
-# (dotted), and less on the 0-1 loss. Bars from 0: means over initializations with 95 % t-intervals; dots: each
-# initialization.
-
-# %%
-print(f"d = {n_par} parameters; theory for ZO on J: cos ≈ {theory_cos:.3f}")
-for nm in names:
-    print(f"{nm:22s} cosine to ∇J per initialization: {np.round(cos_by[nm], 3)}")
-cmp_zoJ = run.compare("grad/cos_reinforce_vs_zo_J", cos_by[names[0]], cos_by[names[1]], name=names[0],
-                      baseline=names[1], metric="cosine to ∇J", lower_is_better=False)
-cmp_zo01 = run.compare("grad/cos_reinforce_vs_zo_01", cos_by[names[0]], cos_by[names[2]], name=names[0],
-                       baseline=names[2], metric="cosine to ∇J", lower_is_better=False)
-print(cmp_zoJ.sentence(), cmp_zo01.sentence(), sep="\n")
-assert (cos_by[names[0]] > 0.6).all()
-assert cmp_zoJ.verdict == "better" and cmp_zo01.verdict == "better"
-assert (np.abs(cos_by[names[1]] - theory_cos) < 0.08).all()
-assert (cos_by[names[2]] > 0.02).all()             # aligned with ∇J, if weakly
-_ = run.record("grad/cos_pg", float(cos_by[names[0]].mean()), headline=True)
-_ = run.record("grad/cos_zo_expected_reward", float(cos_by[names[1]].mean()))
-_ = run.record("grad/cos_zo_01", float(cos_by[names[2]].mean()), headline=True)
-_ = run.record("grad/cos_zo_theory", theory_cos)
-
-# %% [markdown]
-# **At equal compute.** The policy-gradient essay argues that sampling outputs "should be cheaper" because many
-# outputs come from one forward pass, while sampling parameters needs one forward pass per parameter set (and is
-# "harder to parallelize"). Count it: a REINFORCE estimate costs one forward and one backward pass (≈ 3 forward
-# passes for a linear layer; the categorical draws are negligible), the antithetic zeroth-order estimate $2n$
-# forward passes — all $2n$ in one `torch.func.vmap` call here, so parallelizing is not the obstacle. Inverting
-# $c_n$, zeroth order needs $n^\ast = (d+1)\,c^2/(1-c^2)$ directions to reach policy gradient's cosine $c$. We check
-# that prediction by running zeroth order on $J$ at $n^\ast$ on the first initialization, and time both
-# estimators in this process (interleaved repeats; a ratio, not asserted: timings on a shared machine are noisy).
+# **At equal compute.** Su's post on MLE-guided search (<https://kexue.fm/archives/7521>) argues that sampling
+# outputs "should be less intensive": many outputs come from one forward pass, while sampling parameters needs
+# one forward pass per parameter set and is "harder to implement" in parallel. Count it. A REINFORCE estimate
+# costs one forward and one backward pass (≈ 3 forward passes for a linear layer; the categorical draws are
+# negligible). The antithetic zeroth-order estimate costs $2n$ forward passes, all in one `torch.func.vmap` call
+# here, so parallelizing is not the obstacle. Inverting $c_n$, zeroth order needs $n^\ast = (d+1)\,c^2/(1-c^2)$
+# directions to reach policy gradient's cosine $c$. We check that prediction by running zeroth order on $J$ at
+# $n^\ast$ on the first initialization. Both estimators are also timed in this process (interleaved repeats): a
+# ratio, reported but not checked, since timings on a shared machine are noisy.
 
 # %%
 c_pg = float(cos_by[names[0]][0])
-n_star = int(math.ceil((n_par + 1) * c_pg**2 / (1 - c_pg**2)))
+n_star = max(1, int(math.ceil((n_par + 1) * c_pg**2 / (1 - c_pg**2))))
 model = new_model(seed)
 fJ, th0 = functional_loss(model, lambda out: PG.expected_reward(out, onehot).mean(), Xtr)
 g_true = flat(torch.autograd.grad(PG.expected_reward(model(Xtr), onehot).mean(), list(model.parameters())))
 gen = new_gen(seed + 200)
 cos_star = cos(flat(ZO.gaussian_smoothing_grad(fJ, th0, 1e-3, n_star, baseline="antithetic", generator=gen,
                                                chunk_size=512)), g_true)
+print(f"REINFORCE cosine {c_pg:.3f} → ZO needs n* = {n_star} directions ({2 * n_star} forward passes, "
+      f"{2 * n_star / 3:.0f}× REINFORCE's cost); measured ZO cosine at n*: {cos_star:.3f}")
+run.claim("cost/c_n_predicts_compute", "zeroth order on J at the predicted n* directions reaches REINFORCE's "
+          "cosine within 0.05", abs(cos_star - c_pg) < 0.05, value=abs(cos_star - c_pg), bound="< 0.05")
+run.record("cost/zo_directions_to_match_pg", n_star, headline=True)
+_ = run.record("cost/zo_cos_at_n_star", cos_star)
+
+# %%
 pg_est = lambda: torch.autograd.grad(PG.classification_reinforce(model(Xtr), ytr, pg_samples, generator=gen).loss,
                                      list(model.parameters()))
 zo_est = lambda: ZO.gaussian_smoothing_grad(fJ, th0, 1e-3, zo_dirs, baseline="antithetic", generator=gen)
@@ -487,14 +530,9 @@ for _ in range(5):
         fn()
         times[key].append(time.perf_counter() - t0)
 time_ratio = float(np.median(times["zo"]) / np.median(times["pg"]))
-print(f"REINFORCE cosine {c_pg:.3f} → ZO needs n* = {n_star} directions ({2 * n_star} forward passes, "
-      f"{2 * n_star / 3:.0f}× REINFORCE's cost); measured ZO cosine at n*: {cos_star:.3f}")
 print(f"measured time, ZO (n = {zo_dirs}) / REINFORCE per estimate: {time_ratio:.1f}× "
       f"(forward-pass count ratio {2 * zo_dirs / 3:.0f}×)")
-assert abs(cos_star - c_pg) < 0.05          # the c_n formula predicts the compute needed to match REINFORCE
-_ = run.record("cost/zo_directions_to_match_pg", n_star, headline=True)
-_ = run.record("cost/zo_cos_at_n_star", cos_star)
-_ = run.record("cost/zo_over_pg_time_ratio_not_asserted", time_ratio)
+_ = run.record("cost/zo_over_pg_time_ratio_not_asserted", time_ratio)   # a timing on a shared machine: reported
 
 # %% [markdown]
 # ## 4 · Training on digits: tuned methods, a budget sweep, paired verdicts
@@ -505,7 +543,7 @@ _ = run.record("cost/zo_over_pg_time_ratio_not_asserted", time_ratio)
 # * **MLE** — cross-entropy with Adam, the differentiable reference;
 # * **REINFORCE** — `classification_reinforce` (correctness reward, leave-one-out baseline), Adam;
 # * **REINFORCE + MLE** — the same plus `pg_mle_weight` × cross-entropy (`mle_weight=`), Adam;
-# * **MLE → REINFORCE** — the essay's recipe: MLE for the first `warm_fraction` of the steps, then REINFORCE
+# * **MLE → REINFORCE** — the recipe of Su's post: MLE for the first `warm_fraction` of the steps, then REINFORCE
 #   (same Adam state), so the total budget is unchanged;
 # * **ZO, 0-1 loss** — the antithetic Gaussian-smoothing estimate of the minibatch 0-1 loss (`zo_dirs` directions,
 #   $\sigma$ = `zo_sigma`), Adam;
@@ -584,6 +622,7 @@ batches = torch.randint(0, len(ytr), (train_steps, S, batch_size), generator=new
 eval_steps = sorted(set(range(0, train_steps + 1, eval_every)) | {train_steps})
 
 
+# %%
 def held_out_01(th):
     """0-1 loss of runs ``th [R, P]`` on the validation and test splits → two arrays ``[R]``."""
     with torch.no_grad():
@@ -610,6 +649,28 @@ def zo_direction(method, th, x, y, gen):
 
 
 # %%
+def step_runs(method, t, thetas, opt, lrs, gen):
+    """One optimizer step at step t of every (learning rate, seed) run of `method` (run r = l·S + s)."""
+    th = torch.stack(thetas).reshape(L * S, P)
+    x, y = Xtr[batches[t]].repeat(L, 1, 1), ytr[batches[t]].repeat(L, 1)
+    if method == "MeZO":
+        g = zo_direction(method, th.detach(), x, y, gen).reshape(L, S, P)
+        with torch.no_grad():
+            for tl, gl, lr in zip(thetas, g, lrs):
+                tl -= lr * gl
+        return
+    if method == "ZO 0-1":
+        g = zo_direction(method, th.detach(), x, y, gen).reshape(L, S, P)
+    opt.zero_grad()
+    if method == "ZO 0-1":
+        for tl, gl in zip(thetas, g):
+            tl.grad = gl
+    else:
+        surrogate(method, t, th, x, y, gen).backward()
+    opt.step()
+
+
+# %%
 def train(method):
     """All (learning rate, seed) runs of one method → 0-1 loss curves ``[2 (valid, test), L, S, evals]``."""
     lrs = [centre[method] * fac for fac in lr_factors]
@@ -617,28 +678,15 @@ def train(method):
     opt = None if method == "MeZO" else torch.optim.Adam([{"params": [t], "lr": lr} for t, lr in zip(thetas, lrs)])
     gen, curves = new_gen(seed + 2000), np.zeros((2, L, S, len(eval_steps)))
     for t in range(train_steps + 1):
-        th = torch.stack(thetas).reshape(L * S, P)
         if t in eval_steps:
-            curves[..., eval_steps.index(t)] = np.stack(held_out_01(th.detach())).reshape(2, L, S)
-        if t == train_steps:
-            return curves
-        x, y = Xtr[batches[t]].repeat(L, 1, 1), ytr[batches[t]].repeat(L, 1)      # run r = l·S + s
-        if method in ("ZO 0-1", "MeZO"):
-            g = zo_direction(method, th.detach(), x, y, gen).reshape(L, S, P)
-        if method == "MeZO":
-            with torch.no_grad():
-                for tl, gl, lr in zip(thetas, g, lrs):
-                    tl -= lr * gl
-            continue
-        opt.zero_grad()
-        if method == "ZO 0-1":
-            for tl, gl in zip(thetas, g):
-                tl.grad = gl
-        else:
-            surrogate(method, t, th, x, y, gen).backward()
-        opt.step()
+            th = torch.stack(thetas).reshape(L * S, P).detach()
+            curves[..., eval_steps.index(t)] = np.stack(held_out_01(th)).reshape(2, L, S)
+        if t < train_steps:
+            step_runs(method, t, thetas, opt, lrs, gen)
+    return curves
 
 
+# %%
 curves = {mt: train(mt) for mt in tqdm(methods, desc="methods")}
 
 # %%
@@ -671,130 +719,147 @@ for ax, group, title in zip(axes, groups, ("sampling outputs (policy gradient)",
     label_axes(ax, "optimizer step", "held-out 0-1 loss (test)", title=title, lower_is_better=True)
 axes[0].set_ylim(0, 1)
 run.savefig(fig, "budget_sweep.png")
-plt.show()
-
-# %% [markdown]
-# *What to see:* the task loss against the budget for every method at its tuned learning rate (mean over seeds with
-# a 95 % t-band; dotted grey: chance, 0.9; dotted vertical: where MLE → REINFORCE switches). Whether the curves
-# have flattened by the last step decides whether the final-step verdicts below are settled; the table after them
-# repeats each verdict at half the budget.
+show(fig, "the test 0-1 loss against the budget for every method at its tuned learning rate (mean over {n} seeds "
+     "with a 95 % t-band; dotted grey: chance, 0.9; dotted vertical: where MLE → REINFORCE switches). At step {T} "
+     "it is {train/test_01_mle:.3f} for MLE, {train/test_01_reinforce:.3f} for REINFORCE and "
+     "{train/test_01_zo_01:.3f} for zeroth order on the 0-1 loss.", run=run, n=train_seeds, T=train_steps)
 
 # %%
 pairs = [("REINFORCE", "ZO 0-1"), ("REINFORCE", "MeZO"), ("REINFORCE + MLE", "REINFORCE"),
          ("MLE → REINFORCE", "REINFORCE"), ("REINFORCE", "MLE"), ("REINFORCE + MLE", "MLE"),
          ("MLE → REINFORCE", "MLE"), ("ZO 0-1", "MLE"), ("MeZO", "MLE")]
 slug = lambda mt: mt.lower().replace(" → ", "_then_").replace(" + ", "_plus_").replace(" ", "_").replace("-", "")
+FAMILY_TRAIN = [f"train/{slug(a)}_vs_{slug(b)}" for a, b in pairs]
+for (a, b), key in zip(pairs, FAMILY_TRAIN):
+    run.compare(key, final[a], final[b], name=a, baseline=b, metric="test 0-1 loss", lower_is_better=True,
+                headline=(a, b) in (("REINFORCE", "ZO 0-1"), ("REINFORCE", "MLE"), ("ZO 0-1", "MLE")))
+print(f"Verdicts at {train_steps} steps, Holm-corrected across this table:")
+_ = run.comparison_table(FAMILY_TRAIN)
+
+# %%
 budgets = sorted({eval_steps[len(eval_steps) // 4], eval_steps[len(eval_steps) // 2], train_steps})
-verdicts = {}
-for a, b in pairs:
-    cmp = run.compare(f"train/{slug(a)}_vs_{slug(b)}", final[a], final[b], name=a, baseline=b,
-                      metric="test 0-1 loss", lower_is_better=True)
-    verdicts[f"{a} vs {b}"] = [paired_comparison(
-        test_curve[a][:, eval_steps.index(t)], test_curve[b][:, eval_steps.index(t)], lower_is_better=True).verdict
-        for t in budgets]
+verdicts = {f"{a} vs {b}": [paired_comparison(test_curve[a][:, eval_steps.index(t)], test_curve[b][:, eval_steps.index(t)],
+                                              lower_is_better=True).verdict for t in budgets] for a, b in pairs}
 settled = sum(v[-2] == v[-1] for v in verdicts.values())
-print("verdict of the test 0-1 loss at budgets", budgets, "steps:")
+print("uncorrected verdict of the test 0-1 loss at budgets", budgets, "steps:")
 for pair, v in verdicts.items():
     print(f"  {pair:32s} " + "  ".join(f"{x:>12s}" for x in v))
-_ = run.record("train/verdicts_by_budget", {"budgets": budgets, **verdicts})
-_ = run.record("train/verdicts_unchanged_half_to_full", settled)
+run.record("train/verdicts_by_budget", {"budgets": budgets, **verdicts})
+run.record("train/verdicts_unchanged_half_to_full", settled)
+worst = {mt: float(final[mt].max()) for mt in methods}
+_ = run.claim("train/every_method_learns", "every method ends below 0.5 test 0-1 loss on every seed (chance: 0.9)",
+              max(worst.values()) < 0.5, value=max(worst.values()), bound="< 0.5")
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(figsize=(7, 4))
-comparison_forest(ax, [run.comparisons[f"train/{slug(a)}_vs_{slug(b)}"] for a, b in pairs])
+comparison_forest(ax, [dataclasses.replace(run.comparisons[k], verdict=run.comparisons[k].verdict_adjusted)
+                       for k in FAMILY_TRAIN])
 ax.set_title(f"paired differences at {train_steps} steps ({train_seeds} seeds, tuned learning rates)")
 run.savefig(fig, "verdicts.png")
-plt.show()
-
-# %% [markdown]
-# *What to see:* each row is the mean paired difference of the test 0-1 loss (first method minus second) with its
-# 95 % t-interval; left of the black line the first method is better, grey rows are inconclusive (interval covers 0).
-
-# %% [markdown]
-# **Checks.** Every method learns on every seed (chance is 0.9). Whether zeroth order stays behind MLE is *not*
-# asserted: it depends on the budget. At the CI budget both zeroth-order methods end, on average, above MLE's test
-# 0-1 loss; in the `full.yaml` run (2,000 steps, 256 directions, 10 seeds) both end *below* it, decidedly
-# (−0.013 [−0.017, −0.009] each). Optimizing the 0-1 loss itself pays off once the search has had enough steps —
-# the paired verdicts above, not this cell, are the evidence either way; the cell records which side the means fall.
-
-# %%
-for mt in methods:
-    assert (final[mt] < 0.5).all(), (mt, final[mt])
-zo_behind_mle = {mt: bool(final[mt].mean() > final["MLE"].mean()) for mt in ("ZO 0-1", "MeZO")}
-_ = run.record("train/zo_mean_behind_mle_not_asserted", zo_behind_mle)
-print("mean test 0-1 above MLE's (zeroth order behind):", zo_behind_mle)
+n_decided = sum(run.comparisons[k].verdict_adjusted != "inconclusive" for k in FAMILY_TRAIN)
+show(fig, "each row is the mean paired difference of the test 0-1 loss (first method minus second) with its 95 % "
+     "t-interval; left of the black line the first method is better. Colours are the Holm-corrected verdicts "
+     "across the {f} comparisons; {d} of them are decided.", run=run, f=len(FAMILY_TRAIN), d=n_decided)
 
 # %% [markdown]
 # ## Results
 #
-# All recorded values (★ headline), then the paired comparisons: the cosine of each estimate to $\nabla J$ (§3) and
-# the test 0-1 loss after `train_steps` steps at each method's tuned learning rate (§4). Effects are mean
-# differences, first method minus baseline, with 95 % t-intervals over seeds; "inconclusive" when the interval
-# covers 0.
+# All recorded values (★ headline); the comparisons are in their tables above.
 
 # %%
-_ = run.table([k for k in run.results if k not in run.comparisons])     # the comparisons get their own table
-
-# %%
-_ = run.comparison_table()
+_ = run.table([k for k in run.results if k not in run.comparisons])
 
 # %% [markdown]
-# ### Errata vs. the source
+# ## Claims
 #
-# Where this notebook qualifies the two essays, each with the cell that checks it:
+# The findings of this run that depend on its parameters and seeds, each with its evidence.
+
+# %%
+_ = run.claims_table()
+
+# %% [markdown]
+# ## Summary
 #
-# - **"The two are essentially equivalent"** (policy gradient vs zeroth-order essay). Exactly true in one sense: the
-#   Gaussian-smoothing estimator *is* REINFORCE over a parameter-space policy (§1, equal to $10^{-14}$). But sampling
-#   outputs and sampling parameters estimate gradients of *different* smoothed objectives ($\mathbb E_y[R]$ vs
-#   $\mathbb E_{\theta'}[f]$, §1 Check 2) with variance that grows with different dimensions (outputs vs parameters,
-#   §3): equivalent in form, not in behaviour.
-# - **"Sampling parameters is harder to parallelize"** (MLE-guided search essay). `torch.func.vmap` over stacked
-#   parameter sets evaluates all perturbations in one call (§3, §4); what makes zeroth order expensive is the number
-#   of forward passes needed for a useful direction, $n^\ast \approx (d+1)c^2/(1-c^2)$ (§3), not the parallelism.
-# - **"Policy gradient has high variance, so it needs MLE pre-training"** (same essay). Here one REINFORCE
-#   estimate is far better aligned with $\nabla J$ than any zeroth-order estimate of similar or much larger cost
-#   (§3). The pre-training advice is tested directly in §4 (MLE → REINFORCE against REINFORCE from scratch, both
-#   tuned); the verdict is quoted below.
+# Rendered from this run's recorded values. Verdicts are the Holm-corrected ones of their table.
+
+# %%
+def vs(key):
+    """A recorded comparison's effect and Holm-corrected verdict."""
+    c = run.comparisons[key]
+    return f"{c.effect:+.3f} ({c.verdict_adjusted})"
+
+
+def than(key):
+    """'better than' / 'worse than' / 'not distinguishable from': a recorded comparison's corrected verdict."""
+    return {"better": "better than", "worse": "worse than",
+            "inconclusive": "not distinguishable from"}[run.comparisons[key].verdict_adjusted]
+
 
 # %%
 _ = run.say(
-    "**What the numbers say.** On the same Gaussian samples the zeroth-order estimate and REINFORCE with the "
-    "Gaussian score agree to {identity/max_abs_diff_zo_vs_reinforce:.1e}; the estimate's error falls with slope "
-    "{identity/slope_rel_error_vs_n:.3f} in log n, and on $\\sum\\cos\\theta_i$ its distance to the true gradient "
-    "stays at {identity/cosine_error_to_true_gradient:.3f} (theory $e^{{\\sigma^2/2}}-1$ = "
-    "{identity/cosine_smoothing_bias_theory:.3f}): smoothing changes the objective. A baseline $f(\\theta)$ cuts the "
-    "variance {baselines/variance_reduction_value_baseline_n16:.1f}× at n = 16 (leave-one-out "
-    "{baselines/variance_reduction_loo_n16:.1f}×); the antithetic estimator stays within "
-    "{baselines/antithetic_over_closed_form_max_dev:.1%} of its closed form $(d+1)\\|g\\|^2/n$, and a sample inside "
-    "its own baseline shrinks the estimate to {baselines/sample_mean_shrink_n2:.3f} (theory 0.5).\n\n"
-    "On digits one REINFORCE estimate has cosine {grad/cos_pg:.3f} to $\\nabla J$, against "
-    "{grad/cos_zo_expected_reward:.3f} for 64 zeroth-order directions on $J$ (theory {grad/cos_zo_theory:.3f}) and "
-    "{grad/cos_zo_01:.3f} on the 0-1 loss; zeroth order needs about {cost/zo_directions_to_match_pg:,} directions "
-    "to match REINFORCE (measured cosine there {cost/zo_cos_at_n_star:.3f}). Per estimate, 64 directions already "
-    "took {cost/zo_over_pg_time_ratio_not_asserted:.0f}× REINFORCE's time in this run.")
+    "* **The same estimator.** On the same Gaussian samples the zeroth-order estimate and REINFORCE with the "
+    "Gaussian score agree to {identity/max_abs_diff_zo_vs_reinforce:.1e}. The error falls with slope "
+    "{identity/slope_rel_error_vs_n:.3f} in log n. On Σ cos θ_i its distance to the true gradient ends at "
+    "{identity/cosine_error_to_true_gradient:.3f} (theory e^(σ²/2) − 1 = {identity/cosine_smoothing_bias_theory:.3f}): "
+    "smoothing changes the objective.\n"
+    "* **Baselines.** A baseline f(θ) cuts the variance {baselines/variance_reduction_value_baseline_n16:.1f}× at "
+    "n = 16 (leave-one-out {baselines/variance_reduction_loo_n16:.1f}×). The antithetic estimator stays within "
+    "{baselines/antithetic_over_closed_form_max_dev:.1%} of its closed form (d+1)‖g‖²/n. A sample inside its own "
+    "baseline shrinks the estimate to {baselines/sample_mean_shrink_n2:.3f} (theory 0.5).\n"
+    "* **Gradient quality on digits.** One REINFORCE estimate has cosine {grad/cos_pg:.3f} to ∇J, against "
+    "{grad/cos_zo_expected_reward:.3f} for {n} zeroth-order directions on J (theory {grad/cos_zo_theory:.3f}) and "
+    "{grad/cos_zo_01:.3f} on the 0-1 loss. REINFORCE is {vJ} zeroth order on J and {v01} zeroth order on the "
+    "0-1 loss (Holm across 2). Zeroth order needs about "
+    "{cost/zo_directions_to_match_pg:,} directions to match REINFORCE (measured cosine there "
+    "{cost/zo_cos_at_n_star:.3f}). Per estimate, {n} directions took {cost/zo_over_pg_time_ratio_not_asserted:.0f}× "
+    "REINFORCE's time in this run.",
+    n=zo_dirs, vJ=than("grad/cos_reinforce_vs_zo_J"), v01=than("grad/cos_reinforce_vs_zo_01"))
 
 # %%
 _ = run.say(
-    "After {steps} steps with tuned learning rates ({seeds} seeds), the test 0-1 loss is {train/test_01_mle:.3f} for "
-    "MLE, {train/test_01_reinforce:.3f} for REINFORCE, {train/test_01_reinforce_plus_mle:.3f} for REINFORCE + MLE, "
-    "{train/test_01_mle_then_reinforce:.3f} for MLE → REINFORCE, {train/test_01_zo_01:.3f} for zeroth order on the "
-    "0-1 loss and {train/test_01_mezo:.3f} for MeZO. REINFORCE against zeroth order on the 0-1 loss: "
-    "{train/reinforce_vs_zo_01.effect:+.3f} ({train/reinforce_vs_zo_01.verdict}); against MeZO "
-    "{train/reinforce_vs_mezo.effect:+.3f} ({train/reinforce_vs_mezo.verdict}). The essay's recipe, MLE first and "
-    "REINFORCE after, against REINFORCE from scratch: {train/mle_then_reinforce_vs_reinforce.effect:+.3f} "
-    "({train/mle_then_reinforce_vs_reinforce.verdict}); mixing in cross-entropy instead: "
-    "{train/reinforce_plus_mle_vs_reinforce.effect:+.3f} ({train/reinforce_plus_mle_vs_reinforce.verdict}). Against "
-    "MLE, REINFORCE is {train/reinforce_vs_mle.verdict} ({train/reinforce_vs_mle.effect:+.3f}), zeroth order "
-    "{train/zo_01_vs_mle.verdict} ({train/zo_01_vs_mle.effect:+.3f}) and MeZO {train/mezo_vs_mle.verdict} "
-    "({train/mezo_vs_mle.effect:+.3f}). {train/verdicts_unchanged_half_to_full} of {n_pairs} verdicts are the same "
-    "at half the budget; the others are not settled at this budget (the longer runs of `full.yaml` decide them).",
-    steps=train_steps, seeds=train_seeds, n_pairs=len(pairs))
+    "* **Training** ({steps} steps, tuned learning rates, {seeds} seeds): the test 0-1 loss is {train/test_01_mle:.3f} "
+    "for MLE, {train/test_01_reinforce:.3f} for REINFORCE, {train/test_01_reinforce_plus_mle:.3f} for REINFORCE + "
+    "MLE, {train/test_01_mle_then_reinforce:.3f} for MLE → REINFORCE, {train/test_01_zo_01:.3f} for zeroth order "
+    "on the 0-1 loss and {train/test_01_mezo:.3f} for MeZO.\n"
+    "* REINFORCE against zeroth order on the 0-1 loss: {r_zo}; against MeZO: {r_mezo}. MLE first and REINFORCE "
+    "after, against REINFORCE from scratch: {warm}. Mixing in cross-entropy instead: {mix}. Against MLE: "
+    "REINFORCE {r_mle}, zeroth order {zo_mle}, MeZO {mezo_mle}. All are Holm-corrected across {f} comparisons.\n"
+    "* **What a larger run would decide.** {d} of the {f} training verdicts are decided after the correction. "
+    "{settled} of them keep their uncorrected verdict from half the budget to the full one. Longer training and "
+    "more seeds (`full.yaml`: 10 seeds, 2 000 steps) would decide whether sampling outputs or sampling parameters "
+    "trains this classifier better.",
+    steps=train_steps, seeds=train_seeds, d=n_decided, f=len(FAMILY_TRAIN), settled=settled,
+    r_zo=vs("train/reinforce_vs_zo_01"), r_mezo=vs("train/reinforce_vs_mezo"),
+    warm=vs("train/mle_then_reinforce_vs_reinforce"), mix=vs("train/reinforce_plus_mle_vs_reinforce"),
+    r_mle=vs("train/reinforce_vs_mle"), zo_mle=vs("train/zo_01_vs_mle"), mezo_mle=vs("train/mezo_vs_mle"))
 
 # %% [markdown]
-# ### Try this
+# ## Errata to Su's posts
 #
-# - The full-scale runs (10 seeds, 2,000 steps, a larger variance study):
-#   `python -m taskloss.runner run 05 -p params/05_policy_gradient_vs_zeroth_order/full.yaml`
-# - Give zeroth order the directions it needs to match policy gradient's gradient quality and watch its training
-#   catch up (at a few hundred times the compute): `python -m taskloss.runner run 05 -p zo_dirs 1024`
+# Where this notebook qualifies the two posts, each with the cell that checks it:
+#
+# - **"In a large class of optimization problems the two are basically equivalent"** (《殊途同归的策略梯度与零阶优化》,
+#   <https://kexue.fm/archives/7737>). True in one sense: the Gaussian-smoothing estimator *is* REINFORCE over a
+#   parameter-space policy (§1, equal to $10^{-14}$). But sampling outputs and sampling parameters estimate
+#   gradients of *different* smoothed objectives, $\mathbb E_y[R]$ against $\mathbb E_{\theta'}[f]$ (§1 Check 2).
+#   Their variance grows with different dimensions: outputs against parameters (§3). Equivalent in form, not in
+#   behaviour.
+# - **"Sampling parameters is harder to implement in parallel"** (<https://kexue.fm/archives/7521>).
+#   `torch.func.vmap` over stacked parameter sets evaluates all perturbations in one call (§3, §4). What makes
+#   zeroth order expensive is the number of forward passes a useful direction needs, $n^\ast \approx (d+1)c^2/(1-c^2)$
+#   (§3), not the parallelism.
+# - **"Policy gradient has high variance, so it usually needs MLE pre-training"** (same post). The gradient
+#   quality of one REINFORCE estimate, against zeroth order at equal or much larger cost, is in §3. The
+#   pre-training advice is tested in §4 (MLE → REINFORCE against REINFORCE from scratch, both tuned); the Summary
+#   quotes the verdict.
+
+# %% [markdown]
+# ## Try this
+#
+# - `python -m taskloss.runner run 05 --set smoke` — every section at small sizes: identities asserted, claims
+#   reported as held or not.
+# - The full-scale runs (10 seeds, 2 000 steps, a larger variance study):
+#   `python -m taskloss.runner run 05 -f params/05_policy_gradient_vs_zeroth_order/full.yaml`
+# - Give zeroth order the directions it needs to match policy gradient's gradient quality: does its training
+#   catch up? `python -m taskloss.runner run 05 -p zo_dirs 1024`
 # - A wider learning-rate grid for every method: `python -m taskloss.runner run 05 -p lr_factors "[0.1, 0.3, 1.0, 3.0, 10.0]"`

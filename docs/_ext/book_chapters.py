@@ -149,11 +149,16 @@ def _number(v: Any) -> str:
 
 def headline_rows(meta: dict[str, Any]) -> list[tuple[str, str]]:
     """(key, value) of every committed headline result, a paired comparison written as its verdict, effect,
-    interval and seeds."""
-    rows = []
+    interval and seeds — the family-corrected verdict when the notebook's comparison table made one."""
+    rows, adjusted = [], meta.get("adjusted") or {}
     for key, v in meta.get("headline", {}).items():
         if isinstance(v, dict) and "verdict" in v:
-            text = (f"**{v['verdict']}**: {v.get('name', 'a')} − {v.get('baseline', 'b')} = {_number(v['effect'])} "
+            fam = adjusted.get(key) or {}
+            verdict = f"**{v['verdict']}**"
+            if fam.get("verdict_adjusted"):
+                verdict = (f"**{fam['verdict_adjusted']}** ({fam.get('correction', 'holm').capitalize()} across "
+                           f"{fam.get('family_size', '?')} comparisons; uncorrected: {v['verdict']})")
+            text = (f"{verdict}: {v.get('name', 'a')} − {v.get('baseline', 'b')} = {_number(v['effect'])} "
                     f"[{_number(v['ci_low'])}, {_number(v['ci_high'])}], {v.get('n', '?')} seeds")
         elif isinstance(v, list):
             text = ", ".join(_number(x) for x in v[:8]) + (f" … ({len(v)} values)" if len(v) > 8 else "")
