@@ -96,28 +96,6 @@ def test_empirical_fisher_of_gpt2_ignores_minus_100_labels(gpt2, padded):
         C.empirical_fisher(gpt2, sub, batch, torch.full_like(labels, -100))
 
 
-class _PositionWise(nn.Module):
-    """Each position's output depends on that position's input only: per-token curvature = rows as examples."""
-
-    def __init__(self):
-        super().__init__()
-        self.net = nn.Sequential(nn.Linear(4, 5), nn.Tanh(), nn.Linear(5, 3))
-
-    def forward(self, x):
-        return self.net(x)
-
-
-@pytest.fixture(scope="module")
-def position_wise():
-    torch.manual_seed(0)
-    model = _PositionWise().double()
-    X = torch.randn(3, 5, 4, dtype=D, generator=torch.Generator().manual_seed(1))
-    y = torch.randint(0, 3, (3, 5), generator=torch.Generator().manual_seed(2))
-    y[0, 3:] = -100
-    y[2, 0] = -100
-    return model, X, y
-
-
 @pytest.mark.parametrize("kind", ["ggn", "ggn_diagonal", "mc", "mc_diagonal", "ef", "ef_diagonal", "gvp"])
 def test_per_token_curvature_equals_the_valid_rows_as_examples(position_wise, kind):
     """Masked terms count nowhere: not in the sum, not in the normalizer, and the MC Fisher draws no label for them
