@@ -56,6 +56,14 @@ Usage (the hooks belong to the ``KFAC`` object: ``remove()`` them, or use it as 
             opt.zero_grad(); loss.backward()
             kfac.precondition_()                     # .grad ← (A ⊗ G + λ)⁻¹ .grad (inverses every T_inv calls)
             opt.step()
+
+A Hugging Face causal LM (keyword batch, ``-100`` labels; ``model.eval()``: dropout is refused)::
+
+    kfac = KFAC(gpt2, optimizer=opt)
+    print(kfac.coverage)                             # the Conv1D layers; wte / tied lm_head, norms: plain gradients
+    out = gpt2(**batch)                              # batch = {"input_ids": ..., "attention_mask": ...}
+    loss = nll_loss(out, labels)                     # labels [B, T]: the next tokens, -100 where there is none
+    kfac.update_statistics(batch, labels, outputs=out)   # padding and -100 labels leave both factors
 """
 from __future__ import annotations
 

@@ -99,9 +99,8 @@ def check_inputs(inputs, name: str = "inputs", *, half: bool = False) -> int:
         ``N``.
 
     Raises:
-        TypeError: neither a tensor nor a mapping with a tensor.
+        TypeError: neither a tensor nor a mapping with a tensor; float16 / bfloat16 inputs unless ``half``.
         ValueError: an empty batch, NaN/inf in a floating input, batch sizes that differ, a meta tensor.
-        TypeError: float16 / bfloat16 inputs unless ``half``.
     """
     if isinstance(inputs, Tensor):
         tensors = {name: inputs}

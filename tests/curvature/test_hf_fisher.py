@@ -357,7 +357,12 @@ def test_fisher_functions_refuse_half_precision(dtype):
              lambda: C.output_hessian_sqrt(torch.zeros(2, 3, dtype=dtype)),
              lambda: C.conjugate_gradient(lambda v: v, torch.ones(3, dtype=dtype)),
              lambda: C.gaussian_kl(torch.zeros(2, dtype=dtype), torch.eye(2, dtype=dtype),
-                                   torch.zeros(2, dtype=dtype), torch.eye(2, dtype=dtype))]
+                                   torch.zeros(2, dtype=dtype), torch.eye(2, dtype=dtype)),
+             lambda: C.gaussian_fisher(lambda t: (t, torch.eye(2, dtype=dtype)), torch.zeros(2, dtype=dtype)),
+             lambda: C.gaussian_to_natural(torch.zeros(2, dtype=dtype), torch.eye(2, dtype=dtype)),
+             lambda: C.NaturalGaussianVI(lambda z: -z.square().sum(), torch.zeros(2, dtype=dtype),
+                                         torch.eye(2, dtype=dtype)),
+             lambda: C.CoupledGaussian(dtype=dtype)]
     for call in calls:
         with pytest.raises(TypeError, match=f"{dtype}".replace("torch.", "torch\\.")):
             call()
