@@ -130,8 +130,10 @@ def check_targets(outputs: Tensor, targets: Tensor, likelihood: str, ignore_inde
         if targets.dtype not in (torch.int64, torch.int32) or tuple(targets.shape) != lead:
             raise ValueError(f"categorical targets must be integer class ids of shape {lead}, "
                              f"got dtype {targets.dtype}, shape {tuple(targets.shape)}")
-        labels = targets if ignore_index is None else targets[targets != ignore_index]
-        if bool((labels < 0).any()) or bool((labels >= c).any()):
+        bad = (targets < 0) | (targets >= c)
+        if ignore_index is not None:
+            bad &= targets != ignore_index
+        if bool(bad.any()):
             extra = "" if ignore_index is None else f" (or equal ignore_index={ignore_index})"
             raise ValueError(f"categorical targets must lie in [0, {c}){extra}")
     else:

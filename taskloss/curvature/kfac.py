@@ -345,7 +345,7 @@ class KFAC:
             if self._n_updates % self.factor_update_interval != 0:  # no factors this call: nothing was recorded
                 self._n_updates += 1
                 return
-            n = None if inputs is None else check_inputs(inputs, half=True)
+            n = None if inputs is None else check_inputs(inputs, half=True, finite=False)
             if outputs is None:
                 error = train_mode_error(self._random, type(self._module).__name__)
                 if error is not None:

@@ -129,14 +129,18 @@ def loss_terms(outputs: Tensor, targets: Tensor | None, pad: Tensor | None, like
         if targets.shape != want:
             raise ValueError(f"targets must have shape {tuple(want)} for outputs of shape {tuple(outputs.shape)}, "
                              f"got {tuple(targets.shape)}")
-        categorical = likelihood == "categorical"
-        check_targets(outputs, targets, likelihood, ignore_index if categorical else None)
-        if categorical:
+        if likelihood == "categorical":
             flat_targets = targets.reshape(-1)
             labelled = flat_targets != ignore_index
-            if not bool(labelled.all()):
+            # one synchronization for both questions: is a label out of range, is any label ignore_index?
+            bad, ignored = torch.stack([(((flat_targets < 0) | (flat_targets >= flat.shape[1])) & labelled).any(),
+                                        (~labelled).any()]).tolist()
+            if bad or targets.dtype not in (torch.int64, torch.int32):
+                check_targets(outputs, targets, likelihood, ignore_index)   # raises with the message
+            if ignored:
                 valid, flat_targets = labelled, flat_targets.masked_fill(~labelled, 0)
         else:
+            check_targets(outputs, targets, likelihood)
             flat_targets = targets.reshape(-1, outputs.shape[-1]).to(flat.dtype)
     if pad is not None and tuple(pad.shape) == tuple(outputs.shape[:-1]):
         valid = pad.reshape(-1) if valid is None else valid & pad.reshape(-1)

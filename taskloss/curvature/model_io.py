@@ -87,13 +87,14 @@ def batch_size(inputs) -> int:
     return next(v.shape[0] for v in inputs.values() if isinstance(v, Tensor))
 
 
-def check_inputs(inputs, name: str = "inputs", *, half: bool = False) -> int:
+def check_inputs(inputs, name: str = "inputs", *, half: bool = False, finite: bool = True) -> int:
     """The batch size of ``inputs`` after checking them (see the module docstring).
 
     Args:
         inputs: a tensor ``[N, ...]`` or a mapping of keyword inputs.
         name: the argument's name, for the messages.
         half: accept float16 / bfloat16 inputs (K-FAC, which computes its factors in float32).
+        finite: check floating inputs for NaN/inf (K-FAC does not: non-finite factors are caught when inverted).
 
     Returns:
         ``N``.
@@ -118,7 +119,8 @@ def check_inputs(inputs, name: str = "inputs", *, half: bool = False) -> int:
             raise ValueError(f"{k} is empty (batch size 0)")
         if not half:
             check_precision(k, t)
-        check_finite(k, t)
+        if finite:
+            check_finite(k, t)
         sizes[k] = t.shape[0]
     if len(set(sizes.values())) > 1:
         raise ValueError(f"the tensors of {name} have different batch sizes (first dimension): {sizes}")
