@@ -64,7 +64,7 @@ __all__ = [
     "is_transformed", "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids",
     "count_parameters",
     "resolve_name", "unique_tensors", "distinct_param_group", "flatten", "unflatten", "flat_gradient",
-    "named_tensors", "functional_loss",
+    "named_tensors", "functional_loss", "check_not_meta",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -555,3 +555,26 @@ def functional_loss(model: nn.Module, loss_fn: Callable, *args, **kwargs):
         return loss_fn(torch.func.functional_call(model, params, args, kwargs))
 
     return f, theta
+
+
+def check_not_meta(name: str, obj) -> None:
+    """Raise ``ValueError`` when ``obj`` (a tensor, a module, or an iterable of tensors) has a tensor on the meta
+    device: it has a shape but no data, so no value can be computed or checked from it.
+
+    Args:
+        name: what ``obj`` is, for the message.
+        obj: a tensor, an ``nn.Module`` (its parameters and buffers) or an iterable of tensors.
+
+    Raises:
+        ValueError: a meta tensor, with what to do instead.
+    """
+    if isinstance(obj, nn.Module):
+        tensors = [*obj.parameters(), *obj.buffers()]
+    elif isinstance(obj, Tensor):
+        tensors = [obj]
+    else:
+        tensors = [t for t in obj if isinstance(t, Tensor)]
+    if any(t.is_meta for t in tensors):
+        raise ValueError(f"{name} is on the meta device (shapes without data): materialize it first, e.g. "
+                         "model.to_empty(device='cpu') and load its weights, or build it outside "
+                         "torch.device('meta')")

@@ -9,9 +9,13 @@ Notebooks: 06_natural_gradient, 07_fisher_approximations, 08_natural_gradient_ex
 Modules:
 
 - :mod:`~taskloss.curvature.fisher`              — likelihoods, Fisher/GGN dense, diagonal, matrix-free; scales
+- :mod:`~taskloss.curvature.model_io`            — how a model is called: tensor / keyword inputs, ModelOutput, masks, refusals
+- :mod:`~taskloss.curvature.per_term`            — the per-term rows J_iᵀ v and their dense / diagonal sums
 - :mod:`~taskloss.curvature.hessian_free`        — conjugate gradients, the Hessian-free direction and optimizer
 - :mod:`~taskloss.curvature.diagonal`            — diagonal-Fisher preconditioning
-- :mod:`~taskloss.curvature.kfac`                — K-FAC for Linear and Conv2d layers (hooks, averages, checkpoints)
+- :mod:`~taskloss.curvature.kfac`                — K-FAC for Linear, Conv2d and Conv1D layers (hooks, averages, checkpoints)
+- :mod:`~taskloss.curvature.kfac_coverage`       — which modules K-FAC covers, which it leaves alone and why (tied weights)
+- :mod:`~taskloss.curvature.kfac_terms`          — K-FAC's loss terms: ignore_index, padding, the rows of each factor
 - :mod:`~taskloss.curvature.kfac_math`           — K-FAC's pure maths: rows, factors, damped inverses, the plain step
 - :mod:`~taskloss.curvature.kfac_factors`        — K-FAC's state: the layers, their factors and damped inverses
 - :mod:`~taskloss.curvature.kfac_gradients`      — K-FAC's gradient side: gradient matrices, KL clip, flat buffers

@@ -10,6 +10,7 @@ import torch
 from torch import Tensor, nn
 
 from taskloss.curvature.fisher import (
+    IGNORE_INDEX,
     Likelihood,
     check_likelihood,
     empirical_fisher_diagonal,
@@ -17,7 +18,8 @@ from taskloss.curvature.fisher import (
     mc_fisher_diagonal,
     unflatten,
 )
-from taskloss.utils import all_finite, check_int, check_positive, check_probability
+from taskloss.curvature.model_io import check_precision
+from taskloss.utils import all_finite, check_int, check_not_meta, check_positive, check_probability
 
 __all__ = ["FisherDiagonalPreconditioner"]
 
@@ -41,6 +43,10 @@ class FisherDiagonalPreconditioner:
         damping: ``λ > 0``; decay: running-average weight in ``[0, 1)``; power: ``> 0``. All three are plain
             attributes that may be changed between steps; they are checked when used and saved by ``state_dict``.
         n_samples, generator: MC labels per example and the generator drawing them (its state is checkpointed).
+        ignore_index: the categorical label of a loss term that does not count (the empirical Fisher's targets).
+
+    The model may return a ``ModelOutput`` and take a mapping of keyword tensors, its outputs may be per-token
+    ``[N, T, C]`` (see :mod:`taskloss.curvature.fisher`); float16 / bfloat16 and meta parameters are refused.
 
     ``state_dict()`` / ``load_state_dict()`` hold the running diagonal, the hyperparameters and the generator's
     state, so a restored preconditioner continues bit-identically.
@@ -50,9 +56,11 @@ class FisherDiagonalPreconditioner:
 
     def __init__(self, model: nn.Module, fisher_type: str = "mc", *, likelihood: Likelihood = "categorical",
                  damping: float = 1e-3, decay: float = 0.95, power: float = 1.0, n_samples: int = 1,
-                 generator: torch.Generator | None = None):
+                 generator: torch.Generator | None = None, ignore_index: int = IGNORE_INDEX):
         if not isinstance(model, nn.Module):
             raise TypeError("model must be an nn.Module")
+        check_not_meta("the model", model)
+        self.ignore_index = check_int("ignore_index", ignore_index)
         if fisher_type not in self.FISHER_TYPES:
             raise ValueError(f"fisher_type must be one of {self.FISHER_TYPES}, got {fisher_type!r}")
         check_likelihood(likelihood)
@@ -66,6 +74,8 @@ class FisherDiagonalPreconditioner:
         self.params = {k: p for k, p in model.named_parameters() if p.requires_grad}
         if not self.params:
             raise ValueError("model has no parameters that require grad")
+        for k, p in self.params.items():
+            check_precision(f"parameter {k!r}", p)
         self.diagonal: Tensor | None = None  # flat [P] running average
 
     def _check_hyperparameters(self) -> None:
@@ -74,12 +84,14 @@ class FisherDiagonalPreconditioner:
             raise ValueError("decay must be < 1 (decay = 1 never incorporates new statistics)")
         check_positive("power", self.power)
 
-    def update_statistics(self, inputs: Tensor, targets: Tensor | None = None) -> Tensor:
+    def update_statistics(self, inputs, targets: Tensor | None = None, *, mask: Tensor | None = None) -> Tensor:
         """Measure the batch diagonal at the current parameters and fold it into the running average.
 
         Args:
-            inputs: the batch ``[N, ...]``.
-            targets: the observed targets (needed by ``"empirical"``).
+            inputs: the batch ``[N, ...]``, or a mapping of keyword tensors (``model(**inputs)``).
+            targets: the observed targets (needed by ``"empirical"``; labels equal to ``ignore_index`` do not count).
+            mask: the loss terms that count (outputs' leading shape; default: a mapping's ``attention_mask`` of
+                that shape), as in :mod:`taskloss.curvature.fisher`.
 
         Returns:
             The running diagonal, flat ``[P]``.
@@ -89,13 +101,15 @@ class FisherDiagonalPreconditioner:
         """
         self._check_hyperparameters()
         if self.fisher_type == "mc":
-            d = mc_fisher_diagonal(self.model, self.params, inputs, self.likelihood, self.n_samples, self.generator)
+            d = mc_fisher_diagonal(self.model, self.params, inputs, self.likelihood, self.n_samples, self.generator,
+                                   mask=mask)
         elif self.fisher_type == "empirical":
             if targets is None:
                 raise ValueError("the empirical Fisher needs the observed targets")
-            d = empirical_fisher_diagonal(self.model, self.params, inputs, targets, self.likelihood)
+            d = empirical_fisher_diagonal(self.model, self.params, inputs, targets, self.likelihood, mask=mask,
+                                          ignore_index=self.ignore_index)
         else:
-            d = ggn_diagonal(self.model, self.params, inputs, self.likelihood)
+            d = ggn_diagonal(self.model, self.params, inputs, self.likelihood, mask=mask)
         self.diagonal = d if self.diagonal is None else self.decay * self.diagonal + (1 - self.decay) * d
         return self.diagonal
 

@@ -9,12 +9,14 @@ Scale convention (the whole module, and :mod:`taskloss.curvature.kfac`)
 ------------------------------------------------------------------------
 * A model maps inputs ``[N, ...]`` to outputs ``f`` of shape ``[N, C]``: logits for ``likelihood="categorical"``,
   means for ``likelihood="gaussian"`` (the NLL of ``N(f, I)``, i.e. ``½‖y − f‖²`` per example, constants dropped).
-* The training loss is the batch **mean** of per-example negative log-likelihoods (:func:`nll_loss`).
+  Per-token outputs ``[N, T, C]`` (any ``[N, ..., C]``) make every position a loss term.
+* The training loss is the **mean** of the per-term negative log-likelihoods (:func:`nll_loss`) over the terms that
+  count: all of them, or those a ``mask`` keeps and whose label is not ``ignore_index``.
 * Every curvature matrix is the curvature of that mean loss:
-  ``F = (1/N) Σ_n J_nᵀ H_n J_n`` with ``J_n = ∂f_n/∂θ`` and ``H_n`` the Hessian of the per-example NLL in ``f_n``
-  (``diag(p) − ppᵀ`` resp. ``I``). For these likelihoods the exact Fisher equals the GGN.
-  The MC Fisher replaces ``H_n`` by ``(1/S) Σ_s ∇ℓ(f_n, ŷ_s)∇ℓᵀ`` with ``ŷ_s ~ p(y | f_n)``; the empirical Fisher
-  uses the observed label: ``(1/N) Σ_n ∇ℓ_n ∇ℓ_nᵀ``.
+  ``F = (1/n) Σ_i J_iᵀ H_i J_i`` over the ``n`` terms, with ``J_i = ∂f_i/∂θ`` and ``H_i`` the Hessian of the
+  term's NLL in ``f_i`` (``diag(p) − ppᵀ`` resp. ``I``). For these likelihoods the exact Fisher equals the GGN.
+  The MC Fisher replaces ``H_i`` by ``(1/S) Σ_s ∇ℓ(f_i, ŷ_s)∇ℓᵀ`` with ``ŷ_s ~ p(y | f_i)`` (no label is drawn for
+  a masked term); the empirical Fisher uses the observed label: ``(1/n) Σ_i ∇ℓ_i ∇ℓ_iᵀ``.
 
 Libraries that take the curvature of *the loss module you hand them* (curvlinops' ``GGNLinearOperator``,
 ``EFLinearOperator``, ``KFACLinearOperator``; BackPACK likewise) differ from ours by a factor that depends on the
@@ -24,11 +26,17 @@ curvlinops for the GGN, the empirical Fisher and K-FAC with both losses and both
 ``tests/curvature/test_fisher.py``. Check any other library against :func:`ggn_matrix` on a small model first.
 
 Train-mode ``Dropout`` / ``BatchNorm`` make the network random or couple the examples, so the per-example
-curvature is undefined; the functions here raise ``ValueError`` on them (call ``model.eval()``).
+curvature is undefined; the functions here raise ``ValueError`` on them (call ``model.eval()``). Float16 /
+bfloat16 parameters or inputs are refused (``TypeError``: compute curvature in float32), and so are meta tensors.
 
 Parameters are a dict ``name → tensor``; flat vectors concatenate ``params.values()`` flattened, in dict order.
 ``model_or_fn`` is an ``nn.Module`` (called through ``torch.func.functional_call``; ``params=None`` means all its
-parameters that require grad) or a function ``fn(params_dict, inputs) → outputs``.
+parameters that require grad, a tied weight once; other names must be the module's parameters, each tensor once)
+or a function ``fn(params_dict, inputs) → outputs``. ``inputs`` is a tensor or a mapping of keyword inputs
+(``model(**inputs)``), and a model may return a ``transformers`` ``ModelOutput`` (its ``.logits`` are used): see
+:mod:`taskloss.curvature.model_io`, which also says why the transformed calls run attention under its math
+kernel. ``mask`` (a bool tensor of the outputs' leading shape) keeps the loss terms that count; by default a
+mapping's ``inputs["attention_mask"]`` of that shape does (a causal LM's padding), else every term counts.
 """
 from __future__ import annotations
 
@@ -37,9 +45,20 @@ from typing import Callable, Literal, Mapping
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, jvp, vjp, vmap
+from torch.func import jvp, vjp
 
-from taskloss.utils import check_finite, check_int, flatten, unflatten
+from taskloss.curvature.model_io import (
+    batch_size,
+    call_model,
+    check_precision,
+    default_mask,
+    loss_term_mask,
+    math_attention,
+    model_logits,
+    prepare,
+)
+from taskloss.curvature.per_term import dense_sum, diagonal_sum, jt_factors
+from taskloss.utils import check_finite, check_int, check_not_meta, flatten, unflatten
 
 __all__ = [
     "LIKELIHOODS", "check_likelihood", "check_outputs", "check_targets", "nll_loss", "nll_grad", "sample_targets",
@@ -50,7 +69,7 @@ __all__ = [
 
 Likelihood = Literal["categorical", "gaussian"]
 LIKELIHOODS = ("categorical", "gaussian")
-_CHUNK_ELEMENTS = 2**24  # bound on N_chunk · K · P floats held by the per-example factor computation
+IGNORE_INDEX = -100  # the label of a term that does not count (torch.nn.functional.cross_entropy's default)
 
 
 # ----------------------------------------------------------------------------------------------- likelihoods
@@ -71,12 +90,14 @@ def check_outputs(outputs: Tensor, likelihood: str) -> Tensor:
         ``outputs``.
 
     Raises:
-        TypeError: not a floating tensor.
-        ValueError: a bad shape, an empty batch, NaN/inf, an unknown likelihood.
+        TypeError: not a floating tensor, or a float16 / bfloat16 one.
+        ValueError: a bad shape, an empty batch, NaN/inf, an unknown likelihood, a meta tensor.
     """
     check_likelihood(likelihood)
     if not isinstance(outputs, Tensor) or not outputs.is_floating_point():
         raise TypeError("outputs must be a floating-point torch.Tensor")
+    check_not_meta("outputs", outputs)
+    check_precision("outputs", outputs)
     if outputs.ndim != 2:
         raise ValueError(f"outputs must have shape [N, C], got {tuple(outputs.shape)}")
     if outputs.shape[0] == 0 or outputs.shape[1] == 0:
@@ -84,13 +105,15 @@ def check_outputs(outputs: Tensor, likelihood: str) -> Tensor:
     return check_finite("outputs", outputs)
 
 
-def check_targets(outputs: Tensor, targets: Tensor, likelihood: str) -> Tensor:
-    """``targets`` after checking they fit ``outputs [N, C]``: class ids ``[N]`` in ``[0, C)`` or finite ``[N, C]``.
+def check_targets(outputs: Tensor, targets: Tensor, likelihood: str, ignore_index: int | None = None) -> Tensor:
+    """``targets`` after checking they fit ``outputs [N, ..., C]``: class ids ``[N, ...]`` in ``[0, C)`` (or equal to
+    ``ignore_index``) or finite floats ``[N, ..., C]``.
 
     Args:
         outputs: the (checked) outputs.
         targets: the observed targets.
         likelihood: ``"categorical"`` or ``"gaussian"``.
+        ignore_index: a categorical label marking a term that does not count (``None``: every label is a class).
 
     Returns:
         ``targets``.
@@ -101,29 +124,61 @@ def check_targets(outputs: Tensor, targets: Tensor, likelihood: str) -> Tensor:
     """
     if not isinstance(targets, Tensor):
         raise TypeError("targets must be a torch.Tensor")
-    n, c = outputs.shape
+    check_not_meta("targets", targets)
+    c, lead = outputs.shape[-1], tuple(outputs.shape[:-1])
     if likelihood == "categorical":
-        if targets.dtype not in (torch.int64, torch.int32) or targets.shape != (n,):
-            raise ValueError(f"categorical targets must be integer class ids of shape ({n},), "
+        if targets.dtype not in (torch.int64, torch.int32) or tuple(targets.shape) != lead:
+            raise ValueError(f"categorical targets must be integer class ids of shape {lead}, "
                              f"got dtype {targets.dtype}, shape {tuple(targets.shape)}")
-        if bool((targets < 0).any()) or bool((targets >= c).any()):
-            raise ValueError(f"categorical targets must lie in [0, {c})")
+        bad = (targets < 0) | (targets >= c)
+        if ignore_index is not None:
+            bad &= targets != ignore_index
+        if bool(bad.any()):
+            extra = "" if ignore_index is None else f" (or equal ignore_index={ignore_index})"
+            raise ValueError(f"categorical targets must lie in [0, {c}){extra}")
     else:
-        if targets.shape != (n, c) or not targets.is_floating_point():
-            raise ValueError(f"gaussian targets must be floats of shape ({n}, {c}), got {tuple(targets.shape)}")
+        if tuple(targets.shape) != tuple(outputs.shape) or not targets.is_floating_point():
+            raise ValueError(f"gaussian targets must be floats of shape {tuple(outputs.shape)}, got "
+                             f"{tuple(targets.shape)}")
         check_finite("targets", targets)
     return targets
 
 
-def nll_loss(outputs: Tensor, targets: Tensor, likelihood: Likelihood = "categorical") -> Tensor:
-    """The module's loss: batch mean of per-example NLL. ``outputs [N, C]``; targets ``[N]`` ids or ``[N, C]``.
+def nll_loss(outputs, targets: Tensor, likelihood: Likelihood = "categorical", *,
+             ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """The module's loss: the mean NLL over the loss terms. ``outputs [N, C]`` or per-token ``[N, T, C]`` (any
+    ``[N, ..., C]``; a ``ModelOutput``'s ``.logits``); targets ``[N, ...]`` ids or floats shaped like ``outputs``.
 
-    Categorical: cross-entropy of logits. Gaussian: ``½‖y − f‖²`` per example (NLL of ``N(f, I)``, no constant).
+    Categorical: cross-entropy of logits, averaged over the terms whose label is not ``ignore_index``. Gaussian:
+    ``½‖y − f‖²`` per term (NLL of ``N(f, I)``, no constant). Computed in float32 for float16 / bfloat16 outputs.
+
+    Args:
+        outputs: the model's outputs.
+        targets: the observed targets.
+        likelihood: ``"categorical"`` or ``"gaussian"``.
+        ignore_index: the label of a term that does not count (categorical).
+
+    Returns:
+        The scalar loss.
+
+    Raises:
+        TypeError: bad types.
+        ValueError: bad shapes or values, every label ``ignore_index``.
     """
-    check_outputs(outputs, likelihood)
-    check_targets(outputs, targets, likelihood)
+    outputs = model_logits(outputs, "outputs")
+    check_int("ignore_index", ignore_index)
+    if isinstance(outputs, Tensor) and outputs.is_floating_point() and outputs.dtype in (torch.float16,
+                                                                                          torch.bfloat16):
+        outputs = outputs.float()
+    if not isinstance(outputs, Tensor) or outputs.ndim < 2:
+        raise ValueError("outputs must have shape [N, C] or per-token [N, T, C]")
+    check_outputs(outputs.reshape(-1, outputs.shape[-1]), likelihood)
+    check_targets(outputs, targets, likelihood, ignore_index if likelihood == "categorical" else None)
     if likelihood == "categorical":
-        return nn.functional.cross_entropy(outputs, targets.long())
+        t = targets.reshape(-1).long()
+        if not bool((t != ignore_index).any()):
+            raise ValueError(f"every target equals ignore_index={ignore_index}: no loss term is left")
+        return nn.functional.cross_entropy(outputs.reshape(-1, outputs.shape[-1]), t, ignore_index=ignore_index)
     return 0.5 * (targets - outputs).pow(2).sum(-1).mean()
 
 
@@ -248,184 +303,151 @@ def curvature_scale(curvature: str, loss: str, reduction: str, n: int, c: int) -
 
 
 # ----------------------------------------------------------------------------------------- params & models
-_RANDOM_OR_COUPLED = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+def _terms(fn, params, inputs, likelihood, mask):
+    """The outputs ``[N, ..., C]`` at ``params``, their rows ``[R, C]`` (one per loss term) and the bool mask of the
+    terms that count (``None``: all)."""
+    with torch.no_grad(), math_attention():
+        out = call_model(fn, params, inputs)
+    if out.ndim < 2:
+        raise ValueError(f"outputs must have shape [N, C] or per-token [N, T, C], got {tuple(out.shape)}")
+    n = batch_size(inputs)
+    if out.shape[0] != n:
+        raise ValueError(f"model returned {out.shape[0]} outputs for {n} inputs")
+    flat = check_outputs(out.reshape(-1, out.shape[-1]), likelihood)
+    valid = loss_term_mask(default_mask(mask, inputs, out.shape[:-1]), out.shape[:-1], out.device)
+    return out, flat, None if valid is None else valid.reshape(-1)
 
 
-def _check_eval_mode(module: nn.Module) -> None:
-    """Raise ``ValueError`` if ``module`` holds a train-mode Dropout or BatchNorm (random / batch-coupled outputs)."""
-    for name, m in module.named_modules():
-        if isinstance(m, _RANDOM_OR_COUPLED) and m.training and not (
-                isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0):
-            raise ValueError(f"module {name or type(module).__name__!r} ({type(m).__name__}) is in training mode: "
-                             "its outputs are random or couple the examples, so the per-example curvature is "
-                             "undefined; call model.eval() before computing curvature (train mode again afterwards)")
+def _n_terms(flat: Tensor, valid: Tensor | None) -> int:
+    return flat.shape[0] if valid is None else int(valid.sum())
 
 
-def _prepare(model_or_fn, params, inputs: Tensor):
-    """Return ``(fn(params, inputs), params_dict_detached)`` after validating everything."""
-    if isinstance(model_or_fn, nn.Module):
-        module = model_or_fn
-        _check_eval_mode(module)
-        if params is None:
-            params = {k: p for k, p in module.named_parameters() if p.requires_grad}
+def _masked(factors: Tensor, valid: Tensor | None) -> Tensor:
+    return factors if valid is None else factors * valid[:, None, None].to(factors.dtype)
 
-        def fn(p, x):
-            return functional_call(module, p, (x,))
-    elif callable(model_or_fn):
-        fn = model_or_fn
-        if params is None:
-            raise ValueError("params must be given (a dict name → tensor) when model_or_fn is a function")
+
+def _exact_factors(flat, likelihood, valid):
+    return _masked(output_hessian_sqrt(flat, likelihood).transpose(1, 2), valid)
+
+
+def _mc_factors(flat, likelihood, n_samples, generator, valid):
+    rows = flat if valid is None else flat[valid]                                     # no draw for a masked term
+    ys = sample_targets(rows, likelihood, n_samples, generator)                       # [S, R] or [S, R, C]
+    g = torch.stack([nll_grad(rows, y, likelihood) for y in ys], dim=1)               # [R, S, C]
+    g = g / math.sqrt(n_samples)
+    if valid is None:
+        return g
+    full = g.new_zeros(flat.shape[0], *g.shape[1:])
+    full[valid] = g
+    return full
+
+
+def _ef_terms(fn, params, inputs, targets, likelihood, mask, ignore_index):
+    """``(flat, factors [R, 1, C], valid, lead)`` of the empirical Fisher: the gradient at the observed label of
+    every term; terms whose label is ``ignore_index`` (or that ``mask`` drops) do not count."""
+    check_int("ignore_index", ignore_index)
+    out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
+    check_targets(out, targets, likelihood, ignore_index if likelihood == "categorical" else None)
+    if likelihood == "categorical":
+        t = targets.reshape(-1)
+        labelled = t != ignore_index
+        valid = labelled if valid is None else valid & labelled
+        if not bool(valid.any()):
+            raise ValueError(f"no loss term is left: every target equals ignore_index={ignore_index} or is masked")
+        if bool(labelled.all()) and mask is None and valid is labelled:
+            valid = None
+        t = t.masked_fill(~labelled, 0)
     else:
-        raise TypeError("model_or_fn must be an nn.Module or a callable fn(params, inputs)")
-    if not isinstance(params, Mapping) or len(params) == 0:
-        raise ValueError("params must be a non-empty dict name → tensor")
-    for k, p in params.items():
-        if not isinstance(p, Tensor) or not p.is_floating_point():
-            raise TypeError(f"parameter {k!r} must be a floating-point tensor")
-        check_finite(f"parameter {k!r}", p)
-    if not isinstance(inputs, Tensor):
-        raise TypeError("inputs must be a torch.Tensor")
-    if inputs.ndim == 0 or inputs.shape[0] == 0:
-        raise ValueError("inputs is empty (batch size 0)")
-    check_finite("inputs", inputs)
-    return fn, {k: p.detach() for k, p in params.items()}
-
-
-def _call_model(fn, params, inputs):
-    try:
-        return fn(params, inputs)
-    except (RuntimeError, ValueError, TypeError, IndexError) as e:
-        raise ValueError(f"model raised on inputs of shape {tuple(inputs.shape)} and dtype {inputs.dtype} "
-                         f"(do they match the model and its parameters?): {e}") from e
-
-
-def _forward(fn, params, inputs, likelihood) -> Tensor:
-    with torch.no_grad():
-        out = _call_model(fn, params, inputs)
-    check_outputs(out, likelihood)
-    if out.shape[0] != inputs.shape[0]:
-        raise ValueError(f"model returned {out.shape[0]} outputs for {inputs.shape[0]} inputs")
-    return out
-
-
-def _jt_factors(fn, params, inputs: Tensor, factors: Tensor) -> Tensor:
-    """``B[n, k] = J_nᵀ V[n, k]`` for ``factors V [N, K, C]``, flattened to ``[N, K, P]`` (vmapped vjp)."""
-
-    def one(x, v):
-        _, vjp_fn = vjp(lambda p: fn(p, x.unsqueeze(0)).squeeze(0), params)
-        if v.shape[0] == 1:
-            return flatten(vjp_fn(v[0])[0]).unsqueeze(0)
-        return torch.cat([t.reshape(v.shape[0], -1) for t in vmap(vjp_fn)(v)[0].values()], dim=1)
-
-    n, k, _ = factors.shape
-    p_dim = sum(p.numel() for p in params.values())
-    chunk = max(1, _CHUNK_ELEMENTS // max(1, k * p_dim))
-    try:
-        return [vmap(one)(inputs[i:i + chunk], factors[i:i + chunk]) for i in range(0, n, chunk)]
-    except RuntimeError as e:
-        if "random" in str(e) or "batch_norm" in str(e).lower() or "in-place" in str(e):
-            raise ValueError("the model function draws random numbers or updates state in place (train-mode "
-                             "Dropout / BatchNorm?): per-example curvature needs a deterministic function of "
-                             f"(params, one input); call model.eval() first. Original error: {e}") from e
-        raise
-
-
-def _dense(chunks, n) -> Tensor:
-    return sum(torch.einsum("nkp,nkq->pq", b, b) for b in chunks) / n
-
-
-def _diag(chunks, n) -> Tensor:
-    return sum(b.pow(2).sum((0, 1)) for b in chunks) / n
-
-
-def _exact_factors(fn, params, inputs, likelihood):
-    return output_hessian_sqrt(_forward(fn, params, inputs, likelihood), likelihood).transpose(1, 2)
-
-
-def _mc_factors(fn, params, inputs, likelihood, n_samples, generator):
-    out = _forward(fn, params, inputs, likelihood)
-    ys = sample_targets(out, likelihood, n_samples, generator)                       # [S, N] or [S, N, C]
-    g = torch.stack([nll_grad(out, y, likelihood) for y in ys], dim=1)               # [N, S, C]
-    return g / math.sqrt(n_samples)
-
-
-def _ef_factors(fn, params, inputs, targets, likelihood):
-    out = _forward(fn, params, inputs, likelihood)
-    check_targets(out, targets, likelihood)
-    if targets.shape[0] != inputs.shape[0]:
-        raise ValueError("inputs and targets have different batch sizes")
-    return nll_grad(out, targets, likelihood).unsqueeze(1)
+        t = targets.reshape(-1, out.shape[-1])
+    return flat, _masked(nll_grad(flat, t, likelihood).unsqueeze(1), valid), valid, out.shape[:-1]
 
 
 # ------------------------------------------------------------------------------------------ dense & diagonal
-def ggn_matrix(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "categorical") -> Tensor:
-    """Exact GGN = exact Fisher ``(1/N) Σ J_nᵀ H_n J_n`` as a dense ``[P, P]`` matrix (small models only)."""
-    fn, params = _prepare(model_or_fn, params, inputs)
-    return _dense(_jt_factors(fn, params, inputs, _exact_factors(fn, params, inputs, likelihood)), len(inputs))
+def ggn_matrix(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None) -> Tensor:
+    """Exact GGN = exact Fisher ``(1/n) Σ_i J_iᵀ H_i J_i`` over the loss terms, a dense ``[P, P]`` matrix (small
+    models only; ``mask`` keeps the terms that count, see the module docstring)."""
+    fn, params = prepare(model_or_fn, params, inputs)
+    out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
+    factors = _exact_factors(flat, likelihood, valid)
+    return dense_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), _n_terms(flat, valid))
 
 
 fisher_matrix = ggn_matrix  # the Fisher of a categorical / unit-variance Gaussian likelihood is the GGN
 
 
-def mc_fisher(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "categorical", n_samples: int = 1,
-              generator: torch.Generator | None = None) -> Tensor:
-    """Monte-Carlo Fisher ``[P, P]``: ``(1/NS) Σ_{n,s} g_{ns} g_{ns}ᵀ`` with ``g_{ns} = ∇_θ ℓ(f_n, ŷ_{ns})`` and
-    ``ŷ_{ns} ~ p(·|f_n)`` (``generator`` makes the draws reproducible)."""
-    fn, params = _prepare(model_or_fn, params, inputs)
-    factors = _mc_factors(fn, params, inputs, likelihood, n_samples, generator)
-    return _dense(_jt_factors(fn, params, inputs, factors), len(inputs))
+def mc_fisher(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", n_samples: int = 1,
+              generator: torch.Generator | None = None, *, mask=None) -> Tensor:
+    """Monte-Carlo Fisher ``[P, P]``: ``(1/nS) Σ_{i,s} g_{is} g_{is}ᵀ`` with ``g_{is} = ∇_θ ℓ(f_i, ŷ_{is})`` and
+    ``ŷ_{is} ~ p(·|f_i)`` over the loss terms that count (``generator`` makes the draws reproducible)."""
+    fn, params = prepare(model_or_fn, params, inputs)
+    out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
+    factors = _mc_factors(flat, likelihood, n_samples, generator, valid)
+    return dense_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), _n_terms(flat, valid))
 
 
-def empirical_fisher(model_or_fn, params, inputs: Tensor, targets: Tensor,
-                     likelihood: Likelihood = "categorical") -> Tensor:
-    """Empirical Fisher ``[P, P]``: ``(1/N) Σ_n g_n g_nᵀ`` with per-example gradients at the observed labels."""
-    fn, params = _prepare(model_or_fn, params, inputs)
-    factors = _ef_factors(fn, params, inputs, targets, likelihood)
-    return _dense(_jt_factors(fn, params, inputs, factors), len(inputs))
+def empirical_fisher(model_or_fn, params, inputs, targets: Tensor, likelihood: Likelihood = "categorical", *,
+                     mask=None, ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """Empirical Fisher ``[P, P]``: ``(1/n) Σ_i g_i g_iᵀ`` with per-term gradients at the observed labels (terms
+    labelled ``ignore_index`` do not count)."""
+    fn, params = prepare(model_or_fn, params, inputs)
+    flat, factors, valid, lead = _ef_terms(fn, params, inputs, targets, likelihood, mask, ignore_index)
+    return dense_sum(jt_factors(fn, params, inputs, factors, lead, valid), _n_terms(flat, valid))
 
 
-def ggn_diagonal(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "categorical") -> Tensor:
-    """Exact diagonal of the GGN/Fisher, flat ``[P]`` (C vjps per example through ``H_n = L_n L_nᵀ``)."""
-    fn, params = _prepare(model_or_fn, params, inputs)
-    return _diag(_jt_factors(fn, params, inputs, _exact_factors(fn, params, inputs, likelihood)), len(inputs))
+def ggn_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None) -> Tensor:
+    """Exact diagonal of the GGN/Fisher, flat ``[P]`` (C vjps per loss term through ``H_i = L_i L_iᵀ``)."""
+    fn, params = prepare(model_or_fn, params, inputs)
+    out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
+    factors = _exact_factors(flat, likelihood, valid)
+    return diagonal_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), _n_terms(flat, valid))
 
 
-def mc_fisher_diagonal(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "categorical",
-                       n_samples: int = 1, generator: torch.Generator | None = None) -> Tensor:
+def mc_fisher_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categorical",
+                       n_samples: int = 1, generator: torch.Generator | None = None, *, mask=None) -> Tensor:
     """Diagonal of :func:`mc_fisher`, flat ``[P]``."""
-    fn, params = _prepare(model_or_fn, params, inputs)
-    factors = _mc_factors(fn, params, inputs, likelihood, n_samples, generator)
-    return _diag(_jt_factors(fn, params, inputs, factors), len(inputs))
+    fn, params = prepare(model_or_fn, params, inputs)
+    out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
+    factors = _mc_factors(flat, likelihood, n_samples, generator, valid)
+    return diagonal_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), _n_terms(flat, valid))
 
 
-def empirical_fisher_diagonal(model_or_fn, params, inputs: Tensor, targets: Tensor,
-                              likelihood: Likelihood = "categorical") -> Tensor:
-    """Diagonal of :func:`empirical_fisher` (mean of squared per-example gradients), flat ``[P]``."""
-    fn, params = _prepare(model_or_fn, params, inputs)
-    factors = _ef_factors(fn, params, inputs, targets, likelihood)
-    return _diag(_jt_factors(fn, params, inputs, factors), len(inputs))
+def empirical_fisher_diagonal(model_or_fn, params, inputs, targets: Tensor,
+                              likelihood: Likelihood = "categorical", *, mask=None,
+                              ignore_index: int = IGNORE_INDEX) -> Tensor:
+    """Diagonal of :func:`empirical_fisher` (mean of squared per-term gradients), flat ``[P]``."""
+    fn, params = prepare(model_or_fn, params, inputs)
+    flat, factors, valid, lead = _ef_terms(fn, params, inputs, targets, likelihood, mask, ignore_index)
+    return diagonal_sum(jt_factors(fn, params, inputs, factors, lead, valid), _n_terms(flat, valid))
 
 
 # ---------------------------------------------------------------------------------------- matrix-free GGN
-def ggn_operator(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "categorical") -> Callable:
+def ggn_operator(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None) -> Callable:
     """A matvec ``v ↦ G v`` (flat ``[P]`` or dict) at fixed params: one forward now, then jvp → H → vjp per call.
 
     The parameters are copied: the operator stays the GGN at the point where it was built even if they move. The
     vector must be finite and match the parameters' names, shapes and dtypes (``ValueError`` / ``TypeError``); a
-    model function whose outputs change between calls (train-mode dropout) raises ``ValueError``.
+    model function whose outputs change between calls (train-mode dropout) raises ``ValueError``. ``mask`` keeps
+    the loss terms that count (see the module docstring).
     """
-    fn, params = _prepare(model_or_fn, params, inputs)
+    fn, params = prepare(model_or_fn, params, inputs)
     check_likelihood(likelihood)
     params = {k: p.clone() for k, p in params.items()}  # the GGN at this point, even if the parameters move later
-    n = inputs.shape[0]
+    n = batch_size(inputs)
 
     def f(p):
-        return _call_model(fn, p, inputs)
+        return call_model(fn, p, inputs)
 
-    out, vjp_fn = vjp(f, params)
-    out = check_outputs(out.detach(), likelihood)
+    with math_attention():
+        out, vjp_fn = vjp(f, params)
+    out = out.detach()
+    if out.ndim < 2:
+        raise ValueError(f"outputs must have shape [N, C] or per-token [N, T, C], got {tuple(out.shape)}")
+    check_outputs(out.reshape(-1, out.shape[-1]), likelihood)
     if out.shape[0] != n:
         raise ValueError(f"model returned {out.shape[0]} outputs for {n} inputs")
+    valid = loss_term_mask(default_mask(mask, inputs, out.shape[:-1]), out.shape[:-1], out.device)
+    n_terms = out.shape[:-1].numel() if valid is None else int(valid.sum())
+    weight = None if valid is None else valid.unsqueeze(-1).to(out.dtype)
 
     def matvec(v):
         as_dict = isinstance(v, Mapping)
@@ -436,17 +458,20 @@ def ggn_operator(model_or_fn, params, inputs: Tensor, likelihood: Likelihood = "
             if t.dtype != params[k].dtype:
                 raise TypeError(f"vector entry {k!r} has dtype {t.dtype}, the parameter {params[k].dtype}")
             check_finite(f"vector entry {k!r}", t)
-        out2, jv = jvp(f, (params,), (vd,))
+        with math_attention():
+            out2, jv = jvp(f, (params,), (vd,))
         if not torch.allclose(out2.detach(), out, rtol=1e-4, atol=1e-6):  # a random fn (dropout) would be silent
             raise ValueError("the model function returned different outputs for the same parameters and inputs "
                              "(train-mode Dropout?): the GGN needs a deterministic function; call model.eval()")
-        (res,) = vjp_fn(_apply_output_hessian(out, jv, likelihood) / n)
+        hjv = _apply_output_hessian(out, jv, likelihood)
+        (res,) = vjp_fn((hjv if weight is None else hjv * weight) / n_terms)
         return res if as_dict else flatten(res)
 
     return matvec
 
 
-def ggn_vector_product(model_or_fn, params, inputs: Tensor, v, likelihood: Likelihood = "categorical"):
+def ggn_vector_product(model_or_fn, params, inputs, v, likelihood: Likelihood = "categorical", *, mask=None):
     """``G v`` without forming ``G`` (jvp → output Hessian → vjp). ``v`` flat ``[P]`` or dict (finite, same dtype as the
-    parameters); returns the same kind. Derived in notebook 07_fisher_approximations."""
-    return ggn_operator(model_or_fn, params, inputs, likelihood)(v)
+    parameters); returns the same kind; ``mask`` as in :func:`ggn_operator`. Derived in notebook
+    07_fisher_approximations."""
+    return ggn_operator(model_or_fn, params, inputs, likelihood, mask=mask)(v)

@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch.func import grad, hessian, vmap
 
-from taskloss.utils import check_finite, check_floating, check_int, check_positive
+from taskloss.utils import check_finite, check_floating, check_int, check_not_meta, check_positive
 
 __all__ = [
     "sym_to_vec", "vec_to_sym", "gaussian_to_natural", "gaussian_from_natural", "gaussian_to_expectation",
@@ -42,10 +42,15 @@ def check_tensor(name: str, x: torch.Tensor, ndim_min: int = 1) -> torch.Tensor:
         ``x``.
 
     Raises:
-        TypeError: not a floating tensor.
-        ValueError: NaN/inf, too few dimensions, no entries.
+        TypeError: not a floating tensor, or a float16 / bfloat16 one (the Cholesky factorizations and solves need
+            float32 or float64).
+        ValueError: NaN/inf, too few dimensions, no entries, a meta tensor.
     """
     check_floating(name, x)
+    check_not_meta(name, x)
+    if x.dtype in (torch.float16, torch.bfloat16):
+        raise TypeError(f"{name} is {x.dtype}: the Gaussian's Cholesky factorizations and solves need float32 or "
+                        f"float64; pass {name}.float()")
     check_finite(name, x)
     if x.ndim < ndim_min:
         raise ValueError(f"{name} must have at least {ndim_min} dimension(s), got shape {tuple(x.shape)}")

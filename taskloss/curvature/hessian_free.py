@@ -14,12 +14,14 @@ import torch
 from torch import Tensor
 
 from taskloss.curvature.fisher import Likelihood, check_likelihood, ggn_operator
+from taskloss.curvature.model_io import HALF, check_precision
 from taskloss.utils import (
     all_finite,
     check_bool,
     check_finite,
     check_int,
     check_nonnegative,
+    check_not_meta,
     check_positive,
     check_probability,
     flat_gradient,
@@ -48,6 +50,11 @@ def _cg_setup(matvec, b, x0):
         bf = b
     if not bf.is_floating_point():
         raise TypeError(f"b must be floating point, got dtype {bf.dtype}")
+    check_not_meta("b", bf)
+    if bf.dtype in HALF:
+        raise TypeError(f"b is {bf.dtype}: conjugate gradients accumulate dot products and residuals in b's dtype, "
+                        "which float16 overflows and bfloat16 rounds to 3 digits; solve in float32 (b.float() and a "
+                        "float32 matvec)")
     check_finite("b", bf)
 
     def mv(x, it):
@@ -168,9 +175,9 @@ def conjugate_gradient(matvec: Callable, b, damping: float = 0.0, max_iter: int 
     return (out, info) if (return_info or truncated) else out
 
 
-def hessian_free_direction(model_or_fn, params, inputs: Tensor, grad, likelihood: Likelihood = "categorical",
+def hessian_free_direction(model_or_fn, params, inputs, grad, likelihood: Likelihood = "categorical",
                            damping: float = 1e-3, cg_iters: int = 50, tol: float = 1e-10, x0=None,
-                           return_info: bool = False):
+                           return_info: bool = False, *, mask=None):
     """Hessian-free natural gradient ``d ≈ (G + λI)⁻¹ grad`` by CG on GGN-vector products (a checked solve).
 
     Args:
@@ -184,13 +191,14 @@ def hessian_free_direction(model_or_fn, params, inputs: Tensor, grad, likelihood
         tol: as ``tol`` there.
         x0: as ``x0`` there (a warm start).
         return_info: also return CG's ``info`` (otherwise running out of iterations warns).
+        mask: the loss terms that count, as there.
 
     Returns:
         ``d`` (same kind as ``grad``; the update is ``θ ← θ − lr · d``), or ``(d, info)``.
     """
     return_info = check_bool("return_info", return_info)
     check_positive("damping", damping)
-    return conjugate_gradient(ggn_operator(model_or_fn, params, inputs, likelihood), grad, damping=damping,
+    return conjugate_gradient(ggn_operator(model_or_fn, params, inputs, likelihood, mask=mask), grad, damping=damping,
                               max_iter=cg_iters, tol=tol, x0=x0, return_info=return_info)
 
 
@@ -206,7 +214,9 @@ class HessianFree(torch.optim.Optimizer):
 
     ``step(closure)`` follows torch.optim: ``closure()`` zeroes the gradients, computes the mean NLL (the
     convention of :mod:`taskloss.curvature.fisher`), calls ``backward()`` and returns ``(loss, inputs)``: the GGN
-    needs the model's inputs, which a loss alone does not expose, and returning the data a method needs besides
+    needs the model's inputs (a tensor, or a mapping of keyword tensors for a Hugging Face model; ``(inputs, mask)``
+    with a mask of the loss terms that count, e.g. ``labels != -100`` of a causal LM), which a loss alone does not
+    expose, and returning the data a method needs besides
     the gradient is the package's one way of passing it (:class:`taskloss.search.mgs.MGS` gets its batch the same
     way). The closure is called twice per step when ``adapt_damping``; ``step`` returns the first loss.
 
@@ -218,7 +228,8 @@ class HessianFree(torch.optim.Optimizer):
     Args:
         params: the parameters (tensors of ``model_fn``, ``(name, tensor)`` pairs, a dict, or parameter groups of
             tensors of the module ``model_fn``).
-        model_fn: the ``nn.Module`` owning ``params`` or ``fn(params_dict, inputs) → outputs [N, C]``.
+        model_fn: the ``nn.Module`` owning ``params`` (it may return a ``ModelOutput``) or
+            ``fn(params_dict, inputs) → outputs [N, C]`` (or per-token ``[N, T, C]``).
         lr: the step size (default of the groups).
         damping: the initial λ > 0.
         cg_iters: CG iterations per step.
@@ -232,7 +243,7 @@ class HessianFree(torch.optim.Optimizer):
     ``last_info`` holds CG's info of the last step and ``loss``, ``damping``, ``rho``, ``new_loss``, ``accepted``.
 
     Raises:
-        TypeError: a bad ``model_fn`` or flag.
+        TypeError: a bad ``model_fn`` or flag; float16 / bfloat16 parameters.
         ValueError: bad hyperparameters; at ``step``, a closure that does not return ``(loss, inputs)``.
         FloatingPointError: a non-finite loss.
     """
@@ -259,8 +270,12 @@ class HessianFree(torch.optim.Optimizer):
         self.last_info: dict = {}
 
     def add_param_group(self, param_group: dict) -> None:
-        """``torch.optim``'s, with the tensors named (for the GGN) and each kept once (by identity)."""
+        """``torch.optim``'s, with the tensors named (for the GGN) and each kept once (by identity); float16 /
+        bfloat16 and meta tensors are refused (the GGN products and CG run in the parameters' dtype)."""
         names, tensors = named_tensors(param_group["params"], self.model_fn)
+        for k, p in zip(names, tensors):
+            check_not_meta(f"parameter {k!r}", p)
+            check_precision(f"parameter {k!r}", p)
         fresh = [(k, p) for k, p in zip(names, tensors) if id(p) not in self._names]
         for k, p in fresh:
             self._names[id(p)] = k
@@ -274,15 +289,19 @@ class HessianFree(torch.optim.Optimizer):
             raise ValueError("HessianFree's closure must return (loss, inputs): the loss it called backward() on "
                              "and the inputs of the GGN batch")
         loss, inputs = out
-        if not isinstance(inputs, Tensor):
-            raise TypeError(f"the GGN inputs returned by the closure must be a tensor, got {type(inputs).__name__}")
+        mask = None
+        if isinstance(inputs, tuple) and len(inputs) == 2:
+            inputs, mask = inputs
+        if not isinstance(inputs, (Tensor, Mapping)):
+            raise TypeError("the GGN inputs returned by the closure must be a tensor, a mapping of keyword tensors or "
+                            f"a pair (inputs, mask), got {type(inputs).__name__}")
         value = torch.as_tensor(loss).detach()
         if value.numel() != 1:
             raise ValueError(f"closure must return a scalar loss, got shape {tuple(value.shape)}")
         value = float(value)
         if finite and not math.isfinite(value):
             raise FloatingPointError(f"closure returned a non-finite loss ({value})")
-        return loss, value, inputs
+        return loss, value, (inputs, mask)
 
     def _shared(self) -> dict:
         """The solver hyperparameters, equal in every group, checked."""
@@ -321,11 +340,11 @@ class HessianFree(torch.optim.Optimizer):
         if not live:
             raise ValueError("HessianFree has no parameter with requires_grad=True to step")
         ps = [p for _, p in live]
-        loss, value, inputs = self._call(closure)
+        loss, value, (inputs, mask) = self._call(closure)
         g = flat_gradient(ps)
         check_finite("gradient", g)
         params = {self._names[id(p)]: p.detach() for p in ps}
-        op = ggn_operator(self.model_fn, params, inputs, self.likelihood)
+        op = ggn_operator(self.model_fn, params, inputs, self.likelihood, mask=mask)
         state = self.state[ps[0]]
         x0 = state["direction"] * h["warm_start"] if "direction" in state else None
         d, info = conjugate_gradient(op, g, damping=h["damping"], max_iter=h["cg_iters"], tol=h["cg_tol"], x0=x0,

@@ -1,4 +1,5 @@
-"""K-FAC: Kronecker-factored approximate curvature for ``nn.Linear`` and ``nn.Conv2d`` as a gradient preconditioner.
+"""K-FAC: Kronecker-factored approximate curvature for ``nn.Linear``, ``nn.Conv2d`` and ``transformers``' ``Conv1D``
+as a gradient preconditioner.
 
 After Martens & Grosse, "Optimizing Neural Networks with Kronecker-factored Approximate Curvature" (ICML 2015) and
 Grosse & Martens, "A Kronecker-factored approximate Fisher matrix for convolution layers" (ICML 2016). Derived in
@@ -18,6 +19,16 @@ but whose bias trains gets the bias-only block ``G`` (``a = 1``). Scale: the cur
 :mod:`taskloss.curvature.fisher`, whose :func:`~taskloss.curvature.fisher.curvature_scale` converts to libraries
 that take a loss module) — so ``G`` uses per-term gradients ``g`` (not the ``1/N``-scaled ones of the mean) over
 ``n_terms`` loss terms: ``N`` for outputs ``[N, C]``, ``N·T`` for per-token outputs ``[N, T, C]``.
+
+Models no one here wrote (Hugging Face GPT-2, Llama, BERT): which modules are covered, which keep their plain
+gradients and why — embeddings, normalization scales, and a tied weight, whose gradient sums its uses and is never
+rewritten with one use's factors — is :mod:`taskloss.curvature.kfac_coverage` (``print(kfac.coverage)``). Inputs
+may be a mapping of keyword tensors, outputs a ``ModelOutput`` (``.logits``); labels equal to ``ignore_index`` and
+padding (the attention mask) leave the factors as :mod:`taskloss.curvature.kfac_terms` states. A train-mode
+Dropout / BatchNorm in the forward the statistics come from is refused, as by the Fisher functions. Float16 /
+bfloat16 models get float32 factors, inverses and preconditioning (the gradients are cast back). Under
+``torch.compile`` the hooks run eagerly (a graph break per layer on the forward passes that compute factors), so
+the factors equal the uncompiled ones.
 
 Fisher types for ``G`` (explicit, ``fisher_type``):
 
@@ -45,31 +56,38 @@ Usage (the hooks belong to the ``KFAC`` object: ``remove()`` them, or use it as 
             opt.zero_grad(); loss.backward()
             kfac.precondition_()                     # .grad ← (A ⊗ G + λ)⁻¹ .grad (inverses every T_inv calls)
             opt.step()
+
+A Hugging Face causal LM (keyword batch, ``-100`` labels; ``model.eval()``: dropout is refused)::
+
+    kfac = KFAC(gpt2, optimizer=opt)
+    print(kfac.coverage)                             # the Conv1D layers; wte / tied lm_head, norms: plain gradients
+    out = gpt2(**batch)                              # batch = {"input_ids": ..., "attention_mask": ...}
+    loss = nll_loss(out, labels)                     # labels [B, T]: the next tokens, -100 where there is none
+    kfac.update_statistics(batch, labels, outputs=out)   # padding and -100 labels leave both factors
 """
 from __future__ import annotations
 
-import math
+import sys
 import weakref
+from typing import Mapping
 
 import torch
 from torch import Tensor, nn
 
-from taskloss.curvature.fisher import (
-    LIKELIHOODS,
-    check_outputs,
-    check_targets,
-    draw_categorical,
-    nll_grad,
-    output_hessian_sqrt,
-    sample_targets,
-)
-from taskloss.curvature.kfac_factors import DAMPING_MODES, KFACLayer, KroneckerFactors
+from taskloss.curvature.fisher import IGNORE_INDEX, LIKELIHOODS
+from taskloss.curvature.kfac_coverage import KFACCoverage, find_layers
+from taskloss.curvature.kfac_factors import DAMPING_MODES, KroneckerFactors
 from taskloss.curvature.kfac_gradients import LayerGradients
-from taskloss.utils import check_bool, check_int, check_positive, check_probability
+from taskloss.curvature.kfac_terms import factor_rows, loss_terms, output_cotangents, padding_mask
+from taskloss.curvature.model_io import (
+    check_inputs,
+    model_logits,
+    random_modules,
+    train_mode_error,
+)
+from taskloss.utils import check_bool, check_int, check_not_meta, check_positive, check_probability
 
 __all__ = ["KFAC"]
-
-SUPPORTED = (nn.Linear, nn.Conv2d)
 
 
 def _remove_handles(handles: list) -> None:
@@ -93,9 +111,12 @@ class KFAC:
     enabled, while the hooks record) instead of running one more.
 
     Args:
-        model: the network; every ``nn.Linear`` / ``nn.Conv2d`` with trainable parameters is preconditioned. Any
-            other module owning trainable parameters raises ``ValueError`` unless ``skip_unsupported=True`` (then
-            its gradients are left untouched and it is listed in ``self.skipped``).
+        model: the network (or its ``torch.compile`` wrapper); every ``nn.Linear`` / ``nn.Conv2d`` / ``Conv1D``
+            with trainable parameters is preconditioned, except a parameter shared between modules (tied
+            embeddings), which keeps its plain gradient. Embeddings and vector-only modules (norms) keep theirs by
+            default; any other module owning trainable parameters raises ``ValueError`` unless
+            ``skip_unsupported=True`` (then its gradients are left untouched). Every module left alone is listed in
+            ``self.skipped`` and, with its reason, in ``self.coverage``.
         damping: Tikhonov damping λ > 0 (an attribute; a new value is checked on assignment and at the next
             ``precondition_``, which refreshes the inverses for it).
         damping_mode: ``"eigen"`` inverts ``A ⊗ G + λI`` exactly
@@ -117,6 +138,7 @@ class KFAC:
         generator: the generator drawing them (checkpointed; without one the global RNG is used, which the caller
             checkpoints).
         skip_unsupported: see ``model``.
+        ignore_index: the categorical label of a loss term that does not count (``update_statistics``' targets).
 
     The state is composed, not inherited: ``factors`` (:class:`~taskloss.curvature.kfac_factors.KroneckerFactors`:
     ``factors.A``, ``factors.G``, ``factors.inverses``) and ``gradients``
@@ -129,7 +151,8 @@ class KFAC:
 
     Raises:
         TypeError: a bad model, generator or flag.
-        ValueError: bad arguments; NaN/inf in a gradient or a factor (at ``precondition_``); a non-positive damping.
+        ValueError: bad arguments (a meta-device model); NaN/inf in a gradient or a factor (at ``precondition_``); a
+            non-positive damping.
     """
 
     FISHER_TYPES = ("mc", "empirical", "exact")
@@ -140,9 +163,12 @@ class KFAC:
                  inverse_update_interval: int = 10, eigenbasis_update_interval: int | None = None,
                  damping_mode: str = "eigen", kl_clip: float | None = None,
                  optimizer: torch.optim.Optimizer | None = None, n_samples: int = 1,
-                 generator: torch.Generator | None = None, skip_unsupported: bool = False):
+                 generator: torch.Generator | None = None, skip_unsupported: bool = False,
+                 ignore_index: int = IGNORE_INDEX):
         if not isinstance(model, nn.Module):
             raise TypeError("model must be an nn.Module")
+        check_not_meta("the model", model)
+        self.ignore_index = check_int("ignore_index", ignore_index)
         if fisher_type not in self.FISHER_TYPES:
             raise ValueError(f"fisher_type must be one of {self.FISHER_TYPES}, got {fisher_type!r}")
         if likelihood not in LIKELIHOODS:
@@ -170,16 +196,18 @@ class KFAC:
             raise ValueError("n_samples > 1 only makes sense for fisher_type='mc'")
         self.model, self.fisher_type, self.likelihood = model, fisher_type, likelihood
         self.damping_mode, self.generator = damping_mode, generator
-        self.modules, self.skipped = self._find_layers(model, skip_unsupported)
-        # the trained parameters of every layer (None where frozen or absent)
-        self.layers = [KFACLayer(k, m, m.weight if m.weight.requires_grad else None,
-                                 m.bias if m.bias is not None and m.bias.requires_grad else None,
-                                 math.prod(m.weight.shape[1:])) for k, m in self.modules.items()]
+        # a compiled model (torch.compile) runs its original module, whose layers carry the hooks
+        self._module = model._orig_mod if isinstance(getattr(model, "_orig_mod", None), nn.Module) else model
+        # the trained parameters of every layer (None where frozen, shared or absent), and what is left alone
+        self.layers, self._coverage = find_layers(self._module, skip_unsupported)
+        self.modules = {layer.name: layer.module for layer in self.layers}
+        self.skipped = list(self._coverage.skipped)
+        self._random = random_modules(self._module)   # Dropout / BatchNorm: refused in train mode, as everywhere
+        self._forward_error: str | None = None
         self._checked: tuple | None = None
         if optimizer is not None:
             owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
-            missing = [k for k, m in self.modules.items() for p in m.parameters(recurse=False)
-                       if p.requires_grad and id(p) not in owned]
+            missing = [layer.name for layer in self.layers for p in layer.params if id(p) not in owned]
             if missing:
                 raise ValueError(f"layers {sorted(set(missing))} have parameters the optimizer does not hold")
         self.factors = KroneckerFactors(self.layers, damping_mode)
@@ -192,29 +220,12 @@ class KFAC:
         self._finalizer = weakref.finalize(self, _remove_handles, self._handles)  # no hook outlives its owner
         self._sync_hooks()
 
-    @staticmethod
-    def _find_layers(model: nn.Module, skip_unsupported: bool) -> tuple[dict[str, nn.Module], list[str]]:
-        modules, skipped = {}, []
-        for name, mod in model.named_modules():
-            if not any(p.requires_grad for p in mod.parameters(recurse=False)):
-                continue
-            if isinstance(mod, nn.Conv2d) and mod.weight.requires_grad and (
-                    mod.groups != 1 or mod.padding_mode != "zeros" or isinstance(mod.padding, str)):
-                if not skip_unsupported:
-                    raise ValueError(f"Conv2d {name!r}: only groups=1, padding_mode='zeros' and numeric padding are "
-                                     "supported (or pass skip_unsupported=True)")
-                skipped.append(name)
-            elif isinstance(mod, SUPPORTED):
-                modules[name] = mod
-            elif skip_unsupported:
-                skipped.append(name)
-            else:
-                raise ValueError(f"module {name!r} ({type(mod).__name__}) has trainable parameters but K-FAC "
-                                 "supports only nn.Linear and nn.Conv2d; pass skip_unsupported=True to leave "
-                                 "its gradients unpreconditioned")
-        if not modules:
-            raise ValueError("model has no trainable nn.Linear / nn.Conv2d layer")
-        return modules, skipped
+    @property
+    def coverage(self) -> KFACCoverage:
+        """Which modules are preconditioned, which keep their plain gradients and why, and the fraction of the
+        model's trainable parameters covered (:class:`~taskloss.curvature.kfac_coverage.KFACCoverage`;
+        ``print(kfac.coverage)`` shows a table)."""
+        return self._coverage
 
     # ------------------------------------------------------------------------------------ hyperparameters
     @property
@@ -257,10 +268,12 @@ class KFAC:
         t = self._factor_update_interval
         want = not self._removed and not (isinstance(t, int) and t >= 1 and self._n_updates % t)
         if want and not self._handles:
+            if "torch._dynamo" in sys.modules:   # torch.compile may trace the hooks: make their eager twin now
+                _eager_record()
             ref = weakref.ref(self)
             self._handles += [m.register_forward_hook(_Hook(ref, n)) for n, m in self.modules.items()]
             # each forward of the whole model starts a fresh record (an evaluation pass simply replaces it)
-            self._handles.append(self.model.register_forward_pre_hook(_Hook(ref)))
+            self._handles.append(self._module.register_forward_pre_hook(_Hook(ref)))
         elif not want and self._handles:
             _remove_handles(self._handles)
             self._clear()
@@ -282,37 +295,34 @@ class KFAC:
             self._inputs[n].clear()
             self._outputs[n].clear()
 
-    def _output_cotangents(self, outputs: Tensor, targets: Tensor | None) -> Tensor:
-        """Per-term output-space vectors ``V [K, n_terms, C]`` whose back-propagation gives the ``g`` samples."""
-        out = outputs.detach()
-        if self.fisher_type == "empirical":
-            if targets is None:
-                raise ValueError("fisher_type='empirical' needs the observed targets")
-            return nll_grad(out, targets, self.likelihood).unsqueeze(0)
-        if self.fisher_type == "exact":
-            return output_hessian_sqrt(out, self.likelihood).permute(2, 0, 1)
-        probs = None
-        if self.likelihood == "categorical":  # one softmax for the draws and the gradients (outputs checked above)
-            probs = out.softmax(-1)
-            ys = draw_categorical(probs, self.n_samples, self.generator)
-        else:
-            ys = sample_targets(out, self.likelihood, self.n_samples, self.generator)
-        if self.n_samples == 1:  # (dividing by √1 would only cost an allocation)
-            return nll_grad(out, ys[0], self.likelihood, probs).unsqueeze(0)
-        return torch.stack([nll_grad(out, y, self.likelihood, probs) for y in ys]) / math.sqrt(self.n_samples)
+    def _output_cotangents(self, out: Tensor, targets: Tensor | None, valid: Tensor | None = None) -> Tensor:
+        """Per-term output-space vectors ``V [K, n_terms, C]`` (:func:`~taskloss.curvature.kfac_terms.output_cotangents`
+        with this object's Fisher type, likelihood, samples and generator)."""
+        return output_cotangents(out, targets, valid, self.fisher_type, self.likelihood, self.n_samples,
+                                 self.generator)
 
-    def update_statistics(self, inputs: Tensor | None = None, targets: Tensor | None = None, *,
-                          outputs: Tensor | None = None) -> None:
+    def update_statistics(self, inputs=None, targets: Tensor | None = None, *, outputs=None,
+                          mask: Tensor | None = None) -> None:
         """Fold this batch's factors into the running averages (every ``factor_update_interval``-th call).
 
         Args:
-            inputs: the batch the model sees, ``[N, ...]`` (may be ``None`` when ``outputs`` are given).
-            targets: observed labels ``[N, ...]`` ids (categorical) or ``[N, ..., C]`` (gaussian); needed for
-                ``"empirical"``, checked for shape otherwise.
+            inputs: the batch the model sees: a tensor ``[N, ...]`` (``model(inputs)``) or a mapping of keyword
+                tensors (``model(**inputs)``, a Hugging Face batch); may be ``None`` when ``outputs`` are given.
+            targets: observed labels ``[N, ...]`` ids (categorical; ``ignore_index`` marks a term that does not
+                count) or ``[N, ..., C]`` (gaussian); needed for ``"empirical"``, checked for shape otherwise.
             outputs: the model's outputs on ``inputs`` from the forward pass just run with grad enabled (the hooks
                 recorded it): ``[N, C]``, or per-token ``[N, T, C]`` (any ``[N, ..., C]``: every position is a loss
-                term, as curvlinops flattens them), still attached to the graph. Without it the call runs
-                ``model(inputs)`` itself — only on the calls that compute factors.
+                term, as curvlinops flattens them), or a ``ModelOutput`` holding them as ``.logits``; still attached
+                to the graph. Without it the call runs the model on ``inputs`` itself — only on the calls that
+                compute factors.
+            mask: the padding mask ``[N, T]`` (1 = a real token; default: ``inputs["attention_mask"]`` of a
+                mapping). Padded positions are neither loss terms nor rows of either factor in any layer whose input
+                is laid out ``[N, T, D]``.
+
+        Masked terms (padding, labels equal to ``ignore_index``): their output vectors are zero (no MC label is
+        drawn for them) and ``G`` is normalized by the terms left. A position without a loss term still enters a
+        layer's ``A`` and ``G`` when gradient flows through it there (a causal LM's prompt in the lower layers); where
+        none does (the output layer at that position), its row is left out of ``A`` as well.
 
         The extra backward uses ``retain_graph=True`` and does not touch ``.grad``. The forward hooks are attached
         only before a call that computes factors (the others only count), so the checks that every layer ran once
@@ -320,42 +330,39 @@ class KFAC:
 
         Raises:
             TypeError: bad types.
-            ValueError: bad shapes or values (outputs not attached to the graph, batch sizes that differ).
+            ValueError: bad shapes or values (outputs not attached to the graph, batch sizes that differ), a
+                train-mode Dropout / BatchNorm in the forward the statistics come from (the policy of the Fisher
+                functions: call ``model.eval()``).
             RuntimeError: the hooks were removed, or a layer did not run exactly once on the batch.
         """
         try:
-            if not isinstance(inputs, Tensor) and not (inputs is None and outputs is not None):
-                raise TypeError(f"inputs must be a torch.Tensor (or None with outputs=), got {type(inputs).__name__}")
+            if not (isinstance(inputs, (Tensor, Mapping)) or (inputs is None and outputs is not None)):
+                raise TypeError(f"inputs must be a torch.Tensor or a mapping of keyword tensors (or None with "
+                                f"outputs=), got {type(inputs).__name__}")
             if self._removed:
                 raise RuntimeError("this KFAC's hooks were removed (remove() or the end of its with-block); create a "
                                    "new one to record")
             if self._n_updates % self.factor_update_interval != 0:  # no factors this call: nothing was recorded
                 self._n_updates += 1
                 return
+            n = None if inputs is None else check_inputs(inputs, half=True, finite=False)
             if outputs is None:
+                error = train_mode_error(self._random, type(self._module).__name__)
+                if error is not None:
+                    raise ValueError(error)
                 with torch.enable_grad():
-                    outputs = self.model(inputs)
-            elif inputs is not None and isinstance(outputs, Tensor) and outputs.ndim >= 1 and inputs.ndim >= 1 and \
-                    outputs.shape[0] != inputs.shape[0]:
-                raise ValueError(f"outputs have batch size {outputs.shape[0]}, inputs {inputs.shape[0]}")
-            self._update(outputs, targets)
+                    outputs = self.model(**inputs) if isinstance(inputs, Mapping) else self.model(inputs)
+            elif self._forward_error is not None:
+                raise ValueError(self._forward_error)
+            outputs = model_logits(outputs, "outputs")
+            if n is not None and outputs.ndim >= 1 and outputs.shape[0] != n:
+                raise ValueError(f"outputs have batch size {outputs.shape[0]}, inputs {n}")
+            self._update(outputs, targets, mask, inputs)
         finally:
             self._clear()  # drop the recorded activations (and their graph) whatever happened
             self._sync_hooks()
 
-    def _flat_targets(self, outputs: Tensor, targets: Tensor | None) -> Tensor | None:
-        if targets is None:
-            return None
-        if not isinstance(targets, Tensor):
-            raise TypeError("targets must be a torch.Tensor")
-        want = outputs.shape[:-1] if self.likelihood == "categorical" else outputs.shape
-        if targets.shape != want:
-            raise ValueError(f"targets must have shape {tuple(want)} for outputs of shape {tuple(outputs.shape)}, "
-                             f"got {tuple(targets.shape)}")
-        flat = targets.reshape(-1) if self.likelihood == "categorical" else targets.reshape(-1, outputs.shape[-1])
-        return check_targets(outputs.detach().reshape(-1, outputs.shape[-1]), flat, self.likelihood)
-
-    def _update(self, outputs: Tensor, targets: Tensor | None) -> None:
+    def _update(self, outputs: Tensor, targets: Tensor | None, mask, inputs) -> None:
         if not isinstance(outputs, Tensor) or outputs.ndim < 2:
             raise ValueError("outputs must be a tensor of shape [N, C] (or per-token [N, T, C])")
         if not outputs.requires_grad:
@@ -369,12 +376,11 @@ class KFAC:
             seen = self._outputs[name][0].shape[0]
             if seen != n:
                 raise ValueError(f"layer {name!r} saw batch size {seen}, but outputs have batch size {n}")
-        flat = outputs.detach().reshape(-1, outputs.shape[-1])
-        check_outputs(flat, self.likelihood)  # value checks only when the factors are computed
-        flat_targets = self._flat_targets(outputs, targets)
+        pad = padding_mask(mask, inputs, n)
+        flat, flat_targets, valid = loss_terms(outputs, targets, pad, self.likelihood, self.ignore_index)
         names = list(self.modules)
         s_list = [self._outputs[k][0] for k in names]
-        cot = self._output_cotangents(flat, flat_targets)                             # [K, n_terms, C]
+        cot = self._output_cotangents(flat, flat_targets, valid).to(outputs.dtype)    # [K, n_terms, C]
         if outputs.ndim > 2:
             cot = cot.reshape(cot.shape[0], *outputs.shape)
         if cot.shape[0] == 1:
@@ -383,19 +389,31 @@ class KFAC:
         else:  # K backward passes at once (vmapped over the cotangents)
             grads = torch.autograd.grad(outputs, s_list, cot, retain_graph=True, allow_unused=True,
                                         is_grads_batched=True)
-        self._fold_factors(names, grads, flat.shape[0])
+        n_terms = flat.shape[0] if valid is None else int(valid.sum())
+        term_mask = None if valid is None else valid.reshape(outputs.shape[:-1])
+        self._fold_factors(names, grads, n_terms, term_mask, pad)
         self._n_updates += 1  # counted once the factors are folded in (a call that raised changes nothing)
 
     @torch.no_grad()
-    def _fold_factors(self, names: list[str], grads, n_terms: int) -> None:
+    def _fold_factors(self, names: list[str], grads, n_terms: int, terms: Tensor | None,
+                      pad: Tensor | None) -> None:
         unused = [k for k, g in zip(names, grads) if g is None]
         if unused:
-            raise ValueError(f"outputs do not depend on layers {unused}")
+            raise ValueError(f"outputs do not depend on layers {unused}: the outputs must come from the forward pass "
+                             "the hooks recorded (with grad enabled)")
         for layer, g in zip(self.layers, grads):
+            a = self._inputs[layer.name][0]
             if isinstance(layer.module, nn.Conv2d):
                 g = g.movedim(2, -1)                                                   # [K, N, H, W, C_out]
+            elif terms is not None or pad is not None:
+                keep = factor_rows(a, g, terms, pad)
+                if keep is not None:
+                    if not bool(keep.any()):
+                        raise ValueError(f"layer {layer.name!r}: no row is left after masking")
+                    a = a.reshape(-1, a.shape[-1])[keep]
+                    g = g.reshape(g.shape[0], -1, g.shape[-1])[:, keep]
             # folded into the running averages in place (one addmm per factor; the first batch starts them)
-            self.factors.fold(layer, g.reshape(-1, g.shape[-1]), n_terms, self._inputs[layer.name][0], self.decay)
+            self.factors.fold(layer, g.reshape(-1, g.shape[-1]), n_terms, a, self.decay)
 
     # ------------------------------------------------------------------------------------------ the gradients
     @property
@@ -486,17 +504,38 @@ class KFAC:
 
 class _Hook:
     """Forward hook of a K-FAC layer (``name``) recording input and output for its owner, or, with ``name=None``, the
-    model's pre-hook starting a fresh record. The owner is held weakly: no reference cycle keeps it alive."""
+    model's pre-hook starting a fresh record (and noting whether the forward runs a train-mode Dropout / BatchNorm).
+    The owner is held weakly: no reference cycle keeps it alive.
+
+    Under ``torch.compile`` the hook is not traced (it runs eagerly between compiled graphs, a graph break per
+    recorded layer on the forward passes that compute factors): a traced hook would record an intermediate of the
+    fused graph, which its outputs do not depend on through autograd."""
 
     def __init__(self, owner_ref, name=None):
         self.owner_ref, self.name = owner_ref, name
 
     def __call__(self, mod, inputs, output=None):
+        if torch.compiler.is_compiling():
+            return _eager_record()(self, mod, inputs, output)
+        return self.record(mod, inputs, output)
+
+    def record(self, mod, inputs, output=None):
         owner = self.owner_ref()
         if owner is None:
             return
         if self.name is None:
             owner._clear()
+            owner._forward_error = train_mode_error(owner._random, type(owner._module).__name__)
         elif torch.is_grad_enabled() and output.requires_grad:
             owner._inputs[self.name].append(inputs[0].detach())
             owner._outputs[self.name].append(output)
+
+
+_EAGER: list = []
+
+
+def _eager_record():
+    """:meth:`_Hook.record` excluded from ``torch.compile`` tracing (``torch.compiler.disable``), made once."""
+    if not _EAGER:
+        _EAGER.append(torch.compiler.disable(_Hook.record, recursive=True))
+    return _EAGER[0]

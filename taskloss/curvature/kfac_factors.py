@@ -24,6 +24,7 @@ from taskloss.curvature.kfac_math import (
     pi_inverse,
     precondition,
 )
+from taskloss.curvature.model_io import HALF
 
 __all__ = ["KFACLayer", "KroneckerFactors", "DAMPING_MODES"]
 
@@ -32,10 +33,12 @@ DAMPING_MODES = ("eigen", "pi")
 
 @dataclass(frozen=True)
 class KFACLayer:
-    """One preconditioned layer: its module and its trained weight and bias (``None`` where frozen or absent).
+    """One preconditioned layer: its module and its trained weight and bias (``None`` where frozen, shared or absent).
 
     ``fan_in`` is D, the entries of one output unit's weight (``in_features``, or ``C_in·kh·kw``); the layer's
     gradient matrix ``[∇W, ∇b]`` is ``[out, cols]`` with ``cols = D·(weight trained) + (bias trained)``.
+    ``transposed``: the weight is stored ``[in, out]`` (``transformers``' ``Conv1D``, ``y = x W + b``), so its
+    gradient matrix is ``∇Wᵀ``.
     """
 
     name: str
@@ -43,11 +46,18 @@ class KFACLayer:
     weight: Tensor | None
     bias: Tensor | None
     fan_in: int
+    transposed: bool = False
 
     @property
     def out(self) -> int:
         """The number of output units."""
-        return (self.weight if self.weight is not None else self.bias).shape[0]
+        if self.weight is not None:
+            return self.weight.shape[1] if self.transposed else self.weight.shape[0]
+        return self.bias.shape[0]
+
+    def weight_matrix(self, t: Tensor) -> Tensor:
+        """A weight-shaped tensor (the gradient) as the ``[out, D]`` block of the layer's gradient matrix (a view)."""
+        return t.T if self.transposed else t.reshape(t.shape[0], -1)
 
     @property
     def cols(self) -> int:
@@ -95,6 +105,8 @@ class KroneckerFactors:
             decay: the running-average weight of the old factors.
         """
         k = layer.name
+        if g.dtype in HALF:  # float16 / bfloat16 layers: the moments are summed and kept in float32
+            g, inputs = g.float(), inputs.float()
         self.G[k] = fold_moment(self.G.get(k), g, n_terms, decay)
         if layer.weight is not None:
             self.A[k] = input_moment(layer.module, inputs, layer.bias is not None, self.A.get(k), decay)
@@ -175,7 +187,8 @@ class KroneckerFactors:
         self.inverse_damping = state["inv_damping"]
 
     def to_dense(self) -> Tensor:
-        """Block-diagonal K-FAC matrix ``[P, P]`` (no damping), per layer the weight flattened row-major, then bias.
+        """Block-diagonal K-FAC matrix ``[P, P]`` (no damping), per layer the weight flattened row-major as stored
+        (``[in, out]`` for a ``Conv1D``), then bias.
 
         Raises:
             RuntimeError: no factors yet.
@@ -186,9 +199,12 @@ class KroneckerFactors:
         for k, layer in self.layers.items():
             out, d = self.G[k].shape[0], self.A[k].shape[0]
             block = torch.kron(self.G[k], self.A[k])                                   # row-major vec([W, b])
-            if layer.weight is not None and layer.bias is not None:
+            if layer.weight is not None and (layer.bias is not None or layer.transposed):
                 idx = torch.arange(out * d).view(out, d)
-                order = torch.cat([idx[:, : d - 1].reshape(-1), idx[:, -1]])
+                w_idx = idx[:, : layer.fan_in]
+                order = (w_idx.T if layer.transposed else w_idx).reshape(-1)           # the weight as stored
+                if layer.bias is not None:
+                    order = torch.cat([order, idx[:, -1]])
                 block = block[order][:, order]
             blocks.append(block)
         return torch.block_diag(*blocks)

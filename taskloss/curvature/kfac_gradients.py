@@ -19,6 +19,7 @@ from torch import Tensor
 
 from taskloss.curvature.kfac_factors import KFACLayer, KroneckerFactors
 from taskloss.curvature.kfac_math import nonfinite_keys
+from taskloss.curvature.model_io import HALF
 from taskloss.utils import all_finite, check_positive
 
 __all__ = ["LayerGradients"]
@@ -47,10 +48,10 @@ class LayerGradients:
             return None if gb is None else gb.unsqueeze(1)
         if w.grad is None:
             return None
-        g = w.grad.reshape(w.shape[0], -1)
+        g = layer.weight_matrix(w.grad)
         if b is not None:
             g = torch.cat([g, (gb if gb is not None else torch.zeros_like(b)).unsqueeze(1)], dim=1)
-        return g
+        return g if g.dtype not in HALF else g.float()   # (float16 / bfloat16: preconditioned in float32)
 
     @torch.no_grad()
     def precondition_(self, factors: KroneckerFactors, kl_clip: float | None, param_groups: list | None) -> float:
@@ -142,7 +143,7 @@ class LayerGradients:
         grads = [p.grad for p in self.params]
         if any(g is None for g in grads):
             return None
-        key = (grads[0].dtype, grads[0].device)
+        key = (grads[0].dtype, grads[0].device)   # buffers in float32 for float16 / bfloat16 gradients
         if self._flat is None or self._flat[0] != key:
             self._flat = self._build_flat(key)
         return grads if len(self._flat) > 1 else None
@@ -155,16 +156,18 @@ class LayerGradients:
         if any((p.dtype, p.device) != key for p in self.params):
             return (key,)
         sizes = [(layer.out, layer.cols) for layer in self.layers]
-        bufs = torch.empty(2, sum(o * d for o, d in sizes), dtype=key[0], device=key[1])
+        dtype = torch.float32 if key[0] in HALF else key[0]
+        bufs = torch.empty(2, sum(o * d for o, d in sizes), dtype=dtype, device=key[1])
         mats = [[v.view(o, d) for v, (o, d) in zip(t.split([o * d for o, d in sizes]), sizes)] for t in bufs]
-        scratch = torch.empty(2, max(o * d for o, d in sizes), dtype=key[0], device=key[1])  # largest layer
+        scratch = torch.empty(2, max(o * d for o, d in sizes), dtype=dtype, device=key[1])  # largest layer
         work = [(scratch[0, : o * d].view(o, d), scratch[1, : o * d].view(o, d)) for o, d in sizes]
         blocks = []  # per trained parameter, its columns of the layer matrix, viewed in the parameter's shape
         for ms in mats:
             blocks.append([])
             for layer, m in zip(self.layers, ms):
-                if layer.weight is not None:
-                    blocks[-1].append(m[:, : layer.fan_in].view(layer.weight.shape))
+                if layer.weight is not None:   # (a Conv1D's weight [in, out] is the transposed block)
+                    w = m[:, : layer.fan_in]
+                    blocks[-1].append(w.T if layer.transposed else w.view(layer.weight.shape))
                 if layer.bias is not None:
                     blocks[-1].append(m[:, -1])
         return (key, bufs[0], bufs[1], *mats, *blocks, work)
@@ -193,9 +196,11 @@ class LayerGradients:
         w, b = layer.weight, layer.bias
         if w is not None:
             g = w.grad
-            dst = g.view(g.shape[0], -1) if g.is_contiguous() else None
+            dst = g.view(g.shape[0], -1) if g.is_contiguous() and not layer.transposed else None
             src = p[:, : layer.fan_in]
-            if dst is None:
+            if layer.transposed:
+                g.copy_((src * nu if nu != 1.0 else src).T)
+            elif dst is None:
                 g.copy_((src * nu if nu != 1.0 else src).reshape(g.shape))
             elif nu != 1.0:
                 torch.mul(src, nu, out=dst)

@@ -22,7 +22,16 @@ import torch
 from torch.func import jacfwd
 
 from taskloss.curvature.gaussian_family import check_mean_cov, check_square, check_tensor, checked_cholesky
-from taskloss.utils import all_finite, check_bool, check_nonnegative, check_positive, distinct_param_group, flatten
+from taskloss.curvature.model_io import HALF
+from taskloss.utils import (
+    all_finite,
+    check_bool,
+    check_nonnegative,
+    check_not_meta,
+    check_positive,
+    distinct_param_group,
+    flatten,
+)
 
 __all__ = ["natural_gradient", "trust_region_step", "NaturalGradientDescent", "gaussian_kl", "gaussian_fisher",
            "CoupledGaussian"]
@@ -34,8 +43,13 @@ def natural_gradient(fisher: torch.Tensor, grad: torch.Tensor, damping: float = 
 
     ``fisher`` [..., P, P] symmetric positive (semi-)definite, ``grad`` [..., P], ``damping`` λ ≥ 0 (Tikhonov /
     Levenberg–Marquardt damping; needed when F is singular). Returns [..., P]. Raises when ``F + λI`` is not
-    positive definite. Derived in notebook 06_natural_gradient.
+    positive definite. Float16 / bfloat16 inputs are solved in float32 (the result is cast back to ``grad``'s dtype).
+    Derived in notebook 06_natural_gradient.
     """
+    if isinstance(fisher, torch.Tensor) and isinstance(grad, torch.Tensor) and (fisher.dtype in HALF or
+                                                                                 grad.dtype in HALF):
+        out_dtype = grad.dtype if grad.is_floating_point() else fisher.dtype
+        return natural_gradient(fisher.float(), grad.float(), damping).to(out_dtype)
     check_square("fisher", fisher)
     check_tensor("grad", grad)
     lam = check_nonnegative("damping", damping)
@@ -52,8 +66,13 @@ def trust_region_step(fisher: torch.Tensor, grad: torch.Tensor, max_kl: float,
     """The solution ``δ`` of ``min gᵀδ  s.t.  ½ δᵀFδ ≤ ε`` (``ε = max_kl``): ``δ = -√(2ε / gᵀF⁻¹g) · F⁻¹g``.
 
     ``fisher`` [..., P, P], ``grad`` [..., P]; returns [..., P] (zero where ``g = 0``). The constraint is the
-    second-order expansion of ``KL(p_θ ‖ p_{θ+δ})``. Derived in notebook 06_natural_gradient.
+    second-order expansion of ``KL(p_θ ‖ p_{θ+δ})``. Float16 / bfloat16 inputs are solved in float32 (the result
+    is cast back to ``grad``'s dtype). Derived in notebook 06_natural_gradient.
     """
+    if isinstance(fisher, torch.Tensor) and isinstance(grad, torch.Tensor) and (fisher.dtype in HALF or
+                                                                                 grad.dtype in HALF):
+        out_dtype = grad.dtype if grad.is_floating_point() else fisher.dtype
+        return trust_region_step(fisher.float(), grad.float(), max_kl, damping).to(out_dtype)
     eps = check_positive("max_kl", max_kl)
     nat = natural_gradient(fisher, grad, damping)
     quad = (grad * nat).sum(-1, keepdim=True).clamp_min(0.0)
@@ -82,7 +101,8 @@ class NaturalGradientDescent(torch.optim.Optimizer):
     to the parameters that have a gradient. A parameter listed twice is one parameter. ``step(closure)``
     re-evaluates the loss when a closure is given (the closure must call ``backward``) and returns it.
     Hyperparameters live in ``param_groups`` (checked at every step; a learning-rate scheduler works) and round-trip
-    through ``state_dict``; there is no other state.
+    through ``state_dict``; there is no other state. Float16 / bfloat16 parameters are stepped with the direction
+    solved in float32 (:func:`natural_gradient`); meta tensors are refused.
     """
 
     def __init__(self, params, fisher: Callable[[], torch.Tensor], lr: float = 0.1, damping: float = 0.0):
@@ -92,8 +112,10 @@ class NaturalGradientDescent(torch.optim.Optimizer):
         self.fisher = fisher
 
     def add_param_group(self, param_group: dict) -> None:
-        """``torch.optim``'s, with each tensor of the group kept once (by identity)."""
-        super().add_param_group(distinct_param_group(param_group))
+        """``torch.optim``'s, with each tensor of the group kept once (by identity); meta tensors are refused."""
+        group = distinct_param_group(param_group)
+        check_not_meta("a parameter", group["params"])
+        super().add_param_group(group)
 
     def _fisher_block(self, params: list, active: list[bool], g: torch.Tensor) -> torch.Tensor:
         with torch.enable_grad():
@@ -108,7 +130,7 @@ class NaturalGradientDescent(torch.optim.Optimizer):
         elif F.shape != (g.numel(), g.numel()):
             raise ValueError(f"fisher() returned shape {tuple(F.shape)}, expected {(n_all, n_all)} (all parameters) "
                              f"or {(g.numel(), g.numel())} (those with a gradient)")
-        return F.detach().to(g.dtype)
+        return F.detach().to(torch.float32 if g.dtype in HALF else g.dtype)  # (half precision: solved in float32)
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -195,6 +217,8 @@ class CoupledGaussian:
     """
 
     def __init__(self, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu"):
+        if dtype in HALF or not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+            raise TypeError(f"dtype must be float32 or float64 (the closed forms use an eigendecomposition), got {dtype}")
         self.J = torch.tensor([[3.0, 1.0 / 3.0], [1.0 / 3.0, 0.0]], dtype=dtype, device=device)
 
     def _theta(self, theta):

@@ -92,7 +92,8 @@ CASES = [
     # ------------------------------------------------------------------------------------------ likelihoods
     ("nll_loss", "nan", lambda: C.nll_loss(nanlike(LOGITS), y[:4]), ValueError, "outputs contains NaN"),
     ("nll_loss", "empty", lambda: C.nll_loss(LOGITS[:0], y[:0]), ValueError, "outputs is empty"),
-    ("nll_loss", "shape", lambda: C.nll_loss(LOGITS[None], y[:4]), ValueError, r"shape \[N, C\]"),
+    ("nll_loss", "shape", lambda: C.nll_loss(LOGITS[None], y[:4]), ValueError, r"shape \(1, 4\)"),
+    ("nll_loss", "1-d", lambda: C.nll_loss(LOGITS[0], y[:1]), ValueError, r"shape \[N, C\]"),
     ("nll_loss", "dtype", lambda: C.nll_loss(LOGITS.long(), y[:4]), TypeError, "floating-point"),
     ("nll_loss", "range", lambda: C.nll_loss(LOGITS, torch.tensor([0, 1, 3, 0])), ValueError, r"lie in \[0, 3\)"),
     ("nll_loss", "target dtype", lambda: C.nll_loss(LOGITS, y[:4].double()), ValueError, "integer class ids"),

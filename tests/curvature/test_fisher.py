@@ -303,8 +303,10 @@ def test_bad_inputs_raise(setup):
         C.ggn_matrix(m, None, X[:0])
     with pytest.raises(ValueError, match="NaN"):
         C.ggn_matrix(m, None, torch.full_like(X, float("nan")))
-    with pytest.raises(ValueError, match=r"shape \[N, C\]"):
+    with pytest.raises(ValueError, match=r"shape \(2, 3\)"):  # per-token outputs [N, T, C] take targets [N, T]
         C.nll_loss(torch.zeros(2, 3, 4), torch.zeros(2, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"shape \[N, C\]"):
+        C.nll_loss(torch.zeros(4), torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match="lie in"):
         C.empirical_fisher(m, None, X, torch.full((N,), K))
     with pytest.raises(ValueError, match="shape"):
