@@ -43,6 +43,7 @@ from taskloss.dynamics.implicit import gradient_norm_penalty
 from taskloss.harness.problem import Problem
 from taskloss.harness.sequence import SequenceProblem
 from taskloss.sampling.update import newton_direction
+from taskloss.search.functional import call_with_parameters
 from taskloss.search.mgs import MGS
 from taskloss.search.policy_gradient import classification_reinforce
 from taskloss.search.zeroth_order import MeZO, gaussian_smoothing_grad, spsa_grad
@@ -346,9 +347,9 @@ class ZerothOrder(_Rule):
         pb = self.problem
         theta = {k: p.detach() for k, p in pb.named_params.items()}
 
-        def g_of(params):
-            outputs = pb.task_outputs(lambda *a, **kw: torch.func.functional_call(pb.model, params, a, kw))
-            return pb.task_from_outputs(outputs, params.values())
+        def g_of(params):      # the whole task loss at `params` (the model's methods and submodules see them too)
+            return call_with_parameters(pb.model, params,
+                                        lambda model: pb.task_from_outputs(pb.task_outputs(model), params.values()))
 
         if self.estimator == "gaussian":
             g = gaussian_smoothing_grad(g_of, theta, self.sigma, self.n, baseline="antithetic",

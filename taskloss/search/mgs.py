@@ -109,11 +109,14 @@ class MGS(torch.optim.Optimizer):
         max_update_norm: clip ‖Δθ*‖ to it (``None``: no clipping).
         lr: the factor on Δθ* (see above).
         forward_fn: ``(model_k, batch) → outputs`` (default :func:`~taskloss.search.mgs_scoring.default_forward`:
-            ``model_k(batch[0])``). In loop mode ``model_k`` is the module itself with θ+Δθ_k written into its
-            parameters (θ restored after the last candidate, also on error) — so anything that works on the model
-            (e.g. ``taskloss.lm.generate`` with early stopping) works there, and ``forward_fn`` may even return
-            ``model_k`` itself for a ``task_loss_fn`` that drives the model; in the vmap modes a callable proxy
-            (``functional_call``, other attributes from the module).
+            ``model_k(batch[0])``). ``model_k`` is the module itself in every mode: in loop mode with θ+Δθ_k written
+            into its parameters (θ restored after the last candidate, also on error) — so anything that works on
+            the model (e.g. ``taskloss.lm.generate`` with early stopping) works there, and ``forward_fn`` may even
+            return ``model_k`` itself for a ``task_loss_fn`` that drives the model; in the vmap modes with the
+            candidate's parameters swapped in for the whole call (its methods and submodules see them;
+            :func:`~taskloss.search.functional.call_with_parameters`). A parameter tensor captured before the step,
+            or outputs that do not depend on the candidate, are refused there (they would score θ for every
+            candidate); a function vmap cannot trace (Hugging Face's ``generate``) needs the loop.
         parallel: ``"auto"`` (the vmap modes for parameters on a GPU, the loop on a CPU, where it was never
             clearly slower and takes a fraction of the vmap's memory: ``benchmarks/RESULTS.md``), ``True`` (vmap) or
             ``False`` (loop).

@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from torch.func import vmap
 
+from taskloss.search.functional import depends_on_vmap
 from taskloss.utils import all_finite, check_bool, check_int, check_nonnegative, check_positive, distinct_param_group
 
 __all__ = ["gaussian_smoothing_grad", "spsa_grad", "MeZO"]
@@ -83,10 +84,21 @@ def _evaluate(f: Callable, stacked: dict[str, torch.Tensor], single: bool, vecto
     """F on each of the stacked parameter sets → ``[n]`` (one vmap call, or a loop when not vectorizable)."""
     call = (lambda p: f(p[""])) if single else f
     n = next(iter(stacked.values())).shape[0]
+
+    def checked(p):
+        v = call(p)
+        if isinstance(v, torch.Tensor) and not depends_on_vmap(v):
+            raise ValueError("f returned the same value at every perturbed point under vmap: it does not depend on "
+                             "the parameters it is given (a model evaluated with its own parameters instead of "
+                             "through torch.func.functional_call, taskloss.utils.functional_loss or "
+                             "taskloss.search.call_with_parameters?); pass vectorize=False for an f that is "
+                             "really constant")
+        return v
+
     with torch.no_grad():
         if vectorize:
             try:
-                vals = vmap(call, chunk_size=chunk_size, randomness="different")(stacked)
+                vals = vmap(checked, chunk_size=chunk_size, randomness="different")(stacked)
             except ValueError as e:
                 if "must only return Tensors" not in str(e):
                     raise

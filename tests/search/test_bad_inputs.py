@@ -235,6 +235,15 @@ CASES = {
          "not a MeZO state_dict"),
     ],
 }
+CASES["call_with_parameters"] = [
+    ("wrong-type model", lambda: S.call_with_parameters("model", {}, lambda m: 0), TypeError,
+     "model must be an nn.Module"),
+    ("wrong-type fn", lambda: S.call_with_parameters(nn.Linear(2, 2), {}, 3), TypeError, "fn must be callable"),
+    ("wrong-type params", lambda: S.call_with_parameters(nn.Linear(2, 2), [torch.zeros(2)], lambda m: 0), TypeError,
+     "params must be a mapping"),
+    ("unknown name", lambda: S.call_with_parameters(nn.Linear(2, 2), {"weights": torch.zeros(2, 2)}, lambda m: 0),
+     ValueError, "not parameters or buffers"),
+]
 EXEMPT = {   # names that take no input to validate
     "SIGMA_MODES": "constant", "ASSIGNMENTS": "constant", "DENSITIES": "constant",
     "MGSStats": "result record built by MGS.step",
