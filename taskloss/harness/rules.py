@@ -331,7 +331,9 @@ class Reinforce(_Rule):
 class ZerothOrder(_Rule):
     """θ ← θ − lr·ĝ with a zeroth-order gradient ĝ of the task loss from ``n_samples`` directions: Gaussian
     smoothing with antithetic pairs (``estimator="gaussian"``) or SPSA (``"spsa"``), both of scale ``sigma``;
-    perturbed points evaluated one after another (``vectorize=False``), so every forward is counted."""
+    perturbed points evaluated one after another (``vectorize=False``), so every forward is counted. Under
+    ``torch.distributed`` each rank's problem holds its part of the batch: the estimate (like MeZO's step) is that
+    of the whole batch, each rank's task loss weighted by its rows."""
 
     objective = "task"
 
@@ -351,11 +353,12 @@ class ZerothOrder(_Rule):
             return call_with_parameters(pb.model, params,
                                         lambda model: pb.task_from_outputs(pb.task_outputs(model), params.values()))
 
+        n = pb.inputs.shape[0]        # the weight of this batch when the estimate is combined across ranks
         if self.estimator == "gaussian":
             g = gaussian_smoothing_grad(g_of, theta, self.sigma, self.n, baseline="antithetic",
-                                        generator=self.gen, vectorize=False)
+                                        generator=self.gen, vectorize=False, n_examples=n)
         else:
-            g = spsa_grad(g_of, theta, self.sigma, self.n, generator=self.gen, vectorize=False)
+            g = spsa_grad(g_of, theta, self.sigma, self.n, generator=self.gen, vectorize=False, n_examples=n)
         with torch.no_grad():
             for k, p in pb.named_params.items():
                 p.sub_(self.lr * g[k])
@@ -372,7 +375,8 @@ class MeZORule(_Rule):
         self.opt = MeZO(problem.params, lr=lr, sigma=sigma, n_samples=n_samples, seed=seed)
 
     def step(self) -> None:
-        self.opt.step(lambda: self.problem.task_from_outputs(self.problem.task_outputs()))
+        pb = self.problem           # (loss, n_examples): the batch's weight when MeZO combines ranks
+        self.opt.step(lambda: (pb.task_from_outputs(pb.task_outputs()), pb.inputs.shape[0]))
 
 
 @dataclass

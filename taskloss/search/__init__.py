@@ -13,6 +13,7 @@ Modules:
 - :mod:`~taskloss.search.mgs_scoring`           — scoring candidates: a loop on the module, one vmap, a vmapped forward
 - :mod:`~taskloss.search.mgs_stats`             — the diagnostics of one step
 - :mod:`~taskloss.search.functional`            — a model at other parameters for a whole call (methods, submodules)
+- :mod:`~taskloss.search.ranks`                 — the zeroth-order methods across torch.distributed ranks
 - :mod:`~taskloss.search.policy_gradient`       — REINFORCE: sampling outputs, scored by a task loss
 - :mod:`~taskloss.search.zeroth_order`          — sampling parameters: Gaussian smoothing, SPSA, MeZO
 """
