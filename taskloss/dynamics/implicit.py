@@ -68,6 +68,12 @@ __all__ = [
 ]
 
 
+def _wide(t: Tensor) -> Tensor:
+    """``t`` in at least float32 (differentiably): squared norms and flooded losses of float16/bfloat16 values are
+    computed there (a float16 gradient entry above 256 would overflow its square)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def _check_scalar_loss(loss) -> Tensor:
     if not isinstance(loss, Tensor):
         raise TypeError(f"loss must be a tensor, got {type(loss).__name__}")
@@ -91,7 +97,7 @@ def gradient_norm_penalty(loss: Tensor, params, create_graph: bool = True) -> Te
             regularizer); ``False`` gives the value only.
 
     Returns:
-        A 0-d tensor.
+        A 0-d tensor (float32 for float16/bfloat16 gradients, whose squares are summed in float32).
 
     Raises:
         ValueError: non-scalar or non-finite loss, empty ``params``, NaN/inf gradient.
@@ -109,7 +115,7 @@ def gradient_norm_penalty(loss: Tensor, params, create_graph: bool = True) -> Te
     grads = [g for g in grads if g is not None]
     if not grads:
         raise ValueError("loss does not depend on any tensor in params")
-    sq = sum(g.pow(2).sum() for g in grads)
+    sq = sum(_wide(g).pow(2).sum() for g in grads)
     if not bool(torch.isfinite(sq.detach())):
         raise ValueError("the gradient contains NaN or inf")
     return sq
@@ -126,8 +132,8 @@ def per_example_gradient_penalty(model: nn.Module, example_loss: Callable, input
         targets: ``[N, ...]`` targets.
 
     Returns:
-        A 0-d tensor; ``≥ gradient_norm_penalty`` of the mean loss (Jensen), equal when all per-example gradients
-        coincide.
+        A 0-d tensor (float32 for a float16/bfloat16 model); ``≥ gradient_norm_penalty`` of the mean loss (Jensen),
+        equal when all per-example gradients coincide.
 
     Raises:
         ValueError: empty batch, mismatched lengths, a non-scalar per-example loss, NaN gradients.
@@ -155,7 +161,7 @@ def per_example_gradient_penalty(model: nn.Module, example_loss: Callable, input
 
     with native_kernels():
         g = vmap(grad(one), in_dims=(None, 0, 0))(params, inputs, targets)
-    sq = sum(t.pow(2).flatten(1).sum(1) for t in g.values()).mean()
+    sq = sum(_wide(t).pow(2).flatten(1).sum(1) for t in g.values()).mean()
     if not bool(torch.isfinite(sq.detach())):
         raise ValueError("a per-example gradient contains NaN or inf")
     return sq
@@ -337,6 +343,9 @@ def flooding(loss: Tensor, b: float) -> Tensor:
         loss: scalar training loss ``L``.
         b: flood level ``b ≥ 0``.
 
+    Returns:
+        ``|L − b| + b``, in float32 for a float16/bfloat16 loss.
+
     Raises:
         ValueError: non-scalar or non-finite loss, ``b < 0`` or non-finite.
 
@@ -344,5 +353,5 @@ def flooding(loss: Tensor, b: float) -> Tensor:
     """
     _check_scalar_loss(loss)
     b = check_nonnegative("b", b)
-    return (loss - b).abs() + b
+    return (_wide(loss) - b).abs() + b
 
