@@ -36,7 +36,7 @@ __all__ = [
     "is_transformed", "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids",
     "count_parameters",
     "resolve_name", "unique_tensors", "distinct_param_group", "flatten", "unflatten", "flat_gradient",
-    "named_tensors", "functional_loss",
+    "named_tensors", "functional_loss", "check_not_meta",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -527,3 +527,28 @@ def functional_loss(model: nn.Module, loss_fn: Callable, *args, **kwargs):
         return loss_fn(torch.func.functional_call(model, params, args, kwargs))
 
     return f, theta
+
+
+def check_not_meta(name: str, obj) -> None:
+    """Raise ``ValueError`` when a tensor, a module's parameters or buffers, or an iterable of tensors lies on the
+    ``meta`` device (shapes without data: nothing can be computed from it).
+
+    Args:
+        name: what ``obj`` is, for the message.
+        obj: a tensor, an ``nn.Module``, or an iterable of tensors (other items are ignored).
+
+    Raises:
+        ValueError: some tensor is on the meta device.
+    """
+    if isinstance(obj, nn.Module):
+        tensors = list(obj.parameters()) + list(obj.buffers())
+    elif isinstance(obj, torch.Tensor):
+        tensors = [obj]
+    elif isinstance(obj, Mapping):
+        tensors = list(obj.values())
+    else:
+        tensors = list(obj)
+    if any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):
+        raise ValueError(f"{name} is on the meta device (shapes without data): materialize it first, e.g. "
+                         "model.to_empty(device='cpu') and load its weights (load_state_dict(..., assign=True)), or "
+                         "build it outside `with torch.device('meta')`")

@@ -28,6 +28,7 @@ from taskloss.utils import (
     all_finite,
     check_bool,
     check_nonnegative,
+    check_not_meta,
     check_positive,
     distinct_param_group,
     unique_tensors,
@@ -76,6 +77,7 @@ def clip_coefficient(norm, gamma: float, mode: str = "hard", eps: float = 0.0) -
         norm = torch.tensor(float(norm), dtype=torch.float64)
     if not norm.is_floating_point():
         raise TypeError(f"norm must be a floating-point tensor, got dtype {norm.dtype}")
+    check_not_meta("norm", norm)
     if bool(torch.isnan(norm).any()) or bool((norm < 0).any()):
         raise ValueError("norm must be >= 0 and not NaN (a NaN gradient norm cannot be clipped)")
     out = scalar_dtype(norm.dtype)
@@ -122,6 +124,7 @@ def _grads(params, name: str = "params") -> list[Tensor]:
         if not isinstance(p, Tensor):
             raise TypeError(f"{name} must hold tensors, got {type(p).__name__}")
     params = unique_tensors(params, trainable_only=True)      # a shared tensor once, frozen ones left alone
+    check_not_meta(name, params)
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         raise ValueError(f"no tensor in {name} has a gradient (.grad is None everywhere): call backward() first")
@@ -212,7 +215,9 @@ class ClippedSGD(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict) -> None:
         """``torch.optim``'s, with each tensor of the group kept once (by identity)."""
-        super().add_param_group(distinct_param_group(param_group))
+        group = distinct_param_group(param_group)
+        check_not_meta("params", group.get("params", []))
+        super().add_param_group(group)
 
     @staticmethod
     def _check_momentum(momentum) -> float:
@@ -232,20 +237,25 @@ class ClippedSGD(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Tensor] | None = None):
         """One clipped step on every group; returns the closure's loss (``None`` without a closure).
 
+        A group whose parameters have no gradient is skipped (``last_norms[i]`` stays ``None``), as
+        ``torch.optim.SGD`` skips it.
+
         Raises:
-            ValueError: a group has no gradient at all, a gradient holds NaN/inf, or a hyperparameter in
-                ``param_groups`` was set to an invalid value (e.g. ``gamma ≤ 0``).
+            ValueError: no group has a gradient at all (``backward`` was not called), a gradient holds NaN/inf, or a
+                hyperparameter in ``param_groups`` was set to an invalid value (e.g. ``gamma ≤ 0``).
         """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         self.last_norms = [None] * len(self.param_groups)
+        stepped = False
         for i, group in enumerate(self.param_groups):
             self._validate_group(group)
             params = [p for p in group["params"] if p.grad is not None and p.requires_grad]
-            if not params:
-                raise ValueError(f"parameter group {i} has no gradients: call backward() before step()")
+            if not params:          # skipped, as torch.optim.SGD skips it (a frozen or unused part of the model)
+                continue
+            stepped = True
             self.last_norms[i] = clip_grad_(params, group["gamma"], group["mode"], group["per_tensor"])
             grads = [p.grad for p in params]
             if group["momentum"]:
@@ -259,4 +269,6 @@ class ClippedSGD(torch.optim.Optimizer):
                     bufs.append(st["momentum_buffer"])
                 grads = bufs
             torch._foreach_add_(params, grads, alpha=-group["lr"])
+        if not stepped:
+            raise ValueError("no gradients: no parameter of any group has a .grad, call backward() before step()")
         return loss

@@ -21,7 +21,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from taskloss.utils import check_finite, check_int, check_positive, flatten
+from taskloss.utils import check_finite, check_int, check_not_meta, check_positive, flatten
 
 __all__ = ["native_kernels", "loss_gradient", "hessian_vector_product", "top_hessian_eigenvalue", "EigenResult",
            "Params", "check_params", "checked_loss_fn", "map_params", "params_dot", "param_leaves", "rebuild_params",
@@ -59,6 +59,7 @@ def check_params(name: str, params) -> Params:
         if not isinstance(t, Tensor) or not t.is_floating_point():
             raise TypeError(f"{n} must be a floating-point tensor, got {type(t).__name__}"
                             + (f" of dtype {t.dtype}" if isinstance(t, Tensor) else ""))
+        check_not_meta(n, t)
         if t.dtype in HALF_DTYPES:
             raise TypeError(f"{n} has dtype {t.dtype}: the second-order probes (gradients, Hessian-vector products, "
                             "modified losses, flows, smoothness) run in float32 or float64 — pass a float32 copy "

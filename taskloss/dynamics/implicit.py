@@ -55,6 +55,7 @@ from taskloss.utils import (
     check_finite,
     check_int,
     check_nonnegative,
+    check_not_meta,
     check_positive,
     flatten,
     is_transformed,
@@ -81,6 +82,7 @@ def _check_scalar_loss(loss) -> Tensor:
         raise ValueError(f"loss must be a scalar (0-d) tensor, got shape {tuple(loss.shape)}; reduce it first")
     if not loss.is_floating_point():
         raise TypeError(f"loss must be floating point, got dtype {loss.dtype}")
+    check_not_meta("loss", loss)
     if not is_transformed(loss) and not bool(torch.isfinite(loss.detach())):
         raise ValueError(f"loss is not finite ({float(loss)})")
     return loss
@@ -151,6 +153,8 @@ def per_example_gradient_penalty(model: nn.Module, example_loss: Callable, input
             raise ValueError(f"{name} is empty (batch size 0)")
     if inputs.shape[0] != targets.shape[0]:
         raise ValueError(f"inputs and targets differ in batch size: {inputs.shape[0]} vs {targets.shape[0]}")
+    check_not_meta("model", model)
+    check_not_meta("inputs", inputs)
     check_finite("inputs", inputs)
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
     if not params:

@@ -54,7 +54,7 @@ from taskloss.search.mgs_density import (
 from taskloss.search.mgs_noise import CandidateDraws, DrawPlan, build_proposal
 from taskloss.search.mgs_scoring import MODES, CandidateScorer, default_forward
 from taskloss.search.mgs_stats import MGSStats
-from taskloss.utils import check_bool, check_choice, check_int, check_positive, check_probability
+from taskloss.utils import check_bool, check_choice, check_int, check_not_meta, check_positive, check_probability
 
 __all__ = ["MGS", "SIGMA_MODES", "ASSIGNMENTS", "GRAD_NORM_EPS"]
 
@@ -160,6 +160,7 @@ class MGS(torch.optim.Optimizer):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        check_not_meta("model", model)
         if not callable(task_loss_fn):
             raise TypeError("task_loss_fn must be callable")
         if forward_fn is not None and not callable(forward_fn):

@@ -31,7 +31,15 @@ from torch.func import vmap
 
 from taskloss.search.functional import depends_on_vmap
 from taskloss.search.ranks import check_n_examples, combine_across_ranks, fingerprint, share_generator_, world_of
-from taskloss.utils import all_finite, check_bool, check_int, check_nonnegative, check_positive, distinct_param_group
+from taskloss.utils import (
+    all_finite,
+    check_bool,
+    check_int,
+    check_nonnegative,
+    check_not_meta,
+    check_positive,
+    distinct_param_group,
+)
 
 __all__ = ["gaussian_smoothing_grad", "spsa_grad", "MeZO"]
 
@@ -45,6 +53,7 @@ def _as_dict(theta) -> tuple[dict[str, torch.Tensor], bool]:
 
 
 def _check_theta(theta: dict[str, torch.Tensor]) -> None:
+    check_not_meta("theta", theta)
     if sum(v.numel() for v in theta.values()) == 0:
         raise ValueError("theta has no entries (every tensor is empty)")
     for k, v in theta.items():
@@ -352,7 +361,9 @@ class MeZO(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict) -> None:
         """``torch.optim``'s, with each tensor of the group kept once (by identity)."""
-        super().add_param_group(distinct_param_group(param_group))
+        group = distinct_param_group(param_group)
+        check_not_meta("params", group.get("params", []))
+        super().add_param_group(group)
 
     def state_dict(self) -> dict:
         """``torch.optim`` state plus the seed generator's state.
