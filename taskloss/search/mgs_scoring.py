@@ -223,10 +223,11 @@ class CandidateScorer:
                 return res
             except Exception as e:  # noqa: BLE001 — a genuine error re-raises in the fallback below
                 if not self.auto or self.confirmed:
-                    e.add_note(f"MGS scored the candidates in mode {self.mode!r} (one torch.func.vmap over stacked "
-                               "parameters): forward_fn and task_loss_fn must be traceable by vmap there (no "
-                               "data-dependent Python control flow, no .item()); pass parallel=False to score them "
-                               "one after another on the module, or vmap_task_loss='auto' to fall back")
+                    if hasattr(e, "add_note"):      # Python ≥ 3.11
+                        e.add_note(f"MGS scored the candidates in mode {self.mode!r} (one torch.func.vmap over "
+                                   "stacked parameters): forward_fn and task_loss_fn must be traceable by vmap there "
+                                   "(no data-dependent Python control flow, no .item()); pass parallel=False to score "
+                                   "them one after another on the module, or vmap_task_loss='auto' to fall back")
                     raise
                 new = "vmap_forward" if self.mode == "vmap" else "loop"
                 warnings.warn(f"MGS: candidate evaluation mode '{self.mode}' failed ({type(e).__name__}: "
