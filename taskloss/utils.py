@@ -558,23 +558,25 @@ def functional_loss(model: nn.Module, loss_fn: Callable, *args, **kwargs):
 
 
 def check_not_meta(name: str, obj) -> None:
-    """Raise ``ValueError`` when ``obj`` (a tensor, a module, or an iterable of tensors) has a tensor on the meta
-    device: it has a shape but no data, so no value can be computed or checked from it.
+    """Raise ``ValueError`` when a tensor, a module's parameters or buffers, or an iterable of tensors lies on the
+    ``meta`` device (shapes without data: nothing can be computed from it).
 
     Args:
         name: what ``obj`` is, for the message.
-        obj: a tensor, an ``nn.Module`` (its parameters and buffers) or an iterable of tensors.
+        obj: a tensor, an ``nn.Module``, or an iterable of tensors (other items are ignored).
 
     Raises:
-        ValueError: a meta tensor, with what to do instead.
+        ValueError: some tensor is on the meta device.
     """
     if isinstance(obj, nn.Module):
-        tensors = [*obj.parameters(), *obj.buffers()]
-    elif isinstance(obj, Tensor):
+        tensors = list(obj.parameters()) + list(obj.buffers())
+    elif isinstance(obj, torch.Tensor):
         tensors = [obj]
+    elif isinstance(obj, Mapping):
+        tensors = list(obj.values())
     else:
-        tensors = [t for t in obj if isinstance(t, Tensor)]
-    if any(t.is_meta for t in tensors):
+        tensors = list(obj)
+    if any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):
         raise ValueError(f"{name} is on the meta device (shapes without data): materialize it first, e.g. "
-                         "model.to_empty(device='cpu') and load its weights, or build it outside "
-                         "torch.device('meta')")
+                         "model.to_empty(device='cpu') and load its weights (load_state_dict(..., assign=True)), or "
+                         "build it outside `with torch.device('meta')`")

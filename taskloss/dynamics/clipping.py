@@ -17,6 +17,7 @@ each tensor by its own coefficient. Clipping is applied before momentum in :clas
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Callable, Iterable
 
@@ -27,6 +28,7 @@ from taskloss.utils import (
     all_finite,
     check_bool,
     check_nonnegative,
+    check_not_meta,
     check_positive,
     distinct_param_group,
     unique_tensors,
@@ -58,7 +60,8 @@ def clip_coefficient(norm, gamma: float, mode: str = "hard", eps: float = 0.0) -
         eps: added to the norm in the hard form (``1e-6`` reproduces ``torch.nn.utils.clip_grad_norm_``).
 
     Returns:
-        ``c`` in ``(0, 1]``, a tensor shaped like ``norm`` (float64 for a Python number).
+        ``c`` in ``(0, 1]``, a tensor shaped like ``norm`` (float64 for a Python number, float32 for a float16 or
+        bfloat16 norm, whose coefficient is computed in float64).
 
     Raises:
         ValueError: ``γ ≤ 0`` or NaN, a negative / NaN norm, an unknown mode, a negative eps.
@@ -74,13 +77,41 @@ def clip_coefficient(norm, gamma: float, mode: str = "hard", eps: float = 0.0) -
         norm = torch.tensor(float(norm), dtype=torch.float64)
     if not norm.is_floating_point():
         raise TypeError(f"norm must be a floating-point tensor, got dtype {norm.dtype}")
+    check_not_meta("norm", norm)
     if bool(torch.isnan(norm).any()) or bool((norm < 0).any()):
         raise ValueError("norm must be >= 0 and not NaN (a NaN gradient norm cannot be clipped)")
+    out = scalar_dtype(norm.dtype)
     if math.isinf(gamma):
-        return torch.ones_like(norm)
-    if mode == "hard":
-        return torch.clamp(gamma / (norm + eps), max=1.0)
-    return gamma / (norm + gamma)
+        return torch.ones_like(norm, dtype=out)
+    # in half precision γ, ‖g‖ + γ and their ratio would underflow or overflow: float64 there, the norm's own
+    # dtype otherwise (hard clipping then matches clip_grad_norm_ bit for bit)
+    n = norm if norm.dtype == out else norm.to(torch.float64)
+    c = gamma / (n + eps) if mode == "hard" else gamma / (n + gamma)
+    return torch.clamp(c, max=1.0).to(out)
+
+
+def scalar_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype norms and coefficients are computed and returned in: float32 for float16/bfloat16, else ``dtype``."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def _norms(grads: list[Tensor], norm_type: float) -> list[Tensor]:
+    """Each gradient's ``norm_type``-norm, accumulated in at least float32 (a finite float16 gradient may have a norm
+    above 65504, the largest float16)."""
+    if all(scalar_dtype(g.dtype) == g.dtype for g in grads):
+        return list(torch._foreach_norm(grads, norm_type))
+    return [torch.linalg.vector_norm(g, norm_type, dtype=scalar_dtype(g.dtype)) for g in grads]
+
+
+def _scale_(grads: list[Tensor], coefs: list[Tensor]) -> None:
+    """``g ← c·g`` in place, the product taken in at least float32 (a small coefficient would flush to 0 in
+    float16)."""
+    plain = [(g, c) for g, c in zip(grads, coefs) if scalar_dtype(g.dtype) == g.dtype]
+    if plain:
+        torch._foreach_mul_([g for g, _ in plain], [c.to(g.device, g.dtype) for g, c in plain])
+    for g, c in zip(grads, coefs):
+        if scalar_dtype(g.dtype) != g.dtype:
+            g.copy_(g.to(scalar_dtype(g.dtype)).mul_(c.to(g.device)))
 
 
 def _grads(params, name: str = "params") -> list[Tensor]:
@@ -93,6 +124,7 @@ def _grads(params, name: str = "params") -> list[Tensor]:
         if not isinstance(p, Tensor):
             raise TypeError(f"{name} must hold tensors, got {type(p).__name__}")
     params = unique_tensors(params, trainable_only=True)      # a shared tensor once, frozen ones left alone
+    check_not_meta(name, params)
     grads = [p.grad for p in params if p.grad is not None]
     if not grads:
         raise ValueError(f"no tensor in {name} has a gradient (.grad is None everywhere): call backward() first")
@@ -114,7 +146,9 @@ def clip_grad_(params: Iterable[Tensor] | Tensor, gamma: float, mode: str = "har
         eps: added to the norm in the hard form (``1e-6``: bit-compatible with ``clip_grad_norm_``).
 
     Returns:
-        The norm(s) before clipping: a 0-d tensor (global) or ``[n_tensors_with_grad]`` (per tensor).
+        The norm(s) before clipping: a 0-d tensor (global) or ``[n_tensors_with_grad]`` (per tensor), computed in at
+        least float32 (float16 and bfloat16 gradients are accumulated and scaled in float32, so a finite float16
+        gradient whose norm exceeds 65504 is clipped, not refused).
 
     Raises:
         ValueError: empty ``params``, no gradient at all, NaN/inf in a gradient, ``γ ≤ 0``, bad mode/norm_type.
@@ -129,18 +163,14 @@ def clip_grad_(params: Iterable[Tensor] | Tensor, gamma: float, mode: str = "har
     norm_type = check_positive("norm_type", norm_type, allow_inf=True)
     grads = _grads(params)
     with torch.no_grad():
-        norms = torch._foreach_norm(grads, norm_type)
-        if per_tensor:
-            norm = torch.stack([n.to(grads[0].device) for n in norms])
-        else:
-            norm = torch.linalg.vector_norm(torch.stack([n.to(grads[0].device) for n in norms]), norm_type)
+        norms = _norms(grads, norm_type)
+        dtype = functools.reduce(torch.promote_types, [n.dtype for n in norms])
+        stacked = torch.stack([n.to(grads[0].device, dtype) for n in norms])
+        norm = stacked if per_tensor else torch.linalg.vector_norm(stacked, norm_type)
         if not all_finite(norm):
             raise ValueError("a gradient contains NaN or inf: refusing to clip (the step would be NaN)")
         coef = clip_coefficient(norm, gamma, mode, eps)
-        if per_tensor:
-            torch._foreach_mul_(grads, [c.to(g.device, g.dtype) for c, g in zip(coef.unbind(0), grads)])
-        else:
-            torch._foreach_mul_(grads, coef)
+        _scale_(grads, list(coef.unbind(0)) if per_tensor else [coef] * len(grads))
     return norm
 
 
@@ -185,7 +215,9 @@ class ClippedSGD(torch.optim.Optimizer):
 
     def add_param_group(self, param_group: dict) -> None:
         """``torch.optim``'s, with each tensor of the group kept once (by identity)."""
-        super().add_param_group(distinct_param_group(param_group))
+        group = distinct_param_group(param_group)
+        check_not_meta("params", group.get("params", []))
+        super().add_param_group(group)
 
     @staticmethod
     def _check_momentum(momentum) -> float:
@@ -205,20 +237,25 @@ class ClippedSGD(torch.optim.Optimizer):
     def step(self, closure: Callable[[], Tensor] | None = None):
         """One clipped step on every group; returns the closure's loss (``None`` without a closure).
 
+        A group whose parameters have no gradient is skipped (``last_norms[i]`` stays ``None``), as
+        ``torch.optim.SGD`` skips it.
+
         Raises:
-            ValueError: a group has no gradient at all, a gradient holds NaN/inf, or a hyperparameter in
-                ``param_groups`` was set to an invalid value (e.g. ``gamma ≤ 0``).
+            ValueError: no group has a gradient at all (``backward`` was not called), a gradient holds NaN/inf, or a
+                hyperparameter in ``param_groups`` was set to an invalid value (e.g. ``gamma ≤ 0``).
         """
         loss = None
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
         self.last_norms = [None] * len(self.param_groups)
+        stepped = False
         for i, group in enumerate(self.param_groups):
             self._validate_group(group)
             params = [p for p in group["params"] if p.grad is not None and p.requires_grad]
-            if not params:
-                raise ValueError(f"parameter group {i} has no gradients: call backward() before step()")
+            if not params:          # skipped, as torch.optim.SGD skips it (a frozen or unused part of the model)
+                continue
+            stepped = True
             self.last_norms[i] = clip_grad_(params, group["gamma"], group["mode"], group["per_tensor"])
             grads = [p.grad for p in params]
             if group["momentum"]:
@@ -232,4 +269,6 @@ class ClippedSGD(torch.optim.Optimizer):
                     bufs.append(st["momentum_buffer"])
                 grads = bufs
             torch._foreach_add_(params, grads, alpha=-group["lr"])
+        if not stepped:
+            raise ValueError("no gradients: no parameter of any group has a .grad, call backward() before step()")
         return loss

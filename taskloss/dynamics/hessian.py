@@ -21,13 +21,15 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from taskloss.utils import check_finite, check_int, check_positive, flatten
+from taskloss.utils import check_finite, check_int, check_not_meta, check_positive, flatten
 
 __all__ = ["native_kernels", "loss_gradient", "hessian_vector_product", "top_hessian_eigenvalue", "EigenResult",
            "Params", "check_params", "checked_loss_fn", "map_params", "params_dot", "param_leaves", "rebuild_params",
            "detached_params", "value_and_gradient", "check_same_structure"]
 
 Params = Tensor | Mapping[str, Tensor]
+#: dtypes the second-order probes refuse (their finite differences, curvatures and tolerances need float32 or more)
+HALF_DTYPES = (torch.float16, torch.bfloat16)
 
 
 # ------------------------------------------------------------------------------------------------ validation
@@ -42,7 +44,7 @@ def check_params(name: str, params) -> Params:
         ``params``.
 
     Raises:
-        TypeError: not floating tensors.
+        TypeError: not floating tensors, or float16/bfloat16 ones.
         ValueError: empty, or NaN/inf.
     """
     if isinstance(params, Tensor):
@@ -57,6 +59,11 @@ def check_params(name: str, params) -> Params:
         if not isinstance(t, Tensor) or not t.is_floating_point():
             raise TypeError(f"{n} must be a floating-point tensor, got {type(t).__name__}"
                             + (f" of dtype {t.dtype}" if isinstance(t, Tensor) else ""))
+        check_not_meta(n, t)
+        if t.dtype in HALF_DTYPES:
+            raise TypeError(f"{n} has dtype {t.dtype}: the second-order probes (gradients, Hessian-vector products, "
+                            "modified losses, flows, smoothness) run in float32 or float64 — pass a float32 copy "
+                            "(e.g. {k: v.float() for k, v in params.items()})")
         if t.numel() == 0:
             raise ValueError(f"{n} is empty (0 elements)")
         check_finite(n, t.detach())

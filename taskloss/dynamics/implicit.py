@@ -55,6 +55,7 @@ from taskloss.utils import (
     check_finite,
     check_int,
     check_nonnegative,
+    check_not_meta,
     check_positive,
     flatten,
     is_transformed,
@@ -68,6 +69,12 @@ __all__ = [
 ]
 
 
+def _wide(t: Tensor) -> Tensor:
+    """``t`` in at least float32 (differentiably): squared norms and flooded losses of float16/bfloat16 values are
+    computed there (a float16 gradient entry above 256 would overflow its square)."""
+    return t.to(torch.promote_types(t.dtype, torch.float32))
+
+
 def _check_scalar_loss(loss) -> Tensor:
     if not isinstance(loss, Tensor):
         raise TypeError(f"loss must be a tensor, got {type(loss).__name__}")
@@ -75,6 +82,7 @@ def _check_scalar_loss(loss) -> Tensor:
         raise ValueError(f"loss must be a scalar (0-d) tensor, got shape {tuple(loss.shape)}; reduce it first")
     if not loss.is_floating_point():
         raise TypeError(f"loss must be floating point, got dtype {loss.dtype}")
+    check_not_meta("loss", loss)
     if not is_transformed(loss) and not bool(torch.isfinite(loss.detach())):
         raise ValueError(f"loss is not finite ({float(loss)})")
     return loss
@@ -91,7 +99,7 @@ def gradient_norm_penalty(loss: Tensor, params, create_graph: bool = True) -> Te
             regularizer); ``False`` gives the value only.
 
     Returns:
-        A 0-d tensor.
+        A 0-d tensor (float32 for float16/bfloat16 gradients, whose squares are summed in float32).
 
     Raises:
         ValueError: non-scalar or non-finite loss, empty ``params``, NaN/inf gradient.
@@ -109,7 +117,7 @@ def gradient_norm_penalty(loss: Tensor, params, create_graph: bool = True) -> Te
     grads = [g for g in grads if g is not None]
     if not grads:
         raise ValueError("loss does not depend on any tensor in params")
-    sq = sum(g.pow(2).sum() for g in grads)
+    sq = sum(_wide(g).pow(2).sum() for g in grads)
     if not bool(torch.isfinite(sq.detach())):
         raise ValueError("the gradient contains NaN or inf")
     return sq
@@ -126,8 +134,8 @@ def per_example_gradient_penalty(model: nn.Module, example_loss: Callable, input
         targets: ``[N, ...]`` targets.
 
     Returns:
-        A 0-d tensor; ``≥ gradient_norm_penalty`` of the mean loss (Jensen), equal when all per-example gradients
-        coincide.
+        A 0-d tensor (float32 for a float16/bfloat16 model); ``≥ gradient_norm_penalty`` of the mean loss (Jensen),
+        equal when all per-example gradients coincide.
 
     Raises:
         ValueError: empty batch, mismatched lengths, a non-scalar per-example loss, NaN gradients.
@@ -145,6 +153,8 @@ def per_example_gradient_penalty(model: nn.Module, example_loss: Callable, input
             raise ValueError(f"{name} is empty (batch size 0)")
     if inputs.shape[0] != targets.shape[0]:
         raise ValueError(f"inputs and targets differ in batch size: {inputs.shape[0]} vs {targets.shape[0]}")
+    check_not_meta("model", model)
+    check_not_meta("inputs", inputs)
     check_finite("inputs", inputs)
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}
     if not params:
@@ -155,7 +165,7 @@ def per_example_gradient_penalty(model: nn.Module, example_loss: Callable, input
 
     with native_kernels():
         g = vmap(grad(one), in_dims=(None, 0, 0))(params, inputs, targets)
-    sq = sum(t.pow(2).flatten(1).sum(1) for t in g.values()).mean()
+    sq = sum(_wide(t).pow(2).flatten(1).sum(1) for t in g.values()).mean()
     if not bool(torch.isfinite(sq.detach())):
         raise ValueError("a per-example gradient contains NaN or inf")
     return sq
@@ -337,6 +347,9 @@ def flooding(loss: Tensor, b: float) -> Tensor:
         loss: scalar training loss ``L``.
         b: flood level ``b ≥ 0``.
 
+    Returns:
+        ``|L − b| + b``, in float32 for a float16/bfloat16 loss.
+
     Raises:
         ValueError: non-scalar or non-finite loss, ``b < 0`` or non-finite.
 
@@ -344,5 +357,5 @@ def flooding(loss: Tensor, b: float) -> Tensor:
     """
     _check_scalar_loss(loss)
     b = check_nonnegative("b", b)
-    return (loss - b).abs() + b
+    return (_wide(loss) - b).abs() + b
 

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from taskloss.dynamics.hessian import Params, check_params, check_same_structure, checked_loss_fn, loss_gradient
-from taskloss.utils import check_finite, flatten, unique_tensors
+from taskloss.utils import check_finite, check_not_meta, flatten, unique_tensors
 
 __all__ = ["local_smoothness", "SmoothnessSample", "TrajectorySmoothness", "fit_l0_l1", "SmoothnessFit"]
 
@@ -102,6 +102,7 @@ class TrajectorySmoothness:
         for p in params:
             if not isinstance(p, Tensor) or not p.is_floating_point():
                 raise TypeError("params must be floating-point tensors")
+        check_not_meta("params", params)
         self.params = unique_tensors(params, trainable_only=True)    # a shared tensor once, frozen ones left out
         if not self.params:
             raise ValueError("params is empty (or every tensor is frozen): nothing to probe")

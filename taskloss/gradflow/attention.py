@@ -15,9 +15,14 @@ Xiong et al., *On Layer Normalization in the Transformer Architecture* (ICML 202
 layers at initialisation (large for Post-LN, shrinking like ``1/√L`` for Pre-LN); He et al., *RealFormer:
 Transformer Likes Residual Attention* (Findings of ACL 2021) report sparser attention (lower entropy) in
 RealFormer. :func:`layer_gradient_norms` and :func:`attention_entropy` measure both.
+
+The attention probes read a Hugging Face model's attention too (GPT-2, Llama, BERT, …: ``output_attentions=True``,
+which needs eager attention; a padding ``attention_mask`` is honoured), so the same entropies compare a pretrained
+model with the package's own; the gradient norms by layer name the package's block layout and stay with it.
 """
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -35,16 +40,76 @@ def _check_model(model) -> TransformerLM:
     return model
 
 
-def attention_probabilities(model: TransformerLM, idx: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _is_hf(model) -> bool:
+    """A Hugging Face ``PreTrainedModel`` (without importing transformers when nothing has)."""
+    tf = sys.modules.get("transformers")
+    return tf is not None and isinstance(model, tf.PreTrainedModel)
+
+
+def _hf_limits(model) -> tuple[int, int | None]:
+    cfg = model.config
+    vocab = getattr(cfg, "vocab_size", None)
+    if not isinstance(vocab, int):
+        raise TypeError(f"cannot read the vocabulary size of {type(model).__name__} from its config")
+    n = getattr(cfg, "n_positions", None) or getattr(cfg, "max_position_embeddings", None)
+    return vocab, int(n) if n else None
+
+
+def _check_mask(attention_mask, idx: torch.Tensor) -> torch.Tensor | None:
+    if attention_mask is None:
+        return None
+    if not isinstance(attention_mask, torch.Tensor):
+        raise TypeError(f"attention_mask must be a tensor [B, T] of 0/1, got {type(attention_mask).__name__}")
+    if attention_mask.shape != idx.shape:
+        raise ValueError(f"attention_mask has shape {tuple(attention_mask.shape)}, idx {tuple(idx.shape)}")
+    if attention_mask.is_floating_point() or attention_mask.is_complex():
+        raise TypeError(f"attention_mask must hold 0/1 integers or bools, got dtype {attention_mask.dtype}")
+    m = attention_mask.to(torch.bool)
+    if not bool(((attention_mask == 0) | (attention_mask == 1)).all()):
+        raise ValueError("attention_mask must hold only 0 and 1")
+    if not bool(m.any(1).all()):
+        raise ValueError("attention_mask has a row without any token")
+    return m
+
+
+def attention_probabilities(model, idx: torch.Tensor, attention_mask: torch.Tensor | None = None
+                            ) -> tuple[torch.Tensor, ...]:
     """Every layer's attention probabilities ``A_l = softmax(mask(S_l))``, a tuple of ``[B, H, T, T]`` (rows sum
-    to 1 over keys ``j ≤ i``; entries ``j > i`` are 0). Dropout is not applied (the model is run as it is set,
-    call ``model.eval()`` for deterministic maps).
+    to 1 over the keys a query may attend to: ``j ≤ i`` in a causal model, the unpadded keys of
+    ``attention_mask``; the others are 0). Dropout is not applied by a taskloss model (a Hugging Face model runs as it
+    is set: call ``model.eval()`` for deterministic maps).
 
     Args:
-        model: a TransformerLM (any residual layout).
+        model: a taskloss TransformerLM (any residual layout), or a Hugging Face model (GPT-2, Llama, BERT, …) whose
+            attention returns its probabilities (``output_attentions=True``: eager attention; SDPA and flash
+            attention return none and are refused with what to do).
         idx: token ids ``[B, T]``.
+        attention_mask: Hugging Face models only: ``[B, T]`` 1 for tokens, 0 for padding (``None``: all tokens).
+
+    Returns:
+        One ``[B, H, T, T]`` tensor per layer.
+
+    Raises:
+        TypeError: another kind of model, non-integer ids, a mask for a TransformerLM.
+        ValueError: ids out of the vocabulary, a sequence longer than the model's positions, a model that returned no
+            attention probabilities.
     """
+    if _is_hf(model):
+        vocab, max_len = _hf_limits(model)
+        check_token_ids("idx", idx, vocab, max_len)
+        mask = _check_mask(attention_mask, idx)
+        out = model(input_ids=idx, attention_mask=None if mask is None else mask.long(), output_attentions=True)
+        attn = getattr(out, "attentions", None)
+        if not attn:
+            impl = getattr(model.config, "_attn_implementation", "?")
+            raise ValueError(f"{type(model).__name__} computes attention with {impl!r}, which returns no attention "
+                             "probabilities: build or load it with attn_implementation='eager' (or call "
+                             "model.set_attn_implementation('eager') first)")
+        return tuple(attn)
     _check_model(model)
+    if attention_mask is not None:
+        raise TypeError("attention_mask applies to Hugging Face models; a TransformerLM attends to every earlier "
+                        "token")
     check_token_ids("idx", idx, model.vocab_size, model.max_len)
     _, scores = model(idx, return_scores=True)
     T = idx.shape[1]
@@ -52,30 +117,51 @@ def attention_probabilities(model: TransformerLM, idx: torch.Tensor) -> tuple[to
     return tuple(torch.softmax(s.masked_fill(~causal, float("-inf")), dim=-1) for s in scores)
 
 
-def attention_entropy(model: TransformerLM, idx: torch.Tensor, normalized: bool = False) -> torch.Tensor:
+def attention_entropy(model, idx: torch.Tensor, normalized: bool = False,
+                      attention_mask: torch.Tensor | None = None) -> torch.Tensor:
     """Mean entropy (nats) of the attention rows of every layer and head → ``[n_layers, n_heads]``.
 
-    Row ``i`` attends over ``i + 1`` keys, so its entropy lies in ``[0, log(i + 1)]``; the first row (one key,
-    entropy 0 by construction) is left out of the mean. ``normalized=True`` divides each row's entropy by
-    ``log(i + 1)`` first (1 = uniform attention, 0 = one key). Lower entropy is sparser attention.
+    A query row attends over its ``n`` allowed keys (the unpadded ``j ≤ i`` in a causal model — read from the
+    probabilities of the unpadded queries, exactly 0 above the diagonal there — or every unpadded key in a
+    bidirectional one such as BERT), so its
+    entropy lies in ``[0, log n]``; rows with one allowed key (entropy 0 by construction: a causal model's first row)
+    and padded query rows are left out of the mean. ``normalized=True`` divides each row's entropy by ``log n`` first
+    (1 = uniform attention, 0 = one key). Lower entropy is sparser attention.
 
     Args:
-        model: a TransformerLM.
+        model: a TransformerLM or a Hugging Face model with eager attention (:func:`attention_probabilities`).
         idx: token ids ``[B, T]`` with ``T ≥ 2``.
         normalized: divide by the row's maximal entropy.
+        attention_mask: Hugging Face models only: ``[B, T]`` 1 for tokens, 0 for padding.
+
+    Returns:
+        float64 ``[n_layers, n_heads]``.
+
+    Raises:
+        As :func:`attention_probabilities`; ``ValueError`` for ``T < 2``.
     """
     normalized = check_bool("normalized", normalized)
-    _check_model(model)
-    check_token_ids("idx", idx, model.vocab_size, model.max_len)
-    T = idx.shape[1]
-    if T < 2:
-        raise ValueError(f"idx must hold at least 2 positions (the first row attends to one key), got T={T}")
+    if not _is_hf(model):
+        _check_model(model)
+    if isinstance(idx, torch.Tensor) and idx.ndim == 2 and idx.shape[1] < 2:
+        raise ValueError(f"idx must hold at least 2 positions (the first row attends to one key), got "
+                         f"T={idx.shape[1]}")
     with torch.no_grad():
-        probs = torch.stack(attention_probabilities(model, idx)).double()              # [L, B, H, T, T]
-    ent = -(probs * torch.log(probs.clamp_min(1e-300))).sum(-1)[..., 1:]               # [L, B, H, T-1]
+        probs = torch.stack(attention_probabilities(model, idx, attention_mask)).double()   # [L, B, H, T, T]
+    L, B, H, T, _ = probs.shape
+    keys = torch.ones(B, T, dtype=torch.bool, device=probs.device) if attention_mask is None \
+        else attention_mask.to(device=probs.device, dtype=torch.bool)
+    allowed = keys[:, None, :].expand(B, T, T)                                              # [B, query, key]
+    upper = probs.triu(1).masked_fill(~keys[None, :, None, :, None], 0.0)   # padded queries attend anywhere
+    if bool((upper == 0).all()):                                                            # causal
+        allowed = allowed & torch.ones(T, T, dtype=torch.bool, device=probs.device).tril()
+    n_keys = allowed.sum(-1)                                                                # [B, T]
+    rows = keys & (n_keys >= 2)                                                             # queries averaged
+    ent = -(probs * torch.log(probs.clamp_min(1e-300))).sum(-1)                             # [L, B, H, T]
     if normalized:
-        ent = ent / torch.log(torch.arange(2, T + 1, dtype=ent.dtype, device=ent.device))
-    return ent.mean(dim=(1, 3))
+        ent = ent / torch.log(n_keys.clamp_min(2).to(ent.dtype))[None, :, None, :]
+    w = rows.to(ent.dtype)[None, :, None, :]
+    return (ent * w).sum(dim=(1, 3)) / w.sum(dim=(1, 3))
 
 
 @dataclass(frozen=True)
@@ -104,6 +190,10 @@ def layer_gradient_norms(model: TransformerLM, blocks: torch.Tensor) -> LayerGra
         model: a TransformerLM.
         blocks: token ids ``[B, T + 1]``, ``T ≥ 1``.
     """
+    if _is_hf(model):
+        raise TypeError(f"layer_gradient_norms reads the block layout of a taskloss.models.TransformerLM (attention "
+                        f"qkv/proj, feed-forward fc1/fc2), got {type(model).__name__}; attention_probabilities and "
+                        "attention_entropy read Hugging Face models")
     _check_model(model)
     check_token_ids("blocks", blocks, model.vocab_size)
     if blocks.shape[1] < 2:

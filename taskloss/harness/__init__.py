@@ -15,11 +15,12 @@ Modules:
 from taskloss.harness.measure import StepRecord, TrainRecord, propose, train
 from taskloss.harness.problem import PassCount, PassCounter, Problem, grad_hessian
 from taskloss.harness.reference import IdealUpdate, ideal_update, step_agreement
-from taskloss.harness.rules import RULES, RuleSpec, applicable_rules, make_rule, register
+from taskloss.harness.rules import RULES, RuleSpec, applicable_rules, inapplicable_rules, make_rule, register
 from taskloss.harness.sequence import SequenceProblem
 
 __all__ = [
     "Problem", "PassCounter", "PassCount", "grad_hessian", "RULES", "RuleSpec", "register", "make_rule", "applicable_rules",
+    "inapplicable_rules",
     "SequenceProblem", "IdealUpdate",
     "ideal_update", "step_agreement", "StepRecord", "TrainRecord", "propose", "train",
 ]

@@ -39,7 +39,7 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from taskloss.curvature.fisher import LIKELIHOODS, nll_loss
-from taskloss.utils import check_finite, check_nonnegative, flatten, unflatten
+from taskloss.utils import check_finite, check_nonnegative, check_not_meta, flatten, unflatten
 
 __all__ = ["Problem", "PassCounter", "PassCount", "grad_hessian"]
 
@@ -75,9 +75,11 @@ class Problem:
     def __post_init__(self):
         if not isinstance(self.model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(self.model).__name__}")
+        check_not_meta("model", self.model)
         for name, t in (("inputs", self.inputs), ("targets", self.targets)):
             if not isinstance(t, Tensor):
                 raise TypeError(f"{name} must be a tensor, got {type(t).__name__}")
+            check_not_meta(name, t)
             if t.ndim < 1 or t.shape[0] == 0:
                 raise ValueError(f"{name} is an empty batch (shape {tuple(t.shape)}): need N >= 1 rows")
         if self.inputs.shape[0] != self.targets.shape[0]:

@@ -27,6 +27,8 @@ that apply, and :func:`make_rule` raises ``ValueError`` with the reason for the 
 """
 from __future__ import annotations
 
+import copy
+import inspect
 import math
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -43,19 +45,35 @@ from taskloss.dynamics.implicit import gradient_norm_penalty
 from taskloss.harness.problem import Problem
 from taskloss.harness.sequence import SequenceProblem
 from taskloss.sampling.update import newton_direction
+from taskloss.search.functional import call_with_parameters
 from taskloss.search.mgs import MGS
 from taskloss.search.policy_gradient import classification_reinforce
 from taskloss.search.zeroth_order import MeZO, gaussian_smoothing_grad, spsa_grad
-from taskloss.utils import check_int, check_positive
+from taskloss.utils import check_bool, check_int, check_positive
 
-__all__ = ["RuleSpec", "RULES", "DEFAULT_OVERRIDES", "OWN_MEANING", "register", "make_rule", "applicable_rules"]
+__all__ = ["RuleSpec", "RULES", "DEFAULT_OVERRIDES", "OWN_MEANING", "DENSE_MAX_PARAMS", "register", "make_rule",
+           "applicable_rules", "inapplicable_rules"]
 
 _CURVATURE = ("it needs outputs [N, C] with a per-example likelihood (a Fisher, a Kronecker factor or a GGN of "
               "the model's outputs); a sequence problem's surrogate is a token NLL over a Transformer's windows")
+#: the most trainable parameters the rules with a dense [P, P] matrix (Newton, the natural gradients) accept by default
+DENSE_MAX_PARAMS = 5000
+
+
+def _dense_too_large(problem: Problem, max_params: int, what: str) -> str | None:
+    n = sum(p.numel() for p in problem.params)
+    if n > max_params:
+        return f"it needs the dense [P, P] {what}: P = {n} > max_params = {max_params}"
+    return None
 
 
 class _Rule:
     """Base of the rules: ``self.problem``; ``_closure()`` sets ``.grad`` of the surrogate at the current parameters.
+
+    ``unsupported(problem)`` states the requirements a rule can check from the problem alone; a rule whose support
+    also depends on what the model's autograd can do (double backward, forward-mode AD, layer types a
+    preconditioner knows) sets ``needs_trial = True``, and :func:`applicable_rules` then builds it on a copy of the
+    problem and takes one step there before calling it applicable.
 
     Not a ``torch.optim.Optimizer``: a rule binds an update rule to a :class:`~taskloss.harness.problem.Problem`,
     which supplies the batch, so ``rule.step()`` takes no closure; the optimizer it wraps, where there is one, is
@@ -64,6 +82,7 @@ class _Rule:
     """
 
     objective = "surrogate"
+    needs_trial = False
 
     def __init__(self, problem: Problem):
         if not isinstance(problem, Problem):
@@ -90,7 +109,10 @@ class _Rule:
 
 
 class _CurvatureRule(_Rule):
-    """A rule that needs the curvature of per-example output likelihoods: not on a sequence problem."""
+    """A rule that needs the curvature of per-example output likelihoods: not on a sequence problem; what the model's
+    autograd supports is tried on a copy (``needs_trial``)."""
+
+    needs_trial = True
 
     @classmethod
     def unsupported(cls, problem: Problem) -> str | None:
@@ -139,6 +161,8 @@ class Clipped(_TorchOptim):
 class GradPenalty(_TorchOptim):
     """SGD (``lr``) on ``l̃ + μ‖∇l̃‖²`` (``mu`` = μ; the explicit gradient regularizer, one double backward)."""
 
+    needs_trial = True          # double backward through the model (SDPA attention has none on a CPU)
+
     @classmethod
     def unsupported(cls, problem: Problem) -> str | None:
         if isinstance(problem, SequenceProblem):
@@ -164,12 +188,13 @@ class Newton(_CurvatureRule):
     """``θ ← θ − lr (H + δI)⁻¹ g`` with the dense Hessian of the surrogate (``damping`` = δ; ``max_params``
     guards the P² memory and raises ``ValueError`` above it)."""
 
-    def __init__(self, problem, lr: float = 1.0, damping: float = 0.0, max_params: int = 5000):
+    def __init__(self, problem, lr: float = 1.0, damping: float = 0.0, max_params: int = DENSE_MAX_PARAMS):
+        reason = _dense_too_large(problem, check_int("max_params", max_params, minimum=1), "Hessian") \
+            if isinstance(problem, Problem) else None
+        if reason is not None:
+            raise ValueError(f"Newton does not apply: {reason}")
         super().__init__(problem)
         self.lr, self.damping = check_positive("lr", lr), float(damping)
-        n = problem.flat_params().numel()
-        if n > check_int("max_params", max_params, minimum=1):
-            raise ValueError(f"Newton needs the dense [P, P] Hessian: P = {n} > max_params = {max_params}")
 
     def step(self) -> None:
         theta = self.problem.flat_params()
@@ -182,9 +207,15 @@ class Newton(_CurvatureRule):
 class NaturalGradient(_CurvatureRule, _TorchOptim):
     """:class:`NaturalGradientDescent` with the exact Fisher (= GGN) or the empirical Fisher of the batch.
     The weight decay's curvature λ is added to the damping, so for a linear softmax model this is Newton.
-    ``lr``, ``damping`` as in :class:`NaturalGradientDescent`; ``fisher``: ``"exact"`` or ``"empirical"``."""
+    ``lr``, ``damping`` as in :class:`NaturalGradientDescent`; ``fisher``: ``"exact"`` or ``"empirical"``;
+    ``max_params`` guards the dense [P, P] Fisher's memory."""
 
-    def __init__(self, problem, lr: float = 1.0, damping: float = 1e-4, fisher: str = "exact"):
+    def __init__(self, problem, lr: float = 1.0, damping: float = 1e-4, fisher: str = "exact",
+                 max_params: int = DENSE_MAX_PARAMS):
+        reason = _dense_too_large(problem, check_int("max_params", max_params, minimum=1), "Fisher") \
+            if isinstance(problem, Problem) else None
+        if reason is not None:
+            raise ValueError(f"NaturalGradient does not apply: {reason}")
         super().__init__(problem)
         if fisher not in ("exact", "empirical"):
             raise ValueError(f"fisher must be 'exact' or 'empirical', got {fisher!r}")
@@ -330,7 +361,9 @@ class Reinforce(_Rule):
 class ZerothOrder(_Rule):
     """θ ← θ − lr·ĝ with a zeroth-order gradient ĝ of the task loss from ``n_samples`` directions: Gaussian
     smoothing with antithetic pairs (``estimator="gaussian"``) or SPSA (``"spsa"``), both of scale ``sigma``;
-    perturbed points evaluated one after another (``vectorize=False``), so every forward is counted."""
+    perturbed points evaluated one after another (``vectorize=False``), so every forward is counted. Under
+    ``torch.distributed`` each rank's problem holds its part of the batch: the estimate (like MeZO's step) is that
+    of the whole batch, each rank's task loss weighted by its rows."""
 
     objective = "task"
 
@@ -346,15 +379,16 @@ class ZerothOrder(_Rule):
         pb = self.problem
         theta = {k: p.detach() for k, p in pb.named_params.items()}
 
-        def g_of(params):
-            outputs = pb.task_outputs(lambda *a, **kw: torch.func.functional_call(pb.model, params, a, kw))
-            return pb.task_from_outputs(outputs, params.values())
+        def g_of(params):      # the whole task loss at `params` (the model's methods and submodules see them too)
+            return call_with_parameters(pb.model, params,
+                                        lambda model: pb.task_from_outputs(pb.task_outputs(model), params.values()))
 
+        n = pb.inputs.shape[0]        # the weight of this batch when the estimate is combined across ranks
         if self.estimator == "gaussian":
             g = gaussian_smoothing_grad(g_of, theta, self.sigma, self.n, baseline="antithetic",
-                                        generator=self.gen, vectorize=False)
+                                        generator=self.gen, vectorize=False, n_examples=n)
         else:
-            g = spsa_grad(g_of, theta, self.sigma, self.n, generator=self.gen, vectorize=False)
+            g = spsa_grad(g_of, theta, self.sigma, self.n, generator=self.gen, vectorize=False, n_examples=n)
         with torch.no_grad():
             for k, p in pb.named_params.items():
                 p.sub_(self.lr * g[k])
@@ -371,7 +405,8 @@ class MeZORule(_Rule):
         self.opt = MeZO(problem.params, lr=lr, sigma=sigma, n_samples=n_samples, seed=seed)
 
     def step(self) -> None:
-        self.opt.step(lambda: self.problem.task_from_outputs(self.problem.task_outputs()))
+        pb = self.problem           # (loss, n_examples): the batch's weight when MeZO combines ranks
+        self.opt.step(lambda: (pb.task_from_outputs(pb.task_outputs()), pb.inputs.shape[0]))
 
 
 @dataclass
@@ -390,10 +425,38 @@ class RuleSpec:
         """``"surrogate"`` or ``"task"``: the loss the rule descends."""
         return getattr(self.cls, "objective", "surrogate")
 
-    def unsupported(self, problem: Problem) -> str | None:
-        """Why the rule cannot run on ``problem`` (``None``: it can; rules without ``unsupported`` always can)."""
+    def unsupported(self, problem: Problem, trial: bool = False) -> str | None:
+        """Why the rule cannot run on ``problem`` (``None``: it can).
+
+        Args:
+            problem: the problem.
+            trial: for a rule that sets ``needs_trial`` and states no reason of its own, also build it (with its
+                defaults) on a deep copy of the problem and take one step there; an error is the reason. The copy
+                keeps the problem and the global random state untouched.
+
+        Returns:
+            The reason, or ``None``.
+        """
         check = getattr(self.cls, "unsupported", None)
-        return check(problem) if callable(check) else None
+        reason = check(problem) if callable(check) else None
+        if reason is None and trial and getattr(self.cls, "needs_trial", False):
+            reason = _trial_step(self, problem)
+        return reason
+
+
+def _trial_step(spec: RuleSpec, problem: Problem) -> str | None:
+    """Build ``spec``'s rule on a deep copy of ``problem`` and step it once; the error's message, or ``None``."""
+    dev = problem.inputs.device
+    with torch.random.fork_rng(devices=[dev.index or 0] if dev.type == "cuda" else []):
+        copy_ = copy.deepcopy(problem)
+        stage = "building it"
+        try:
+            rule = spec.cls(copy_, **spec.defaults)
+            stage = "one step"
+            rule.step()
+        except Exception as e:  # noqa: BLE001 — any failure means the rule does not run here; the message says why
+            return f"{stage} on a copy of the problem failed: {type(e).__name__}: {str(e)[:300]}"
+    return None
 
 
 RULES: dict[str, RuleSpec] = {}
@@ -446,14 +509,36 @@ def register(name: str, cls, defaults: dict | None = None, description: str = ""
         The :class:`RuleSpec`.
 
     Raises:
-        ValueError: an empty name.
-        TypeError: a class that is not callable.
+        ValueError: an empty name, defaults that ``cls`` does not take.
+        TypeError: ``cls`` is not a class whose instances have a ``step()`` method and whose ``__init__`` takes the
+            problem, an ``unsupported`` that is not callable, defaults that are not a dict, a description that is
+            not a string, ``wraps`` that holds something not callable.
     """
     if not isinstance(name, str) or not name:
         raise ValueError("rule name must be a non-empty string")
-    if not callable(cls):
-        raise TypeError("cls must be callable (problem, **hp) -> rule with .step()")
-    RULES[name] = RuleSpec(name, cls, dict(defaults or {}), description, tuple(wraps))
+    if not inspect.isclass(cls) or not callable(getattr(cls, "step", None)):
+        raise TypeError(f"cls must be a class whose instances have a step() method (cls(problem, **hp).step() takes "
+                        f"one step), got {type(cls).__name__} {getattr(cls, '__name__', cls)!r}")
+    if "unsupported" in dir(cls) and not callable(getattr(cls, "unsupported")):
+        raise TypeError("cls.unsupported must be callable: unsupported(problem) -> reason or None")
+    if defaults is not None and not isinstance(defaults, dict):
+        raise TypeError(f"defaults must be a dict of hyperparameters, got {type(defaults).__name__}")
+    sig = inspect.signature(cls.__init__)
+    params = list(sig.parameters.values())[1:]          # after self
+    takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    if not params or params[0].kind not in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                            inspect.Parameter.VAR_POSITIONAL):
+        raise TypeError(f"{cls.__name__}.__init__ must take the problem as its first argument")
+    named = {p.name for p in params[1:]}
+    unknown = sorted(set(defaults or {}) - named) if not takes_any else []
+    if unknown:
+        raise ValueError(f"defaults {unknown} are not arguments of {cls.__name__}.__init__ (it takes {sorted(named)})")
+    if not isinstance(description, str):
+        raise TypeError(f"description must be a str, got {type(description).__name__}")
+    wraps = (wraps,) if callable(wraps) else tuple(wraps)
+    if not all(callable(w) for w in wraps):
+        raise TypeError("wraps must hold the classes and functions the rule calls")
+    RULES[name] = RuleSpec(name, cls, dict(defaults or {}), description, wraps)
     return RULES[name]
 
 
@@ -469,11 +554,52 @@ def make_rule(name: str, problem: Problem, **hp):
     return spec.cls(problem, **{**spec.defaults, **hp})
 
 
-def applicable_rules(problem: Problem) -> list[str]:
-    """Names of the registered rules that apply to ``problem``, in registration order."""
+def applicable_rules(problem: Problem, trial: bool = True) -> list[str]:
+    """Names of the registered rules that apply to ``problem``, in registration order.
+
+    A rule applies when it states no reason against the problem (``unsupported``) and — for a rule whose support
+    depends on the model's autograd (``needs_trial``: Newton, the natural gradients, K-FAC, the diagonal Fishers,
+    Hessian-free, the gradient penalty) — when one step with its defaults on a copy of the problem succeeds, so a
+    model the rule cannot build on (a layer K-FAC does not know, more parameters than a dense matrix allows) or step
+    (no double backward, no forward-mode AD through its attention) is not listed. :func:`inapplicable_rules` gives
+    the reasons.
+
+    Args:
+        problem: the problem.
+        trial: run the trial steps (``False``: the stated reasons only, no computation).
+
+    Returns:
+        The rule names.
+
+    Raises:
+        TypeError: ``problem`` is not a :class:`~taskloss.harness.problem.Problem`; ``trial`` not a bool.
+    """
+    reasons = inapplicable_rules(problem, trial)
+    return [n for n in RULES if n not in reasons]
+
+
+def inapplicable_rules(problem: Problem, trial: bool = True) -> dict[str, str]:
+    """``{rule: why it does not apply to problem}`` for the registered rules that do not (see :func:`applicable_rules`).
+
+    Args:
+        problem: the problem.
+        trial: run the trial steps of the rules that need one.
+
+    Returns:
+        The reasons, in registration order.
+
+    Raises:
+        TypeError: ``problem`` is not a :class:`~taskloss.harness.problem.Problem`; ``trial`` not a bool.
+    """
     if not isinstance(problem, Problem):
         raise TypeError(f"problem must be a taskloss.harness Problem, got {type(problem).__name__}")
-    return [n for n, spec in RULES.items() if spec.unsupported(problem) is None]
+    trial = check_bool("trial", trial)
+    out = {}
+    for n, spec in RULES.items():
+        reason = spec.unsupported(problem, trial)
+        if reason is not None:
+            out[n] = reason
+    return out
 
 
 _TORCH_SGD = torch.optim.SGD

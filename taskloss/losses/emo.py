@@ -216,7 +216,8 @@ def combine_emo_mle(emo: torch.Tensor, mle: torch.Tensor, combine: str = "emo", 
         eps: > 0, added to the denominators of the detached ratios (1e-10 in the reference code).
 
     Returns:
-        The per-token loss, shape of ``emo``. ``sg`` is ``detach``.
+        The per-token loss, shape of ``emo``, in float32 (float64 for float64 inputs: half-precision values are
+        combined in float32). ``sg`` is ``detach``.
 
     Raises:
         TypeError: non-tensor or non-floating inputs.
@@ -242,6 +243,8 @@ def combine_emo_mle(emo: torch.Tensor, mle: torch.Tensor, combine: str = "emo", 
         check_positive("ratio_max", ratio_max, allow_inf=True)
         if combine != "emo_mle_ratio":
             raise ValueError(f"ratio_max applies to combine='emo_mle_ratio' only, got combine={combine!r}")
+    cdt = compute_dtype(emo.dtype)          # float16's ε = 1e-10 would be 0 and its ratios overflow
+    emo, mle = emo.to(cdt), mle.to(cdt)
     if combine == "emo":
         return emo
     if combine == "mle":
@@ -320,11 +323,13 @@ def emo_loss_reference(logits: torch.Tensor, targets: torch.Tensor, cost_embeddi
         ignore_index: the target value of padding positions.
 
     Returns:
-        The mean EMO over the tokens whose target is not ``ignore_index``.
+        The mean EMO over the tokens whose target is not ``ignore_index`` (float32 for half-precision logits, as
+        :func:`emo_loss`).
     """
-    e_hat = F.normalize(cost_embeddings.detach().to(logits.dtype), dim=-1)              # ê, zero rows stay 0
+    dt = compute_dtype(logits.dtype)                                                    # float32 for half
+    e_hat = F.normalize(cost_embeddings.detach().to(dt), dim=-1)                        # ê, zero rows stay 0
     cost = 1 - e_hat @ e_hat.T                                                          # C_ij = 1 − cos(e_i, e_j)
-    x, t = logits.reshape(-1, logits.shape[-1]), targets.reshape(-1)
+    x, t = logits.to(dt).reshape(-1, logits.shape[-1]), targets.reshape(-1)
     keep = t != ignore_index
     return (x[keep].softmax(-1) * cost[t[keep]]).sum(-1).mean()                         # Σ_i p_i C_it
 

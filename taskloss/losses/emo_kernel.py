@@ -150,40 +150,50 @@ class _FusedEMO(torch.autograd.Function):
         n, v = logits.shape
         dev = logits.device
         lse = torch.empty(n, dtype=cdt, device=dev)
+        mx = torch.empty(n, dtype=cdt, device=dev)       # max_i x_i per row
+        log_z = torch.empty(n, dtype=cdt, device=dev)    # log Σ_i exp(x_i − max)
         q = torch.empty(n, e_hat.shape[1], dtype=cdt, device=dev)
         buf = torch.empty(min(chunk, n), v, dtype=cdt, device=dev)  # reused by every chunk
+        rows = torch.arange(min(chunk, n), device=dev)
         with torch.no_grad(), no_autocast(dev):
             for s in range(0, n, chunk):
                 x = logits[s:s + chunk]
                 k = x.shape[0]
-                m = x.amax(-1).to(cdt)
-                p = torch.sub(x, m[:, None], out=buf[:k]).exp_()  # unnormalized softmax
-                z = p.sum(-1)
-                torch.mm(p, e_hat, out=q[s:s + k]).div_(z[:, None])  # q = Σ_i p_i ê_i
-                torch.add(m, z.log(), out=lse[s:s + k])
+                m, top = x.max(-1)
+                m = mx[s:s + k].copy_(m)
+                p = torch.sub(x, m[:, None], out=buf[:k]).exp_()  # unnormalized softmax, 1 at the max
+                # z = 1 + r with r the sum of the other terms, taken without the 1: log z = log1p(r) keeps its
+                # relative precision on a confident row (log z ≈ r ≈ 1e-7, where log(1 + r) in float32 is ~10 % off
+                # and (max + log z) − x_t rounds to 0)
+                p[rows[:k], top] = 0.0
+                r = p.sum(-1)
+                p[rows[:k], top] = 1.0
+                torch.mm(p, e_hat, out=q[s:s + k]).div_(r.add(1.0)[:, None])  # q = Σ_i p_i ê_i
+                torch.log1p(r, out=log_z[s:s + k])
+                torch.add(m, log_z[s:s + k], out=lse[s:s + k])
             del buf
             emo = torch.linalg.vecdot(q, u.to(cdt)).neg_().add_(1.0).masked_fill_(~valid, 0.0)
-            if need_mle:
+            if need_mle:    # −log p_t = (max − x_t) + log z: no large term cancels
                 x_t = logits.gather(1, targets[:, None]).squeeze(1).to(cdt)
-                mle = (lse - x_t).masked_fill_(~valid, 0.0)
+                mle = (mx - x_t).add_(log_z).masked_fill_(~valid, 0.0)
             else:
                 mle = torch.zeros(n, dtype=cdt, device=dev)
-        return emo, mle, lse, q
+        return emo, mle, lse, q, mx, log_z
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         logits, u, e_hat, targets, valid, chunk, need_mle = inputs
-        emo, mle, lse, q = output
-        ctx.save_for_backward(logits, u, e_hat, targets, valid, emo, lse, q)
+        emo, mle, lse, q, mx, log_z = output
+        ctx.save_for_backward(logits, u, e_hat, targets, valid, emo, mx, log_z, q)
         ctx.chunk, ctx.need_mle = chunk, need_mle
-        ctx.mark_non_differentiable(lse, q)
+        ctx.mark_non_differentiable(lse, q, mx, log_z)
         if not need_mle:
             ctx.mark_non_differentiable(mle)
         ctx.set_materialize_grads(False)
 
     @staticmethod
-    def backward(ctx, g_emo, g_mle, _g_lse=None, _g_q=None):
-        logits, u, e_hat, targets, valid, emo, lse, q = ctx.saved_tensors
+    def backward(ctx, g_emo, g_mle, _g_lse=None, _g_q=None, _g_mx=None, _g_log_z=None):
+        logits, u, e_hat, targets, valid, emo, mx, log_z, q = ctx.saved_tensors
         if not ctx.need_mle:
             g_mle = None
         if g_emo is None and g_mle is None:
@@ -201,21 +211,25 @@ class _FusedEMO(torch.autograd.Function):
             if ctx.needs_input_grad[0]:
                 a = g_e * (1.0 - emo) + g_m  # per-token scalars of the weight a_n - g_e <u_n, ê_i>
                 u_scaled = u.to(cdt) * (-g_e)[:, None]
+                if ctx.need_mle:    # at t: g_m (p_t − 1) + p_t g_e (1 − EMO − s_t), p_t − 1 by expm1 (no cancellation)
+                    d_t = logits.gather(1, targets[:, None])[:, 0].to(cdt).sub_(mx).sub_(log_z)
+                    s_t = torch.linalg.vecdot(u.to(cdt), e_hat.index_select(0, targets))
+                    g_t = torch.addcmul(g_m * torch.expm1(d_t), torch.exp(d_t), g_e * (1.0 - emo - s_t))
                 grad_logits = torch.empty_like(logits)
                 in_place = logits.dtype == cdt  # the softmax is rebuilt inside the gradient buffer
                 k0 = min(ctx.chunk, n)
                 w = torch.empty(k0, v, dtype=cdt, device=dev)
                 pbuf = None if in_place else torch.empty(k0, v, dtype=cdt, device=dev)
-                rows = torch.arange(k0, device=dev)
                 for s in range(0, n, ctx.chunk):
                     sl = slice(s, s + ctx.chunk)
                     k = logits[sl].shape[0]
                     p = grad_logits[sl] if in_place else pbuf[:k]
-                    torch.sub(logits[sl], lse[sl, None], out=p).exp_()  # softmax, recomputed
+                    # softmax, recomputed as exp((x − max) − log z): max + log z would round log z away
+                    torch.sub(logits[sl], mx[sl, None], out=p).sub_(log_z[sl, None]).exp_()
                     wk = torch.addmm(a[sl, None].expand(k, v), u_scaled[sl], e_hat.T, out=w[:k])
                     p.mul_(wk)
                     if ctx.need_mle:
-                        p[rows[:k], targets[sl]] -= g_m[sl]
+                        p.scatter_(1, targets[sl, None], g_t[sl, None])
                     if not in_place:
                         grad_logits[sl] = p
             if ctx.needs_input_grad[1]:
@@ -261,6 +275,7 @@ class _FusedEMOLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits, u, e_hat, targets, valid, chunk, combine, patch, ratio_max, eps, scale):
         cdt = e_hat.dtype
+        precise_mle = patch or combine in ("emo_mle_ratio", "mle_scaled_by_emo")   # ratios amplify MLE's error
         n, v = logits.shape
         dev = logits.device
         k0 = min(chunk, n)
@@ -283,6 +298,8 @@ class _FusedEMOLoss(torch.autograd.Function):
                 logp = _log_softmax_into(x, grad[sl] if in_place else pbuf[:k])
                 m_k = logp.gather(1, targets[sl, None]).squeeze(1).neg_().masked_fill_(~ok, 0.0)  # -log p_t
                 p = logp.exp_()  # the softmax, in the gradient buffer
+                if precise_mle:
+                    m_k, p_t, rest = _confident_mle(p, targets[sl], m_k)
                 ps.mul_(p)  # p_ni s_ni
                 check_k = ps.sum(-1)  # finite exactly when the row has no NaN/+inf and is not entirely -inf
                 e_k = (1.0 - check_k).masked_fill_(~ok, 0.0)
@@ -294,7 +311,12 @@ class _FusedEMOLoss(torch.autograd.Function):
                 # gradient p_ni (a_n - g_e s_ni) = a_n p_ni - g_e p_ni s_ni, written over p
                 a = g_e * (1.0 - e_k) + g_m
                 p.mul_(a[:, None]).addcmul_(ps, (-g_e)[:, None])
-                p[rows[:k], targets[sl]] -= g_m
+                if precise_mle:     # at t: g_m (p_t − 1) + g_e (p_t (1 − EMO) − p_t s_t), p_t − 1 = −S/(p_t + S)
+                    t = targets[sl, None]
+                    g_t = torch.addcmul(-g_m * rest / (p_t + rest), g_e, p_t * (1.0 - e_k) - ps.gather(1, t)[:, 0])
+                    p.scatter_(1, t, g_t[:, None])
+                else:
+                    p[rows[:k], targets[sl]] -= g_m
                 if not in_place:
                     grad[sl] = p
                 check[sl], emo[sl], mle[sl] = check_k, e_val, m_k
@@ -323,6 +345,28 @@ class _FusedEMOLoss(torch.autograd.Function):
             loss = reduced_loss_autograd(x, u, e_hat, targets, valid, combine, patch, ratio_max, eps, scale)
             (gl,) = torch.autograd.grad(loss, x, g_total.to(loss.dtype), create_graph=create_graph)
         return (gl.to(logits.dtype),) + none
+
+
+#: below this −log p_t the MLE is recomputed from the other probabilities (:func:`_confident_mle`)
+_CONFIDENT_MLE = 0.5
+
+
+def _confident_mle(p: torch.Tensor, targets: torch.Tensor, mle: torch.Tensor) -> torch.Tensor:
+    """−log p_t for confident tokens from the *other* probabilities: ``log1p(S/p_t)`` with ``S = Σ_{i≠t} p_i``.
+
+    On a confident token ``−log p_t ≈ 1e-7`` is read off a log-softmax whose ``log z`` carries float32's rounding of
+    ``z = 1 + S`` (~10 % of such a value); a detached ratio EMO/MLE then carries that error into the gradient.
+    ``S`` keeps full relative precision (summed without the leading 1, ``p_t`` set to 0 for the sum and put back),
+    and the common normalization error of ``p`` cancels in ``S/p_t``. Rows with ``mle ≥`` :data:`_CONFIDENT_MLE`
+    keep ``mle``: nothing cancels there. One more pass over ``p`` (only for the combinations that use MLE in a ratio,
+    and the patch). Returns ``(mle, p_t, S)``: the gradient at the target uses ``p_t − 1 = −S/(p_t + S)``."""
+    t = targets[:, None]
+    p_t = p.gather(1, t)
+    p.scatter_(1, t, 0.0)
+    rest = p.sum(-1)
+    p.scatter_(1, t, p_t)
+    p_t = p_t[:, 0]
+    return torch.where(mle < _CONFIDENT_MLE, torch.log1p(rest / p_t), mle), p_t, rest
 
 
 def _log_softmax_into(x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
@@ -367,5 +411,5 @@ def emo_mle(logits, u, e_hat, targets, valid, chunk, need_mle):
             else:  # under vmap (batch dimension at an unknown place): NaN or +inf anywhere
                 lse = torch.where(torch.isnan(data).any() | torch.isposinf(data).any(), float("nan"), 0.0)
         return emo, mle, lse
-    emo, mle, lse, _ = _FusedEMO.apply(logits, u, e_hat, targets, valid, chunk, need_mle)
+    emo, mle, lse, *_ = _FusedEMO.apply(logits, u, e_hat, targets, valid, chunk, need_mle)
     return emo, mle, lse

@@ -12,9 +12,12 @@ Modules:
 - :mod:`~taskloss.search.mgs_noise`             — one step's candidates: Δθ_k from its seed, float64 noise statistics
 - :mod:`~taskloss.search.mgs_scoring`           — scoring candidates: a loop on the module, one vmap, a vmapped forward
 - :mod:`~taskloss.search.mgs_stats`             — the diagnostics of one step
+- :mod:`~taskloss.search.functional`            — a model at other parameters for a whole call (methods, submodules)
+- :mod:`~taskloss.search.ranks`                 — the zeroth-order methods across torch.distributed ranks
 - :mod:`~taskloss.search.policy_gradient`       — REINFORCE: sampling outputs, scored by a task loss
 - :mod:`~taskloss.search.zeroth_order`          — sampling parameters: Gaussian smoothing, SPSA, MeZO
 """
+from taskloss.search.functional import call_with_parameters
 from taskloss.search.mgs import ASSIGNMENTS, MGS, SIGMA_MODES
 from taskloss.search.mgs_density import DENSITIES, mgs_weights, mixture_log_density
 from taskloss.search.mgs_reference import mgs_step_reference
@@ -35,5 +38,5 @@ __all__ = [
     "MGS", "MGSStats", "SIGMA_MODES", "ASSIGNMENTS", "mixture_log_density", "mgs_weights", "mgs_step_reference",
     "DENSITIES", "default_forward", "reinforce_loss", "leave_one_out_baseline",
     "MovingAverageBaseline", "expected_reward", "PGResult", "classification_reinforce", "sequence_reinforce",
-    "gaussian_smoothing_grad", "spsa_grad", "MeZO",
+    "gaussian_smoothing_grad", "spsa_grad", "MeZO", "call_with_parameters",
 ]

@@ -54,7 +54,7 @@ from taskloss.search.mgs_density import (
 from taskloss.search.mgs_noise import CandidateDraws, DrawPlan, build_proposal
 from taskloss.search.mgs_scoring import MODES, CandidateScorer, default_forward
 from taskloss.search.mgs_stats import MGSStats
-from taskloss.utils import check_bool, check_choice, check_int, check_positive, check_probability
+from taskloss.utils import check_bool, check_choice, check_int, check_not_meta, check_positive, check_probability
 
 __all__ = ["MGS", "SIGMA_MODES", "ASSIGNMENTS", "GRAD_NORM_EPS"]
 
@@ -109,11 +109,14 @@ class MGS(torch.optim.Optimizer):
         max_update_norm: clip ‖Δθ*‖ to it (``None``: no clipping).
         lr: the factor on Δθ* (see above).
         forward_fn: ``(model_k, batch) → outputs`` (default :func:`~taskloss.search.mgs_scoring.default_forward`:
-            ``model_k(batch[0])``). In loop mode ``model_k`` is the module itself with θ+Δθ_k written into its
-            parameters (θ restored after the last candidate, also on error) — so anything that works on the model
-            (e.g. ``taskloss.lm.generate`` with early stopping) works there, and ``forward_fn`` may even return
-            ``model_k`` itself for a ``task_loss_fn`` that drives the model; in the vmap modes a callable proxy
-            (``functional_call``, other attributes from the module).
+            ``model_k(batch[0])``). ``model_k`` is the module itself in every mode: in loop mode with θ+Δθ_k written
+            into its parameters (θ restored after the last candidate, also on error) — so anything that works on
+            the model (e.g. ``taskloss.lm.generate`` with early stopping) works there, and ``forward_fn`` may even
+            return ``model_k`` itself for a ``task_loss_fn`` that drives the model; in the vmap modes with the
+            candidate's parameters swapped in for the whole call (its methods and submodules see them;
+            :func:`~taskloss.search.functional.call_with_parameters`). A parameter tensor captured before the step,
+            or outputs that do not depend on the candidate, are refused there (they would score θ for every
+            candidate); a function vmap cannot trace (Hugging Face's ``generate``) needs the loop.
         parallel: ``"auto"`` (the vmap modes for parameters on a GPU, the loop on a CPU, where it was never
             clearly slower and takes a fraction of the vmap's memory: ``benchmarks/RESULTS.md``), ``True`` (vmap) or
             ``False`` (loop).
@@ -157,6 +160,7 @@ class MGS(torch.optim.Optimizer):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, torch.optim.Optimizer):
             raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+        check_not_meta("model", model)
         if not callable(task_loss_fn):
             raise TypeError("task_loss_fn must be callable")
         if forward_fn is not None and not callable(forward_fn):

@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.func import functional_call
 
 from taskloss.sampling.update import SNISResult, self_normalized_is
+from taskloss.search.functional import call_with_parameters
 from taskloss.search.mgs import GRAD_NORM_EPS
 from taskloss.search.mgs_density import candidate_seeds, mixture_log_density, mle_components
 from taskloss.search.mgs_scoring import default_forward
@@ -79,8 +79,9 @@ def mgs_step_reference(model: nn.Module, optimizer: torch.optim.Optimizer, closu
                                dtype=t.dtype) * st - (t if mle[k] else 0) for t, st in zip(gs.values(), sig)]))
     D, theta = torch.stack(deltas), flatten([p.detach() for p in params.values()])
     with torch.no_grad(), eval_mode(model, scoring_eval_mode):          # 3. task losses l(θ + Δθ_k)
-        losses = torch.stack([torch.as_tensor(task_loss_fn(forward_fn(lambda *a, d=d: functional_call(
-            model, unflatten(theta + d, params), a), batch), batch)).double().reshape(()) for d in D])
+        losses = torch.stack([torch.as_tensor(call_with_parameters(                # the whole call at θ + Δθ_k
+            model, unflatten(theta + d, params), lambda m: task_loss_fn(forward_fn(m, batch), batch)))
+            .double().reshape(()) for d in D])
     log_q = mixture_log_density([x.reshape(len(D), *t.shape) for x, t in zip(D.split([t.numel() for t in gs.values()],
                                  1), gs.values())], list(gs.values()), sig, mix, density=density)
     res = self_normalized_is(-losses / alpha, log_q, D.double())           # 4. Δθ* by self-normalized IS

@@ -8,6 +8,15 @@ non-vmappable metrics); ``"loop"`` — write θ + Δθ_k into the module's own p
 candidate (the caller restores θ once after the last one). With ``vmap_task_loss="auto"`` a failing mode falls
 back to the next one with a warning. In every mode candidate k is evaluated at the parameters θ + Δθ_k computed
 by one elementwise addition, so the modes differ only in the forward kernels (batched or not).
+
+In every mode ``forward_fn`` receives the module itself: in the loop it holds θ + Δθ_k in its own tensors; in the
+vmap modes the candidate's (batched) parameters are swapped into it for the whole call of ``forward_fn`` and, in
+``"vmap"``, ``task_loss_fn`` (:func:`~taskloss.search.functional.call_with_parameters`), so a method
+(``model.generate``), a submodule or a task loss that drives the model sees the candidate there too. What would
+still score θ instead of θ + Δθ_k is refused: a read of an original parameter tensor captured before the step
+(watched on the first vmap call) and a forward or task loss that does not depend on the candidate at all. A
+function vmap cannot trace — Hugging Face's ``generate`` stops on a data-dependent condition — fails in the vmap
+modes; ``vmap_task_loss="auto"`` then falls back to the loop.
 """
 from __future__ import annotations
 
@@ -18,9 +27,10 @@ from typing import Callable
 
 import torch
 from torch import Tensor, nn
-from torch.func import functional_call, vmap
-from torch.utils._pytree import tree_map
+from torch.func import vmap
+from torch.utils._pytree import tree_leaves, tree_map
 
+from taskloss.search.functional import ParameterReads, call_with_parameters, depends_on_vmap
 from taskloss.search.mgs_noise import CandidateDraws
 from taskloss.utils import eval_mode as _eval_mode
 from taskloss.utils import flatten
@@ -91,18 +101,9 @@ def stack_losses(values: list, what: str) -> Tensor:
     return torch.stack([_scalar_loss(v, what) for v in values])
 
 
-class _FunctionalModel:
-    """The model with candidate parameters inside ``vmap``: calling it runs ``functional_call(model, params, …)``;
-    other attributes (``vocab_size``, ``max_len``, …) are the module's."""
-
-    def __init__(self, model: nn.Module, params: dict[str, Tensor]):
-        self._model, self._params = model, params
-
-    def __call__(self, *args, **kwargs):
-        return functional_call(self._model, self._params, args, kwargs)
-
-    def __getattr__(self, name):
-        return getattr(self._model, name)
+#: what to do when a candidate's parameters do not reach the computation (the end of the messages below)
+_REACH = ("reach the parameters through the model forward_fn is given (model_k.lm_head.weight, model_k.generate, "
+          "...), or pass parallel=False (the loop writes θ + Δθ_k into the module itself)")
 
 
 class CandidateScorer:
@@ -127,6 +128,7 @@ class CandidateScorer:
         self.model, self.names, self.params = model, list(names), list(params)
         self.forward_fn, self.task_loss_fn = forward_fn, task_loss_fn
         self.mode, self.auto, self.eval_mode, self.confirmed = mode, auto, eval_mode, False
+        self.guarded = False        # the vmap modes' first call watches for reads of the original parameters
         self.shapes = [p.shape for p in self.params]
         self.numels = [p.numel() for p in self.params]
 
@@ -177,6 +179,27 @@ class CandidateScorer:
         """The task loss of ``model_k`` on ``batch`` as a float64 scalar."""
         return _scalar_loss(self.task_value(model_k, batch), "loop")
 
+    def _at(self, params: dict[str, Tensor], batch, with_loss: bool):
+        """One candidate inside ``vmap``: ``forward_fn`` (and ``task_loss_fn`` with ``with_loss``) with the candidate's
+        parameters swapped into the module for the whole call (:func:`~taskloss.search.functional.call_with_parameters`),
+        so its methods and submodules see them too. The first call also refuses reads of the module's original
+        parameters (a tensor captured before the step); every call refuses a value that does not depend on the
+        candidate (which vmap would silently hand to every candidate)."""
+        guard = None if self.guarded else ParameterReads(dict(zip(self.names, self.params)), _REACH)
+
+        def run(model):
+            with guard if guard is not None else contextlib.nullcontext():
+                out = self.forward_fn(model, batch)
+                return self.task_loss_fn(out, batch) if with_loss else out
+
+        value = call_with_parameters(self.model, params, run)
+        if any(isinstance(v, Tensor) for v in tree_leaves(value)) and not depends_on_vmap(value):
+            what = "task loss" if with_loss else "output of forward_fn"
+            raise ValueError(f"the {what} is the same for every candidate: it does not depend on the parameters of "
+                             f"the module forward_fn is given (computed from a copy of the model, or without it); "
+                             f"{_REACH}")
+        return value
+
     def score(self, deltas: Tensor, theta: Tensor, batch) -> Tensor:
         """Task losses (float64 ``[c]``) of the candidates θ + Δθ_j for the rows of ``deltas [c, P]``.
 
@@ -187,21 +210,24 @@ class CandidateScorer:
             stacked = self.unflat(theta.unsqueeze(0) + deltas)
             try:
                 if self.mode == "vmap":
-                    out = vmap(lambda p: self.task_loss_fn(self.forward_fn(_FunctionalModel(self.model, p), batch),
-                                                           batch), randomness="different")(stacked)
+                    out = vmap(lambda p: self._at(p, batch, True), randomness="different")(stacked)
                     if not isinstance(out, Tensor) or out.shape != (c,):
                         raise ValueError(f"task_loss_fn must return a scalar tensor per candidate, got "
                                          f"{tuple(out.shape) if isinstance(out, Tensor) else type(out).__name__}")
-                    self.confirmed = True
-                    return out.detach().to(torch.float64)
-                outs = vmap(lambda p: self.forward_fn(_FunctionalModel(self.model, p), batch),
-                            randomness="different")(stacked)
-                res = stack_losses([self.task_loss_fn(tree_map(lambda o, j=j: o[j], outs), batch)
-                                    for j in range(c)], "vmap_forward")
-                self.confirmed = True
+                    res = out.detach().to(torch.float64)
+                else:
+                    outs = vmap(lambda p: self._at(p, batch, False), randomness="different")(stacked)
+                    res = stack_losses([self.task_loss_fn(tree_map(lambda o, j=j: o[j], outs), batch)
+                                        for j in range(c)], "vmap_forward")
+                self.confirmed = self.guarded = True
                 return res
             except Exception as e:  # noqa: BLE001 — a genuine error re-raises in the fallback below
                 if not self.auto or self.confirmed:
+                    if hasattr(e, "add_note"):      # Python ≥ 3.11
+                        e.add_note(f"MGS scored the candidates in mode {self.mode!r} (one torch.func.vmap over "
+                                   "stacked parameters): forward_fn and task_loss_fn must be traceable by vmap there "
+                                   "(no data-dependent Python control flow, no .item()); pass parallel=False to score "
+                                   "them one after another on the module, or vmap_task_loss='auto' to fall back")
                     raise
                 new = "vmap_forward" if self.mode == "vmap" else "loop"
                 warnings.warn(f"MGS: candidate evaluation mode '{self.mode}' failed ({type(e).__name__}: "

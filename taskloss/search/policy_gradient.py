@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from taskloss.lm.generation import generate, sequence_logprob
 from taskloss.losses.metrics import accuracy
-from taskloss.utils import check_finite, check_floating, check_int, check_nonnegative, is_transformed
+from taskloss.utils import check_finite, check_floating, check_int, check_nonnegative, check_not_meta, is_transformed
 
 __all__ = [
     "reinforce_loss", "leave_one_out_baseline", "MovingAverageBaseline", "expected_reward",
@@ -61,13 +61,13 @@ def reinforce_loss(logprobs: torch.Tensor, rewards: torch.Tensor, baseline: torc
         raise ValueError("logprobs is empty")
     if rewards.shape != logprobs.shape:
         raise ValueError(f"rewards shape {tuple(rewards.shape)} != logprobs shape {tuple(logprobs.shape)}")
-    check_finite("rewards", rewards)
-    check_finite("logprobs", logprobs.detach())
+    _finite("rewards", rewards)
+    _finite("logprobs", logprobs.detach())
     adv = rewards.detach()
     if baseline is not None:
         if isinstance(baseline, torch.Tensor):
             check_floating("baseline", baseline)
-            check_finite("baseline", baseline.detach())
+            _finite("baseline", baseline.detach())
             b = baseline.detach().to(adv.device)
             try:
                 adv = adv.to(torch.promote_types(adv.dtype, b.dtype)) - b
@@ -92,6 +92,12 @@ def reinforce_loss(logprobs: torch.Tensor, rewards: torch.Tensor, baseline: torc
     return surrogate
 
 
+def _finite(name: str, t: torch.Tensor) -> torch.Tensor:
+    """:func:`taskloss.utils.check_finite` after a clear refusal of meta tensors (which have no values to check)."""
+    check_not_meta(name, t)
+    return check_finite(name, t)
+
+
 def _check_generator(generator) -> None:
     if generator is not None and not isinstance(generator, torch.Generator):
         raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
@@ -114,7 +120,7 @@ def leave_one_out_baseline(rewards: torch.Tensor, dim: int = 0) -> torch.Tensor:
     if not -rewards.ndim <= dim < max(rewards.ndim, 1) or rewards.ndim == 0:
         raise ValueError(f"dim={dim} is out of range for rewards of shape {tuple(rewards.shape)}")
     if not is_transformed(rewards):
-        check_finite("rewards", rewards)
+        _finite("rewards", rewards)
     S = rewards.shape[dim]
     if S < 2:
         raise ValueError(f"leave-one-out baseline needs at least 2 samples along dim {dim}, got {S}")
@@ -138,7 +144,7 @@ class MovingAverageBaseline:
     def __call__(self, rewards: torch.Tensor) -> torch.Tensor:
         """The baseline for ``rewards`` (the running mean before this batch), then the mean updated."""
         check_floating("rewards", rewards)
-        check_finite("rewards", rewards)
+        _finite("rewards", rewards)
         if rewards.numel() == 0:
             raise ValueError("rewards is empty")
         current = 0.0 if self.value is None else self.value
@@ -199,8 +205,8 @@ def expected_reward(logits: torch.Tensor, reward_table: torch.Tensor) -> torch.T
     if logits.numel() == 0:
         raise ValueError(f"logits is empty: shape {tuple(logits.shape)}")
     if not is_transformed(logits):     # value checks need .item(): impossible inside torch.func transforms
-        check_finite("logits", logits.detach())
-        check_finite("reward_table", reward_table)
+        _finite("logits", logits.detach())
+        _finite("reward_table", reward_table)
     return (logits.softmax(-1) * reward_table.to(logits.dtype)).sum(-1)
 
 
@@ -239,7 +245,7 @@ def classification_reinforce(logits: torch.Tensor, target: torch.Tensor, n_sampl
     S = check_int("n_samples", n_samples, minimum=1)
     check_nonnegative("mle_weight", mle_weight)
     _check_generator(generator)
-    check_finite("logits", logits.detach())
+    _finite("logits", logits.detach())
     C = logits.shape[1]
     lo, hi = int(target.min()), int(target.max())
     if lo < 0 or hi >= C:
@@ -288,6 +294,8 @@ def sequence_reinforce(model: torch.nn.Module, prefix: torch.Tensor, references,
     """
     if not isinstance(prefix, torch.Tensor) or prefix.ndim != 2:
         raise ValueError("prefix must be a [B, P] LongTensor")
+    if isinstance(model, torch.nn.Module):
+        check_not_meta("model", model)
     if not callable(task_loss):
         raise TypeError("task_loss must be a callable (hyp, ref) -> [N] losses")
     S = check_int("n_samples", n_samples, minimum=1)

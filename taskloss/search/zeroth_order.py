@@ -29,7 +29,17 @@ from typing import Callable
 import torch
 from torch.func import vmap
 
-from taskloss.utils import all_finite, check_bool, check_int, check_nonnegative, check_positive, distinct_param_group
+from taskloss.search.functional import depends_on_vmap
+from taskloss.search.ranks import check_n_examples, combine_across_ranks, fingerprint, share_generator_, world_of
+from taskloss.utils import (
+    all_finite,
+    check_bool,
+    check_int,
+    check_nonnegative,
+    check_not_meta,
+    check_positive,
+    distinct_param_group,
+)
 
 __all__ = ["gaussian_smoothing_grad", "spsa_grad", "MeZO"]
 
@@ -43,6 +53,7 @@ def _as_dict(theta) -> tuple[dict[str, torch.Tensor], bool]:
 
 
 def _check_theta(theta: dict[str, torch.Tensor]) -> None:
+    check_not_meta("theta", theta)
     if sum(v.numel() for v in theta.values()) == 0:
         raise ValueError("theta has no entries (every tensor is empty)")
     for k, v in theta.items():
@@ -64,7 +75,7 @@ def _draw(theta: dict[str, torch.Tensor], n: int, kind: str, generator) -> dict[
     return out
 
 
-def _scalar_values(vals, n: int, where: str) -> torch.Tensor:
+def _scalar_values(vals, n: int, where: str, finite: bool = True) -> torch.Tensor:
     """``vals`` from ``n`` evaluations of f → ``[n]``; ``ValueError`` unless f returned one number per point."""
     vals = torch.as_tensor(vals)
     if vals.ndim == 0 or vals.shape[0] != n or vals[0].numel() != 1:
@@ -73,20 +84,31 @@ def _scalar_values(vals, n: int, where: str) -> torch.Tensor:
     if vals.is_complex() or vals.dtype == torch.bool:
         raise TypeError(f"f must return a real number, got dtype {vals.dtype} at {where}")
     vals = vals.reshape(n)
-    if not all_finite(vals):
+    if finite and not all_finite(vals):
         raise ValueError(f"f returned NaN or inf at {where}")
     return vals
 
 
 def _evaluate(f: Callable, stacked: dict[str, torch.Tensor], single: bool, vectorize: bool,
-              chunk_size: int | None) -> torch.Tensor:
+              chunk_size: int | None, finite: bool = True) -> torch.Tensor:
     """F on each of the stacked parameter sets → ``[n]`` (one vmap call, or a loop when not vectorizable)."""
     call = (lambda p: f(p[""])) if single else f
     n = next(iter(stacked.values())).shape[0]
+
+    def checked(p):
+        v = call(p)
+        if isinstance(v, torch.Tensor) and not depends_on_vmap(v):
+            raise ValueError("f returned the same value at every perturbed point under vmap: it does not depend on "
+                             "the parameters it is given (a model evaluated with its own parameters instead of "
+                             "through torch.func.functional_call, taskloss.utils.functional_loss or "
+                             "taskloss.search.call_with_parameters?); pass vectorize=False for an f that is "
+                             "really constant")
+        return v
+
     with torch.no_grad():
         if vectorize:
             try:
-                vals = vmap(call, chunk_size=chunk_size, randomness="different")(stacked)
+                vals = vmap(checked, chunk_size=chunk_size, randomness="different")(stacked)
             except ValueError as e:
                 if "must only return Tensors" not in str(e):
                     raise
@@ -101,15 +123,15 @@ def _evaluate(f: Callable, stacked: dict[str, torch.Tensor], single: bool, vecto
                                      f"{tuple(v.shape)} at a perturbed point")
                 outs.append(v.reshape(()))
             vals = torch.stack(outs)
-    return _scalar_values(vals, n, "a perturbed point")
+    return _scalar_values(vals, n, "a perturbed point", finite)
 
 
-def _value(f, theta: dict[str, torch.Tensor], single: bool) -> torch.Tensor:
+def _value(f, theta: dict[str, torch.Tensor], single: bool, finite: bool = True) -> torch.Tensor:
     with torch.no_grad():
         v = torch.as_tensor(f(theta[""]) if single else f(theta))
     if v.numel() != 1:
         raise ValueError(f"f must return a scalar, got shape {tuple(v.shape)}")
-    return _scalar_values(v.reshape(1), 1, "theta")[0]
+    return _scalar_values(v.reshape(1), 1, "theta", finite)[0]
 
 
 def _combine(weights: torch.Tensor, dirs: dict[str, torch.Tensor], scale: float, single: bool):
@@ -128,10 +150,47 @@ def _validate(f, sigma: float, n: int, generator, chunk_size, vectorize) -> tupl
     return check_positive("sigma", sigma), check_int("n_samples", n, minimum=1)
 
 
+class _Ranks:
+    """The ranks an estimator combines its values across (see :mod:`taskloss.search.ranks`): built once per call,
+    after every rank's generator was given rank 0's state (or a seed from rank 0 when there is none)."""
+
+    def __init__(self, theta: dict[str, torch.Tensor], n_examples, process_group):
+        self.weight, self.group = check_n_examples(n_examples), process_group
+        self.world = world_of(process_group)[0]
+        self.device = next(iter(theta.values())).device
+        self.print = fingerprint(list(theta.values())) if self.world > 1 else 0.0
+
+    @property
+    def local(self) -> bool:
+        """One process: nothing to combine."""
+        return self.world == 1
+
+    def generator(self, generator: torch.Generator | None) -> torch.Generator | None:
+        """The generator every rank draws the same directions from."""
+        if self.local:
+            return generator
+        if generator is None:
+            generator = torch.Generator(device=self.device).manual_seed(int(torch.randint(0, 2**62, (1,))))
+        share_generator_(generator, self.group, self.device)
+        return generator
+
+    def combine(self, *values: torch.Tensor) -> list[torch.Tensor]:
+        """Each tensor of values over the whole batch (the ranks' weighted mean), checked finite."""
+        if self.local:
+            return list(values)
+        sizes = [v.numel() for v in values]
+        total = combine_across_ranks(torch.cat([v.reshape(-1).double() for v in values]), self.weight, self.print,
+                                     self.group, self.device, "the zeroth-order estimate")
+        if not bool(torch.isfinite(total).all()):
+            raise ValueError("f returned NaN or inf at a perturbed point on some rank")
+        return [t.to(v.dtype).to(v.device).reshape(v.shape) for t, v in zip(total.split(sizes), values)]
+
+
 # -------------------------------------------------------------------------------------------- estimators
 def gaussian_smoothing_grad(f: Callable, theta, sigma: float, n_samples: int, *, baseline: str = "value",
                             generator: torch.Generator | None = None, vectorize: bool = True,
-                            chunk_size: int | None = None, return_samples: bool = False):
+                            chunk_size: int | None = None, return_samples: bool = False, n_examples=None,
+                            process_group=None):
     """Gradient of the Gaussian-smoothed objective ``E[f(θ + σε)]`` from function values.
 
     ``f``: θ ↦ scalar tensor (same structure as ``theta``: tensor or dict of tensors). ``n = n_samples``
@@ -145,6 +204,13 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, n_samples: int, *,
 
     All four are unbiased for ``∇ E[f(θ+σε)]``. Derived in notebook 05_policy_gradient_vs_zeroth_order.
 
+    Under ``torch.distributed`` (an initialized process group, or ``process_group``) each rank passes the ``f`` of its
+    own batch: every rank draws rank 0's directions (``generator`` takes rank 0's state; without one, a seed from
+    rank 0), the values ``F_i`` (and ``f(θ)``) are the ranks' weighted mean ``Σ_r n_r F_{r,i} / Σ_r n_r`` with
+    ``n_r = n_examples`` (1 per rank when ``None``), one ``all_gather`` of ``2n + 3`` numbers at most
+    (:mod:`taskloss.search.ranks`), and every rank returns the same estimate — that of one process on the
+    concatenated batch, for an ``f`` that is a mean over examples. Every rank must call it with the same θ.
+
     Args:
         f: θ ↦ scalar tensor (same structure as ``theta``).
         theta: a tensor or a dict of tensors.
@@ -155,6 +221,9 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, n_samples: int, *,
         vectorize: evaluate the points in one ``vmap`` (``False``: a loop).
         chunk_size: points per vmap call.
         return_samples: also return the draws and the values.
+        n_examples: the number of examples this rank's ``f`` averages (its weight across ranks; ignored in one
+            process).
+        process_group: the ``torch.distributed`` process group (default: the global one when initialized).
 
     Returns:
         The gradient (same structure as ``theta``), plus ``(directions, values)`` with ``return_samples``
@@ -173,19 +242,24 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, n_samples: int, *,
         raise ValueError(f"baseline must be 'none', 'value', 'loo' or 'antithetic', got {baseline!r}")
     if baseline == "loo" and n < 2:
         raise ValueError("baseline='loo' needs n_samples >= 2")
-    directions = _draw(th, n, "gaussian", generator)
-    plus = _evaluate(f, {k: th[k] + sigma * e for k, e in directions.items()}, single, vectorize, chunk_size)
+    ranks = _Ranks(th, n_examples, process_group)
+    directions = _draw(th, n, "gaussian", ranks.generator(generator))
+    plus = _evaluate(f, {k: th[k] + sigma * e for k, e in directions.items()}, single, vectorize, chunk_size,
+                     ranks.local)
     if baseline == "antithetic":
-        minus = _evaluate(f, {k: th[k] - sigma * e for k, e in directions.items()}, single, vectorize, chunk_size)
+        minus = _evaluate(f, {k: th[k] - sigma * e for k, e in directions.items()}, single, vectorize, chunk_size,
+                          ranks.local)
+        plus, minus = ranks.combine(plus, minus)
         w, values, scale = plus - minus, torch.stack([plus, minus]), 1.0 / (2 * n * sigma)
     else:
-        values, scale = plus, 1.0 / (n * sigma)
-        if baseline == "none":
-            w = plus
-        elif baseline == "value":
-            w = plus - _value(f, th, single).to(plus)
+        scale = 1.0 / (n * sigma)
+        if baseline == "value":
+            plus, base = ranks.combine(plus, _value(f, th, single, ranks.local).to(plus))
+            w = plus - base
         else:
-            w = plus - (plus.sum() - plus) / (n - 1)
+            (plus,) = ranks.combine(plus)
+            w = plus if baseline == "none" else plus - (plus.sum() - plus) / (n - 1)
+        values = plus
     g = _combine(w, directions, scale, single)
     if return_samples:
         return g, (directions[""] if single else directions), values
@@ -193,12 +267,12 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, n_samples: int, *,
 
 
 def spsa_grad(f: Callable, theta, sigma: float, n_samples: int = 1, *, generator: torch.Generator | None = None,
-              vectorize: bool = True, chunk_size: int | None = None):
+              vectorize: bool = True, chunk_size: int | None = None, n_examples=None, process_group=None):
     """Simultaneous-perturbation stochastic approximation (SPSA) gradient estimate.
 
     ``δ_i`` with i.i.d. ±1 (Rademacher) entries; ``ĝ = (1/n) Σ (f(θ+σδ_i) - f(θ-σδ_i)) / (2σ) · δ_i``
     (``1/δ = δ`` for ±1 entries). Unbiased up to O(σ²) for smooth ``f`` since ``E[δδᵀ] = I``. Derived in notebook
-    05_policy_gradient_vs_zeroth_order.
+    05_policy_gradient_vs_zeroth_order. Across ``torch.distributed`` ranks as :func:`gaussian_smoothing_grad`.
 
     Args:
         f: θ ↦ scalar tensor (same structure as ``theta``).
@@ -208,6 +282,8 @@ def spsa_grad(f: Callable, theta, sigma: float, n_samples: int = 1, *, generator
         generator: the RNG of the directions.
         vectorize: evaluate the 2n points in one ``vmap`` (``False``: a loop).
         chunk_size: points per vmap call.
+        n_examples: the number of examples this rank's ``f`` averages (its weight across ranks).
+        process_group: the ``torch.distributed`` process group (default: the global one when initialized).
 
     Returns:
         ĝ, with the structure of ``theta``.
@@ -219,9 +295,11 @@ def spsa_grad(f: Callable, theta, sigma: float, n_samples: int = 1, *, generator
     sigma, n = _validate(f, sigma, n_samples, generator, chunk_size, vectorize)
     th, single = _as_dict(theta)
     _check_theta(th)
-    d = _draw(th, n, "rademacher", generator)
-    plus = _evaluate(f, {k: th[k] + sigma * z for k, z in d.items()}, single, vectorize, chunk_size)
-    minus = _evaluate(f, {k: th[k] - sigma * z for k, z in d.items()}, single, vectorize, chunk_size)
+    ranks = _Ranks(th, n_examples, process_group)
+    d = _draw(th, n, "rademacher", ranks.generator(generator))
+    plus = _evaluate(f, {k: th[k] + sigma * z for k, z in d.items()}, single, vectorize, chunk_size, ranks.local)
+    minus = _evaluate(f, {k: th[k] - sigma * z for k, z in d.items()}, single, vectorize, chunk_size, ranks.local)
+    plus, minus = ranks.combine(plus, minus)
     return _combine(plus - minus, d, 1.0 / (2 * n * sigma), single)
 
 
@@ -237,12 +315,23 @@ class MeZO(torch.optim.Optimizer):
     05_policy_gradient_vs_zeroth_order.
 
     ``step(closure)`` follows torch.optim except that the closure is evaluated at perturbed parameters:
-    ``closure()`` must return the loss (no ``backward``; it runs under ``torch.no_grad()``), and ``step`` returns the
-    first value it returned, ``L+`` of the first perturbation. Frozen parameters (``requires_grad=False``) are
+    ``closure()`` must return the loss (no ``backward``; it runs under ``torch.no_grad()``), or ``(loss,
+    n_examples)`` — the number of examples the loss averages, which weighs it across ranks (below) — and ``step``
+    returns the first loss, ``L+`` of the first perturbation. Frozen parameters (``requires_grad=False``) are
     neither perturbed nor updated, and a parameter listed twice is one parameter. ``lr`` and ``weight_decay`` may
     differ between parameter groups; ``sigma`` and ``n_samples`` are shared by all groups (one perturbation moves
     every parameter). A closure that raises, returns a non-scalar or a NaN loss leaves the parameters restored (up
     to the rounding of θ + σz − σz).
+
+    Under ``torch.distributed`` (an initialized process group, or ``process_group``) every rank draws the same
+    perturbations (rank 0's seed generator is broadcast at the first step and after :meth:`load_state_dict`) and
+    evaluates the loss of its own batch; the 2·``n_samples`` losses of each rank are combined into those of the
+    whole batch, ``L = Σ_r n_r L_r / Σ_r n_r`` with ``n_r`` the ``n_examples`` the closure returned (1 per rank
+    when it returns the loss alone: DDP's equal-weight convention), by one ``all_gather`` of a few numbers per step
+    (:mod:`taskloss.search.ranks`). Every rank then takes the same step: N processes equal one process on the
+    concatenated batch for a mean loss (an uneven last batch included, given ``n_examples``), with the memory of
+    inference on each. The ranks must start from the same parameters (checked at every step through a float64
+    fingerprint).
 
     Args:
         params: parameters or parameter groups.
@@ -252,6 +341,7 @@ class MeZO(torch.optim.Optimizer):
         n_samples: perturbations per step (≥ 1).
         seed: seed of the generator that draws the perturbations' seeds; :meth:`state_dict` carries its state, so
             a run restored into a fresh MeZO continues bit for bit.
+        process_group: the ``torch.distributed`` process group (default: the global one when initialized).
 
     Raises:
         TypeError, ValueError: bad hyperparameters (at construction and, for ``param_groups`` edited since, at
@@ -259,18 +349,21 @@ class MeZO(torch.optim.Optimizer):
     """
 
     def __init__(self, params, lr: float = 1e-3, sigma: float = 1e-3, weight_decay: float = 0.0,
-                 n_samples: int = 1, seed: int = 0):
+                 n_samples: int = 1, seed: int = 0, process_group=None):
         check_int("seed", seed, minimum=0)
         defaults = dict(lr=check_positive("lr", lr), sigma=check_positive("sigma", sigma),
                         weight_decay=check_nonnegative("weight_decay", weight_decay),
                         n_samples=check_int("n_samples", n_samples, minimum=1))
         super().__init__(params, defaults)
         self._seeds = torch.Generator().manual_seed(seed)
+        self.process_group, self._seeds_shared = process_group, False
         self.last_projected_grads: list[float] = []
 
     def add_param_group(self, param_group: dict) -> None:
         """``torch.optim``'s, with each tensor of the group kept once (by identity)."""
-        super().add_param_group(distinct_param_group(param_group))
+        group = distinct_param_group(param_group)
+        check_not_meta("params", group.get("params", []))
+        super().add_param_group(group)
 
     def state_dict(self) -> dict:
         """``torch.optim`` state plus the seed generator's state.
@@ -299,6 +392,7 @@ class MeZO(torch.optim.Optimizer):
             raise ValueError("MeZO state_dict: 'seed_generator' must be a uint8 tensor from Generator.get_state()")
         super().load_state_dict(state_dict)
         self._seeds.set_state(gen_state.clone())
+        self._seeds_shared = False
 
     def _trained(self, group: dict) -> list[torch.Tensor]:
         return [p for p in group["params"] if p.requires_grad]
@@ -317,8 +411,13 @@ class MeZO(torch.optim.Optimizer):
                 p.add_(z, alpha=c)
 
     @staticmethod
-    def _loss(closure) -> torch.Tensor:
-        out = closure()
+    def _loss(closure) -> tuple[torch.Tensor, float | None]:
+        """The closure's loss as a 0-dim tensor, and its ``n_examples`` (``None`` when it returned the loss alone)."""
+        out, n = closure(), None
+        if isinstance(out, tuple):
+            if len(out) != 2:
+                raise ValueError(f"MeZO closure must return the loss or (loss, n_examples), got a tuple of {len(out)}")
+            out, n = out[0], check_n_examples(out[1])
         if isinstance(out, bool) or not isinstance(out, (torch.Tensor, numbers.Real)):
             raise TypeError(f"MeZO closure must return a scalar loss (tensor or number), got {type(out).__name__}")
         v = torch.as_tensor(out).detach()
@@ -326,7 +425,7 @@ class MeZO(torch.optim.Optimizer):
             raise ValueError(f"MeZO closure must return a scalar loss, got shape {tuple(v.shape)}")
         if v.is_complex() or v.dtype == torch.bool:
             raise TypeError(f"MeZO closure must return a real loss, got dtype {v.dtype}")
-        return v.reshape(())
+        return v.reshape(()), n
 
     def _shared(self, name: str, check) -> float:
         values = {group[name] for group in self.param_groups}
@@ -339,10 +438,11 @@ class MeZO(torch.optim.Optimizer):
         """One MeZO update (see the class docstring).
 
         Args:
-            closure: returns the loss at the current (perturbed) parameters.
+            closure: returns the loss at the current (perturbed) parameters, or ``(loss, n_examples)``.
 
         Returns:
-            ``L+`` of the first perturbation (the first value the closure returned).
+            ``L+`` of the first perturbation (the first loss the closure returned; across ranks, that of the whole
+            batch).
 
         Raises:
             ValueError: no closure, a NaN loss, bad hyperparameters; the parameters are restored before any error
@@ -355,25 +455,43 @@ class MeZO(torch.optim.Optimizer):
         for group in self.param_groups:
             check_positive("lr", group["lr"])
             check_nonnegative("weight_decay", group["weight_decay"])
-        seeds, grads, first = [], [], None
+        world, _ = world_of(self.process_group)
+        trained = [p for group in self.param_groups for p in self._trained(group)]
+        device = trained[0].device if trained else torch.device("cpu")
+        if world > 1 and not self._seeds_shared:            # every rank draws rank 0's perturbations
+            share_generator_(self._seeds, self.process_group, device)
+        self._seeds_shared = True
+        seeds, values, weights, first = [], [], [], None
         for _ in range(n):
             s = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
             self._add_z(s, lambda gr: gr["sigma"])              # θ + σz
             try:
-                lp = self._loss(closure)
+                lp, wp = self._loss(closure)
             except BaseException:
                 self._add_z(s, lambda gr: -gr["sigma"])         # back to θ before the error propagates
                 raise
             self._add_z(s, lambda gr: -2 * gr["sigma"])         # θ - σz
             try:
-                lm = self._loss(closure)
+                lm, wm = self._loss(closure)
             finally:
                 self._add_z(s, lambda gr: gr["sigma"])          # θ
-            if not (bool(torch.isfinite(lp)) and bool(torch.isfinite(lm))):
+            if world == 1 and not (bool(torch.isfinite(lp)) and bool(torch.isfinite(lm))):
                 raise ValueError("closure returned NaN or inf; parameters restored, no update made")
             seeds.append(s)
-            grads.append((float(lp) - float(lm)) / (2 * sigma))
+            values += [float(lp), float(lm)]
+            weights += [wp, wm]
             first = lp if first is None else first
+        if len(set(weights)) != 1:
+            raise ValueError(f"MeZO closure returned different n_examples within one step "
+                             f"({sorted(set(weights), key=str)}): each call must weigh the loss of the same batch")
+        if world > 1:                                       # the losses of the whole batch, on every rank
+            total = combine_across_ranks(torch.tensor(values, dtype=torch.float64), weights[0], fingerprint(trained),
+                                         self.process_group, device, "MeZO")
+            if not bool(torch.isfinite(total).all()):
+                raise ValueError("closure returned NaN or inf on some rank; parameters restored, no update made")
+            values = total.tolist()
+            first = torch.tensor(values[0], dtype=first.dtype, device=first.device)
+        grads = [(values[2 * k] - values[2 * k + 1]) / (2 * sigma) for k in range(n)]
         for group in self.param_groups:
             if group["weight_decay"] > 0:
                 for p in self._trained(group):

@@ -81,7 +81,9 @@ def test_curvature_rules_do_not_apply_and_say_why():
             make_rule(name, pb)
         with pytest.raises(ValueError, match="does not apply"):
             RULES[name].cls(pb)                          # the class refuses too, not only the registry
-    gauss = Problem(nn.Linear(3, 1), torch.zeros(4, 3), torch.zeros(4, 1), likelihood="gaussian")
+    g = torch.Generator().manual_seed(0)                               # random inputs: a definite Hessian
+    gauss = Problem(nn.Linear(3, 1), torch.randn(4, 3, generator=g), torch.randn(4, 1, generator=g),
+                    likelihood="gaussian")
     assert "reinforce" not in applicable_rules(gauss) and "newton" in applicable_rules(gauss)
     with pytest.raises(TypeError, match="surrogate"):
         pb.surrogate_from_outputs(torch.zeros(B, V))

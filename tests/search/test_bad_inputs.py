@@ -48,6 +48,12 @@ def _mezo_lr_changed():
     return opt.step(lambda: lin(torch.ones(1, 2)).sum())
 
 
+def _mezo_changing_weight():
+    opt, lin = _mezo()
+    sizes = iter([4, 5])
+    return opt.step(lambda: (lin(torch.ones(1, 2)).sum(), next(sizes)))
+
+
 # name -> [(category, thunk, exception type, message regex)]
 CASES = {
     "MGS": [
@@ -215,6 +221,8 @@ CASES = {
         ("wrong-type f", lambda: S.gaussian_smoothing_grad(3, THETA, 0.1, 2), TypeError, "f must be callable"),
         ("wrong-type generator", lambda: S.gaussian_smoothing_grad(QUAD, THETA, 0.1, 2, generator="g"), TypeError,
          "generator must be"),
+        ("NaN n_examples", lambda: S.gaussian_smoothing_grad(QUAD, THETA, 0.1, 2, n_examples=NAN), ValueError,
+         "n_examples must be > 0"),
     ],
     "spsa_grad": [
         ("wrong-shape f", lambda: S.spsa_grad(lambda t: t, THETA, 0.1, 2), ValueError, "f must return a scalar"),
@@ -222,6 +230,8 @@ CASES = {
         ("NaN theta", lambda: S.spsa_grad(QUAD, THETA * NAN, 0.1, 1), ValueError, "NaN"),
         ("out-of-range sigma", lambda: S.spsa_grad(QUAD, THETA, 0.0), ValueError, "sigma must be > 0"),
         ("empty theta", lambda: S.spsa_grad(QUAD, torch.zeros(0), 0.1), ValueError, "no entries"),
+        ("wrong-type n_examples", lambda: S.spsa_grad(QUAD, THETA, 0.1, n_examples=True), TypeError,
+         "n_examples must be a number"),
     ],
     "MeZO": [
         ("NaN lr", lambda: _mezo(lr=NAN), ValueError, "lr must be > 0"),
@@ -231,10 +241,23 @@ CASES = {
         ("wrong-type closure", lambda: _mezo_step("x"), TypeError, "scalar loss"),
         ("NaN closure", lambda: _mezo_step(torch.tensor(NAN)), ValueError, "NaN"),
         ("out-of-range lr after construction", _mezo_lr_changed, ValueError, "lr must be > 0"),
+        ("out-of-range n_examples", lambda: _mezo_step((torch.tensor(1.0), 0)), ValueError, "n_examples must be > 0"),
+        ("wrong-type n_examples", lambda: _mezo_step((torch.tensor(1.0), "8")), TypeError, "n_examples must be a"),
+        ("wrong-shape closure tuple", lambda: _mezo_step((torch.tensor(1.0), 8, 1)), ValueError, "tuple of 3"),
+        ("changing n_examples", _mezo_changing_weight, ValueError, "different n_examples within one step"),
         ("wrong state", lambda: _mezo()[0].load_state_dict({"state": {}, "param_groups": []}), ValueError,
          "not a MeZO state_dict"),
     ],
 }
+CASES["call_with_parameters"] = [
+    ("wrong-type model", lambda: S.call_with_parameters("model", {}, lambda m: 0), TypeError,
+     "model must be an nn.Module"),
+    ("wrong-type fn", lambda: S.call_with_parameters(nn.Linear(2, 2), {}, 3), TypeError, "fn must be callable"),
+    ("wrong-type params", lambda: S.call_with_parameters(nn.Linear(2, 2), [torch.zeros(2)], lambda m: 0), TypeError,
+     "params must be a mapping"),
+    ("unknown name", lambda: S.call_with_parameters(nn.Linear(2, 2), {"weights": torch.zeros(2, 2)}, lambda m: 0),
+     ValueError, "not parameters or buffers"),
+]
 EXEMPT = {   # names that take no input to validate
     "SIGMA_MODES": "constant", "ASSIGNMENTS": "constant", "DENSITIES": "constant",
     "MGSStats": "result record built by MGS.step",

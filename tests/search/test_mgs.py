@@ -496,7 +496,7 @@ def test_loop_mode_hands_the_module_and_restores_parameters():
     torch.testing.assert_close(flat(model), theta0, rtol=0, atol=0)  # θ restored after the error
 
 
-def test_vmap_proxy_exposes_module_attributes():
+def test_vmap_modes_hand_forward_fn_the_module_with_its_attributes():
     model, batch = tiny_problem(torch.float32)
     model.n_out = 2
     mgs = make(model, forward_fn=lambda m, b: m(b[0])[:, : m.n_out], parallel=True, vmap_task_loss=True)
