@@ -107,7 +107,8 @@ def plan_runs(notebook: Path, out: Path, *, param_files: list[str] = (), cli: li
     """Validate every override against the notebook's parameters and return the runs to execute.
 
     Precedence: YAML files in the order given, then ``-p`` values (later wins); ``--grid`` values vary on top.
-    With ``nested`` each run goes to ``out/<notebook>/<folder_name(overrides)>``; otherwise to
+    With ``nested`` each run goes to ``out/<notebook>/<folder_name(overrides)>`` (the grid's axes first in the
+    name); otherwise to
     ``out/<notebook>``. Duplicate grid points give one run. Bounds declared in the parameters cell are checked.
     """
     try:
@@ -137,7 +138,7 @@ def plan_runs(notebook: Path, out: Path, *, param_files: list[str] = (), cli: li
     specs, seen = [], set()
     for point in expand_grid(axes):
         overrides = {**fixed, **point}
-        folder = out / notebook.stem / folder_name(overrides) if nested else out / notebook.stem
+        folder = out / notebook.stem / folder_name(overrides, first=axes) if nested else out / notebook.stem
         if folder in seen:  # a value repeated in a grid
             continue
         seen.add(folder)

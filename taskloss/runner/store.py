@@ -76,14 +76,21 @@ def _value_text(v: Any) -> tuple[str, bool]:
     return clean, exact
 
 
-def folder_name(overrides: dict[str, Any]) -> str:
+def folder_name(overrides: dict[str, Any], first: Iterable[str] = ()) -> str:
     """``name=value__name=value``, every override whole; ``~<8 hex>`` of the exact overrides appended when a value
     had to be sanitized or shortened (see the module docstring), so different values never map to one folder;
-    ``default`` without overrides."""
+    ``default`` without overrides.
+
+    Args:
+        overrides: the run's parameter values that differ from the notebook's defaults.
+        first: names written before the others (a sweep's axes), so that a name shortened to fit keeps the values
+            that tell its runs apart; the others follow in sorted order.
+    """
     if not overrides:
         return "default"
+    lead = sorted(k for k in set(first) if k in overrides)
     parts, exact = [], True
-    for k in sorted(overrides):
+    for k in lead + sorted(k for k in overrides if k not in lead):
         text, ok = _value_text(overrides[k])
         parts.append(f"{k}={text}")
         exact = exact and ok

@@ -134,7 +134,8 @@ def test_interrupted_sweep_resumes_and_source_edits_make_results_stale(bare, tmp
         time.sleep(0.2)
     os.killpg(proc.pid, signal.SIGKILL)  # a crash midway through the second (sleeping) run
     proc.wait()
-    first, second = (out / "00_bare" / store.folder_name({"log_path": str(log), "sleep": v}) for v in (0.0, 600.0))
+    first, second = (out / "00_bare" / store.folder_name({"log_path": str(log), "sleep": v}, first=["sleep"])
+                     for v in (0.0, 600.0))
     assert store.is_finished(first) and not store.is_finished(second)
     started = json.loads((first / "meta.json").read_text())["started"]
 

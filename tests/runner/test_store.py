@@ -64,6 +64,17 @@ def test_a_sweep_keeps_every_swept_value_readable(nb, tmp_path):
     assert "~" in store.folder_name({"label": "a,b"}) and "~" in store.folder_name({"values": ["x", "y"]})
 
 
+def test_a_sweeps_axes_lead_the_folder_name_so_a_shortened_name_still_shows_them(nb, tmp_path):
+    # many fixed overrides (a --set file) fill the name; the swept values must survive the shortening
+    long = [("label", "z" * 60)]
+    specs = runs.plan_runs(nb, tmp_path, cli=long, grid=["seed=0,1"])
+    for s in specs:
+        assert s.out_dir.name.startswith(f"seed={s.overrides['seed']}__label="), s.out_dir.name
+        assert "~" in s.out_dir.name                              # shortened: the hash keeps it unique
+    assert store.folder_name({"b": 1, "a": 2}, first=["b"]) == "b=1__a=2"
+    assert store.folder_name({"b": 1, "a": 2}, first=["c"]) == "a=2__b=1"   # an absent name changes nothing
+
+
 def test_grid_and_yaml_mistakes_are_refused(nb, tmp_path):
     with pytest.raises(ParameterError, match="--grid seed is given twice"):
         runs.plan_runs(nb, tmp_path, grid=["seed=2,3", "seed=4"])
