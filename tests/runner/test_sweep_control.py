@@ -83,7 +83,7 @@ def test_submitit_local_executor_keeps_the_folder_layout_and_resume_rules(bare, 
             "--cluster-param", "timeout_min=10", "--out", str(out)]
     assert main(args) == 0
     for seed in (0, 1):
-        folder = out / "00_bare" / store.folder_name({"log_path": str(log), "seed": seed})
+        folder = out / "00_bare" / store.folder_name({"log_path": str(log), "seed": seed}, first=["seed"])
         meta = json.loads((folder / "meta.json").read_text())
         assert meta["status"] == "ok" and meta["parameters"]["seed"] == seed
         assert (folder / "00_bare.ipynb").exists() and (folder / "results.json").exists()
