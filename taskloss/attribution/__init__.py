@@ -10,6 +10,7 @@ Modules:
 
 - :mod:`~taskloss.attribution.quadrature`            — nodes and weights of the rules on [0, 1], their orders
 - :mod:`~taskloss.attribution.integrated_gradients`  — the chunked path-gradient core and ``IntegratedGradients``
+  (one tensor or a tuple of inputs)
 - :mod:`~taskloss.attribution.embedding`             — integrated gradients in a token model's embedding space
 - :mod:`~taskloss.attribution.baselines`             — blurred, noisy and sampled (expected-gradients) baselines
 - :mod:`~taskloss.attribution.sanity`                — rank correlation, randomized model copies (Adebayo et al.)
