@@ -3,8 +3,8 @@ any baseline (zeros, blurred, noisy, a set of baselines for expected gradients),
 evaluation, attribution in the embedding space of token models, shaded-text rendering and the
 model-randomization sanity check.
 
-Notebook: 15_integrated_gradients. Source: Sundararajan, Taly & Yan, *Axiomatic Attribution for Deep Networks*
-(ICML 2017); the reference implementation compared against is Captum's ``IntegratedGradients``.
+Notebooks: 15_integrated_gradients, 17_your_own_model. Source: Sundararajan, Taly & Yan, *Axiomatic Attribution
+for Deep Networks* (ICML 2017); the reference implementation compared against is Captum's ``IntegratedGradients``.
 
 Modules:
 
