@@ -111,6 +111,15 @@ def tiny(kind: str, **kw) -> nn.Module:
     return transformers.BertForSequenceClassification(transformers.BertConfig(num_labels=3, **common)).to(dev).eval()
 
 
+for kind in ("gpt2", "llama", "bert"):
+    m = tiny(kind)
+    print(f"{type(m).__name__:32s} {sum(p.numel() for p in m.parameters()):>7,d} parameters")
+
+# %% [markdown]
+# Three helpers the sections share: a batch of random tokens with one padded row, the largest difference between
+# paired tensors, and `parity`, which asserts that a check's residual is below its bound and records it.
+
+# %%
 def token_batch(n: int, length: int, offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
     """Random ids ``[n, length]`` and an attention mask whose last row is right-padded to half its length."""
     g = torch.Generator().manual_seed(seed + offset)
@@ -131,11 +140,6 @@ def parity(key: str, value: float, bound: float) -> float:
     assert value < bound, f"{key}: {value:.3g} is not below {bound:.0e}"
     return run.record(key, value, headline=True, across_machines=Tolerance(
         rtol=0.0, atol=bound, reason="a parity residual: round-off, asserted below this bound on every machine"))
-
-
-for kind in ("gpt2", "llama", "bert"):
-    m = tiny(kind)
-    print(f"{type(m).__name__:32s} {sum(p.numel() for p in m.parameters()):>7,d} parameters")
 
 # %% [markdown]
 # ## 1 · EMO as the loss of a causal-LM fine-tune
@@ -248,8 +252,9 @@ else:
 # MGS scores candidate parameters θ + Δθ_k by a task loss that need not be differentiable. Here the task loss
 # decodes three greedy tokens with GPT-2's own `generate` and measures their edit distance to reference
 # continuations. `forward_fn` may call any method of the model: each candidate's parameters reach it.
-# On a CPU MGS scores the candidates one after another (`generate` stops on a data-dependent condition,
-# which `vmap` cannot trace). The surrogate is the model's own next-token cross-entropy.
+# `parallel=False` scores the candidates one after another, as MGS does on a CPU by default. `generate` stops on
+# a data-dependent condition, which `vmap` cannot trace, so it needs the loop on a GPU too.
+# The surrogate, whose gradient centres half the proposal, is the model's own next-token cross-entropy.
 
 # %%
 def greedy_continuation(model, batch):
@@ -523,7 +528,8 @@ run.say(
     "{kfac/gpt2_vs_curvlinops_max_abs_diff:.1e}; integrated gradients on BERT equal Captum's within "
     "{ig/bert_vs_captum_max_abs_diff:.1e}; the accumulated contrastive gradient equals the full batch's within "
     "{contrastive/bert_vs_full_batch_max_abs_diff:.1e}. K-FAC preconditions {kfac/gpt2_coverage:.0%} of the "
-    "GPT-2's parameters and {kfac/llama_coverage:.0%} of the Llama's; the rest are embeddings (the tied one included) and norms. "
+    "GPT-2's parameters and {kfac/llama_coverage:.0%} of the Llama's; the rest are embeddings (the tied one "
+    "included) and norms. "
     f"{held} of the {len(run.claims)} claims hold. They are about these tiny random models only: whether EMO or "
     "MGS improves a real fine-tune needs a pretrained model and held-out data (notebooks 04 and 09).")
 
