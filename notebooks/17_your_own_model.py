@@ -460,10 +460,11 @@ print("token attributions of example 0:", " ".join(f"{v:+.1e}" for v in ours.att
 # %% [markdown]
 # ## 5 · Exact contrastive accumulation with a BERT encoder
 #
-# An in-batch-negatives loss couples every pair in the batch, so plain gradient accumulation changes the loss.
-# `accumulated_backward` embeds the batch micro-batch by micro-batch without a graph, takes the loss's gradient
-# with respect to the embeddings, then replays each micro-batch's forward with its graph (GradCache's scheme).
-# Peak memory is one micro-batch's graph; the gradient is the full batch's. The encoder here is BERT's `[CLS]` state.
+# An in-batch-negatives loss couples every pair in the batch. Plain gradient accumulation would give each
+# micro-batch only its own negatives, a different loss. `accumulated_backward` embeds the batch micro-batch by
+# micro-batch without a graph and takes the loss's gradient with respect to the embeddings. Then it replays each
+# micro-batch's forward with its graph (GradCache's scheme). Peak activation memory is one micro-batch's graph
+# plus the embeddings; the gradient is the full batch's. The encoder here is BERT's `[CLS]` state.
 
 # %%
 encoder_model = tiny("bert").bert.double()         # BertModel; its pooler is unused by the [CLS] state
