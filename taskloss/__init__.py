@@ -5,13 +5,13 @@ what it holds, each ``__init__`` naming its notebooks (``notebooks/NN_topic.py``
 numbers after each entry are the notebooks that import it (a test derives them from the notebooks' imports).
 
 - :mod:`taskloss.sampling`   — optimization as sampling an update: SNIS, proposals, ε-ball and Newton limits (01, 02)
-- :mod:`taskloss.search`     — MLE-guided parameter search, REINFORCE, zeroth-order estimators (02–05)
+- :mod:`taskloss.search`     — MLE-guided parameter search, REINFORCE, zeroth-order estimators (02–05, 17)
 - :mod:`taskloss.curvature`  — Fisher/GGN, CG and Hessian-free, diagonal Fisher, K-FAC, natural gradient,
-  the Gaussian exponential family (06–08)
+  the Gaussian exponential family (06–08, 17)
 - :mod:`taskloss.losses`     — task losses and metrics, the EMO loss, distribution-level text quality (02, 03, 05, 09,
-  16)
+  16, 17)
 - :mod:`taskloss.contrastive` — InfoNCE with in-batch negatives, exact two-pass gradient accumulation, the
-  all-gather across ranks, MiniLM fine-tuning for retrieval (10)
+  all-gather across ranks, MiniLM fine-tuning for retrieval (10, 17)
 - :mod:`taskloss.models`     — Transformer LM (Post-LN, Pre-LN, RealFormer), LSTM/RNN LM, MLP, small CNN (03, 06,
   07, 09, 11–16)
 - :mod:`taskloss.lm`         — decoding, the causal-LM adapter, completion tasks, the pretrained small LM (04, 09, 13,
@@ -19,14 +19,14 @@ numbers after each entry are the notebooks that import it (a test derives them f
 - :mod:`taskloss.datasets`   — digits, the no-download corpus and WikiText reader, the tokenizer, MiniLM (02, 03,
   05–07, 09, 11–16)
 - :mod:`taskloss.attribution` — integrated gradients (Riemann and Gauss–Legendre rules, baselines, token embeddings),
-  the randomization sanity check (15)
+  the randomization sanity check (15, 17)
 - :mod:`taskloss.dynamics`   — gradient clipping and (L0, L1)-smoothness probes, gradient-norm penalties, the modified
   loss of a finite step and its flows (11, 12)
 - :mod:`taskloss.gradflow`   — gradient flow through time and depth: exact Jacobian-vs-lag probes of recurrent
   networks, attention entropy and gradient norms by layer, an LM-training harness (13, 14)
 - :mod:`taskloss.harness`    — every update rule behind one interface, counted passes, the ideal update Δθ* with its
   Monte Carlo error, training to an equal pass budget, a causal LM with a sequence task loss (16)
-- :mod:`taskloss.results`    — the results API of notebooks: records, paired comparisons, plots, headline checks (01–16)
+- :mod:`taskloss.results`    — the results API of notebooks: records, paired comparisons, plots, headline checks (01–17)
 - :mod:`taskloss.runner`     — parameters, kernels, run folders, the rerun/sweep runner (it executes the notebooks; none
   imports it)
 - :mod:`taskloss.utils`      — device resolution, seeding, input validation, parameters as flat vectors and pure

@@ -3,13 +3,14 @@ any baseline (zeros, blurred, noisy, a set of baselines for expected gradients),
 evaluation, attribution in the embedding space of token models, shaded-text rendering and the
 model-randomization sanity check.
 
-Notebook: 15_integrated_gradients. Source: Sundararajan, Taly & Yan, *Axiomatic Attribution for Deep Networks*
-(ICML 2017); the reference implementation compared against is Captum's ``IntegratedGradients``.
+Notebooks: 15_integrated_gradients, 17_your_own_model. Source: Sundararajan, Taly & Yan, *Axiomatic Attribution
+for Deep Networks* (ICML 2017); the reference implementation compared against is Captum's ``IntegratedGradients``.
 
 Modules:
 
 - :mod:`~taskloss.attribution.quadrature`            — nodes and weights of the rules on [0, 1], their orders
 - :mod:`~taskloss.attribution.integrated_gradients`  — the chunked path-gradient core and ``IntegratedGradients``
+  (one tensor or a tuple of inputs)
 - :mod:`~taskloss.attribution.embedding`             — integrated gradients in a token model's embedding space
 - :mod:`~taskloss.attribution.baselines`             — blurred, noisy and sampled (expected-gradients) baselines
 - :mod:`~taskloss.attribution.sanity`                — rank correlation, randomized model copies (Adebayo et al.)

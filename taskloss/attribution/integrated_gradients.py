@@ -26,6 +26,11 @@ pass (``grad_outputs = w_k``); the target is read with one gather instead of Cap
 F(x) and F(x′) are taken from the path itself when the rule has nodes at α = 0 and 1 (trapezoid), otherwise from
 one extra forward pass of the inputs and baselines together (chunked alike), without a graph.
 
+A tuple of inputs (x₁, …, x_n), each ``[B, *feat_j]``, is one point per example in the product space: the path
+moves every input from its baseline at once, ``forward_fn(x₁, …, x_n, *args)`` is called as Captum calls it, and
+completeness holds for the attributions of all inputs together (Captum's delta alike). Internally each input is
+flattened to ``[B, n_j]`` and the pieces are concatenated, so the core and its chunking are the single-tensor ones.
+
 The pure core is :func:`integrate_gradients` (any scalar function of points); :class:`IntegratedGradients`
 formats and validates inputs, baselines and targets around it, and
 :class:`taskloss.attribution.embedding.EmbeddingIntegratedGradients` applies the same core in a token model's
@@ -51,12 +56,13 @@ class Attribution(NamedTuple):
     """What :meth:`IntegratedGradients.attribute` returns (unpacks as ``attributions, error, diff = ...``).
 
     Attributes:
-        attributions: tensor shaped like the inputs (``[B, T]`` per token for embedding attributions).
+        attributions: tensor shaped like the inputs (``[B, T]`` per token for embedding attributions); a tuple of
+            tensors shaped like the inputs when they were a tuple.
         completeness_error: ``[B]``, Σ attributions − (F(x) − F(x′)) per example (F(x′) averaged over a set).
         output_difference: ``[B]``, F(x) − F(x′) per example (the quantity the attributions split).
     """
 
-    attributions: Tensor
+    attributions: Tensor | tuple[Tensor, ...]
     completeness_error: Tensor
     output_difference: Tensor
 
@@ -202,14 +208,52 @@ def _format_args(additional_forward_args) -> tuple:
     return additional_forward_args if isinstance(additional_forward_args, tuple) else (additional_forward_args,)
 
 
-def _check_inputs(inputs) -> Tensor:
+def _check_inputs(inputs, name: str = "inputs") -> Tensor:
     if not isinstance(inputs, Tensor):
-        raise TypeError(f"inputs must be a torch.Tensor, got {type(inputs).__name__}")
+        raise TypeError(f"{name} must be a torch.Tensor or a tuple of tensors, got {type(inputs).__name__}")
     if not inputs.is_floating_point():
-        raise TypeError(f"inputs must be a floating-point tensor, got dtype {inputs.dtype}")
+        raise TypeError(f"{name} must be a floating-point tensor, got dtype {inputs.dtype}")
     if inputs.ndim == 0 or inputs.shape[0] == 0 or inputs.numel() == 0:
-        raise ValueError(f"inputs must have a non-empty leading batch dimension, got shape {tuple(inputs.shape)}")
-    return check_finite("inputs", inputs).detach()
+        raise ValueError(f"{name} must have a non-empty leading batch dimension, got shape {tuple(inputs.shape)}")
+    return check_finite(name, inputs).detach()
+
+
+def _check_input_tuple(inputs: tuple) -> tuple[Tensor, ...]:
+    """Validate a tuple of inputs: each a non-empty floating tensor, one batch size, dtype and device for all."""
+    if len(inputs) == 0:
+        raise ValueError("inputs is an empty tuple; pass a tensor or a tuple of at least one tensor")
+    xs = tuple(_check_inputs(x, f"inputs[{j}]") for j, x in enumerate(inputs))
+    for j, x in enumerate(xs[1:], start=1):
+        if x.shape[0] != xs[0].shape[0]:
+            raise ValueError(f"every input must have the same batch size: inputs[0] has {xs[0].shape[0]} rows, "
+                             f"inputs[{j}] has {x.shape[0]}")
+        if x.dtype != xs[0].dtype or x.device != xs[0].device:
+            raise ValueError(f"every input must share one dtype and device: inputs[0] is {xs[0].dtype} on "
+                             f"{xs[0].device}, inputs[{j}] is {x.dtype} on {x.device}")
+    return xs
+
+
+def _format_baseline_tuple(baselines, xs: tuple[Tensor, ...]) -> Tensor:
+    """Baselines of a tuple of inputs as one flat ``[K, B, Σ n_j]`` tensor: ``None`` or a number for every input,
+    or a tuple with one entry (None, a number, a tensor or a set of K baselines) per input, one K for all."""
+    if baselines is None or (isinstance(baselines, numbers.Real) and not isinstance(baselines, bool)):
+        baselines = (baselines,) * len(xs)
+    if not isinstance(baselines, tuple):
+        raise TypeError("baselines of a tuple of inputs must be None, a number, or a tuple with one entry per input;"
+                        f" got {type(baselines).__name__}")
+    if len(baselines) != len(xs):
+        raise ValueError(f"baselines has {len(baselines)} entries but inputs has {len(xs)}; give one per input")
+    parts = []
+    for j, (b, x) in enumerate(zip(baselines, xs)):
+        try:
+            parts.append(_format_baselines(b, x))
+        except (TypeError, ValueError) as err:
+            raise type(err)(f"baselines[{j}]: {err}") from None
+    sizes = [p.shape[0] for p in parts]
+    if len(set(sizes)) > 1:
+        raise ValueError(f"the baselines of the inputs hold different numbers of baselines per set {sizes}; "
+                         "give every input the same K (or one baseline each)")
+    return torch.cat([p.reshape(p.shape[0], p.shape[1], -1) for p in parts], dim=2)
 
 
 def _format_baselines(baselines, like: Tensor) -> Tensor:
@@ -275,7 +319,8 @@ class IntegratedGradients:
 
     Args:
         forward_fn: ``forward_fn(inputs [n, *feat], *additional_forward_args) → output [n, ...]`` (a model or any
-            function of it); rows must not interact (no batch statistics: put models in ``eval()`` mode).
+            function of it; with a tuple of inputs ``forward_fn(x_1 [n, …], …, x_n [n, …], *args)``); rows must
+            not interact (no batch statistics: put models in ``eval()`` mode).
     """
 
     def __init__(self, forward_fn: Callable[..., Tensor]):
@@ -283,17 +328,20 @@ class IntegratedGradients:
             raise TypeError(f"forward_fn must be callable, got {type(forward_fn).__name__}")
         self.forward_fn = forward_fn
 
-    def attribute(self, inputs: Tensor, baselines: Tensor | float | None = None, target: Any = None,
+    def attribute(self, inputs: Tensor | tuple[Tensor, ...], baselines: Any = None, target: Any = None,
                   n_steps: int = 50, method: str = "gausslegendre", internal_batch_size: int | None = None,
                   additional_forward_args: Any = None) -> Attribution:
         """Attribute ``F(x) − F(x′)`` to the features of each input.
 
         Args:
-            inputs: ``[B, *feat]`` floating tensor, the points x to explain.
+            inputs: ``[B, *feat]`` floating tensor, the points x to explain; or a tuple of such tensors
+                ``([B, *feat_1], …, [B, *feat_n])`` (one batch size, dtype and device), passed to
+                ``forward_fn(x_1, …, x_n, *additional_forward_args)`` as Captum does.
             baselines: x′ — ``None`` (zeros), a number (constant), ``[B or 1, *feat]``, or a set of K baselines
                 ``[K, B or 1, *feat]`` whose integrated gradients are averaged (expected gradients). Moved to the
                 device and dtype of ``inputs``; see :mod:`taskloss.attribution.baselines` for blurred, noisy and
-                sampled baselines.
+                sampled baselines. With a tuple of inputs: ``None`` or a number for every input, or a tuple with
+                one such entry per input (the same K for every input that is given a set).
             target: which scalar of the output to explain — ``None`` (the output is one scalar per example), an
                 int class index ``output[:, c]``, a tuple of indices ``output[:, i, j]``, a list / 1-D tensor with
                 one class index per example, or a callable ``output [n, ...] → [n]`` applied row-wise (e.g.
@@ -306,13 +354,20 @@ class IntegratedGradients:
                 leading dimension is ``B`` are repeated along the path with their example, others passed as is.
 
         Returns:
-            :class:`Attribution` ``(attributions [B, *feat], completeness_error [B], output_difference [B])``.
+            :class:`Attribution` ``(attributions [B, *feat], completeness_error [B], output_difference [B])``;
+            with a tuple of inputs the attributions are a tuple shaped like the inputs, and the completeness
+            error is that of all inputs' attributions together.
 
         Raises:
             TypeError / ValueError: non-tensor or non-floating inputs, empty batch, NaN/inf in inputs or
-                baselines, baseline shape mismatch, ``n_steps`` < 1, unknown method, a target that does not
-                select one scalar per example, NaN/inf produced by ``forward_fn``.
+                baselines, baseline shape mismatch, a tuple of inputs with different batch sizes, dtypes or
+                devices, a tuple of baselines whose length is not that of the inputs or whose sets differ in K,
+                ``n_steps`` < 1, unknown method, a target that does not select one scalar per example,
+                NaN/inf produced by ``forward_fn``.
         """
+        if isinstance(inputs, tuple):
+            return self._attribute_tuple(inputs, baselines, target, n_steps, method, internal_batch_size,
+                                         additional_forward_args)
         inputs = _check_inputs(inputs)
         bases = _format_baselines(baselines, inputs)
         bs = _check_batch_size(internal_batch_size)
@@ -325,3 +380,28 @@ class IntegratedGradients:
             return select_target(self.forward_fn(points, *_expand_args(args, example, B)), tgt, example)
 
         return Attribution(*_attribute_pairs(scalar_fn, inputs, bases, n_steps, method, bs))
+
+    def _attribute_tuple(self, inputs: tuple, baselines, target, n_steps: int, method: str,
+                         internal_batch_size: int | None, additional_forward_args) -> Attribution:
+        """:meth:`attribute` for a tuple of inputs: one flat path ``[B, Σ n_j]`` through the single-tensor core,
+        split back into one attribution per input."""
+        xs = _check_input_tuple(inputs)
+        bases = _format_baseline_tuple(baselines, xs)
+        bs = _check_batch_size(internal_batch_size)
+        B = xs[0].shape[0]
+        tgt = _check_target(target, B, xs[0].device)
+        args = _format_args(additional_forward_args)
+        feats = [x.shape[1:] for x in xs]
+        sizes = [x[0].numel() for x in xs]
+        flat = torch.cat([x.reshape(B, -1) for x in xs], dim=1)
+
+        def split(points: Tensor) -> tuple[Tensor, ...]:
+            pieces = points.split(sizes, dim=1)
+            return tuple(p.reshape(len(points), *f) for p, f in zip(pieces, feats))
+
+        def scalar_fn(points: Tensor, pair_index: Tensor) -> Tensor:
+            example = pair_index % B
+            return select_target(self.forward_fn(*split(points), *_expand_args(args, example, B)), tgt, example)
+
+        attr, error, diff = _attribute_pairs(scalar_fn, flat, bases, n_steps, method, bs)
+        return Attribution(split(attr), error, diff)

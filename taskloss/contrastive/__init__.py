@@ -1,7 +1,7 @@
 """Contrastive learning at large batch on small memory: InfoNCE with in-batch negatives, exact two-pass gradient
 accumulation (GradCache), and the all-gather that makes it exact across ranks.
 
-Notebook: 10_contrastive_accumulation.
+Notebooks: 10_contrastive_accumulation, 17_your_own_model.
 
 Modules:
 

@@ -4,7 +4,8 @@ step and trust region, and the Gaussian exponential family.
 
 One scale convention (the curvature of the batch-mean NLL) is stated in :mod:`taskloss.curvature.fisher`;
 :func:`~taskloss.curvature.fisher.curvature_scale` converts it to libraries that take a loss module (curvlinops).
-Notebooks: 06_natural_gradient, 07_fisher_approximations, 08_natural_gradient_exponential_families.
+Notebooks: 06_natural_gradient, 07_fisher_approximations, 08_natural_gradient_exponential_families,
+17_your_own_model.
 
 Modules:
 

@@ -2,7 +2,7 @@
 policy gradient (REINFORCE) and zeroth-order estimators.
 
 Notebooks: 02_importance_sampling_and_mgs, 03_metric_optimization_classification, 04_sequence_task_losses,
-05_policy_gradient_vs_zeroth_order.
+05_policy_gradient_vs_zeroth_order, 17_your_own_model.
 
 Modules:
 

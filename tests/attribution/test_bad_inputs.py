@@ -26,6 +26,12 @@ def ig(**kw):
     return A.IntegratedGradients(_MLP).attribute(**{"inputs": _X, "target": 0, **kw})
 
 
+def tig(**kw):
+    """A function of two inputs: the MLP on the first, plus the sum of the second."""
+    fwd = lambda a, b: _MLP(a) + b.sum(1, keepdim=True)                           # noqa: E731
+    return A.IntegratedGradients(fwd).attribute(**{"inputs": (_X, _X[:, :2]), "target": 0, **kw})
+
+
 def eig(fwd=lambda i: _LM(i)[:, -1], **kw):
     return A.EmbeddingIntegratedGradients(fwd, _LM.tok_emb).attribute(**{"input_ids": _IDS, "target": 0, **kw})
 
@@ -65,6 +71,18 @@ CASES = {
         (lambda: ig(target="cat"), TypeError, "target must be None"),
         (lambda: A.IntegratedGradients(lambda z: (_MLP(z) - 100).log()).attribute(_X, target=0), ValueError, "NaN or inf"),
         (lambda: A.IntegratedGradients(_no_graph).attribute(_X, target=0), ValueError, "does not depend"),
+        (lambda: tig(inputs=()), ValueError, "empty tuple"),
+        (lambda: tig(inputs=(_X, torch.rand(3, 2, dtype=torch.float64))), ValueError, "same batch size"),
+        (lambda: tig(inputs=(_X, torch.rand(2, 2))), ValueError, "one dtype and device"),
+        (lambda: tig(inputs=(_X, [1.0, 2.0])), TypeError, "inputs[1] must be a torch.Tensor"),
+        (lambda: tig(inputs=(_X, _NAN[:, :2])), ValueError, "inputs[1] contains NaN"),
+        (lambda: tig(baselines=(0.0,)), ValueError, "baselines has 1 entries but inputs has 2"),
+        (lambda: tig(baselines=(0.0, 0.0, 0.0)), ValueError, "baselines has 3 entries"),
+        (lambda: tig(baselines=torch.zeros(2, 4, dtype=torch.float64)), TypeError, "one entry per input"),
+        (lambda: tig(baselines=(0.0, torch.zeros(2, 3, dtype=torch.float64))), ValueError,
+         "baselines[1]: baselines shape"),
+        (lambda: tig(baselines=(torch.zeros(2, 2, 4, dtype=torch.float64),
+                                torch.zeros(3, 2, 2, dtype=torch.float64))), ValueError, "different numbers of baselines"),
     ],
     "EmbeddingIntegratedGradients": [
         (lambda: A.EmbeddingIntegratedGradients(lambda i: i, "emb"), TypeError, "embedding must be an nn.Module"),
