@@ -11,38 +11,39 @@
 # %% [markdown]
 # # 10 · Contrastive learning at large batch on small memory: exact gradient accumulation
 #
-# In a contrastive loss with in-batch negatives every pair's positive is a negative for every other query, so
-# the loss of one sample depends on the whole batch. Gradient accumulation — summing the gradients of
-# micro-batch losses — is exact only when the loss is a sum of per-sample terms. Larger batches mean more
-# negatives, which is why contrastive training wants them, and memory is what limits them.
+# In a contrastive loss with in-batch negatives, every pair's positive is a negative for every other query, so the
+# loss of one sample depends on the whole batch. Gradient accumulation (summing the gradients of micro-batch
+# losses) is exact only when the loss is a sum of per-sample terms. Larger batches mean more negatives, which is why
+# contrastive training wants them, and memory is what limits them.
 #
-# **Question.** What does naive accumulation actually compute, and how can a large contrastive batch be
-# trained exactly with the memory of a small one (also with dropout, across processes, under autocast)? On real
-# data — fine-tuning the MiniLM sentence encoder for retrieval — does a larger effective batch at fixed memory
-# help, and does naive accumulation lose that gain?
+# **Question.** What does naive accumulation actually compute? How can a large contrastive batch be trained exactly
+# with the memory of a small one, also with dropout, across processes and under autocast? On real data, fine-tuning
+# the MiniLM sentence encoder for retrieval: does a larger effective batch at fixed memory help, and does naive
+# accumulation lose that gain?
 #
-# Sources: the lead essay of `001_*.txt` (Su Jianlin, *Can contrastive learning use gradient accumulation?*,
-# Scientific Spaces, 2021; only its first section is in the references) and *Scaling Deep Contrastive Learning
-# Batch Size under Memory Limited Setup* (Gao, Zhang, Han & Callan, RepL4NLP 2021 — GradCache). The package code
-# is `taskloss.contrastive`: `taskloss.contrastive.losses` (InfoNCE), `taskloss.contrastive.accumulation` (the
-# two passes), `taskloss.contrastive.distributed` (across ranks); `benchmarks/bench_contrastive.py` measures its
-# time and memory against the full-batch step and sentence-transformers' cached loss.
+# **Sources.** Su Jianlin, "对比学习可以使用梯度累积吗？" (Can contrastive learning use gradient accumulation?),
+# Scientific Spaces, 17 June 2021 (https://kexue.fm/archives/8471); L. Gao, Y. Zhang, J. Han and J. Callan,
+# "Scaling Deep Contrastive Learning Batch Size under Memory Limited Setup", RepL4NLP 2021 (GradCache,
+# arXiv:2101.06983). The package code is `taskloss.contrastive`: `taskloss.contrastive.losses` (InfoNCE),
+# `taskloss.contrastive.accumulation` (the two passes), `taskloss.contrastive.distributed` (across ranks);
+# `benchmarks/bench_contrastive.py` measures its time and memory against the full-batch step and
+# sentence-transformers' cached loss.
 
 # %% tags=["parameters"]
-seed: int = 0
-device: str = "auto"
-output_dir: str = ""
-toy_batch: int = 48            # pairs of the float64 derivation checks
-n_trainable: int = 1           # top MiniLM layers fine-tuned; the lower ones are frozen and computed once
-max_tokens: int = 16           # WordPiece tokens per text
-train_pairs: int = 256         # training pairs (train documents)
-pool_size: int = 200           # held-out retrieval pool (valid + test documents)
-micro_batch: int = 8           # the fixed memory: pairs per forward with a graph
+seed: int = 0                  # [>= 0] base seed of the toy data and of the experiment's seeds
+device: str = "auto"           # "auto" (CUDA when available, else CPU), "cpu" or "cuda"
+output_dir: str = ""           # run folder for results and figures; empty: the runner's or runs/interactive
+toy_batch: int = 48            # [>= 4] pairs of the float64 derivation checks
+n_trainable: int = 1           # [>= 1, <= 6] top MiniLM layers fine-tuned; the lower ones are frozen and computed once
+max_tokens: int = 16           # [>= 2] WordPiece tokens per text
+train_pairs: int = 256         # [>= 12] training pairs (train documents)
+pool_size: int = 200           # [>= 2] held-out retrieval pool (valid + test documents)
+micro_batch: int = 8           # [>= 1] the fixed memory: pairs per forward with a graph
 batch_sizes: str = "8,32"      # effective batch sizes compared (comma-separated, multiples of micro_batch)
-epochs: int = 1                # passes over the training pairs: the same data budget for every batch size
-lr: float = 0.0001
-temperature: float = 0.05      # all-MiniLM-L6-v2 was trained with scale 20, i.e. τ of 0.05
-seeds: int = 3                 # seeds of the experiment: seed, seed + 1, …
+epochs: int = 1                # [>= 1] passes over the training pairs: the same data budget for every batch size
+lr: float = 0.0001             # [> 0] AdamW learning rate
+temperature: float = 0.05      # [> 0] InfoNCE temperature τ (all-MiniLM-L6-v2 was trained with scale 20: τ = 0.05)
+seeds: int = 3                 # [>= 3] seeds of the experiment: seed, seed + 1, … (a paired verdict needs 3)
 
 # %%
 import functools
@@ -56,22 +57,16 @@ from torch import nn
 from tqdm.auto import tqdm
 
 import taskloss.results
-from taskloss.contrastive import (
-    MiniLMTop,
-    accumulated_backward,
-    info_nce,
-    info_nce_rows,
-    minilm_prefix_states,
-    naive_accumulated_backward,
-    paragraph_pairs,
-    retrieval_metrics,
-    split_micro_batches,
-)
+from taskloss.contrastive import (MiniLMTop, accumulated_backward, info_nce, info_nce_rows, minilm_prefix_states,
+                                  naive_accumulated_backward, paragraph_pairs, retrieval_metrics, split_micro_batches)
 from taskloss.results.plotting import FRACTION, label_axes, seed_band, show
 
 run = taskloss.results.start("10_contrastive_accumulation", output_dir, device=device, seed=seed)
 dev, D = run.device, torch.float64
-t_start = time.time()
+B_list = sorted({int(b) for b in batch_sizes.split(",")})
+if not all(b % micro_batch == 0 for b in B_list) or max(B_list) > train_pairs:
+    raise ValueError(f"batch_sizes {B_list} must be multiples of micro_batch ({micro_batch}) and at most "
+                     f"train_pairs ({train_pairs})")
 print("device:", dev)
 
 # %% [markdown]
@@ -80,7 +75,7 @@ print("device:", dev)
 # A batch holds $B$ pairs: query embeddings $q_i$ and positive embeddings $k_i$ (two towers, or one encoder
 # applied to both). With temperature $\tau$, the scores are $s_{ij} = \langle q_i, k_j\rangle/\tau$ and the
 # labels $t_{ij} = \delta_{ij}$ (each row's positive is its own pair; every other column is a negative). The
-# essay's loss is the cross-entropy of each row, summed; we average over rows (a factor $1/B$):
+# post's loss is the cross-entropy of each row, summed; we average over rows (a factor $1/B$):
 #
 # $$\mathcal L = \frac1B\sum_{i}\Bigl[-\sum_j t_{ij}s_{ij} + \log\sum_{j} e^{s_{ij}}\Bigr],\qquad
 #   \frac{\partial\mathcal L}{\partial s_{ij}} = \frac{P_{ij}-t_{ij}}{B},\quad
@@ -146,15 +141,16 @@ assert L_naive <= loss_s.detach() + 1e-12
 rel_naive = ((g_naive - g_full).norm() / g_full.norm()).item()
 print(f"naive (m = {m_toy}): loss {L_naive.item():.4f} ≤ full {loss_s.item():.4f}; "
       f"‖g_naive − g‖/‖g‖ = {rel_naive:.3f}")
-assert rel_naive > 0.05
-_ = run.record("derivation/naive_rel_error_m8", rel_naive)
+run.record("derivation/naive_rel_error_m8", rel_naive)
+_ = run.claim("derivation/naive_is_off", f"naive accumulation over micro-batches of {m_toy} is off the full-batch "
+              "gradient by more than 5 %", rel_naive > 0.05, value=rel_naive, bound="> 0.05")
 
 # %% [markdown]
 # ## 3 · The two-pass scheme (the chain rule through the embeddings)
 #
 # Write $e$ for all $2B$ embeddings. The loss depends on $\theta$ only through them:
 # $\nabla_\theta\mathcal L = \sum_i \bigl(\partial\mathcal L/\partial e_i\bigr)^{\!\top}\partial e_i/\partial\theta$.
-# Following the essay, expand $\nabla_\theta s_{ij} = (\langle\nabla_\theta q_i, k_j\rangle + \langle q_i,
+# Following the post, expand $\nabla_\theta s_{ij} = (\langle\nabla_\theta q_i, k_j\rangle + \langle q_i,
 # \nabla_\theta k_j\rangle)/\tau$ in the gradient of §1 and collect the terms of each embedding:
 #
 # $$g^q_i = \frac{\partial\mathcal L}{\partial q_i} = \frac{1}{B\tau}\sum_j (P_{ij}-t_{ij})\,k_j,\qquad
@@ -204,7 +200,7 @@ def two_pass_scratch(encoder, xs, loss_fn, m):
                 e = encoder(c)
             (e * gc).sum().backward()
 
-
+# %%
 def full_graph_reference(encoder, xs, loss_fn, m):
     loss_fn(*[torch.cat([encoder(c) for c in x.split(m)]) for x in xs]).backward()
 
@@ -245,7 +241,7 @@ class ForgetfulReplay(nn.Module):
         keep = (torch.rand(h.shape, generator=self.gen, dtype=D) > 0.3).to(D) / 0.7
         return self.base[3](h * keep)
 
-
+# %%
 forgetful = ForgetfulReplay(toy_encoder())
 full_graph_reference(forgetful, (X_toy, Y_toy), loss_fn_toy, 12)
 ref = flat_grad(forgetful)
@@ -258,8 +254,10 @@ try:
 except RuntimeError as err:
     raised = str(err)
 print(f"without replay: ‖g − g_full‖/‖g_full‖ = {rel_no_replay:.3f}; the check says: {raised[:110]}…")
-assert rel_no_replay > 0.01 and "second pass differs" in raised
+assert "second pass differs" in raised                          # the package refuses the un-replayed gradient
 forgetful.zero_grad(set_to_none=True)
+_ = run.claim("derivation/no_replay_is_wrong", "without the replay the accumulated gradient is off by more than 1 %",
+              rel_no_replay > 0.01, value=rel_no_replay, bound="> 0.01")
 
 # %% [markdown]
 # **How wrong is naive accumulation, as a function of the micro-batch?** The exact scheme is at floating-point
@@ -268,7 +266,7 @@ forgetful.zero_grad(set_to_none=True)
 # naive loss is $-s_{ii} + \log e^{s_{ii}} = 0$ and its gradient vanishes.
 
 # %%
-ms = [1, 2, 3, 4, 6, 8, 12, 16, 24, toy_batch]
+ms = sorted({m for m in (1, 2, 3, 4, 6, 8, 12, 16, 24) if m < toy_batch} | {toy_batch})
 curve = {"naive": [], "exact": [], "naive_cos": []}
 for m in tqdm(ms, desc="micro-batch sizes"):
     naive_accumulated_backward(enc, (X_toy, Y_toy), loss_fn_toy, m)
@@ -278,10 +276,11 @@ for m in tqdm(ms, desc="micro-batch sizes"):
     curve["naive"].append(max(((gn - g_full).norm() / g_full.norm()).item(), 1e-17))   # floor for the log axis
     curve["exact"].append(max(((ge - g_full).norm() / g_full.norm()).item(), 1e-17))
     curve["naive_cos"].append(torch.nn.functional.cosine_similarity(gn, g_full, dim=0).item())
-assert curve["naive"][-1] < 1e-12 and all(a > 1e-3 for a in curve["naive"][:-1])   # exact only at m = B
-assert max(curve["exact"]) < 1e-12
+assert curve["naive"][-1] < 1e-12 and max(curve["exact"]) < 1e-12      # naive exact at m = B; two-pass at every m
 run.record("derivation/naive_rel_error_by_m", dict(zip(map(str, ms), curve["naive"])))
-_ = run.record("derivation/naive_cosine_m1", curve["naive_cos"][0])
+run.record("derivation/naive_cosine_m1", curve["naive_cos"][0])
+_ = run.claim("derivation/naive_off_below_B", "naive accumulation is off by more than 0.1 % at every m < B",
+              all(a > 1e-3 for a in curve["naive"][:-1]), value=min(curve["naive"][:-1]), bound="> 1e-3")
 
 # %% tags=["hide-input"]
 fig, ax = plt.subplots(1, 2, figsize=(10, 3.6), layout="constrained")
@@ -295,7 +294,7 @@ label_axes(ax[1], "micro-batch size m", "cos(g_naive, g_full)", "Direction of th
 run.savefig(fig, "gradient_error_vs_micro_batch.png")
 show(fig, "left, the relative error of the accumulated gradient against the full-batch gradient of the toy encoder "
           "(float64, batch B = {toy_batch}) for each micro-batch size m; errors below 10⁻¹⁷ are drawn at 10⁻¹⁷. "
-          "Naive accumulation is off by {derivation/naive_rel_error_by_m.8:.0%} at m = 8 and exact only at m = B; "
+          "Naive accumulation is off by {derivation/naive_rel_error_m8:.0%} at m = 8 and exact only at m = B; "
           "the two-pass scheme stays below 10⁻¹² at every m (asserted). Right, the cosine between the naive and the "
           "full-batch gradient ({derivation/naive_cosine_m1:.3f} at m = 1).", run=run, toy_batch=toy_batch)
 
@@ -315,7 +314,8 @@ show(fig, "left, the relative error of the accumulated gradient against the full
 
 # %%
 q_all, k_all = enc(X_toy), enc(Y_toy)
-shards = [slice(0, 20), slice(20, toy_batch)]                  # unequal shards: 20 and 28 pairs
+cut = 5 * toy_batch // 12
+shards = [slice(0, cut), slice(cut, toy_batch)]                 # unequal shards (20 and 28 pairs at the default)
 W = len(shards)
 rank_losses = [W / toy_batch * info_nce_rows(q_all[sl], k_all[sl], q_all, k_all, tau_toy).sum() for sl in shards]
 for r, L_r in enumerate(rank_losses):
@@ -344,8 +344,10 @@ g_bf16 = flat_grad(enc32)
 rel_bf16 = ((g_bf16 - g32).norm() / g32.norm()).item()
 print(f"bf16 autocast, m = 7: embeddings {res_bf16.embeddings[0].dtype}, cache {res_bf16.embedding_grads[0].dtype}, "
       f"‖g_bf16 − g_fp32‖/‖g_fp32‖ = {rel_bf16:.4f}")
-assert rel_bf16 < 0.03            # bf16 keeps 8 bits of mantissa: ~0.4 % per rounding
-_ = run.record("derivation/bf16_rel_error", rel_bf16)
+run.record("derivation/bf16_rel_error", rel_bf16)
+_ = run.claim("derivation/bf16_close", "under bf16 autocast the two-pass gradient is within 3 % of the float32 one "
+              "(bf16 keeps 8 bits of mantissa: about 0.4 % per rounding)", rel_bf16 < 0.03, value=rel_bf16,
+              bound="< 0.03")
 
 # %% [markdown]
 # ## 6 · Experiment: fine-tuning MiniLM for retrieval at fixed memory
@@ -355,7 +357,8 @@ _ = run.record("derivation/bf16_rel_error", rel_bf16)
 # from `valid` and `test` documents (split by document title; paragraphs that occur in another split dropped).
 # Each query must rank its own second half first among all `pool_size` second halves: recall@1, recall@10 and
 # MRR.
-#
+
+# %% [markdown]
 # **Encoder.** all-MiniLM-L6-v2 (offline). Its lower $6 - k$ layers are frozen, so their outputs are computed
 # once per text; the top $k$ = `n_trainable` layers are fine-tuned (dropout 0.1 on), followed by the
 # sentence-transformers recipe (mean pooling, L2 normalization). InfoNCE with $\tau$ = `temperature`, AdamW.
@@ -367,9 +370,6 @@ _ = run.record("derivation/bf16_rel_error", rel_bf16)
 # $B$ takes fewer, larger steps) and starts from the same pretrained weights.
 
 # %%
-B_list = sorted({int(b) for b in batch_sizes.split(",")})
-assert all(b % micro_batch == 0 and b >= micro_batch for b in B_list), (B_list, micro_batch)
-assert train_pairs >= max(B_list)
 train = paragraph_pairs("train", max_pairs=train_pairs)
 pool = paragraph_pairs(["valid", "test"], max_pairs=pool_size)
 assert not {t for *_, t in train} & {t for *_, t in pool}          # no document in both
@@ -416,8 +416,10 @@ def take(states, idx):
 zero_shot = evaluate(MiniLMTop(n_trainable, device=dev))
 print("zero-shot:", {k: round(v, 4) for k, v in zero_shot.items()})
 run.record("experiment/zero_shot_mrr", zero_shot["mrr"], headline=True)
-_ = run.record("experiment/zero_shot_recall@1", zero_shot["recall@1"])
-assert zero_shot["mrr"] > 10 * sum(1 / r for r in range(1, len(pool) + 1)) / len(pool)   # far above chance
+run.record("experiment/zero_shot_recall@1", zero_shot["recall@1"])
+chance_mrr = sum(1 / r for r in range(1, len(pool) + 1)) / len(pool)
+_ = run.claim("experiment/zero_shot_far_above_chance", "zero-shot MiniLM's MRR is over 10× chance",
+              zero_shot["mrr"] > 10 * chance_mrr, value=zero_shot["mrr"] / chance_mrr, bound="ratio > 10")
 
 # %%
 loss_fn = functools.partial(info_nce, temperature=temperature)
@@ -477,15 +479,20 @@ print(c_batch.sentence(".4f"))
 print(c_naive.sentence(".4f"))
 
 # %% tags=["hide-input"]
+def mrr_by_batch_panel(ax):
+    """Held-out MRR against the effective batch size, exact and naive arms, with the zero-shot line."""
+    for mode, color in (("exact", "C2"), ("naive", "C3")):
+        ys = np.array([per((B, "small" if B == micro_batch else mode)) for B in B_list]).T    # [seeds, len(B)]
+        seed_band(ax, B_list, ys, label=mode, color=color, marker="o", bounds=FRACTION, clip=True)
+    ax.axhline(zero_shot["mrr"], color="grey", ls=":", label="zero-shot")
+    ax.set_xscale("log", base=2)
+    label_axes(ax, f"effective batch size B (micro-batch {micro_batch} fixed)", "held-out MRR (higher is better)",
+               f"Retrieval after {epochs} epoch(s) of {len(train)} pairs")
+    ax.legend(fontsize=8)
+
+# %% tags=["hide-input"]
 fig, ax = plt.subplots(1, 2, figsize=(11, 3.8), layout="constrained")
-for mode, color in (("exact", "C2"), ("naive", "C3")):
-    ys = np.array([per((B, "small" if B == micro_batch else mode)) for B in B_list]).T    # [seeds, len(B)]
-    seed_band(ax[0], B_list, ys, label=mode, color=color, marker="o", bounds=FRACTION, clip=True)
-ax[0].axhline(zero_shot["mrr"], color="grey", ls=":", label="zero-shot")
-ax[0].set_xscale("log", base=2)
-label_axes(ax[0], f"effective batch size B (micro-batch {micro_batch} fixed)", "held-out MRR (higher is better)",
-           f"Retrieval after {epochs} epoch(s) of {len(train)} pairs")
-ax[0].legend(fontsize=8)
+mrr_by_batch_panel(ax[0])
 pairs_ = [(f"exact {B_max} − {micro_batch}", (B_max, "exact"), small, c_batch),
           (f"exact {B_max} − naive {B_max}", (B_max, "exact"), (B_max, "naive"), c_naive),
           (f"naive {B_max} − {micro_batch}", (B_max, "naive"), small, c_nsmall)]
@@ -501,73 +508,88 @@ show(fig, "left, held-out MRR of MiniLM fine-tuned for {epochs} epoch(s) against
           "micro-batch fixed at {micro_batch} pairs: exact two-pass against naive accumulation (mean of {seeds} "
           "seeds, 95 % t-bands clipped to [0, 1]; dotted: zero-shot, {experiment/zero_shot_mrr:.3f}). Right, the "
           "paired differences per seed (dots) with their mean and 95 % CI (◆). Exact B = {B_max} against naive: "
-          "{experiment/exact_vs_naive_mrr.effect:+.4f} MRR, {experiment/exact_vs_naive_mrr.verdict}; against "
-          "B = {micro_batch}: {experiment/exact_large_vs_small_mrr.effect:+.4f}, "
-          "{experiment/exact_large_vs_small_mrr.verdict}.",
+          "{experiment/exact_vs_naive_mrr.effect:+.4f} MRR; against B = {micro_batch}: "
+          "{experiment/exact_large_vs_small_mrr.effect:+.4f}. The verdicts, after Holm's correction, follow the "
+          "comparison table below.",
      run=run, epochs=epochs, micro_batch=micro_batch, seeds=seeds, B_max=B_max)
 
 # %%
-_ = run.comparison_table()
-_ = run.table([k for k in run.results if not isinstance(run.results[k], (list, dict))])
-
-# %% [markdown]
-# ## Reading the numbers
-#
-# > **Errata and additions to the source essay.** (1) The essay writes $t_{ij}=t_{ji}$ and $s_{ij}=s_{ji}$: that
-# > is the single-encoder case (e.g. two dropout views of one batch). Nothing in the argument needs symmetry; with
-# > a query and a document tower the cache simply has one part per tower ($g^q$ and $g^k$ above). (2) With the
-# > *mean* over rows, naive accumulation must weight micro-batch $k$ by $n_k/B$, not $1/K$, when micro-batches
-# > differ in size; the exact scheme needs no weights at all. (3) Exactness holds only if the encoder treats
-# > samples independently and deterministically given its random state: dropout masks must be replayed (the
-# > quoted section does not discuss randomness), and BatchNorm in training mode, which couples the samples of a
-# > micro-batch, breaks it. (4) The price is one extra forward pass: with backward ≈ 2 forwards the step does
-# > ≈ 4/3 of the full-batch FLOPs (`benchmarks/bench_contrastive.py` reports the measured ratio).
-
-# %%
-_ = run.say("**Derivation (asserted).** The two-pass gradient equals the full-batch gradient with dropout on, "
-            "for micro-batches that divide the batch and those that do not: the largest relative deviation is "
-            "{derivation/two_pass_max_rel_error:.1e} in float64 on the toy encoder and "
-            "{derivation/minilm_two_pass_max_rel_error:.1e} on the MiniLM top (bound asserted: 1e-6). Naive "
-            "accumulation computes the gradient of the block-masked loss; at m = 8 of 48 its relative error is "
-            "{derivation/naive_rel_error_m8:.2f}, and at m = 1 the cosine with the true gradient is "
-            "{derivation/naive_cosine_m1:.2f}. Under bf16 autocast the two-pass gradient is within "
-            "{derivation/bf16_rel_error:.3f} (relative) of the float32 gradient.")
-
-# %%
-big, sm, nv = "experiment/exact_large_vs_small_mrr", "experiment/exact_vs_naive_mrr", "experiment/cpu_ratio"
-_ = run.say("**Experiment (this run: {n_seeds} seeds, {n_epochs} epoch(s) of {n_train} pairs, top {k} layer(s), "
-            "{n_tok} tokens, pool {n_pool}).** Zero-shot MiniLM reaches MRR {experiment/zero_shot_mrr:.4f}. A larger "
-            "batch at fixed memory — exact B = {B_max} against B = {m} — is **{" + big + ".verdict}** (MRR "
-            "difference {" + big + ".effect:+.4f}, 95 % CI [{" + big + ".ci_low:+.4f}, {" + big + ".ci_high:+.4f}]); "
-            "exact against naive accumulation at the same B is **{" + sm + ".verdict}** ({" + sm + ".effect:+.4f}, "
-            "CI [{" + sm + ".ci_low:+.4f}, {" + sm + ".ci_high:+.4f}]). The exact arm used {" + nv + ":.2f}× the "
-            "CPU time of the naive one at B = {B_max} (the second forward pass; one noisy measurement).",
-            B_max=B_max, m=micro_batch, n_seeds=len(run_seeds), n_epochs=epochs, n_train=len(train),
-            k=n_trainable, n_tok=max_tokens, n_pool=len(pool))
-
-# %% [markdown]
-# **What this budget can and cannot decide.** The derivation claims are decided exactly at any size. The
-# experiment at the CI defaults trains one layer for about one epoch of a few hundred pairs: the fine-tuned
-# encoders stay close to the pretrained one (compare with the zero-shot line), so the differences between arms
-# are of the order of the seed noise, and an "inconclusive" verdict here says that this budget is too short, not
-# that batch size does not matter. all-MiniLM-L6-v2 was itself trained contrastively with very large batches, so
-# fine-tuning it is a harder place for a batch-size effect to show than training from scratch (GradCache's
-# setting). `params/10_contrastive_accumulation/full.yaml` is the real run: all 1920 training pairs, 32-token
-# texts, two epochs, B = 8 against B = 64, ten seeds, the whole held-out pool (about 25 CPU-minutes).
-#
-# **Try this.**
-#
-# * The real run: `python -m taskloss.runner run 10 -f params/10_contrastive_accumulation/full.yaml`
-# * Fewer negatives per step, more steps: `python -m taskloss.runner run 10 -p micro_batch 4 -p batch_sizes 4,16,64`
-# * A lower temperature (sharper softmax, where the missing negatives matter more):
-#   `python -m taskloss.runner run 10 -p temperature 0.02 -p seeds 5`
-
-# %%
-# Assertions at CI scale (the derivation checks above are asserted where they are made)
-for arm, rows in results.items():
+for arm, rows in results.items():                                  # every metric is a valid retrieval score
     for r in rows:
         assert all(math.isfinite(v) and 0.0 <= v <= 1.0 for v in r.values()), (arm, r)
         assert r["recall@1"] <= r["mrr"] <= 1.0 and r["recall@1"] <= r["recall@10"], (arm, r)
-        # fine-tuning moves the encoder but does not wreck it at this budget
-        assert abs(r["mrr"] - zero_shot["mrr"]) < 0.15, (arm, r, zero_shot)
-print(f"all assertions passed; notebook runtime {time.time() - t_start:.0f} s wall, {time.process_time():.0f} s CPU")
+drift = max(abs(r["mrr"] - zero_shot["mrr"]) for rows in results.values() for r in rows)
+run.record("experiment/max_mrr_drift_from_zero_shot", drift)
+_ = run.claim("experiment/fine_tuning_stays_near_pretrained", "at this budget no fine-tuned arm moves the MRR more "
+              "than 0.15 from the zero-shot encoder's", drift < 0.15, value=drift, bound="< 0.15")
+
+# %% [markdown]
+# ## Results
+#
+# The paired comparisons as one family, with Holm's correction across the table; then the claims and the recorded
+# scalars.
+
+# %%
+_ = run.comparison_table()
+
+# %%
+_ = run.claims_table()
+_ = run.table([k for k in run.results if not isinstance(run.results[k], (list, dict))])
+
+# %% [markdown]
+# > **Errata and additions to the post** (Su Jianlin, https://kexue.fm/archives/8471).
+# > 1. The post assumes $t_{ij}=t_{ji}$ and $s_{ij}=s_{ji}$: that is the single-encoder case (e.g. two dropout views
+# >    of one batch). Nothing in the argument needs symmetry; with a query and a document tower the cache simply has
+# >    one part per tower ($g^q$ and $g^k$ above).
+# > 2. With the *mean* over rows, naive accumulation must weight micro-batch $k$ by $n_k/B$, not $1/K$, when
+# >    micro-batches differ in size; the exact scheme needs no weights at all.
+# > 3. Exactness holds only if the encoder treats samples independently and deterministically given its random
+# >    state. Dropout masks must be replayed (the post does not discuss randomness), and BatchNorm in training mode,
+# >    which couples the samples of a micro-batch, breaks it.
+# > 4. The price is one extra forward pass: with backward ≈ 2 forwards the step does ≈ 4/3 of the full-batch FLOPs
+# >    (`benchmarks/bench_contrastive.py` reports the measured ratio).
+
+# %% [markdown]
+# ## Summary
+
+# %%
+_ = run.say("**Derivation (asserted).** The two-pass gradient equals the full-batch gradient with dropout on, "
+            "for micro-batches that divide the batch and those that do not. The largest relative deviation is "
+            "{derivation/two_pass_max_rel_error:.1e} in float64 on the toy encoder and "
+            "{derivation/minilm_two_pass_max_rel_error:.1e} on the MiniLM top (bound asserted: 1e-6). Naive "
+            "accumulation computes the gradient of the block-masked loss: at m = 8 of {B} its relative error is "
+            "{derivation/naive_rel_error_m8:.2f}, and at m = 1 the cosine with the true gradient is "
+            "{derivation/naive_cosine_m1:.2f}. Under bf16 autocast the two-pass gradient is within "
+            "{derivation/bf16_rel_error:.3f} (relative) of the float32 gradient.", B=toy_batch)
+
+# %%
+big, sm, nv = "experiment/exact_large_vs_small_mrr", "experiment/exact_vs_naive_mrr", "experiment/cpu_ratio"
+_ = run.say("**Experiment** ({n_seeds} seeds, {n_epochs} epoch(s) of {n_train} pairs, top {k} layer(s), {n_tok} "
+            "tokens, pool {n_pool}; verdicts after Holm's correction across the {n_cmp} comparisons). Zero-shot "
+            "MiniLM reaches MRR {experiment/zero_shot_mrr:.4f}. A larger batch at fixed memory, exact B = {B_max} "
+            "against B = {m}, is **{" + big + ".verdict_adjusted}** (MRR difference {" + big + ".effect:+.4f}, 95 % "
+            "CI [{" + big + ".ci_low:+.4f}, {" + big + ".ci_high:+.4f}]). Exact against naive accumulation at the "
+            "same B is **{" + sm + ".verdict_adjusted}** ({" + sm + ".effect:+.4f}, CI [{" + sm + ".ci_low:+.4f}, "
+            "{" + sm + ".ci_high:+.4f}]). The exact arm used {" + nv + ":.2f}× the CPU time of the naive one at "
+            "B = {B_max} (the second forward pass; one noisy measurement).",
+            B_max=B_max, m=micro_batch, n_seeds=len(run_seeds), n_epochs=epochs, n_train=len(train),
+            k=n_trainable, n_tok=max_tokens, n_pool=len(pool), n_cmp=len(run.comparisons))
+
+# %%
+_ = run.say("**What this budget can and cannot decide.** The derivation is decided exactly at any size. The "
+            "experiment trains {k} layer(s) for {n_epochs} epoch(s) of {n_train} pairs: no arm moves the MRR more "
+            "than {experiment/max_mrr_drift_from_zero_shot:.3f} from the zero-shot encoder's. An \"inconclusive\" "
+            "verdict here says that this budget is too short, not that batch size does not matter. "
+            "all-MiniLM-L6-v2 was itself trained contrastively with very large batches, so fine-tuning it is a "
+            "harder place for a batch-size effect to show than training from scratch (GradCache's setting). "
+            "`params/10_contrastive_accumulation/full.yaml` runs more pairs, longer texts, two epochs, a larger "
+            "batch and ten seeds; that would decide the comparisons at a CPU cost CI cannot afford.",
+            k=n_trainable, n_epochs=epochs, n_train=len(train))
+
+# %% [markdown]
+# **Try this.**
+#
+# * The larger run: `python -m taskloss.runner run 10 -f params/10_contrastive_accumulation/full.yaml`
+# * Fewer negatives per step, more steps: `python -m taskloss.runner run 10 -p micro_batch 4 -p batch_sizes 4,16,64`
+# * A lower temperature (sharper softmax, where the missing negatives matter more):
+#   `python -m taskloss.runner run 10 -p temperature 0.02 -p seeds 5`
