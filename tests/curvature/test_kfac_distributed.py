@@ -4,17 +4,14 @@ float64 round-off — factors summed across ranks in one all-reduce per update, 
 and hold bit-identical factors, inverses and parameters; sharded (FSDP) models are refused."""
 from __future__ import annotations
 
-import os
-import tempfile
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from curvature.gloo_ranks import rank_results
 from taskloss.curvature import KFAC
 
 N = 11                       # 2 ranks: 6 + 5 rows; 3 ranks: 4 + 4 + 3
@@ -129,29 +126,25 @@ def _fsdp_refusal(rank):
     return "no error"
 
 
-def _worker(rank: int, world: int, init_file: str, out_dir: str):
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+def rank_case(rank: int, world: int) -> dict:
+    """What rank ``rank`` of ``world`` gloo processes computes (run by :mod:`curvature.gloo_ranks`)."""
+    X, y, S, labels, mask = _data()
+    part = torch.arange(N).tensor_split(world)[rank]
+    seqs = torch.arange(NS).tensor_split(world)[rank]
+    n_valid = int(((labels != -100) & mask.bool()).sum())
+    log: list[int] = []
+    real, counting = _counting_all_reduce(log)
+    dist.all_reduce = counting
     try:
-        X, y, S, labels, mask = _data()
-        part = torch.arange(N).tensor_split(world)[rank]
-        seqs = torch.arange(NS).tensor_split(world)[rank]
-        n_valid = int(((labels != -100) & mask.bool()).sum())
-        log: list[int] = []
-        real, counting = _counting_all_reduce(log)
-        dist.all_reduce = counting
-        try:
-            res = {ft: _run_mlp(X[part], y[part], ft, N, world) for ft in ("empirical", "exact")}
-            res["calls_mlp"] = list(log)
-            res["tokens"] = _run_tokens(S[seqs], labels[seqs], mask[seqs], n_valid, world)
-        finally:
-            dist.all_reduce = real
-        res["mc"] = _mc_factors(X[part], y[part], seed=10 + rank, world=world)
-        if world == 2:
-            res["fsdp"] = _fsdp_refusal(rank)
-        torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))
+        res = {ft: _run_mlp(X[part], y[part], ft, N, world) for ft in ("empirical", "exact")}
+        res["calls_mlp"] = list(log)
+        res["tokens"] = _run_tokens(S[seqs], labels[seqs], mask[seqs], n_valid, world)
     finally:
-        dist.destroy_process_group()
+        dist.all_reduce = real
+    res["mc"] = _mc_factors(X[part], y[part], seed=10 + rank, world=world)
+    if world == 2:
+        res["fsdp"] = _fsdp_refusal(rank)
+    return res
 
 
 def _close(a, b):
@@ -176,9 +169,7 @@ def _same_state(got, want, exact: bool):
 @pytest.mark.slow
 @pytest.mark.parametrize("world", [2, 3])
 def test_gloo_processes_equal_one_process_on_the_whole_batch(world):
-    with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(world, os.path.join(tmp, "init"), tmp), nprocs=world, join=True)
-        ranks = [torch.load(os.path.join(tmp, f"rank{r}.pt"), weights_only=False) for r in range(world)]
+    ranks = rank_results(world, "curvature.test_kfac_distributed")
     X, y, S, labels, mask = _data()
     parts = torch.arange(N).tensor_split(world)
     assert len(parts[-1]) < len(parts[0])                                          # an uneven last batch
