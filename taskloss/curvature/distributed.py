@@ -20,7 +20,8 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
-__all__ = ["check_process_group", "world_size", "all_reduce_sum", "refuse_sharded"]
+__all__ = ["check_process_group", "world_size", "all_reduce_sum", "pack_symmetric", "unpack_symmetric",
+           "refuse_sharded"]
 
 
 def check_process_group(process_group):
@@ -75,6 +76,21 @@ def all_reduce_sum(tensors: list[Tensor], process_group) -> list[Tensor]:
         for i, piece in zip(idx, buf.split([tensors[i].numel() for i in idx])):
             out[i] = piece.view(tensors[i].shape).to(tensors[i].device)
     return out
+
+
+def pack_symmetric(m: Tensor) -> Tensor:
+    """The upper triangle of a square ``m [n, n]`` (diagonal included), row by row: ``n(n+1)/2`` numbers."""
+    i, j = torch.triu_indices(m.shape[0], m.shape[0], device=m.device)
+    return m[i, j]
+
+
+def unpack_symmetric(packed: Tensor, n: int) -> Tensor:
+    """The symmetric ``[n, n]`` matrix whose upper triangle :func:`pack_symmetric` gave as ``packed``."""
+    i, j = torch.triu_indices(n, n, device=packed.device)
+    m = packed.new_empty(n, n)
+    m[i, j] = packed
+    m[j, i] = packed
+    return m
 
 
 def _is_sharded(p: Tensor) -> bool:

@@ -74,7 +74,14 @@ from typing import Mapping
 import torch
 from torch import Tensor, nn
 
-from taskloss.curvature.distributed import all_reduce_sum, check_process_group, refuse_sharded, world_size
+from taskloss.curvature.distributed import (
+    all_reduce_sum,
+    check_process_group,
+    pack_symmetric,
+    refuse_sharded,
+    unpack_symmetric,
+    world_size,
+)
 from taskloss.curvature.fisher import IGNORE_INDEX, LIKELIHOODS
 from taskloss.curvature.kfac_coverage import KFACCoverage, find_layers
 from taskloss.curvature.kfac_factors import DAMPING_MODES, KroneckerFactors
@@ -146,8 +153,8 @@ class KFAC:
             when ``torch.distributed`` is initialized, else this process alone). See "Across ranks" below.
 
     Across ranks (``torch.distributed``, the model wrapped in ``DistributedDataParallel`` or not): the hooks see
-    each rank's local batch; every factor update sums each layer's local moments ``Σ aaᵀ``, ``Σ ggᵀ`` and their row
-    and term counts into one buffer per dtype and all-reduces it once (:mod:`taskloss.curvature.distributed`), so
+    each rank's local batch; every factor update sums each layer's local moments ``Σ aaᵀ``, ``Σ ggᵀ`` (their upper
+    triangles) and their row and term counts into one buffer per dtype and all-reduces it once (:mod:`taskloss.curvature.distributed`), so
     the factors are those of one process on the concatenated batch, an uneven last batch and masks included. The
     all-reduce leaves the same bits on every rank: each rank forms the (identical) inverses itself, no inverse is
     communicated, and with DDP's averaged gradients the step is the same on every rank. For DDP's gradient to be
@@ -448,7 +455,8 @@ class KFAC:
 
     def _fold_across_ranks(self, rows: list[tuple[Tensor, Tensor]], n_terms: int) -> None:
         """Each layer's moment sums ``Σ ggᵀ``, ``R·A_local`` and row counts ``R`` of this rank, summed over the ranks in
-        one all-reduce (per dtype), folded as the moments of the concatenated batch: ``ΣS / Σn``."""
+        one all-reduce (per dtype), folded as the moments of the concatenated batch: ``ΣS / Σn``. The moments are
+        symmetric: only their upper triangles travel (:func:`~taskloss.curvature.distributed.pack_symmetric`)."""
         sums, counts = [], [float(n_terms)]
         for layer, (g, a) in zip(self.layers, rows):
             g = g.float() if g.dtype in HALF else g          # float16 / bfloat16: moments in float32, as in fold()
@@ -457,11 +465,11 @@ class KFAC:
                 a = a.float() if a.dtype in HALF else a
                 sums.append(input_moment(layer.module, a, layer.bias is not None).mul_(g.shape[1]))
                 counts.append(float(g.shape[1]))           # A's rows: one per location (R of the K·R rows of g)
-        total = all_reduce_sum(sums + [sums[0].new_tensor(counts)], self.process_group)
+        total = all_reduce_sum([pack_symmetric(m) for m in sums] + [sums[0].new_tensor(counts)], self.process_group)
         counts = total[-1].tolist()
         if counts[0] <= 0:
             raise ValueError("no loss term on any rank (every label is ignore_index or padding)")
-        moments, c = iter(total[:-1]), 1
+        moments, c = iter(unpack_symmetric(t, m.shape[0]) for t, m in zip(total[:-1], sums)), 1
         for layer in self.layers:
             G = next(moments).div_(counts[0])
             if layer.weight is not None:

@@ -181,7 +181,7 @@ def test_gloo_processes_equal_one_process_on_the_whole_batch(world):
             _same_state(res[case], single[case], exact=False)                     # = one process, to round-off
             _same_state(res[case], ranks[0][case], exact=True)                    # ranks bit-identical
     # one all-reduce per factor update (3 updates × 2 Fisher types), whatever the number of layers
-    per_update = (5 * 5 + 5 * 5) + (3 * 3 + 6 * 6) + 3          # Σ_layers (out² + cols²), then 3 counts
+    per_update = (15 + 15) + (6 + 21) + 3          # Σ_layers the triangles of G [out, out] and A [cols, cols], 3 counts
     assert ranks[0]["calls_mlp"] == [per_update * 8] * 6        # float64
     # MC labels: each rank draws its own; the factors are the count-weighted mean of each part's one-process factors
     n = torch.tensor([len(p) for p in parts], dtype=torch.float64)
