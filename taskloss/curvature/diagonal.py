@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from taskloss.curvature.distributed import check_process_group
+from taskloss.curvature.distributed import check_process_group, refuse_sharded
 from taskloss.curvature.fisher import (
     IGNORE_INDEX,
     Likelihood,
@@ -49,8 +49,8 @@ class FisherDiagonalPreconditioner:
             when initialized, else this process alone): each rank passes its local batch to ``update_statistics``
             and the diagonal is the concatenated batch's (one all-reduce per update, see
             :mod:`taskloss.curvature.fisher`), so every rank scales its (DDP-averaged) gradients identically. MC
-            labels are drawn by each rank's own generator. Parameters sharded by FSDP are not supported (the
-            diagonal is computed through ``torch.func`` on whole parameters).
+            labels are drawn by each rank's own generator. Parameters sharded by FSDP are refused (``ValueError``:
+            the diagonal is computed through ``torch.func`` on whole parameters).
 
     The model may return a ``ModelOutput`` and take a mapping of keyword tensors, its outputs may be per-token
     ``[N, T, C]`` (see :mod:`taskloss.curvature.fisher`); float16 / bfloat16 and meta parameters are refused.
@@ -69,6 +69,7 @@ class FisherDiagonalPreconditioner:
         check_not_meta("the model", model)
         self.ignore_index = check_int("ignore_index", ignore_index)
         self.process_group = check_process_group(process_group)
+        refuse_sharded(model, "FisherDiagonalPreconditioner")
         if fisher_type not in self.FISHER_TYPES:
             raise ValueError(f"fisher_type must be one of {self.FISHER_TYPES}, got {fisher_type!r}")
         check_likelihood(likelihood)

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from curvature.gloo_ranks import rank_results
-from taskloss.curvature import KFAC
+from taskloss.curvature import KFAC, FisherDiagonalPreconditioner, HessianFree
 
 N = 11                       # 2 ranks: 6 + 5 rows; 3 ranks: 4 + 4 + 3
 NS, T = 5, 4                 # per-token batch: 2 ranks 3 + 2 sequences; 3 ranks 2 + 2 + 1
@@ -119,11 +119,16 @@ def _fsdp_refusal(rank):
 
     model = _mlp()
     fully_shard(model, mesh=init_device_mesh("cpu", (dist.get_world_size(),)))
-    try:
-        KFAC(model)
-    except ValueError as e:
-        return str(e)
-    return "no error"
+    out = {}
+    for name, make in (("KFAC", lambda: KFAC(model)),
+                       ("FisherDiagonalPreconditioner", lambda: FisherDiagonalPreconditioner(model)),
+                       ("HessianFree", lambda: HessianFree(model.parameters(), model))):
+        try:
+            make()
+            out[name] = "no error"
+        except ValueError as e:
+            out[name] = str(e)
+    return out
 
 
 def rank_case(rank: int, world: int) -> dict:
@@ -193,8 +198,9 @@ def test_gloo_processes_equal_one_process_on_the_whole_batch(world):
                 _close(res["mc"][key][k], want)
     if world == 2:
         for res in ranks:
-            assert "does not support sharded parameters" in res["fsdp"]
-            assert "DistributedDataParallel" in res["fsdp"]
+            for name, message in res["fsdp"].items():
+                assert message.startswith(f"{name} does not support sharded parameters"), message
+                assert "DistributedDataParallel" in message
 
 
 def test_process_group_must_be_a_process_group():
