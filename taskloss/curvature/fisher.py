@@ -43,7 +43,8 @@ process alone): each rank passes its local batch, and the dense and diagonal cur
 concatenated batch — each rank's mean over its ``n_r`` terms weighted by ``n_r`` in one all-reduce
 (:mod:`taskloss.curvature.distributed`), an uneven last batch and masks included; every rank gets the same bits.
 :func:`ggn_operator` all-reduces its term count once and each product once. MC labels are drawn by each rank's own
-generator. The parameters must be equal on every rank (as DDP keeps them).
+generator. The parameters must be equal on every rank (as DDP keeps them). Each call is then a collective: every
+rank makes it, with at least one loss term of its own.
 """
 from __future__ import annotations
 

@@ -162,7 +162,8 @@ class KFAC:
     ``loss_sum_r · world / N_total`` (DDP divides the summed gradients by the world size). ``"mc"`` labels are
     drawn by each rank's own generator (seed them differently per rank, or the ranks draw correlated labels).
     Sharded parameters (FSDP, ``fully_shard``) are refused with ``ValueError``: a factor needs a layer's whole
-    weight gradient.
+    weight gradient. ``update_statistics`` is then a collective: every rank calls it in every step, and every rank
+    needs at least one loss term per factor update (a rank whose batch is all padding raises while the others wait).
 
     The state is composed, not inherited: ``factors`` (:class:`~taskloss.curvature.kfac_factors.KroneckerFactors`:
     ``factors.A``, ``factors.G``, ``factors.inverses``) and ``gradients``
