@@ -9,6 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
+from taskloss.curvature.distributed import check_process_group, refuse_sharded
 from taskloss.curvature.fisher import (
     IGNORE_INDEX,
     Likelihood,
@@ -44,6 +45,12 @@ class FisherDiagonalPreconditioner:
             attributes that may be changed between steps; they are checked when used and saved by ``state_dict``.
         n_samples, generator: MC labels per example and the generator drawing them (its state is checkpointed).
         ignore_index: the categorical label of a loss term that does not count (the empirical Fisher's targets).
+        process_group: the ``torch.distributed`` ranks whose batches make one batch (``None``: the default group
+            when initialized, else this process alone): each rank passes its local batch to ``update_statistics``
+            and the diagonal is the concatenated batch's (one all-reduce per update, see
+            :mod:`taskloss.curvature.fisher`), so every rank scales its (DDP-averaged) gradients identically. MC
+            labels are drawn by each rank's own generator. Parameters sharded by FSDP are refused (``ValueError``:
+            the diagonal is computed through ``torch.func`` on whole parameters).
 
     The model may return a ``ModelOutput`` and take a mapping of keyword tensors, its outputs may be per-token
     ``[N, T, C]`` (see :mod:`taskloss.curvature.fisher`); float16 / bfloat16 and meta parameters are refused.
@@ -56,11 +63,13 @@ class FisherDiagonalPreconditioner:
 
     def __init__(self, model: nn.Module, fisher_type: str = "mc", *, likelihood: Likelihood = "categorical",
                  damping: float = 1e-3, decay: float = 0.95, power: float = 1.0, n_samples: int = 1,
-                 generator: torch.Generator | None = None, ignore_index: int = IGNORE_INDEX):
+                 generator: torch.Generator | None = None, ignore_index: int = IGNORE_INDEX, process_group=None):
         if not isinstance(model, nn.Module):
             raise TypeError("model must be an nn.Module")
         check_not_meta("the model", model)
         self.ignore_index = check_int("ignore_index", ignore_index)
+        self.process_group = check_process_group(process_group)
+        refuse_sharded(model, "FisherDiagonalPreconditioner")
         if fisher_type not in self.FISHER_TYPES:
             raise ValueError(f"fisher_type must be one of {self.FISHER_TYPES}, got {fisher_type!r}")
         check_likelihood(likelihood)
@@ -102,14 +111,15 @@ class FisherDiagonalPreconditioner:
         self._check_hyperparameters()
         if self.fisher_type == "mc":
             d = mc_fisher_diagonal(self.model, self.params, inputs, self.likelihood, self.n_samples, self.generator,
-                                   mask=mask)
+                                   mask=mask, process_group=self.process_group)
         elif self.fisher_type == "empirical":
             if targets is None:
                 raise ValueError("the empirical Fisher needs the observed targets")
             d = empirical_fisher_diagonal(self.model, self.params, inputs, targets, self.likelihood, mask=mask,
-                                          ignore_index=self.ignore_index)
+                                          ignore_index=self.ignore_index, process_group=self.process_group)
         else:
-            d = ggn_diagonal(self.model, self.params, inputs, self.likelihood, mask=mask)
+            d = ggn_diagonal(self.model, self.params, inputs, self.likelihood, mask=mask,
+                             process_group=self.process_group)
         self.diagonal = d if self.diagonal is None else self.decay * self.diagonal + (1 - self.decay) * d
         return self.diagonal
 

@@ -37,6 +37,14 @@ or a function ``fn(params_dict, inputs) → outputs``. ``inputs`` is a tensor or
 :mod:`taskloss.curvature.model_io`, which also says why the transformed calls run attention under its math
 kernel. ``mask`` (a bool tensor of the outputs' leading shape) keeps the loss terms that count; by default a
 mapping's ``inputs["attention_mask"]`` of that shape does (a causal LM's padding), else every term counts.
+
+Across ``torch.distributed`` ranks (``process_group=``; ``None``: the default group when initialized, else this
+process alone): each rank passes its local batch, and the dense and diagonal curvatures are those of the
+concatenated batch — each rank's mean over its ``n_r`` terms weighted by ``n_r`` in one all-reduce
+(:mod:`taskloss.curvature.distributed`), an uneven last batch and masks included; every rank gets the same bits.
+:func:`ggn_operator` all-reduces its term count once and each product once. MC labels are drawn by each rank's own
+generator. The parameters must be equal on every rank (as DDP keeps them). Each call is then a collective: every
+rank makes it, with at least one loss term of its own.
 """
 from __future__ import annotations
 
@@ -47,6 +55,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import jvp, vjp
 
+from taskloss.curvature.distributed import all_reduce_sum, check_process_group, world_size
 from taskloss.curvature.model_io import (
     batch_size,
     call_model,
@@ -363,74 +372,95 @@ def _ef_terms(fn, params, inputs, targets, likelihood, mask, ignore_index):
 
 
 # ------------------------------------------------------------------------------------------ dense & diagonal
-def ggn_matrix(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None) -> Tensor:
+def _global_mean(stat: Tensor, n: int, process_group) -> Tensor:
+    """``stat`` (a mean over this rank's ``n`` terms) as the mean over every rank's terms: one all-reduce of
+    ``[n·stat, n]`` (``stat`` itself in one process)."""
+    check_process_group(process_group)
+    if world_size(process_group) == 1:
+        return stat
+    total, count = all_reduce_sum([stat * n, stat.new_tensor([float(n)])], process_group)
+    return total.div_(count)
+
+
+def ggn_matrix(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None, process_group=None) -> Tensor:
     """Exact GGN = exact Fisher ``(1/n) Σ_i J_iᵀ H_i J_i`` over the loss terms, a dense ``[P, P]`` matrix (small
     models only; ``mask`` keeps the terms that count, see the module docstring)."""
     fn, params = prepare(model_or_fn, params, inputs)
     out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
     factors = _exact_factors(flat, likelihood, valid)
-    return dense_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), _n_terms(flat, valid))
+    n = _n_terms(flat, valid)
+    return _global_mean(dense_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), n), n, process_group)
 
 
 fisher_matrix = ggn_matrix  # the Fisher of a categorical / unit-variance Gaussian likelihood is the GGN
 
 
 def mc_fisher(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", n_samples: int = 1,
-              generator: torch.Generator | None = None, *, mask=None) -> Tensor:
+              generator: torch.Generator | None = None, *, mask=None, process_group=None) -> Tensor:
     """Monte-Carlo Fisher ``[P, P]``: ``(1/nS) Σ_{i,s} g_{is} g_{is}ᵀ`` with ``g_{is} = ∇_θ ℓ(f_i, ŷ_{is})`` and
     ``ŷ_{is} ~ p(·|f_i)`` over the loss terms that count (``generator`` makes the draws reproducible)."""
     fn, params = prepare(model_or_fn, params, inputs)
     out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
     factors = _mc_factors(flat, likelihood, n_samples, generator, valid)
-    return dense_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), _n_terms(flat, valid))
+    n = _n_terms(flat, valid)
+    return _global_mean(dense_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), n), n, process_group)
 
 
 def empirical_fisher(model_or_fn, params, inputs, targets: Tensor, likelihood: Likelihood = "categorical", *,
-                     mask=None, ignore_index: int = IGNORE_INDEX) -> Tensor:
+                     mask=None, process_group=None, ignore_index: int = IGNORE_INDEX) -> Tensor:
     """Empirical Fisher ``[P, P]``: ``(1/n) Σ_i g_i g_iᵀ`` with per-term gradients at the observed labels (terms
     labelled ``ignore_index`` do not count)."""
     fn, params = prepare(model_or_fn, params, inputs)
     flat, factors, valid, lead = _ef_terms(fn, params, inputs, targets, likelihood, mask, ignore_index)
-    return dense_sum(jt_factors(fn, params, inputs, factors, lead, valid), _n_terms(flat, valid))
+    n = _n_terms(flat, valid)
+    return _global_mean(dense_sum(jt_factors(fn, params, inputs, factors, lead, valid), n), n, process_group)
 
 
-def ggn_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None) -> Tensor:
+def ggn_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None, process_group=None) -> Tensor:
     """Exact diagonal of the GGN/Fisher, flat ``[P]`` (C vjps per loss term through ``H_i = L_i L_iᵀ``)."""
     fn, params = prepare(model_or_fn, params, inputs)
     out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
     factors = _exact_factors(flat, likelihood, valid)
-    return diagonal_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), _n_terms(flat, valid))
+    n = _n_terms(flat, valid)
+    return _global_mean(diagonal_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), n), n, process_group)
 
 
 def mc_fisher_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categorical",
-                       n_samples: int = 1, generator: torch.Generator | None = None, *, mask=None) -> Tensor:
+                       n_samples: int = 1, generator: torch.Generator | None = None, *, mask=None, process_group=None) -> Tensor:
     """Diagonal of :func:`mc_fisher`, flat ``[P]``."""
     fn, params = prepare(model_or_fn, params, inputs)
     out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
     factors = _mc_factors(flat, likelihood, n_samples, generator, valid)
-    return diagonal_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), _n_terms(flat, valid))
+    n = _n_terms(flat, valid)
+    return _global_mean(diagonal_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), n), n, process_group)
 
 
 def empirical_fisher_diagonal(model_or_fn, params, inputs, targets: Tensor,
-                              likelihood: Likelihood = "categorical", *, mask=None,
+                              likelihood: Likelihood = "categorical", *, mask=None, process_group=None,
                               ignore_index: int = IGNORE_INDEX) -> Tensor:
     """Diagonal of :func:`empirical_fisher` (mean of squared per-term gradients), flat ``[P]``."""
     fn, params = prepare(model_or_fn, params, inputs)
     flat, factors, valid, lead = _ef_terms(fn, params, inputs, targets, likelihood, mask, ignore_index)
-    return diagonal_sum(jt_factors(fn, params, inputs, factors, lead, valid), _n_terms(flat, valid))
+    n = _n_terms(flat, valid)
+    return _global_mean(diagonal_sum(jt_factors(fn, params, inputs, factors, lead, valid), n), n, process_group)
 
 
 # ---------------------------------------------------------------------------------------- matrix-free GGN
-def ggn_operator(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None) -> Callable:
+def ggn_operator(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None,
+                 process_group=None) -> Callable:
     """A matvec ``v ↦ G v`` (flat ``[P]`` or dict) at fixed params: one forward now, then jvp → H → vjp per call.
 
     The parameters are copied: the operator stays the GGN at the point where it was built even if they move. The
     vector must be finite and match the parameters' names, shapes and dtypes (``ValueError`` / ``TypeError``); a
     model function whose outputs change between calls (train-mode dropout) raises ``ValueError``. ``mask`` keeps
-    the loss terms that count (see the module docstring).
+    the loss terms that count (see the module docstring). Across ranks (``process_group``) the GGN is that of the
+    concatenated batch: the term counts are all-reduced once here and every product once (every rank must call it
+    with the same vector); the operator's ``n_terms`` attribute is ``(this rank's terms, every rank's)``.
     """
     fn, params = prepare(model_or_fn, params, inputs)
     check_likelihood(likelihood)
+    check_process_group(process_group)
+    world = world_size(process_group)
     params = {k: p.clone() for k, p in params.items()}  # the GGN at this point, even if the parameters move later
     n = batch_size(inputs)
 
@@ -446,7 +476,10 @@ def ggn_operator(model_or_fn, params, inputs, likelihood: Likelihood = "categori
     if out.shape[0] != n:
         raise ValueError(f"model returned {out.shape[0]} outputs for {n} inputs")
     valid = loss_term_mask(default_mask(mask, inputs, out.shape[:-1]), out.shape[:-1], out.device)
-    n_terms = out.shape[:-1].numel() if valid is None else int(valid.sum())
+    local_terms = out.shape[:-1].numel() if valid is None else int(valid.sum())
+    n_terms = local_terms
+    if world > 1:
+        n_terms = int(all_reduce_sum([torch.tensor([local_terms], dtype=torch.float64)], process_group)[0])
     weight = None if valid is None else valid.unsqueeze(-1).to(out.dtype)
 
     def matvec(v):
@@ -465,13 +498,17 @@ def ggn_operator(model_or_fn, params, inputs, likelihood: Likelihood = "categori
                              "(train-mode Dropout?): the GGN needs a deterministic function; call model.eval()")
         hjv = _apply_output_hessian(out, jv, likelihood)
         (res,) = vjp_fn((hjv if weight is None else hjv * weight) / n_terms)
+        if world > 1:        # the ranks' sums over their terms, already divided by the global count: one all-reduce
+            res = dict(zip(res, all_reduce_sum(list(res.values()), process_group)))
         return res if as_dict else flatten(res)
 
+    matvec.n_terms = (local_terms, n_terms)
     return matvec
 
 
-def ggn_vector_product(model_or_fn, params, inputs, v, likelihood: Likelihood = "categorical", *, mask=None):
+def ggn_vector_product(model_or_fn, params, inputs, v, likelihood: Likelihood = "categorical", *, mask=None,
+                       process_group=None):
     """``G v`` without forming ``G`` (jvp → output Hessian → vjp). ``v`` flat ``[P]`` or dict (finite, same dtype as the
-    parameters); returns the same kind; ``mask`` as in :func:`ggn_operator`. Derived in notebook
+    parameters); returns the same kind; ``mask`` and ``process_group`` as in :func:`ggn_operator`. Derived in notebook
     07_fisher_approximations."""
-    return ggn_operator(model_or_fn, params, inputs, likelihood, mask=mask)(v)
+    return ggn_operator(model_or_fn, params, inputs, likelihood, mask=mask, process_group=process_group)(v)

@@ -11,8 +11,10 @@ import warnings
 from typing import Callable, Mapping
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.parallel import DistributedDataParallel
 
+from taskloss.curvature.distributed import all_reduce_sum, check_process_group, refuse_sharded, world_size
 from taskloss.curvature.fisher import Likelihood, check_likelihood, ggn_operator
 from taskloss.curvature.model_io import HALF, check_precision
 from taskloss.utils import (
@@ -203,6 +205,12 @@ def hessian_free_direction(model_or_fn, params, inputs, grad, likelihood: Likeli
 
 
 # ------------------------------------------------------------------------------------------------ optimizers
+def _weighted_sum(x: Tensor, n_terms: tuple[int, int], process_group) -> Tensor:
+    """``Σ_r (n_r / n) x_r`` over the ranks, for ``n_terms = (n_r, n)``: one all-reduce."""
+    local, total = n_terms
+    return all_reduce_sum([x * (local / total)], process_group)[0]
+
+
 class HessianFree(torch.optim.Optimizer):
     """Hessian-free natural gradient (truncated Gauss-Newton), after Martens, "Deep learning via Hessian-free
     optimization" (ICML 2010). Derived in notebook 07_fisher_approximations.
@@ -238,6 +246,12 @@ class HessianFree(torch.optim.Optimizer):
         adapt_damping: Levenberg-Marquardt adaptation of λ (and undoing of steps that raise the loss).
         warm_start: the factor on the previous direction CG starts from.
         min_damping: the floor of the adapted λ.
+        process_group: the ``torch.distributed`` ranks whose batches make one batch (``None``: the default group
+            when initialized, else this process alone). Each rank's closure runs on its local batch with the plain
+            module (not a ``DistributedDataParallel`` wrapper: the step combines the gradients itself); the
+            gradient and the loss are the concatenated batch's (each rank's mean weighted by its loss terms, one
+            all-reduce), each GGN-vector product one all-reduce (:func:`~taskloss.curvature.fisher.ggn_operator`),
+            and CG, the damping adaptation and the step are then the same on every rank.
 
     ``state_dict()`` holds λ and the previous direction, so a restored optimizer continues bit-identically.
     ``last_info`` holds CG's info of the last step and ``loss``, ``damping``, ``rho``, ``new_loss``, ``accepted``.
@@ -252,9 +266,15 @@ class HessianFree(torch.optim.Optimizer):
 
     def __init__(self, params, model_fn, *, lr: float = 1.0, damping: float = 1.0, cg_iters: int = 20,
                  cg_tol: float = 1e-6, likelihood: Likelihood = "categorical", adapt_damping: bool = True,
-                 warm_start: float = 0.95, min_damping: float = 1e-8):
+                 warm_start: float = 0.95, min_damping: float = 1e-8, process_group=None):
         if not callable(model_fn):
             raise TypeError("model_fn must be an nn.Module or a callable fn(params, inputs)")
+        if isinstance(model_fn, DistributedDataParallel):
+            raise TypeError("HessianFree combines the ranks' gradients itself: pass the module inside the "
+                            "DistributedDataParallel wrapper (model_fn=ddp.module) and process_group=")
+        if isinstance(model_fn, nn.Module):
+            refuse_sharded(model_fn, "HessianFree")
+        self.process_group = check_process_group(process_group)
         check_likelihood(likelihood)
         self.model_fn, self.likelihood = model_fn, likelihood
         self.adapt_damping = check_bool("adapt_damping", adapt_damping)
@@ -318,6 +338,12 @@ class HessianFree(torch.optim.Optimizer):
             check_positive("lr", g["lr"])
         return out
 
+    def _global_gradient(self, g: Tensor, value: float, n_terms: tuple[int, int]) -> tuple[Tensor, float]:
+        """The concatenated batch's gradient and loss from this rank's means over its terms (one all-reduce)."""
+        both = torch.cat([g, g.new_tensor([value])])
+        both = _weighted_sum(both, n_terms, self.process_group)
+        return both[:-1], float(both[-1])
+
     @torch.no_grad()
     def step(self, closure):  # type: ignore[override]
         """One Hessian-free step (see the class docstring).
@@ -342,9 +368,11 @@ class HessianFree(torch.optim.Optimizer):
         ps = [p for _, p in live]
         loss, value, (inputs, mask) = self._call(closure)
         g = flat_gradient(ps)
-        check_finite("gradient", g)
         params = {self._names[id(p)]: p.detach() for p in ps}
-        op = ggn_operator(self.model_fn, params, inputs, self.likelihood, mask=mask)
+        op = ggn_operator(self.model_fn, params, inputs, self.likelihood, mask=mask, process_group=self.process_group)
+        if world_size(self.process_group) > 1:
+            g, value = self._global_gradient(g, value, op.n_terms)
+        check_finite("gradient", g)
         state = self.state[ps[0]]
         x0 = state["direction"] * h["warm_start"] if "direction" in state else None
         d, info = conjugate_gradient(op, g, damping=h["damping"], max_iter=h["cg_iters"], tol=h["cg_tol"], x0=x0,
@@ -369,6 +397,9 @@ class HessianFree(torch.optim.Optimizer):
         info.update(loss=value, damping=h["damping"])
         if self.adapt_damping:
             new_loss = self._call(closure, finite=False)[1]  # NaN: the step is undone below
+            if world_size(self.process_group) > 1:
+                new_loss = float(_weighted_sum(torch.tensor([new_loss], dtype=torch.float64), op.n_terms,
+                                               self.process_group))
             rho = (new_loss - value) / predicted if predicted < 0 else -1.0
             damping = h["damping"]
             if rho > 0.75:

@@ -74,12 +74,22 @@ from typing import Mapping
 import torch
 from torch import Tensor, nn
 
+from taskloss.curvature.distributed import (
+    all_reduce_sum,
+    check_process_group,
+    pack_symmetric,
+    refuse_sharded,
+    unpack_symmetric,
+    world_size,
+)
 from taskloss.curvature.fisher import IGNORE_INDEX, LIKELIHOODS
 from taskloss.curvature.kfac_coverage import KFACCoverage, find_layers
 from taskloss.curvature.kfac_factors import DAMPING_MODES, KroneckerFactors
 from taskloss.curvature.kfac_gradients import LayerGradients
+from taskloss.curvature.kfac_math import input_moment, second_moment
 from taskloss.curvature.kfac_terms import factor_rows, loss_terms, output_cotangents, padding_mask
 from taskloss.curvature.model_io import (
+    HALF,
     check_inputs,
     model_logits,
     random_modules,
@@ -139,6 +149,21 @@ class KFAC:
             checkpoints).
         skip_unsupported: see ``model``.
         ignore_index: the categorical label of a loss term that does not count (``update_statistics``' targets).
+        process_group: the ``torch.distributed`` ranks whose batches make one batch (``None``: the default group
+            when ``torch.distributed`` is initialized, else this process alone). See "Across ranks" below.
+
+    Across ranks (``torch.distributed``, the model wrapped in ``DistributedDataParallel`` or not): the hooks see
+    each rank's local batch; every factor update sums each layer's local moments ``Σ aaᵀ``, ``Σ ggᵀ`` (their upper
+    triangles) and their row and term counts into one buffer per dtype and all-reduces it once (:mod:`taskloss.curvature.distributed`), so
+    the factors are those of one process on the concatenated batch, an uneven last batch and masks included. The
+    all-reduce leaves the same bits on every rank: each rank forms the (identical) inverses itself, no inverse is
+    communicated, and with DDP's averaged gradients the step is the same on every rank. For DDP's gradient to be
+    the concatenated batch's mean when the ranks hold unequal batches, scale the local loss as
+    ``loss_sum_r · world / N_total`` (DDP divides the summed gradients by the world size). ``"mc"`` labels are
+    drawn by each rank's own generator (seed them differently per rank, or the ranks draw correlated labels).
+    Sharded parameters (FSDP, ``fully_shard``) are refused with ``ValueError``: a factor needs a layer's whole
+    weight gradient. ``update_statistics`` is then a collective: every rank calls it in every step, and every rank
+    needs at least one loss term per factor update (a rank whose batch is all padding raises while the others wait).
 
     The state is composed, not inherited: ``factors`` (:class:`~taskloss.curvature.kfac_factors.KroneckerFactors`:
     ``factors.A``, ``factors.G``, ``factors.inverses``) and ``gradients``
@@ -164,10 +189,12 @@ class KFAC:
                  damping_mode: str = "eigen", kl_clip: float | None = None,
                  optimizer: torch.optim.Optimizer | None = None, n_samples: int = 1,
                  generator: torch.Generator | None = None, skip_unsupported: bool = False,
-                 ignore_index: int = IGNORE_INDEX):
+                 ignore_index: int = IGNORE_INDEX, process_group=None):
         if not isinstance(model, nn.Module):
             raise TypeError("model must be an nn.Module")
         check_not_meta("the model", model)
+        refuse_sharded(model, "KFAC")
+        self.process_group = check_process_group(process_group)
         self.ignore_index = check_int("ignore_index", ignore_index)
         if fisher_type not in self.FISHER_TYPES:
             raise ValueError(f"fisher_type must be one of {self.FISHER_TYPES}, got {fisher_type!r}")
@@ -401,6 +428,18 @@ class KFAC:
         if unused:
             raise ValueError(f"outputs do not depend on layers {unused}: the outputs must come from the forward pass "
                              "the hooks recorded (with grad enabled)")
+        rows = self._factor_rows(grads, terms, pad)
+        if world_size(self.process_group) > 1:
+            self._fold_across_ranks(rows, n_terms)
+            return
+        for layer, (g, a) in zip(self.layers, rows):
+            # folded into the running averages in place (one addmm per factor; the first batch starts them)
+            self.factors.fold(layer, g.reshape(-1, g.shape[-1]), n_terms, a, self.decay)
+
+    def _factor_rows(self, grads, terms: Tensor | None, pad: Tensor | None) -> list[tuple[Tensor, Tensor]]:
+        """Per layer, the output gradients ``[K, R, out]`` (``K`` draws of ``R`` rows) and the input they go with,
+        the masked rows left out."""
+        rows = []
         for layer, g in zip(self.layers, grads):
             a = self._inputs[layer.name][0]
             if isinstance(layer.module, nn.Conv2d):
@@ -412,8 +451,33 @@ class KFAC:
                         raise ValueError(f"layer {layer.name!r}: no row is left after masking")
                     a = a.reshape(-1, a.shape[-1])[keep]
                     g = g.reshape(g.shape[0], -1, g.shape[-1])[:, keep]
-            # folded into the running averages in place (one addmm per factor; the first batch starts them)
-            self.factors.fold(layer, g.reshape(-1, g.shape[-1]), n_terms, a, self.decay)
+            rows.append((g.reshape(g.shape[0], -1, g.shape[-1]), a))
+        return rows
+
+    def _fold_across_ranks(self, rows: list[tuple[Tensor, Tensor]], n_terms: int) -> None:
+        """Each layer's moment sums ``Σ ggᵀ``, ``R·A_local`` and row counts ``R`` of this rank, summed over the ranks in
+        one all-reduce (per dtype), folded as the moments of the concatenated batch: ``ΣS / Σn``. The moments are
+        symmetric: only their upper triangles travel (:func:`~taskloss.curvature.distributed.pack_symmetric`)."""
+        sums, counts = [], [float(n_terms)]
+        for layer, (g, a) in zip(self.layers, rows):
+            g = g.float() if g.dtype in HALF else g          # float16 / bfloat16: moments in float32, as in fold()
+            sums.append(second_moment(g.reshape(-1, g.shape[-1]), 1))
+            if layer.weight is not None:
+                a = a.float() if a.dtype in HALF else a
+                sums.append(input_moment(layer.module, a, layer.bias is not None).mul_(g.shape[1]))
+                counts.append(float(g.shape[1]))           # A's rows: one per location (R of the K·R rows of g)
+        total = all_reduce_sum([pack_symmetric(m) for m in sums] + [sums[0].new_tensor(counts)], self.process_group)
+        counts = total[-1].tolist()
+        if counts[0] <= 0:
+            raise ValueError("no loss term on any rank (every label is ignore_index or padding)")
+        moments, c = iter(unpack_symmetric(t, m.shape[0]) for t, m in zip(total[:-1], sums)), 1
+        for layer in self.layers:
+            G = next(moments).div_(counts[0])
+            if layer.weight is not None:
+                A, c = next(moments).div_(counts[c]), c + 1
+            else:
+                A = None
+            self.factors.fold_moments(layer, A, G, self.decay)
 
     # ------------------------------------------------------------------------------------------ the gradients
     @property

@@ -113,6 +113,25 @@ class KroneckerFactors:
         elif k not in self.A:  # bias-only block: a = 1, A = [[1]] for ever
             self.A[k] = g.new_ones(1, 1)
 
+    @torch.no_grad()
+    def fold_moments(self, layer: KFACLayer, A: Tensor | None, G: Tensor, decay: float) -> None:
+        """Fold a batch's moments formed elsewhere (the concatenated batch of several ranks) into the layer's running
+        factors, ``F ← decay·F + (1 − decay)·F_batch``.
+
+        Args:
+            layer: the layer.
+            A: the batch's input moment ``[cols, cols]`` (``None`` for a bias-only block: ``A = [[1]]``).
+            G: the batch's output-gradient moment ``[out, out]``.
+            decay: the running-average weight of the old factors.
+        """
+        k = layer.name
+        if A is None:
+            A = self.A.get(k, G.new_ones(1, 1))
+        elif k in self.A and decay != 0:
+            A = self.A[k].mul_(decay).add_(A, alpha=1 - decay)
+        self.G[k] = self.G[k].mul_(decay).add_(G, alpha=1 - decay) if k in self.G and decay != 0 else G
+        self.A[k] = A
+
     # ------------------------------------------------------------------------------------------------ inverses
     def refresh(self, damping: float, new_basis: bool) -> None:
         """Form the damped inverses of every layer's factors.

@@ -103,6 +103,12 @@ class NaturalGradientDescent(torch.optim.Optimizer):
     Hyperparameters live in ``param_groups`` (checked at every step; a learning-rate scheduler works) and round-trip
     through ``state_dict``; there is no other state. Float16 / bfloat16 parameters are stepped with the direction
     solved in float32 (:func:`natural_gradient`); meta tensors are refused.
+
+    Across ``torch.distributed`` ranks: the gradient is DDP's (wrap the model in ``DistributedDataParallel``, the
+    local loss scaled as ``loss_sum_r · world / N_total`` when the ranks hold unequal batches) and ``fisher`` the
+    concatenated batch's, e.g. ``lambda: ggn_matrix(ddp.module, None, local_inputs)`` (the Fisher functions
+    all-reduce over the default group, or ``process_group=``): every rank then solves the same system and takes the
+    same step. A dense Fisher needs whole parameters: FSDP-sharded models are not supported.
     """
 
     def __init__(self, params, fisher: Callable[[], torch.Tensor], lr: float = 0.1, damping: float = 0.0):
