@@ -10,7 +10,12 @@
 * :func:`peak_bytes` — peak memory of one call above what is live before it: on CUDA
   ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``; on CPU the allocator trace of
   ``torch.profiler`` (``profile_memory=True``) — the maximum of its running "Total Allocated" counter minus its
-  first value, i.e. bytes handed out by torch's CPU allocator, not RSS.
+  first value, i.e. bytes handed out by torch's CPU allocator, not RSS;
+* :func:`rss_peak_delta` — the peak resident set size of the process during one call above its RSS before it
+  (Linux: the kernel's high-water mark ``VmHWM``, reset before the call): what the operating system sees, allocator
+  caching and fragmentation included; run it in a fresh process per measurement;
+* :func:`run_worker` — one measurement in a fresh Python process (``script --worker JSON``), its JSON result;
+* :func:`value_range` — ``"lo–hi"`` (or one value) of repeated measurements, for the tables.
 """
 from __future__ import annotations
 
@@ -19,6 +24,7 @@ import contextlib
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -26,7 +32,8 @@ from typing import Callable
 
 import torch
 
-__all__ = ["sync", "median_time", "interleaved_median_times", "peak_bytes"]
+__all__ = ["sync", "median_time", "interleaved_median_times", "peak_bytes", "allocator_peak", "rss_peak_delta",
+           "run_worker", "value_range"]
 
 
 def sync(device: torch.device) -> None:
@@ -89,6 +96,13 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
     from torch.profiler import ProfilerActivity, profile
     with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
         fn()
+    return allocator_peak(prof)
+
+
+def allocator_peak(prof) -> int:
+    """The CPU allocator's peak in bytes above its first value over a finished ``torch.profiler.profile(...,
+    profile_memory=True)`` (what :func:`peak_bytes` reads; separate so a caller can measure other things inside
+    the profiled block and read the trace after it)."""
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "trace.json")
         prof.export_chrome_trace(path)
@@ -97,6 +111,50 @@ def peak_bytes(fn: Callable[[], object], device: torch.device) -> int:
     totals = [e["args"]["Total Allocated"] for e in events
               if e.get("name") == "[memory]" and e.get("args", {}).get("Device Type", 0) == 0]
     return (max(totals) - totals[0]) if totals else 0
+
+
+def _status_kib(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    raise RuntimeError(f"/proc/self/status has no {field} line")
+
+
+def rss_peak_delta(fn: Callable[[], object]) -> tuple[object, int]:
+    """``(fn(), bytes)``: the process's peak RSS during the call minus its RSS just before it. Linux only: the
+    high-water mark is reset by writing ``5`` to ``/proc/self/clear_refs`` (kernel ≥ 4.0) and read from
+    ``/proc/self/status`` (``VmHWM``); freed memory the allocator keeps from earlier calls is reused without
+    raising RSS, so measure in a fresh process (one call per process) for a faithful peak."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError as e:
+        raise RuntimeError(f"cannot reset the peak RSS (needs Linux /proc/self/clear_refs): {e}") from None
+    before = _status_kib("VmRSS")
+    if _status_kib("VmHWM") > before + 1024:
+        raise RuntimeError("the peak RSS was not reset (VmHWM stays above VmRSS)")
+    out = fn()
+    return out, (_status_kib("VmHWM") - before) * 1024
+
+
+def run_worker(script: str, spec: dict, env: dict | None = None, timeout: float | None = None) -> dict:
+    """Run ``python script --worker JSON(spec)`` in a fresh process (offline, ``env`` added to the environment) and
+    return the JSON object it prints last; on failure ``spec`` with ``error`` set to the exit status and the last
+    line of its stderr."""
+    full_env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", **(env or {}))
+    proc = subprocess.run([sys.executable, script, "--worker", json.dumps(spec)], capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+    if proc.returncode != 0:
+        return dict(spec, error=f"exit {proc.returncode}: {' '.join(proc.stderr.strip().splitlines()[-1:])}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def value_range(values, fmt: Callable[[float], str]) -> str:
+    """``fmt(min)–fmt(max)`` of repeated measurements, or one ``fmt(value)`` when they print alike."""
+    values = sorted(values)
+    lo, hi = fmt(values[0]), fmt(values[-1])
+    return lo if lo == hi else f"{lo}–{hi}"
 
 
 @contextlib.contextmanager

@@ -7,6 +7,9 @@ CPU and GPU figures live side by side.
     python benchmarks/run_all.py                 # all benchmarks, device auto
     python benchmarks/run_all.py --device cuda --only mgs emo
     python benchmarks/run_all.py --quick         # smaller sizes (smoke run)
+
+``--device cuda`` on a machine without CUDA stops at once with exit status 2 (``benchmarks/gpu_check.sh`` runs the
+GPU block: the CUDA tests and every benchmark on cuda, into one folder).
 """
 from __future__ import annotations
 
@@ -117,6 +120,12 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", default=None, help="topics, e.g. mgs emo curvature")
     ap.add_argument("--output", default=str(RESULTS))
     args = ap.parse_args(argv)
+    if args.device == "cuda":
+        import torch
+        if not torch.cuda.is_available():
+            print(f"--device cuda: torch {torch.__version__} sees no CUDA device (torch.cuda.is_available() is False;"
+                  f" CUDA build: {torch.version.cuda or 'none, a CPU wheel'}); nothing was run", file=sys.stderr)
+            return 2
     scripts = sorted(HERE.glob("bench_*.py"))
     if args.only:
         scripts = [s for s in scripts if s.stem.removeprefix("bench_") in args.only]

@@ -85,7 +85,10 @@ class EmbeddingIntegratedGradients:
             target: as in :meth:`taskloss.attribution.IntegratedGradients.attribute`.
             n_steps: number of quadrature nodes.
             method: quadrature rule, one of :data:`taskloss.attribution.quadrature.METHODS`.
-            internal_batch_size: at most this many sequences per forward/backward pass.
+            internal_batch_size: at most this many sequences (path points) per forward/backward pass, whatever
+                ``n_steps``: the activation memory is one pass of this many sequences, and a value below B splits
+                a step's sequences (Captum's chunks hold whole steps, at least B rows). For a long context, let
+                ``forward_fn`` compute only the logits it reads (e.g. ``logits_to_keep=1`` in Hugging Face models).
             additional_forward_args: extra arguments of ``forward_fn``; tensors with ``B`` rows follow their example.
             sum_embedding: sum the attributions over the embedding dimension (``[B, T]``); else ``[B, T, d]``.
 

@@ -5,7 +5,8 @@
   interleaved per query (y = [p_1, h_1…, p_2, h_2…]), ours are appended columns — the same softmax, reordered.
   The functional API (``cached``) is used as published; the ``GradCache`` class is imported after aliasing the
   module name its file imports (``grad_cache``, the repository's name, absent from the 0.0.1 wheel).
-* sentence-transformers' ``CachedMultipleNegativesRankingLoss`` on all-MiniLM-L6-v2: cosine similarity × scale
+* sentence-transformers' ``CachedMultipleNegativesRankingLoss`` on a SentenceTransformer of all-MiniLM-L6-v2's
+  layout (a small BERT from a config with MiniLM's tokenizer): cosine similarity × scale
   (20) = unit embeddings with ``temperature = 1/scale``; its ``directions=("query_to_doc", "doc_to_query"),
   partition_mode="per_direction"`` is our ``symmetric=True``; triplets' negatives are our hard negatives.
 
@@ -120,11 +121,24 @@ def _sentences(n, seed):
 
 
 @pytest.fixture(scope="module")
-def st_model():
+def st_model(tmp_path_factory):
+    """A SentenceTransformer of all-MiniLM-L6-v2's layout (BERT → mean pooling → normalization, MiniLM's tokenizer,
+    dropout 0.1) around a 2-layer, width-32 BERT built from a config: the peer's conventions and RNG replay are
+    what is compared, and they do not depend on the encoder's size (the full MiniLM took 2 s a case)."""
     st = pytest.importorskip("sentence_transformers")
+    from sentence_transformers.sentence_transformer import modules
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
     from taskloss.datasets.tokenizer import minilm_path
 
-    return st.SentenceTransformer(str(minilm_path()), device="cpu")
+    folder = str(tmp_path_factory.mktemp("tiny_bert"))
+    torch.manual_seed(0)
+    BertModel(BertConfig(vocab_size=30522, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                         intermediate_size=64, max_position_embeddings=64)).save_pretrained(folder)
+    AutoTokenizer.from_pretrained(str(minilm_path()), local_files_only=True).save_pretrained(folder)
+    tr = modules.Transformer(folder, max_seq_length=32)
+    return st.SentenceTransformer(modules=[tr, modules.Pooling(tr.get_embedding_dimension(), "mean"),
+                                           modules.Normalize()], device="cpu")
 
 
 @pytest.mark.slow
