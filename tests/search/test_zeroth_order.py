@@ -240,3 +240,31 @@ def test_mezo_sigma_and_n_samples_are_shared_by_the_groups():
     opt.param_groups[1]["sigma"] = 0.1
     with pytest.raises(ValueError, match="one sigma shared by all parameter groups"):
         opt.step(lambda: model(torch.ones(1, 3)).sum())
+
+
+def test_mezo_draws_a_large_parameters_noise_in_blocks_with_the_same_numbers(monkeypatch):
+    # 4 x 96 = 384 entries in blocks of 64 (NOISE_BLOCK patched down): no randn call larger than a block, and the
+    # same step as one draw of the whole parameter (CPU: blocks of a multiple of 16 continue one another exactly)
+    def run(block):
+        monkeypatch.setattr(ZO, "NOISE_BLOCK", block)
+        torch.manual_seed(0)
+        model = torch.nn.Linear(96, 4).double()
+        X, Y = torch.randn(8, 96, dtype=torch.float64), torch.randn(8, 4, dtype=torch.float64)
+        sizes, randn = [], torch.randn
+
+        def recording(*shape, **kw):
+            out = randn(*shape, **kw)
+            sizes.append(out.numel())
+            return out
+
+        monkeypatch.setattr(ZO.torch, "randn", recording)
+        opt = ZO.MeZO(model.parameters(), lr=0.1, sigma=1e-2, n_samples=2, seed=3)
+        losses = [opt.step(lambda: F.mse_loss(model(X), Y)) for _ in range(2)]
+        monkeypatch.setattr(ZO.torch, "randn", randn)
+        return [p.detach().clone() for p in model.parameters()], losses, max(sizes)
+
+    (w_blocks, b_blocks), losses_blocks, largest = run(64)
+    (w_whole, b_whole), losses_whole, largest_whole = run(1 << 20)
+    assert largest == 64 and largest_whole == 384
+    assert torch.equal(w_blocks, w_whole) and torch.equal(b_blocks, b_whole)
+    assert [float(v) for v in losses_blocks] == [float(v) for v in losses_whole]
