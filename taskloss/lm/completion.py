@@ -31,7 +31,16 @@ from taskloss.datasets.corpus import lm_blocks, load_corpus, prefix_continuation
 from taskloss.datasets.tokenizer import Tokenizer
 from taskloss.lm.causal_lm import greedy_decode
 from taskloss.losses import metrics
-from taskloss.utils import INDEX_DTYPES, check_bool, check_device, check_dtype, check_int, check_nonempty, eval_mode
+from taskloss.utils import (
+    INDEX_DTYPES,
+    check_bool,
+    check_device,
+    check_dtype,
+    check_int,
+    check_nonempty,
+    eval_mode,
+    is_transformed,
+)
 
 __all__ = [
     "TASK_LOSSES", "parse_task_loss",
@@ -187,7 +196,17 @@ def block_nll(model: nn.Module, blocks: torch.Tensor) -> torch.Tensor:
     Token ids may be int64 or int32, as the models take them (:data:`taskloss.utils.INDEX_DTYPES`)."""
     _check_blocks(blocks)
     logits = model(blocks[:, :-1])
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), blocks[:, 1:].reshape(-1).long())
+    targets = blocks[:, 1:]
+    _check_targets(targets, logits.shape[-1])
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
+
+
+def _check_targets(targets: torch.Tensor, vocab_size: int) -> None:
+    """The last column of a block is a target only, never an input: the model's own id check does not see it."""
+    if not is_transformed(targets):
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"blocks hold target ids in [{lo}, {hi}], outside the model's [0, {vocab_size})")
 
 
 def _check_blocks(blocks) -> None:
@@ -333,6 +352,7 @@ def perplexity(model: nn.Module, blocks: torch.Tensor, batch_size: int = 32) -> 
         for i in range(0, blocks.shape[0], batch_size):
             b = blocks[i:i + batch_size].to(dev)
             logits = model(b[:, :-1]).float()
+            _check_targets(b[:, 1:], logits.shape[-1])
             total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b[:, 1:].reshape(-1).long(),
                                            reduction="sum"))
             count += b[:, 1:].numel()
