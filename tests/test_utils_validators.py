@@ -202,3 +202,18 @@ def test_int32_token_ids_give_the_int64_results():
     with pytest.raises(TypeError, match=r"blocks must hold integer token ids \(int64 or int32\), got dtype "
                                         r"torch.float32"):
         block_nll(lm, blocks.float())
+
+
+def test_out_of_range_target_in_the_last_column_is_a_clear_error():
+    """The last column of a block is a target only: the model's id check never sees it (was an IndexError from
+    cross_entropy)."""
+    from taskloss.lm import block_nll, perplexity
+    lm = _lm()
+    blocks = torch.randint(0, 13, (2, 5), generator=torch.Generator().manual_seed(0))
+    for bad in (13, -1):
+        b = blocks.clone()
+        b[0, -1] = bad
+        with pytest.raises(ValueError, match=r"blocks hold target ids in \[.*\], outside the model's \[0, 13\)"):
+            block_nll(lm, b)
+        with pytest.raises(ValueError, match="outside the model's"):
+            perplexity(lm, b)
