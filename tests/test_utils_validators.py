@@ -217,3 +217,11 @@ def test_out_of_range_target_in_the_last_column_is_a_clear_error():
             block_nll(lm, b)
         with pytest.raises(ValueError, match="outside the model's"):
             perplexity(lm, b)
+
+
+def test_half_precision_gaussian_proposal_refused_at_construction():
+    """log_prob's triangular solve has no float16 / bfloat16 kernel: refused when built, not when first used."""
+    from taskloss.sampling import GaussianProposal
+    for dt in (torch.float16, torch.bfloat16):
+        with pytest.raises(TypeError, match=f"mean has dtype {dt}; accepted: float32, float64"):
+            GaussianProposal(torch.zeros(2, dtype=dt), scale=1.0)

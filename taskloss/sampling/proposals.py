@@ -17,6 +17,7 @@ from taskloss.sampling.ball import log_ball_volume
 from taskloss.utils import (
     LINALG_DTYPES,
     all_finite,
+    check_dtype,
     check_finite,
     check_floating,
     check_generator,
@@ -51,11 +52,14 @@ def _check_points(x: torch.Tensor, d: int) -> None:
 class GaussianProposal:
     """N(mean, Σ) with ``mean [d]`` and either ``scale`` (std: a float or a ``[d]`` tensor, diagonal Σ) or
     ``cov [d, d]`` (symmetric positive definite). ``sample(n, generator) → [n, d]``, ``log_prob([..., d])``.
+    ``mean`` is float32 or float64 (the triangular solve of ``log_prob``); ``cov`` must share its dtype, a
+    ``scale`` tensor is cast to it.
     Derived in notebook 01_optimization_as_sampling."""
 
     def __init__(self, mean: torch.Tensor, scale: float | torch.Tensor | None = None,
                  cov: torch.Tensor | None = None):
         check_floating("mean", mean)
+        check_dtype("mean", mean, LINALG_DTYPES)      # log_prob's triangular solve: float32/64
         check_ndim("mean", mean, 1)
         check_finite("mean", mean)
         if (scale is None) == (cov is None):
