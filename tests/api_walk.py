@@ -508,11 +508,111 @@ def utils_parameters(draw) -> Case:
                 f"shapes={shapes} twice={len(listed) > len(ts)} trainable_only={trainable_only!r}")
 
 
+# ------------------------------------------------------------------------------------------------ more rooms
+@st.composite
+def losses_edit_distance(draw) -> Case:
+    """edit_distance against rapidfuzz's Levenshtein distance, over list and padded-tensor inputs, id dtypes, an
+    EOS cut and the normalize flag."""
+    from rapidfuzz.distance import Levenshtein
+
+    from taskloss.losses import edit_distance
+    B, bad_b = pick(draw, [1, 2, 3], [0])
+    row = st.lists(st.integers(1, 4), min_size=0, max_size=5)
+    hyp, ref = draw(st.lists(row, min_size=B, max_size=B)), draw(st.lists(row, min_size=B, max_size=B))
+    normalize, bad_flag = pick(draw, FLAGS_VALID, FLAGS_INVALID)
+    eos = draw(st.sampled_from([None, 4]))
+    as_tensor = draw(st.booleans())
+    dtype, bad_dtype = pick(draw, [torch.int64, torch.int32], [torch.float32]) if as_tensor else (None, False)
+
+    def padded(rows):
+        w = max([len(r) for r in rows] + [1])
+        return torch.tensor([r + [0] * (w - len(r)) for r in rows], dtype=torch.int64).to(dtype)
+    h_in, r_in = (padded(hyp), padded(ref)) if as_tensor and B else (hyp, ref)
+    pad = 0 if as_tensor else None
+
+    def cut(r):
+        return r[:r.index(eos)] if eos is not None and eos in r else r
+
+    def check(d):
+        want = []
+        for h, r in zip(hyp, ref):
+            h, r = cut(h), cut(r)
+            dist = Levenshtein.distance(h, r)
+            want.append(min(dist / max(len(r), 1), 1.0) if normalize else dist)
+        _close(d, want)
+    return Case("losses", "edit_distance", lambda: edit_distance(h_in, r_in, eos_id=eos, pad_id=pad,
+                                                                 normalize=normalize),
+                bad_b or bad_flag or bad_dtype, check,
+                f"B={B} tensor={as_tensor} {dtype} eos={eos} normalize={normalize!r}")
+
+
+@st.composite
+def results_paired_comparison(draw) -> Case:
+    """paired_comparison: the effect is the mean difference, the interval holds it, and a verdict is given only
+    from three seeds on with the interval on one side of 0; NaN values, bad levels and methods refused."""
+    from taskloss.results import paired_comparison
+    n, bad_n = pick(draw, [2, 3, 5, 8], [0, 1])
+    val = st.floats(-5, 5, allow_nan=False, width=32)
+    a, b = draw(st.lists(val, min_size=n, max_size=n)), draw(st.lists(val, min_size=n, max_size=n))
+    bad_val = False
+    if n and draw(st.integers(0, 5)) == 5:
+        a[0], bad_val = draw(st.sampled_from([math.nan, math.inf])), True
+    if n > 1 and draw(st.integers(0, 5)) == 5:
+        b, bad_val = b[:-1], True                                   # different lengths
+    conf, bad_conf = pick(draw, [0.9, 0.95], [0.0, 1.0, math.nan, 1.5])
+    method, bad_method = pick(draw, ["t", "sign-flip"], ["wilcoxon", ""])
+    lower, bad_flag = pick(draw, FLAGS_VALID, FLAGS_INVALID)
+
+    def check(c):
+        d = np.asarray(a, dtype=np.float64) - np.asarray(b, dtype=np.float64)
+        _close(c.effect, d.mean(), rtol=1e-9, atol=1e-9)
+        assert c.ci_low <= c.effect + 1e-9 and c.effect - 1e-9 <= c.ci_high, (c.ci_low, c.effect, c.ci_high)
+        if c.verdict != "inconclusive":
+            assert c.n >= 3 and (c.ci_low > 0 or c.ci_high < 0), c
+            good = (c.effect < 0) if lower else (c.effect > 0)
+            assert c.verdict == ("better" if good else "worse"), c
+    return Case("results", "paired_comparison",
+                lambda: paired_comparison(a, b, confidence=conf, method=method, lower_is_better=lower),
+                bad_n or bad_val or bad_conf or bad_method or bad_flag, check,
+                f"n={n} conf={conf!r} method={method!r} lower={lower!r} a={a} b={b}")
+
+
+@st.composite
+def datasets_split(draw) -> Case:
+    """split_indices: a partition of range(n), sorted, with round(n_c·f) members of each class in train and valid;
+    bad fractions, seeds and label dtypes refused."""
+    from taskloss.datasets import split_indices
+    n, bad_n = pick(draw, [3, 10, 25], [0])
+    y = np.asarray(draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)), dtype=np.int64)
+    if draw(st.integers(0, 5)) == 5:
+        y, bad_y = y.astype(np.float64), True
+    else:
+        bad_y = False
+    fr, bad_fr = pick(draw, [(0.6, 0.2, 0.2), (0.5, 0.5, 0.0), (1.0, 0.0, 0.0)],
+                      [(0.6, 0.2, 0.3), (-0.2, 0.6, 0.6), (math.nan, 0.5, 0.5), (0.5, 0.5)])
+    seed, bad_seed = pick(draw, [0, 7], [-1, 1.5, "0"])
+
+    def check(parts):
+        assert set(parts) == {"train", "valid", "test"}
+        allidx = np.concatenate([parts[k] for k in ("train", "valid", "test")])
+        assert sorted(allidx.tolist()) == list(range(n)), "not a partition of range(n)"
+        for k in parts:
+            assert (np.diff(parts[k]) > 0).all(), f"{k} not sorted"
+        for c in np.unique(y):
+            n_c = int((y == c).sum())
+            assert int((y[parts["train"]] == c).sum()) == round(n_c * fr[0]), f"class {c} train count"
+            n_va = min(round(n_c * fr[1]), n_c - round(n_c * fr[0]))      # both may round up: the rest
+            assert int((y[parts["valid"]] == c).sum()) == n_va, f"class {c} valid count"
+    return Case("datasets", "split_indices", lambda: split_indices(y, seed=seed, fractions=fr),
+                bad_n or bad_y or bad_fr or bad_seed, check, f"n={n} {y.dtype} fractions={fr} seed={seed!r}")
+
+
 FAMILIES = {
-    "losses": [losses_macro_f1], "sampling": [sampling_newton, sampling_weights],
+    "losses": [losses_macro_f1, losses_edit_distance], "sampling": [sampling_newton, sampling_weights],
     "contrastive": [contrastive_accumulation], "dynamics": [dynamics_clip],
     "search": [search_zeroth_order, search_mezo], "gradflow": [gradflow_init_recurrent],
-    "lm": [lm_block_nll], "models": [models_mlp], "results": [results_record], "utils": [utils_parameters],
+    "lm": [lm_block_nll], "models": [models_mlp],
+    "results": [results_record, results_paired_comparison], "datasets": [datasets_split], "utils": [utils_parameters],
 }
 
 
