@@ -284,6 +284,63 @@ def _coef(norm: float, gamma: float, mode: str) -> float:
     return min(1.0, gamma / norm) if mode == "hard" else gamma / (norm + gamma)
 
 
+@st.composite
+def dynamics_shared(draw) -> Case:
+    """ClippedSGD and gradient_norm_penalty on a model whose two layers share a weight, with a frozen bias and a
+    tensor listed twice: each tensor counted once (torch.optim.SGD on the distinct trainable tensors, clipped by
+    the reference coefficient; Σ g² over them), the frozen one untouched."""
+    from taskloss.dynamics import ClippedSGD, gradient_norm_penalty
+    frozen, twice = draw(st.booleans()), draw(st.booleans())
+    lr, bad_lr = pick(draw, [0.1, 0.5], [math.nan, -1.0, math.inf, 0.0, "0.1"])
+    gamma, bad_gamma = pick(draw, [0.3, 2.0, math.inf], [math.nan, 0.0, -1.0])
+    mom, bad_mom = pick(draw, [0.0, 0.9], [math.nan, -0.1, "0.9"])
+    which = draw(st.sampled_from(["ClippedSGD", "gradient_norm_penalty"]))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 99)))
+    x = torch.randn(4, 3, generator=gen, dtype=torch.float64)
+
+    def build():
+        torch.manual_seed(1)
+        a, b = nn.Linear(3, 3).double(), nn.Linear(3, 3).double()
+        b.weight = a.weight                                            # shared between the two layers
+        a.bias.requires_grad_(not frozen)
+        return a, b
+
+    def loss_of(a, b):
+        return (b(torch.tanh(a(x))) ** 2).mean()
+
+    a, b = build()
+    listed = [a.weight, a.bias, b.weight, b.bias] + ([b.bias] if twice else [])
+    distinct = [t for t in (a.weight, a.bias, b.bias) if t.requires_grad]
+    if which == "gradient_norm_penalty":
+        def check(r):
+            grads = torch.autograd.grad(loss_of(a, b), distinct)
+            _close(r, sum(float((g ** 2).sum()) for g in grads), rtol=1e-10, atol=1e-12)
+        return Case("dynamics", which, lambda: gradient_norm_penalty(loss_of(a, b), listed, create_graph=False),
+                    False, check, f"frozen={frozen} twice={twice}")
+
+    def call():
+        opt = ClippedSGD(listed, lr=lr, gamma=gamma, momentum=mom)
+        loss_of(a, b).backward()
+        opt.step()
+        return a, b
+
+    def check(_):
+        ra, rb = build()
+        ref = [t for t in (ra.weight, ra.bias, rb.bias) if t.requires_grad]
+        loss_of(ra, rb).backward()
+        total = float(torch.linalg.vector_norm(torch.stack([t.grad.norm() for t in ref])))
+        c = _coef(total, gamma, "hard")
+        for t in ref:
+            t.grad.mul_(c)
+        torch.optim.SGD(ref, lr=lr, momentum=mom).step()
+        for got, want in zip((a.weight, a.bias, b.bias), (ra.weight, ra.bias, rb.bias)):
+            _close(got, want, rtol=1e-12, atol=1e-12)
+        if frozen:
+            _close(a.bias, build()[0].bias, rtol=0, atol=0)
+    return Case("dynamics", which, call, bad_lr or bad_gamma or bad_mom, check,
+                f"frozen={frozen} twice={twice} lr={lr!r} gamma={gamma!r} momentum={mom!r}")
+
+
 # ------------------------------------------------------------------------------------------------ search
 @st.composite
 def search_zeroth_order(draw) -> Case:
@@ -609,7 +666,7 @@ def datasets_split(draw) -> Case:
 
 FAMILIES = {
     "losses": [losses_macro_f1, losses_edit_distance], "sampling": [sampling_newton, sampling_weights],
-    "contrastive": [contrastive_accumulation], "dynamics": [dynamics_clip],
+    "contrastive": [contrastive_accumulation], "dynamics": [dynamics_clip, dynamics_shared],
     "search": [search_zeroth_order, search_mezo], "gradflow": [gradflow_init_recurrent],
     "lm": [lm_block_nll], "models": [models_mlp],
     "results": [results_record, results_paired_comparison], "datasets": [datasets_split], "utils": [utils_parameters],
