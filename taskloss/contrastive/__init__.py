@@ -7,13 +7,13 @@ Modules:
 
 - :mod:`~taskloss.contrastive.losses`          — InfoNCE / in-batch negatives: temperature, symmetric, hard negatives
 - :mod:`~taskloss.contrastive.accumulation`    — exact accumulation: embed without graph, cache ∂L/∂e, replay with RNG
+- :mod:`~taskloss.contrastive.rng_state`       — the CPU and CUDA random states a pass used, recorded and replayed
 - :mod:`~taskloss.contrastive.distributed`     — all-gather with gradient to the own rows; the DDP-exact loss scale
 - :mod:`~taskloss.contrastive.retrieval`       — paragraph-half pairs split by document; recall@k and MRR
 - :mod:`~taskloss.contrastive.minilm_encoder`  — a trainable top of MiniLM over cached frozen lower layers
 """
 from taskloss.contrastive.accumulation import (
     AccumulationResult,
-    RNGState,
     accumulated_backward,
     batch_size,
     check_batch_independent,
@@ -27,6 +27,7 @@ from taskloss.contrastive.distributed import distributed_info_nce, gather_with_g
 from taskloss.contrastive.losses import REDUCTIONS, check_pair_embeddings, info_nce, info_nce_rows
 from taskloss.contrastive.minilm_encoder import MiniLMTop, minilm_prefix_states
 from taskloss.contrastive.retrieval import paragraph_pairs, retrieval_metrics, retrieval_ranks
+from taskloss.contrastive.rng_state import RNGState
 
 __all__ = [
     "info_nce", "info_nce_rows", "check_pair_embeddings", "REDUCTIONS",
