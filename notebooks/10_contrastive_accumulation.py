@@ -545,7 +545,7 @@ _ = run.table([k for k in run.results if not isinstance(run.results[k], (list, d
 # >    micro-batches differ in size; the exact scheme needs no weights at all.
 # > 3. Exactness holds only if the encoder treats samples independently and deterministically given its random
 # >    state. Dropout masks must be replayed (the post does not discuss randomness), and BatchNorm in training mode,
-# >    which couples the samples of a micro-batch, breaks it.
+# >    which couples the samples of a micro-batch, breaks it: `accumulated_backward` refuses such an encoder.
 # > 4. The price is one extra forward pass: with backward ≈ 2 forwards the step does ≈ 4/3 of the full-batch FLOPs
 # >    (`benchmarks/bench_contrastive.py` reports the measured ratio).
 

@@ -59,6 +59,8 @@ Tensor = _Lazy("torch", "Tensor", bind="Tensor")
 __all__ = [
     "REPO_ROOT", "DATA_DIR", "RUNS_DIR", "atomic_write_text",
     "resolve_device", "seed_everything",
+    "check_device", "check_generator", "check_dtype", "check_same_dtype", "check_allocation", "check_steps",
+    "FLOAT_DTYPES", "LINALG_DTYPES", "INDEX_DTYPES", "format_bytes",
     "check_positive", "check_nonnegative", "check_probability", "check_int", "check_bool", "check_choice",
     "check_finite", "check_no_nan", "all_finite", "eval_mode",
     "is_transformed", "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids",
@@ -105,19 +107,204 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """``"auto"`` → ``cuda`` when available, else ``cpu``; anything else is passed to :class:`torch.device`.
 
-    Asking for ``cuda`` on a machine without one raises instead of silently falling back.
+    Asking for ``cuda`` (or ``mps``) on a machine without one, or a CUDA index beyond the devices present, raises
+    instead of silently falling back or reaching torch's ``AssertionError: Torch not compiled with CUDA enabled``.
     """
+    return check_device("device", device)
+
+
+def check_device(name: str, device, *, allow_none: bool = False) -> torch.device | None:
+    """``device`` as a usable :class:`torch.device`.
+
+    Args:
+        name: the argument's name, for the message.
+        device: ``"auto"`` (``cuda`` when available, else ``cpu``), a device string (``"cpu"``, ``"cuda:0"``) or a
+            :class:`torch.device`; ``None`` when ``allow_none``.
+        allow_none: pass ``None`` through (the argument's "follow the inputs" default).
+
+    Returns:
+        The device (``None`` for ``None``).
+
+    Raises:
+        TypeError: not a str or torch.device.
+        ValueError: an unknown device string, or a device this machine does not have (``cuda`` without CUDA, a
+            CUDA index beyond ``torch.cuda.device_count()``, ``mps`` without MPS).
+    """
+    if device is None and allow_none:
+        return None
     if isinstance(device, torch.device):
         dev = device
     elif not isinstance(device, str):
-        raise TypeError(f"device must be a str or torch.device, got {type(device).__name__}")
+        raise TypeError(f"{name} must be a str or torch.device{' or None' if allow_none else ''}, "
+                        f"got {type(device).__name__}")
     elif device == "auto":
         dev = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
-        dev = torch.device(device)
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' requested but torch.cuda.is_available() is False")
+        try:
+            dev = torch.device(device)
+        except RuntimeError as err:
+            raise ValueError(f"{name}={device!r} is not a device: use 'auto', 'cpu', 'cuda' or 'cuda:N'") from err
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ValueError(f"{name}={str(dev)!r} requested but torch.cuda.is_available() is False (use 'cpu' or "
+                             "'auto')")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ValueError(f"{name}={str(dev)!r} but only {torch.cuda.device_count()} CUDA device(s) exist")
+    elif dev.type == "mps" and not torch.backends.mps.is_available():
+        raise ValueError(f"{name}={str(dev)!r} requested but torch.backends.mps.is_available() is False")
     return dev
+
+
+def check_generator(name: str, generator, device=None) -> torch.Generator | None:
+    """``generator`` when it is ``None`` or a :class:`torch.Generator` on the device the draws happen on.
+
+    Args:
+        name: the argument's name, for the message.
+        generator: ``None`` (torch's default generator) or a ``torch.Generator``.
+        device: the device the random numbers are drawn on (a tensor's ``.device``); ``None`` skips that check.
+
+    Returns:
+        ``generator``.
+
+    Raises:
+        TypeError: anything else — a seed such as ``0`` is not a generator (``torch.Generator().manual_seed(0)``).
+        ValueError: the generator lives on another device type than the draws (torch would refuse mid-call).
+    """
+    if generator is None:
+        return None
+    if not isinstance(generator, torch.Generator):
+        hint = (f" (a seed? pass torch.Generator().manual_seed({generator}))"
+                if isinstance(generator, (int, np.integer)) and not isinstance(generator, bool) else "")
+        raise TypeError(f"{name} must be a torch.Generator or None, got {type(generator).__name__}{hint}")
+    if device is not None and torch.device(device).type != generator.device.type:
+        raise ValueError(f"{name} is a {generator.device.type} generator but the draws are on {torch.device(device)}: "
+                         f"build it with torch.Generator(device={str(torch.device(device).type)!r})")
+    return generator
+
+
+# Accepted dtypes by role: floating inputs of most functions, inputs of linear algebra (solves, eigenvalues,
+# Cholesky: float16/bfloat16 have no such kernels on a CPU and too few digits for them), integer ids and labels.
+FLOAT_DTYPES = ("float16", "bfloat16", "float32", "float64")
+LINALG_DTYPES = ("float32", "float64")
+INDEX_DTYPES = ("int64", "int32")
+
+
+def _dtype_names(allowed) -> tuple[str, ...]:
+    return tuple(str(d).removeprefix("torch.") for d in allowed)
+
+
+def check_dtype(name: str, tensor, allowed=LINALG_DTYPES, what: str | None = None) -> torch.Tensor:
+    """``tensor`` when its dtype is one of ``allowed``.
+
+    Args:
+        name: the argument's name, for the message.
+        tensor: a tensor.
+        allowed: dtype names (``"float32"``) or ``torch.dtype`` objects; see :data:`LINALG_DTYPES`,
+            :data:`FLOAT_DTYPES`, :data:`INDEX_DTYPES`.
+        what: what the tensor holds, for the message (``"integer token ids"``).
+
+    Returns:
+        ``tensor``.
+
+    Raises:
+        TypeError: not a tensor, or a dtype outside ``allowed`` (the message lists them).
+    """
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    names = _dtype_names(allowed)
+    if str(tensor.dtype).removeprefix("torch.") not in names:
+        if what:
+            raise TypeError(f"{name} must hold {what} ({' or '.join(names)}), got dtype {tensor.dtype}")
+        raise TypeError(f"{name} has dtype {tensor.dtype}; accepted: {', '.join(names)}")
+    return tensor
+
+
+def check_same_dtype(allowed=LINALG_DTYPES, **tensors) -> torch.dtype:
+    """The one dtype shared by the named tensors, each of which must be one of ``allowed``.
+
+    Mixed float32 / float64 inputs are refused, not promoted: promotion would silently compute in float64 what
+    the caller meant in float32 (or the reverse, if an input were cast down), and the caller knows which they meant.
+
+    Args:
+        allowed: as in :func:`check_dtype`.
+        **tensors: name → tensor (``None`` values are skipped).
+
+    Returns:
+        The common dtype.
+
+    Raises:
+        TypeError: a dtype outside ``allowed``, or two different dtypes (the message names each tensor's).
+    """
+    given = {k: check_dtype(k, t, allowed).dtype for k, t in tensors.items() if t is not None}
+    if len(set(given.values())) > 1:
+        listed = ", ".join(f"{k}: {str(d).removeprefix('torch.')}" for k, d in given.items())
+        raise TypeError(f"mixed dtypes ({listed}): cast them to one dtype first (accepted: "
+                        f"{', '.join(_dtype_names(allowed))})")
+    if not given:
+        raise ValueError("check_same_dtype needs at least one tensor")
+    return next(iter(given.values()))
+
+
+def format_bytes(n: float) -> str:
+    """``n`` bytes in binary units, e.g. ``'7.28 TiB'``."""
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def _memory_of(device) -> int:
+    dev = torch.device("cpu" if device is None else device)
+    if dev.type == "cuda" and torch.cuda.is_available():
+        return int(torch.cuda.get_device_properties(dev.index or 0).total_memory)
+    try:
+        return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):      # not POSIX: assume a generous 1 TiB rather than refuse
+        return 2**40
+
+
+def check_allocation(what: str, n_bytes: float, device=None, limit: int | None = None) -> None:
+    """Refuse a computation whose estimated peak memory exceeds the device's memory, before allocating anything.
+
+    Args:
+        what: the call and the argument that sets the size, for the message (``"IntegratedGradients(n_steps=10**6)"``).
+        n_bytes: the estimate, in bytes.
+        device: where it would be allocated (``None``: the CPU's physical memory).
+        limit: a bound in bytes in place of the device's memory.
+
+    Raises:
+        ValueError: ``n_bytes`` > the limit; the message gives both.
+    """
+    bound = _memory_of(device) if limit is None else int(limit)
+    if n_bytes > bound:
+        where = "this machine's memory" if limit is None else "the limit"
+        raise ValueError(f"{what} would allocate about {format_bytes(n_bytes)}, more than {where} "
+                         f"({format_bytes(bound)}): lower it, or process in smaller batches")
+
+
+def check_steps(name: str, value, *, bytes_per_step: float, what: str | None = None, device=None,
+                minimum: int = 1, limit: int | None = None) -> int:
+    """A step or sample count (an int ≥ ``minimum``) whose memory, ``value × bytes_per_step``, fits the device.
+
+    Args:
+        name: the argument's name.
+        value: the count.
+        bytes_per_step: memory each step holds at once (e.g. one interpolated copy of the inputs and its gradient).
+        what: the call, for the message (default: ``name=value``).
+        device: where the memory is allocated.
+        minimum: the smallest count.
+        limit: a bound in bytes in place of the device's memory.
+
+    Returns:
+        ``int(value)``.
+
+    Raises:
+        TypeError, ValueError: as :func:`check_int`; ValueError from :func:`check_allocation` with the estimate.
+    """
+    n = check_int(name, value, minimum=minimum)
+    check_allocation(what or f"{name}={n}", float(n) * float(bytes_per_step), device, limit)
+    return n
 
 
 def seed_everything(seed: int) -> torch.Generator:

@@ -17,8 +17,10 @@ passes over micro-batches, with only one micro-batch's activations alive at a ti
 :func:`accumulated_backward` runs the three for one encoder or several (a query and a document tower), any
 micro-batch size per input (also sizes that do not divide the batch). The gradients equal the full-batch
 gradient up to floating-point summation order, whatever the loss, as long as the encoder treats samples
-independently (no batch statistics: BatchNorm in training mode couples a micro-batch's samples and updates its
-running statistics twice). :func:`naive_accumulated_backward` is the usual accumulation (loss per
+independently. A BatchNorm that normalizes with batch statistics (training mode, or ``track_running_stats=False``)
+couples a micro-batch's samples, so its gradient cannot be the full-batch one: the passes refuse an encoder that
+holds one (:func:`check_batch_independent`; put it in eval mode, or use LayerNorm / GroupNorm).
+:func:`naive_accumulated_backward` is the usual accumulation (loss per
 micro-batch, negatives only from the same micro-batch), kept as the baseline the notebook shows to be wrong.
 
 Deviations from the reference: RNG states cover the CPU generator and every CUDA device of the inputs *and*
@@ -39,59 +41,16 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from taskloss.utils import all_finite, check_bool, check_int
+from taskloss.contrastive.rng_state import RNGState
+from taskloss.utils import all_finite, check_bool, check_int, check_positive
 
 __all__ = [
-    "RNGState", "AccumulationResult", "batch_size", "split_micro_batches", "embed_micro_batches",
-    "embedding_gradients", "replay_backward", "accumulated_backward", "naive_accumulated_backward",
+    "AccumulationResult", "batch_size", "split_micro_batches", "embed_micro_batches",
+    "embedding_gradients", "replay_backward", "check_batch_independent", "accumulated_backward", "naive_accumulated_backward",
 ]
 
 # Relative tolerance of the second pass against the first (max |e₂ − e₁| / max |e₁|) per embedding dtype.
 REPLAY_TOLERANCE = {torch.float64: 1e-9, torch.float32: 1e-4, torch.bfloat16: 5e-2, torch.float16: 1e-2}
-
-
-# ------------------------------------------------------------------------------------------------ RNG state
-def _tensors(obj: Any):
-    if isinstance(obj, Tensor):
-        yield obj
-    elif isinstance(obj, nn.Module):
-        yield from obj.parameters()
-        yield from obj.buffers()
-    elif isinstance(obj, Mapping):
-        for v in obj.values():
-            yield from _tensors(v)
-    elif isinstance(obj, (list, tuple)):
-        for v in obj:
-            yield from _tensors(v)
-
-
-@dataclass(frozen=True)
-class RNGState:
-    """The CPU generator's state and those of the CUDA devices a computation touches.
-
-    ``RNGState.capture(*objs)`` records them (CUDA devices found among the tensors, nested containers and module
-    parameters in ``objs``); ``with state.replay(): …`` runs code from exactly that state and restores the
-    current one afterwards (``torch.random.fork_rng``), so replaying does not advance the global generators.
-    """
-
-    cpu: Tensor
-    cuda: tuple[tuple[int, Tensor], ...] = ()
-
-    @classmethod
-    def capture(cls, *objs: Any) -> "RNGState":
-        """The RNG states of the CPU and of every CUDA device the tensors in ``objs`` live on."""
-        devices = sorted({t.device.index if t.device.index is not None else torch.cuda.current_device()
-                          for o in objs for t in _tensors(o) if t.device.type == "cuda"})
-        return cls(torch.get_rng_state(), tuple((d, torch.cuda.get_rng_state(d)) for d in devices))
-
-    @contextlib.contextmanager
-    def replay(self):
-        """A context in which the recorded RNG states are current (the caller's are restored after)."""
-        with torch.random.fork_rng(devices=[d for d, _ in self.cuda]):
-            torch.set_rng_state(self.cpu)
-            for d, state in self.cuda:
-                torch.cuda.set_rng_state(state, d)
-            yield
 
 
 # ------------------------------------------------------------------------------------------------ batches
@@ -152,6 +111,36 @@ def _check_embedding(emb: Any, rows: int, where: str) -> Tensor:
     return emb
 
 
+def check_batch_independent(encoder: Any, where: str = "encoder") -> None:
+    """Refuse an encoder whose output for one sample depends on the other samples of its micro-batch.
+
+    BatchNorm layers (``nn.BatchNorm1d/2d/3d``, ``SyncBatchNorm``, lazy ones) normalize with the batch's statistics
+    in training mode, and always when built with ``track_running_stats=False``: a micro-batch's embeddings then
+    differ from the full batch's, and the accumulated gradient is not the full-batch one (and the running
+    statistics would be updated in both passes). A plain callable cannot be inspected and is trusted.
+
+    Args:
+        encoder: the encoder (an ``nn.Module`` is searched, ``DistributedDataParallel`` included).
+        where: what to call it in the message.
+
+    Raises:
+        ValueError: a batch-statistics BatchNorm inside ``encoder``, named with its path.
+    """
+    if not isinstance(encoder, nn.Module):
+        return
+    for name, m in encoder.named_modules():
+        if isinstance(m, nn.modules.batchnorm._BatchNorm) and (m.training or not m.track_running_stats):
+            why = "is in training mode" if m.training else "has track_running_stats=False"
+            raise ValueError(f"{where} holds {type(m).__name__} {name or '(the encoder itself)'!r}, which {why}: it "
+                             "normalizes with the micro-batch's statistics, so accumulation cannot give the full-batch "
+                             "gradient; put it in eval mode (encoder.eval() or the layer's .eval()) or use LayerNorm "
+                             "/ GroupNorm")
+
+
+def _check_tolerance(replay_tol) -> float | None:
+    return None if replay_tol is None else check_positive("replay_tol", replay_tol)
+
+
 # ------------------------------------------------------------------------------------------------ the passes
 def embed_micro_batches(encoder: Callable[[Any], Tensor], chunks: Sequence[Any]) -> tuple[list[Tensor], list[RNGState]]:
     """Pass 1: embed each micro-batch without a graph, recording the RNG state just before each call.
@@ -165,7 +154,9 @@ def embed_micro_batches(encoder: Callable[[Any], Tensor], chunks: Sequence[Any])
 
     Raises:
         TypeError, ValueError: the encoder returned something other than finite ``[n_k, d]`` floats.
+        ValueError: the encoder holds a BatchNorm using batch statistics (:func:`check_batch_independent`).
     """
+    check_batch_independent(encoder)
     embeddings, states = [], []
     with torch.no_grad():
         for k, chunk in enumerate(chunks):
@@ -215,15 +206,23 @@ def replay_backward(encoder: Callable[[Any], Tensor], chunks: Sequence[Any], gra
         states: their RNG states, from the same call.
         grads: the cache, split like ``chunks`` (``[n_k, d]`` each).
         reference: pass 1's embeddings, to check the replay against (skipped when None).
-        replay_tol: largest allowed ``max|e₂ − e₁| / max|e₁|``; None takes the dtype's default.
+        replay_tol: largest allowed ``max|e₂ − e₁| / max|e₁|`` (finite, > 0: a NaN would disable the check);
+            None takes the dtype's default.
         sync: for a ``DistributedDataParallel`` encoder, whether the last micro-batch synchronizes gradients
             (the others run under ``no_sync``); False when the same encoder embeds another input afterwards.
 
     Raises:
+        ValueError: ``chunks``, ``grads``, ``states`` (and ``reference``) of different lengths or none, a cache
+            entry that is not a finite floating ``[n_k, d]`` tensor matching its micro-batch (and ``reference``),
+            ``replay_tol`` not finite and > 0, a batch-statistics BatchNorm in the encoder.
+        TypeError: a state that is not an :class:`RNGState`.
         RuntimeError: the second pass returned another shape, or values further than ``replay_tol`` from the
             first (randomness or state the RNG replay does not cover).
     """
     sync = check_bool("sync", sync)
+    replay_tol = _check_tolerance(replay_tol)
+    check_batch_independent(encoder)
+    _check_replay_inputs(chunks, grads, states, reference)
     ddp = isinstance(encoder, DistributedDataParallel)
     for k, (chunk, g, state) in enumerate(zip(chunks, grads, states)):
         last = sync and k == len(chunks) - 1
@@ -238,6 +237,30 @@ def replay_backward(encoder: Callable[[Any], Tensor], chunks: Sequence[Any], gra
             if reference is not None:
                 _check_replay(emb.detach(), reference[k], k, replay_tol)
             (emb.to(g.dtype) * g).sum().backward()
+
+
+def _check_replay_inputs(chunks, grads, states, reference) -> None:
+    lengths = {"chunks": len(chunks), "grads": len(grads), "states": len(states)}
+    if reference is not None:
+        lengths["reference"] = len(reference)
+    if len(set(lengths.values())) > 1:
+        raise ValueError(f"replay_backward needs one grad, state (and reference) per micro-batch, got {lengths}")
+    if not chunks:
+        raise ValueError("replay_backward got no micro-batch: nothing to replay")
+    for k, (chunk, g, state) in enumerate(zip(chunks, grads, states)):
+        if not isinstance(state, RNGState):
+            raise TypeError(f"states[{k}] must be an RNGState (from embed_micro_batches), got {type(state).__name__}")
+        if not isinstance(g, Tensor) or not g.is_floating_point() or g.ndim != 2:
+            raise ValueError(f"grads[{k}] must be a floating [n, d] tensor, got "
+                             f"{tuple(g.shape) if isinstance(g, Tensor) else type(g).__name__}"
+                             f"{' ' + str(g.dtype) if isinstance(g, Tensor) else ''}")
+        if g.shape[0] != batch_size(chunk):
+            raise ValueError(f"grads[{k}] has {g.shape[0]} rows but micro-batch {k} has {batch_size(chunk)} samples")
+        if reference is not None and (not isinstance(reference[k], Tensor) or reference[k].shape != g.shape):
+            raise ValueError(f"reference[{k}] must have the shape of grads[{k}] {tuple(g.shape)}, got "
+                             f"{tuple(getattr(reference[k], 'shape', ())) or type(reference[k]).__name__}")
+        if not all_finite(g):
+            raise ValueError(f"grads[{k}] contains NaN or inf: it would be written into the encoder's gradients")
 
 
 def _check_replay(emb: Tensor, ref: Tensor, k: int, tol: float | None) -> None:
@@ -315,11 +338,16 @@ def accumulated_backward(encoders: Callable | Sequence[Callable], inputs: Sequen
         :class:`AccumulationResult`; the parameters' ``.grad`` hold the gradient (added to what was there).
 
     Raises:
-        ValueError: micro-batch size < 1, an empty batch, non-finite embeddings or loss, bad shapes.
+        ValueError: micro-batch size < 1, an empty batch, non-finite embeddings or loss, bad shapes,
+            ``replay_tol`` not finite and > 0, an encoder holding a BatchNorm that uses batch statistics
+            (:func:`check_batch_independent`; refused rather than accumulated wrongly).
         RuntimeError: the second pass does not reproduce the first.
     """
     check_replay = check_bool("check_replay", check_replay)
+    replay_tol = _check_tolerance(replay_tol)
     encs, sizes = _encoders_and_sizes(encoders, inputs, micro_batch_size)
+    for j, enc in enumerate(encs):
+        check_batch_independent(enc, "encoder" if len(encs) == 1 else f"encoder {j}")
     chunks = [split_micro_batches(x, m) for x, m in zip(inputs, sizes)]
     embedded = []
     for j, (enc, ch) in enumerate(zip(encs, chunks)):

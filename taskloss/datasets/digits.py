@@ -52,7 +52,8 @@ def split_indices(y: np.ndarray, seed: int = 0, fractions=SPLIT_FRACTIONS) -> di
     """Stratified split of ``range(len(y))`` into ``{"train", "valid", "test"}`` sorted index arrays.
 
     Per class ``c`` with ``n_c`` members (permuted by ``Generator(PCG64(seed))``, classes in ascending order):
-    ``round(n_c * f_train)`` go to train, ``round(n_c * f_valid)`` to valid, the rest to test.
+    ``round(n_c * f_train)`` go to train, ``round(n_c * f_valid)`` to valid — at most the ``n_c − n_train`` left, as
+    when both fractions round up (``(0.5, 0.5, 0)`` with ``n_c = 3``: 2 and 1) — and the rest to test.
     """
     check_int("seed", seed, minimum=0)
     y = np.asarray(y)

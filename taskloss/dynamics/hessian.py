@@ -21,7 +21,7 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from taskloss.utils import check_finite, check_int, check_not_meta, check_positive, flatten
+from taskloss.utils import check_finite, check_generator, check_int, check_not_meta, check_positive, flatten
 
 __all__ = ["native_kernels", "loss_gradient", "hessian_vector_product", "top_hessian_eigenvalue", "EigenResult",
            "Params", "check_params", "checked_loss_fn", "map_params", "params_dot", "param_leaves", "rebuild_params",
@@ -298,6 +298,7 @@ def top_hessian_eigenvalue(loss_fn: Callable, params: Params, which: str = "magn
         raise ValueError(f"which must be 'magnitude' or 'largest', got {which!r}")
     check_int("max_iter", max_iter, minimum=1)
     tol = check_positive("tol", tol)
+    check_generator("generator", generator)
     params = map_params(lambda t: t.detach(), check_params("params", params))
 
     def draw(t: Tensor) -> Tensor:

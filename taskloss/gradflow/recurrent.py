@@ -37,7 +37,7 @@ from torch import nn
 from torch.func import jacrev, vmap
 
 from taskloss.models.recurrent import RNNLM
-from taskloss.utils import check_bool, check_finite, check_int, check_positive, check_token_ids
+from taskloss.utils import check_bool, check_finite, check_generator, check_int, check_positive, check_token_ids
 
 __all__ = ["LagJacobians", "lag_jacobians", "jacobian_norms", "gate_product_error", "init_recurrent_"]
 
@@ -330,6 +330,8 @@ def init_recurrent_(module: nn.Module, *, gain: float = 1.0, forget_bias: float 
     if not isinstance(rnn, (nn.RNN, nn.LSTM, nn.GRU)):
         raise TypeError(f"module must be a torch.nn.RNN, nn.LSTM, nn.GRU or RNNLM, got {type(module).__name__}")
     gain = check_positive("gain", gain)
+    check_generator("generator", generator)
+    on = generator.device if generator is not None else torch.device("cpu")    # draws where the generator lives
     if forget_bias is not None:
         if not isinstance(rnn, nn.LSTM):
             raise ValueError("forget_bias applies to LSTMs only")
@@ -338,7 +340,7 @@ def init_recurrent_(module: nn.Module, *, gain: float = 1.0, forget_bias: float 
     H = rnn.hidden_size
     for name, p in rnn.named_parameters():
         if name.startswith("weight_hh"):
-            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype).to(p.device) * (gain / math.sqrt(H)))
+            p.copy_(torch.randn(p.shape, generator=generator, dtype=p.dtype, device=on).to(p.device) * (gain / math.sqrt(H)))
         elif name.startswith("bias_hh"):
             p.zero_()
         elif name.startswith("bias_ih") and forget_bias is not None:

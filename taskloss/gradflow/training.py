@@ -26,7 +26,7 @@ from torch import nn
 
 from taskloss.lm.completion import block_nll
 from taskloss.models.transformer import TransformerLM
-from taskloss.utils import check_int, check_nonnegative, check_positive, check_token_ids, eval_mode
+from taskloss.utils import check_generator, check_int, check_nonnegative, check_positive, check_token_ids, eval_mode
 
 __all__ = ["TrainResult", "train_lm", "evaluate_nll", "xavier_init_"]
 
@@ -159,9 +159,11 @@ def xavier_init_(model: TransformerLM, generator: torch.Generator | None = None)
         raise TypeError(f"model must be a taskloss.models.TransformerLM, got {type(model).__name__}")
     if model.tie_weights:
         raise ValueError("xavier_init_ needs an untied output layer: build the model with tie_weights=False")
+    check_generator("generator", generator)
+    on = generator.device if generator is not None else torch.device("cpu")    # draws where the generator lives
 
     def uniform_(p, bound):
-        p.copy_((torch.rand(p.shape, generator=generator, dtype=p.dtype) * 2 - 1).mul_(bound).to(p.device))
+        p.copy_((torch.rand(p.shape, generator=generator, dtype=p.dtype, device=on) * 2 - 1).mul_(bound).to(p.device))
 
     for name, m in model.named_modules():
         if isinstance(m, nn.Linear) and name != "head":
@@ -174,5 +176,5 @@ def xavier_init_(model: TransformerLM, generator: torch.Generator | None = None)
             m.bias.zero_()
     for emb, std in ((model.tok_emb.weight, 1.0), (model.pos_emb.weight, 1.0),
                      (model.head.weight, model.d_model ** -0.5)):
-        emb.copy_(torch.randn(emb.shape, generator=generator, dtype=emb.dtype).mul_(std).to(emb.device))
+        emb.copy_(torch.randn(emb.shape, generator=generator, dtype=emb.dtype, device=on).mul_(std).to(emb.device))
     return model

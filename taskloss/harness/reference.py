@@ -31,7 +31,7 @@ from torch import Tensor
 from taskloss.harness.problem import Problem, grad_hessian
 from taskloss.sampling.proposals import GaussianProposal, UniformBallProposal
 from taskloss.sampling.update import expected_update, gaussian_update_distribution, newton_direction, vmap_loss
-from taskloss.utils import check_finite, check_int, check_positive
+from taskloss.utils import check_finite, check_generator, check_int, check_positive
 
 __all__ = ["IdealUpdate", "ideal_update", "step_agreement"]
 
@@ -81,6 +81,7 @@ def ideal_update(problem: Problem, alpha: float, *, radius: float | None = None,
     if radius is not None:
         radius = check_positive("radius", radius)
     n_samples = check_int("n_samples", n_samples, minimum=2)
+    check_generator("generator", generator)
     if proposal not in PROPOSALS:
         raise ValueError(f"proposal must be one of {PROPOSALS}, got {proposal!r}")
     if proposal == "ball" and radius is None:

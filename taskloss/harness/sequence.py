@@ -37,7 +37,7 @@ from taskloss.harness.problem import Problem
 from taskloss.lm.causal_lm import CausalLM, greedy_decode
 from taskloss.lm.completion import CompletionBatch, CompletionTask, window_nll
 from taskloss.search.policy_gradient import sequence_reinforce
-from taskloss.utils import check_int
+from taskloss.utils import check_generator, check_int
 
 __all__ = ["SequenceProblem"]
 
@@ -111,6 +111,7 @@ class SequenceProblem(Problem):
         (reward = −task loss, leave-one-out baseline; :func:`~taskloss.search.policy_gradient.sequence_reinforce`)
         plus ``mle_weight`` × :meth:`surrogate`. Differentiable."""
         check_int("n_samples", n_samples, minimum=2)
+        check_generator("generator", generator)
         t = self.task
         res = sequence_reinforce(self.model, self.inputs, self.targets, t.per_sequence, n_samples=n_samples,
                                  max_new_tokens=t.decode_len, eos_id=t.eos_id, pad_id=t.pad_id, baseline="loo",

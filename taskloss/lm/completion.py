@@ -31,7 +31,16 @@ from taskloss.datasets.corpus import lm_blocks, load_corpus, prefix_continuation
 from taskloss.datasets.tokenizer import Tokenizer
 from taskloss.lm.causal_lm import greedy_decode
 from taskloss.losses import metrics
-from taskloss.utils import check_bool, check_int, check_nonempty, eval_mode
+from taskloss.utils import (
+    INDEX_DTYPES,
+    check_bool,
+    check_device,
+    check_dtype,
+    check_int,
+    check_nonempty,
+    eval_mode,
+    is_transformed,
+)
 
 __all__ = [
     "TASK_LOSSES", "parse_task_loss",
@@ -101,6 +110,7 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, width: int | None 
         raise TypeError(f"seqs must be a list of token lists, got {type(seqs).__name__}")
     check_nonempty("seqs", seqs)
     check_int("pad_id", pad_id, minimum=0)
+    device = check_device("device", device, allow_none=True)
     for k, row in enumerate(seqs):
         if isinstance(row, (torch.Tensor, np.ndarray)):
             kind_ok = row.dtype.kind in "iu" if isinstance(row, np.ndarray) else \
@@ -181,12 +191,29 @@ def window_nll(model: nn.Module, prefixes: torch.Tensor, refs: torch.Tensor, pad
 
 
 def block_nll(model: nn.Module, blocks: torch.Tensor) -> torch.Tensor:
-    """Mean next-token NLL of LM blocks ``[M, T + 1]`` (the pretraining objective). Scalar, differentiable."""
+    """Mean next-token NLL of LM blocks ``[M, T + 1]`` (the pretraining objective). Scalar, differentiable.
+
+    Token ids may be int64 or int32, as the models take them (:data:`taskloss.utils.INDEX_DTYPES`)."""
+    _check_blocks(blocks)
+    logits = model(blocks[:, :-1])
+    targets = blocks[:, 1:]
+    _check_targets(targets, logits.shape[-1])
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1).long())
+
+
+def _check_targets(targets: torch.Tensor, vocab_size: int) -> None:
+    """The last column of a block is a target only, never an input: the model's own id check does not see it."""
+    if not is_transformed(targets):
+        lo, hi = int(targets.min()), int(targets.max())
+        if lo < 0 or hi >= vocab_size:
+            raise ValueError(f"blocks hold target ids in [{lo}, {hi}], outside the model's [0, {vocab_size})")
+
+
+def _check_blocks(blocks) -> None:
     if not isinstance(blocks, torch.Tensor) or blocks.ndim != 2 or blocks.shape[1] < 2:
         raise ValueError(f"blocks must be a [M, T+1] LongTensor with T ≥ 1, got {getattr(blocks, 'shape', None)}")
+    check_dtype("blocks", blocks, INDEX_DTYPES, "integer token ids")
     check_nonempty("blocks", blocks)
-    logits = model(blocks[:, :-1])
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), blocks[:, 1:].reshape(-1))
 
 
 class CompletionTask:
@@ -317,9 +344,7 @@ def heldout_blocks(split: str, tokenizer, block_size: int, path: str | os.PathLi
 def perplexity(model: nn.Module, blocks: torch.Tensor, batch_size: int = 32) -> float:
     """``exp(mean token NLL)`` of ``blocks`` ``[N, T + 1]`` (inputs ``[:, :-1]``, targets ``[:, 1:]``), the
     model in eval mode (its mode is restored)."""
-    if not isinstance(blocks, torch.Tensor) or blocks.ndim != 2 or blocks.shape[1] < 2:
-        raise ValueError(f"blocks must be a [N, T+1] LongTensor with T ≥ 1, got {getattr(blocks, 'shape', None)}")
-    check_nonempty("blocks", blocks)
+    _check_blocks(blocks)
     check_int("batch_size", batch_size, minimum=1)
     dev = next(model.parameters()).device
     total, count = 0.0, 0
@@ -327,7 +352,8 @@ def perplexity(model: nn.Module, blocks: torch.Tensor, batch_size: int = 32) -> 
         for i in range(0, blocks.shape[0], batch_size):
             b = blocks[i:i + batch_size].to(dev)
             logits = model(b[:, :-1]).float()
-            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b[:, 1:].reshape(-1),
+            _check_targets(b[:, 1:], logits.shape[-1])
+            total += float(F.cross_entropy(logits.reshape(-1, logits.shape[-1]), b[:, 1:].reshape(-1).long(),
                                            reduction="sum"))
             count += b[:, 1:].numel()
     ppl = math.exp(total / count)

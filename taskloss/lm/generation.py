@@ -13,7 +13,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from taskloss.lm.causal_lm import CausalLM
-from taskloss.utils import all_finite, check_bool, check_int, check_positive, check_token_ids, eval_mode
+from taskloss.utils import (
+    all_finite,
+    check_bool,
+    check_generator,
+    check_int,
+    check_positive,
+    check_token_ids,
+    eval_mode,
+)
 
 __all__ = ["generate", "sequence_logprob"]
 
@@ -84,11 +92,7 @@ def generate(model: nn.Module, prefix: torch.Tensor, max_new_tokens: int, eos_id
     check_positive("temperature", temperature)
     if top_k is not None:
         check_int("top_k", top_k, minimum=1)
-    if generator is not None:
-        if not isinstance(generator, torch.Generator):
-            raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
-        if generator.device.type != prefix.device.type:
-            raise ValueError(f"generator is on {generator.device} but prefix is on {prefix.device}")
+    check_generator("generator", generator, prefix.device)
 
     B, P = prefix.shape
     recurrent = bool(getattr(model, "is_recurrent", False))

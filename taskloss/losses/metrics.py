@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from taskloss.losses.levenshtein import levenshtein_rapidfuzz, levenshtein_torch
-from taskloss.utils import check_bool, check_int, check_nonempty
+from taskloss.utils import check_bool, check_device, check_int, check_nonempty
 
 __all__ = [
     "cut_at_eos", "to_lists",
@@ -97,6 +97,7 @@ def cut_at_eos(seqs, eos_id: int | None = None, *, lengths: torch.Tensor | None 
     """
     eos_id = _check_id("eos_id", eos_id)
     pad_id = _check_id("pad_id", pad_id)
+    device = check_device("device", device, allow_none=True)
     if isinstance(seqs, torch.Tensor):
         _check_int_tensor(name, seqs)
         if seqs.ndim != 2:
@@ -172,6 +173,7 @@ def _check_labels(pred: torch.Tensor, target: torch.Tensor) -> tuple[torch.Tenso
         raise ValueError("empty batch (last dimension of pred/target is 0)")
     if pred.shape[-1] != target.shape[-1]:
         raise ValueError(f"batch sizes differ: pred {tuple(pred.shape)} vs target {tuple(target.shape)}")
+    pred, target = pred.long(), target.long()      # any integer dtype (int32 ids as the models take): one type
     try:
         pred, target = torch.broadcast_tensors(pred, target.to(pred.device))
     except RuntimeError as e:

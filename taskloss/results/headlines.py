@@ -36,7 +36,7 @@ from taskloss.utils import REPO_ROOT
 
 __all__ = ["HEADLINE_RTOL", "HEADLINE_ATOL", "SPREAD_Z", "METADATA_KEY", "CHECK_ENV", "HeadlineMismatch",
            "Tolerance", "seed_spread", "correlation_spread", "CommittedRun", "committed_run", "committed_headlines", "headline_difference",
-           "portable_difference", "mismatch_message"]
+           "portable_difference", "mismatch_message", "check_tolerances"]
 
 HEADLINE_RTOL = 1e-3
 HEADLINE_ATOL = 1e-8
@@ -60,16 +60,21 @@ class Tolerance:
     reason: str = "a closed form or fixed-seed estimate: round-off only"
 
     def __post_init__(self):
-        for name in ("rtol", "atol"):
-            v = getattr(self, name)
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
-                raise ValueError(f"Tolerance.{name} must be a finite number >= 0, got {v!r}")
+        check_tolerances("Tolerance.", rtol=self.rtol, atol=self.atol)
         if not isinstance(self.reason, str) or not self.reason.strip():
             raise ValueError("a Tolerance needs a reason (why the value varies across machines)")
 
     def as_dict(self) -> dict[str, Any]:
         """The tolerance as JSON-ready data (stored in ``results.json``)."""
         return {"rtol": self.rtol, "atol": self.atol, "reason": self.reason}
+
+
+def check_tolerances(prefix: str = "", **tols) -> None:
+    """Raise ``ValueError`` unless every tolerance is a finite number ≥ 0 (0: exact; a NaN would make every
+    comparison pass or fail silently, a negative one every comparison fail)."""
+    for name, v in tols.items():
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v < 0:
+            raise ValueError(f"{prefix}{name} must be a finite number >= 0, got {v!r}")
 
 
 def _finite_values(name: str, values: Sequence[float]) -> list[float]:
@@ -92,6 +97,7 @@ def seed_spread(values: Sequence[float], *, z: float = SPREAD_Z, atol: float = H
         ValueError: fewer than 2 values, a non-finite value, ``z`` not positive.
     """
     v = _finite_values("values", values)
+    check_tolerances(atol=atol)
     if len(v) < 2:
         raise ValueError(f"seed_spread needs at least 2 per-seed values, got {len(v)}")
     if isinstance(z, bool) or not isinstance(z, (int, float)) or not math.isfinite(z) or z <= 0:
@@ -157,7 +163,11 @@ def committed_headlines(name: str) -> dict[str, Any] | None:
 def headline_difference(committed: Any, fresh: Any, *, rtol: float = HEADLINE_RTOL,
                         atol: float = HEADLINE_ATOL, path: str = "") -> str | None:
     """``None`` when ``fresh`` matches ``committed`` (numbers within tolerance, recursively through lists and
-    dicts), else a sentence naming the first difference."""
+    dicts), else a sentence naming the first difference.
+
+    Raises:
+        ValueError: ``rtol`` or ``atol`` not a finite number ≥ 0."""
+    check_tolerances(rtol=rtol, atol=atol)
     where = f" at {path}" if path else ""
     if isinstance(committed, bool) or isinstance(fresh, bool) or isinstance(committed, str):
         same = type(committed) is type(fresh) and committed == fresh

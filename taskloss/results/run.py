@@ -46,6 +46,7 @@ from taskloss.results.headlines import (
     CommittedRun,
     HeadlineMismatch,
     Tolerance,
+    check_tolerances,
     committed_run,
     headline_difference,
     mismatch_message,
@@ -129,6 +130,7 @@ class Run:
         if across_machines is not None and not isinstance(across_machines, Tolerance):
             raise TypeError("across_machines must be a taskloss.results.headlines.Tolerance (e.g. seed_spread(...)) "
                             f"or None, got {type(across_machines).__name__}")
+        check_tolerances(rtol=rtol, atol=atol)
         stored = _checked_jsonable(key, value)
         self.results[key] = stored
         if headline and key not in self.headline:

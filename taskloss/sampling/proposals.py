@@ -14,7 +14,19 @@ from typing import Sequence
 import torch
 
 from taskloss.sampling.ball import log_ball_volume
-from taskloss.utils import all_finite, check_finite, check_floating, check_int, check_ndim, check_no_nan, check_positive
+from taskloss.utils import (
+    LINALG_DTYPES,
+    all_finite,
+    check_dtype,
+    check_finite,
+    check_floating,
+    check_generator,
+    check_int,
+    check_ndim,
+    check_no_nan,
+    check_positive,
+    check_same_dtype,
+)
 
 __all__ = ["GaussianProposal", "UniformBallProposal", "GaussianMixtureProposal"]
 
@@ -24,10 +36,9 @@ __all__ = ["GaussianProposal", "UniformBallProposal", "GaussianMixtureProposal"]
 def _draw(kind: str, shape, generator, like: torch.Tensor) -> torch.Tensor:
     """Random draws on the generator's device (when given), returned on ``like``'s device and dtype."""
     fn = torch.randn if kind == "normal" else torch.rand
+    check_generator("generator", generator)
     if generator is None:
         return fn(*shape, device=like.device, dtype=like.dtype)
-    if not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator, got {type(generator).__name__}")
     return fn(*shape, generator=generator, device=generator.device, dtype=like.dtype).to(like.device)
 
 
@@ -41,11 +52,14 @@ def _check_points(x: torch.Tensor, d: int) -> None:
 class GaussianProposal:
     """N(mean, Σ) with ``mean [d]`` and either ``scale`` (std: a float or a ``[d]`` tensor, diagonal Σ) or
     ``cov [d, d]`` (symmetric positive definite). ``sample(n, generator) → [n, d]``, ``log_prob([..., d])``.
+    ``mean`` is float32 or float64 (the triangular solve of ``log_prob``); ``cov`` must share its dtype, a
+    ``scale`` tensor is cast to it.
     Derived in notebook 01_optimization_as_sampling."""
 
     def __init__(self, mean: torch.Tensor, scale: float | torch.Tensor | None = None,
                  cov: torch.Tensor | None = None):
         check_floating("mean", mean)
+        check_dtype("mean", mean, LINALG_DTYPES)      # log_prob's triangular solve: float32/64
         check_ndim("mean", mean, 1)
         check_finite("mean", mean)
         if (scale is None) == (cov is None):
@@ -64,6 +78,7 @@ class GaussianProposal:
             self.scale_tril = torch.diag(std)
         else:
             check_floating("cov", cov)
+            check_same_dtype(LINALG_DTYPES, mean=mean, cov=cov)     # Cholesky: float32/64, one dtype
             check_finite("cov", cov)
             if tuple(cov.shape) != (d, d):
                 raise ValueError(f"cov must have shape [{d}, {d}], got {tuple(cov.shape)}")
@@ -154,6 +169,7 @@ class GaussianMixtureProposal:
     def sample(self, n: int, generator: torch.Generator | None = None) -> torch.Tensor:
         """``n`` draws ``[n, d]`` from the mixture."""
         n = check_int("n", n, minimum=1)
+        check_generator("generator", generator)
         w = self.weights if generator is None else self.weights.to(generator.device)
         idx = torch.multinomial(w, n, replacement=True, generator=generator).to(self.weights.device)
         draws = torch.stack([c.sample(n, generator) for c in self.components])  # [M, n, d]

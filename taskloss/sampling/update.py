@@ -29,7 +29,17 @@ from typing import Callable
 import torch
 
 from taskloss.sampling.proposals import GaussianProposal
-from taskloss.utils import check_finite, check_floating, check_int, check_ndim, check_no_nan, check_positive
+from taskloss.utils import (
+    LINALG_DTYPES,
+    check_finite,
+    check_floating,
+    check_generator,
+    check_int,
+    check_ndim,
+    check_no_nan,
+    check_positive,
+    check_same_dtype,
+)
 
 __all__ = ["SNISResult", "normalized_log_weights", "effective_sample_size", "log_target", "vmap_loss",
            "self_normalized_is", "expected_update", "newton_direction", "gaussian_update_distribution"]
@@ -213,6 +223,7 @@ def expected_update(loss_fn: LossFn, theta: torch.Tensor, alpha: float, proposal
     ``.samples [n, d]`` the draws, ``.weights`` their SNIS weights. Derived in notebook
     01_optimization_as_sampling."""
     n_samples = check_int("n_samples", n_samples, minimum=1)
+    check_generator("generator", generator)
     if not (hasattr(proposal, "sample") and hasattr(proposal, "log_prob")):
         raise TypeError("proposal must provide sample(n, generator) and log_prob(x)")
     deltas = proposal.sample(n_samples, generator).to(device=theta.device, dtype=theta.dtype)
@@ -227,6 +238,7 @@ def expected_update(loss_fn: LossFn, theta: torch.Tensor, alpha: float, proposal
 def _check_curvature_grad(hessian: torch.Tensor, grad: torch.Tensor) -> None:
     check_floating("hessian", hessian)
     check_floating("grad", grad)
+    check_same_dtype(LINALG_DTYPES, hessian=hessian, grad=grad)     # solves and Cholesky: float32/64, one dtype
     if grad.ndim < 1 or hessian.ndim < 2 or hessian.shape[-1] != hessian.shape[-2] or \
             hessian.shape[-1] != grad.shape[-1] or grad.shape[-1] < 1:
         raise ValueError(f"need hessian [..., d, d] and grad [..., d]; got {tuple(hessian.shape)} and "

@@ -25,7 +25,15 @@ import torch.nn.functional as F
 
 from taskloss.lm.generation import generate, sequence_logprob
 from taskloss.losses.metrics import accuracy
-from taskloss.utils import check_finite, check_floating, check_int, check_nonnegative, check_not_meta, is_transformed
+from taskloss.utils import (
+    check_finite,
+    check_floating,
+    check_generator,
+    check_int,
+    check_nonnegative,
+    check_not_meta,
+    is_transformed,
+)
 
 __all__ = [
     "reinforce_loss", "leave_one_out_baseline", "MovingAverageBaseline", "expected_reward",
@@ -96,11 +104,6 @@ def _finite(name: str, t: torch.Tensor) -> torch.Tensor:
     """:func:`taskloss.utils.check_finite` after a clear refusal of meta tensors (which have no values to check)."""
     check_not_meta(name, t)
     return check_finite(name, t)
-
-
-def _check_generator(generator) -> None:
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
 
 
 def _is_real_number(x) -> bool:
@@ -244,7 +247,7 @@ def classification_reinforce(logits: torch.Tensor, target: torch.Tensor, n_sampl
         raise ValueError(f"batch sizes differ: logits {tuple(logits.shape)}, target {tuple(target.shape)}")
     S = check_int("n_samples", n_samples, minimum=1)
     check_nonnegative("mle_weight", mle_weight)
-    _check_generator(generator)
+    check_generator("generator", generator, logits.device)
     _finite("logits", logits.detach())
     C = logits.shape[1]
     lo, hi = int(target.min()), int(target.max())
@@ -300,6 +303,7 @@ def sequence_reinforce(model: torch.nn.Module, prefix: torch.Tensor, references,
         raise TypeError("task_loss must be a callable (hyp, ref) -> [N] losses")
     S = check_int("n_samples", n_samples, minimum=1)
     check_int("max_new_tokens", max_new_tokens, minimum=1)
+    check_generator("generator", generator, prefix.device if isinstance(prefix, torch.Tensor) else None)
     check_nonnegative("mle_weight", mle_weight)
     B = prefix.shape[0]
     n_ref = references.shape[0] if isinstance(references, torch.Tensor) else len(references)

@@ -34,6 +34,7 @@ from taskloss.search.ranks import check_n_examples, combine_across_ranks, finger
 from taskloss.utils import (
     all_finite,
     check_bool,
+    check_generator,
     check_int,
     check_nonnegative,
     check_not_meta,
@@ -150,8 +151,7 @@ def _validate(f, sigma: float, n: int, generator, chunk_size, vectorize) -> tupl
     check_bool("vectorize", vectorize)
     if not callable(f):
         raise TypeError(f"f must be callable (theta -> scalar loss), got {type(f).__name__}")
-    if generator is not None and not isinstance(generator, torch.Generator):
-        raise TypeError(f"generator must be a torch.Generator or None, got {type(generator).__name__}")
+    check_generator("generator", generator)
     if chunk_size is not None:
         check_int("chunk_size", chunk_size, minimum=1)
     return check_positive("sigma", sigma), check_int("n_samples", n, minimum=1)
