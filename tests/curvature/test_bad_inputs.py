@@ -328,7 +328,8 @@ CASES = [
     ("mc_fisher", "string generator", lambda: C.mc_fisher(M, None, X, generator="seed"), TypeError,
      "generator must be a torch.Generator or None, got str"),
     *[(name, "mixed dtypes", call, TypeError, match) for name, call, match in [
-        ("natural_gradient", lambda: C.natural_gradient(EYE2, V2.float()), r"mixed dtypes \(fisher: float64, grad: float32\)"),
+        ("natural_gradient", lambda: C.natural_gradient(EYE2, V2.float()),
+         r"mixed dtypes \(fisher: float64, grad: float32\)"),
         ("trust_region_step", lambda: C.trust_region_step(EYE2.float(), V2, 0.1),
          r"mixed dtypes \(fisher: float32, grad: float64\)"),
         ("gaussian_kl", lambda: C.gaussian_kl(V2.float(), EYE2.float(), V2, EYE2), r"mixed dtypes \(m0: float32"),
