@@ -210,7 +210,7 @@ def contrastive_accumulation(draw) -> Case:
     from taskloss.contrastive import accumulated_backward, info_nce
     B = draw(st.integers(1, 6))
     m, bad_m = pick(draw, [1, 2, 3, 7], [0, -1, 2.0, True])
-    tol, bad_tol = pick(draw, [None, 1e-6, 0.5], BAD_REALS)
+    tol, bad_tol = pick(draw, [None, 1e-6, 0.5], [v for v in BAD_REALS if v is not None])     # None: the default
     flag, bad_flag = pick(draw, FLAGS_VALID, FLAGS_INVALID)
     kind = draw(st.sampled_from(["plain", "plain", "bn-train", "bn-eval"]))
     enc = _contrastive_encoder(kind)
@@ -834,8 +834,9 @@ def attribution_quadrature(draw) -> Case:
     n, bad_n = pick(draw, [1, 2, 5, 16], [0, -1, 2.5, 10**6, 10**13])
     device, bad_dev = pick(draw, ["cpu", torch.device("cpu")], BAD_DEVICES)
     dtype, bad_dtype = pick(draw, [torch.float64, torch.float32], [torch.int64])
+    if n == 10**6 and not bad_method:
+        method = "gausslegendre"                    # its 8n² companion matrix: other rules are valid here
     too_small = method == "riemann_trapezoid" and n == 1
-    too_big = n == 10**13 or (n == 10**6 and method == "gausslegendre")
     tol = 1e-6 if dtype == torch.float32 else 1e-10
 
     def check(r):
@@ -848,7 +849,7 @@ def attribution_quadrature(draw) -> Case:
         if method == "gausslegendre" and n <= 16:
             _close((weights.double() * alphas.double() ** (2 * n - 1)).sum(), 1 / (2 * n), rtol=1e-5, atol=tol)
     return Case("attribution", "quadrature_rule", lambda: A.quadrature_rule(method, n, dtype=dtype, device=device),
-                bad_method or bad_n or bad_dev or bad_dtype or too_small or too_big, check,
+                bad_method or bad_n or bad_dev or bad_dtype or too_small, check,
                 f"{method!r} n_steps={n!r} device={device!r} {dtype}")
 
 
@@ -867,7 +868,6 @@ def attribution_ig(draw) -> Case:
     if n == 10**6 and not bad_method:
         method = "gausslegendre"                    # its 8n² companion matrix: other rules are valid (and slow) here
     too_small = method == "riemann_trapezoid" and n == 1
-    too_big = n == 10**12 or n == 10**6
 
     def check(r):
         _close(r.attributions, w * (x - base), rtol=1e-9, atol=1e-10)
@@ -875,7 +875,7 @@ def attribution_ig(draw) -> Case:
     return Case("attribution", "IntegratedGradients.attribute",
                 lambda: A.IntegratedGradients(lambda z: z @ w).attribute(x, base, n_steps=n, method=method,
                                                                          internal_batch_size=ibs),
-                bad_method or bad_n or bad_ibs or too_small or too_big, check,
+                bad_method or bad_n or bad_ibs or too_small, check,
                 f"B={B} F={F} {method!r} n_steps={n!r} internal_batch_size={ibs!r}")
 
 
