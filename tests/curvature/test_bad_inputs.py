@@ -416,3 +416,15 @@ def test_extreme_valid_inputs_give_finite_results():
     assert bool(torch.isfinite(C.ggn_matrix(lin, None, X)).all())
     F = torch.diag(torch.tensor([1e8, 1e-8], dtype=D))
     assert bool(torch.isfinite(C.natural_gradient(F, V2, damping=1e-12)).all())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cpu_generator_still_draws_for_cuda_tensors():
+    """The curvature samplers draw on the generator's device and move the draws (documented), so the generator
+    check refuses only what is not a generator: a CPU generator with CUDA outputs gives the CPU draws."""
+    logits, gen = LOGITS.cuda(), torch.Generator().manual_seed(0)
+    assert torch.equal(C.sample_targets(logits, generator=gen).cpu(),
+                       C.sample_targets(LOGITS, generator=torch.Generator().manual_seed(0)))
+    z = C.gaussian_samples(V2.cuda(), EYE2.cuda(), 3, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(z.cpu(), C.gaussian_samples(V2, EYE2, 3, torch.Generator().manual_seed(1)))
