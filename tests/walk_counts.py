@@ -1,5 +1,5 @@
-"""The wider walk: draw many more cases of every family of tests/api_walk.py (and of the rooms whose validators
-are pending) and print the counts clear / obscure / silent / valid per subpackage, with an example of each
+"""The wider walk: draw many more cases of every family of tests/api_walk.py (and of PENDING, the rooms whose
+validators are still to come, none at present) and print the counts clear / obscure / silent / valid per subpackage, with an example of each
 obscure or silent kind. Not collected by pytest (no test_ prefix); run it by hand:
 
     OMP_NUM_THREADS=1 PYTHONPATH=. python tests/walk_counts.py --examples 200
@@ -41,7 +41,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--examples", type=int, default=200, help="draws per family (default 200)")
     ap.add_argument("--seed", type=int, default=0, help="0: derandomized (the same draws every run); else random")
-    ap.add_argument("--no-pending", action="store_true", help="skip the curvature / attribution families")
+    ap.add_argument("--no-pending", action="store_true", help="skip the PENDING families")
     args = ap.parse_args()
     warnings.simplefilter("ignore")
     families = {**FAMILIES, **({} if args.no_pending else PENDING)}

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from taskloss.utils import check_finite, check_int, check_positive
+from taskloss.utils import check_finite, check_generator, check_int, check_positive
 
 __all__ = ["blurred_baseline", "gaussian_noise_baseline", "uniform_noise_baseline", "baseline_set"]
 
@@ -66,12 +66,14 @@ def gaussian_noise_baseline(inputs: Tensor, std: float, generator: torch.Generat
     Args:
         inputs: ``[B, *feat]`` floating tensor.
         std: noise standard deviation (> 0).
-        generator: a ``torch.Generator`` on the inputs' device for reproducible noise.
+        generator: a ``torch.Generator`` on the inputs' device for reproducible noise (another device, or a seed in
+            place of a generator, is refused: ``ValueError`` / ``TypeError``).
     """
     if not isinstance(inputs, Tensor) or not inputs.is_floating_point() or inputs.numel() == 0:
         raise TypeError("inputs must be a non-empty floating-point tensor")
     check_finite("inputs", inputs)
     std = check_positive("std", std)
+    check_generator("generator", generator, inputs.device)
     return inputs + std * torch.randn(inputs.shape, generator=generator, device=inputs.device, dtype=inputs.dtype)
 
 
@@ -83,10 +85,11 @@ def uniform_noise_baseline(inputs: Tensor, low: float = 0.0, high: float = 1.0,
     Args:
         inputs: ``[B, *feat]`` floating tensor (its shape, device and dtype are used).
         low, high: the range, ``low < high``.
-        generator: a ``torch.Generator`` on the inputs' device.
+        generator: a ``torch.Generator`` on the inputs' device (as in :func:`gaussian_noise_baseline`).
     """
     if not isinstance(inputs, Tensor) or not inputs.is_floating_point() or inputs.numel() == 0:
         raise TypeError("inputs must be a non-empty floating-point tensor")
+    check_generator("generator", generator, inputs.device)
     if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) or not (
             math.isfinite(low) and math.isfinite(high) and low < high):
         raise ValueError(f"need finite low < high, got low={low}, high={high}")
@@ -101,8 +104,10 @@ def baseline_set(data: Tensor, k: int, generator: torch.Generator | None = None)
     Args:
         data: ``[N, *feat]`` reference data (e.g. the training inputs).
         k: number of references, ``1 ≤ k ≤ N``.
-        generator: a CPU ``torch.Generator`` for the draw.
+        generator: a CPU ``torch.Generator`` for the draw (the permutation is drawn on the CPU whatever the
+            device of ``data``).
     """
+    check_generator("generator", generator, "cpu")
     if not isinstance(data, Tensor) or not data.is_floating_point():
         raise TypeError("data must be a floating-point tensor [N, *feat]")
     if data.ndim < 1 or data.shape[0] == 0:

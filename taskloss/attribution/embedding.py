@@ -140,5 +140,6 @@ class EmbeddingIntegratedGradients:
                 raise ValueError("forward_fn did not call the embedding module; pass the module it embeds tokens with")
             return select_target(out, tgt, example)
 
-        attr, error, diff = _attribute_pairs(scalar_fn, emb, bases, n_steps, method, bs)
+        attr, error, diff = _attribute_pairs(scalar_fn, emb, bases, n_steps, method, bs,
+                                             "EmbeddingIntegratedGradients.attribute")
         return Attribution(attr.sum(-1) if sum_embedding else attr, error, diff)

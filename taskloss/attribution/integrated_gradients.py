@@ -44,8 +44,8 @@ from typing import Any, Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from taskloss.attribution.quadrature import quadrature_rule
-from taskloss.utils import all_finite, check_finite, check_int
+from taskloss.attribution.quadrature import checked_steps, quadrature_rule
+from taskloss.utils import all_finite, check_allocation, check_finite, check_int
 
 __all__ = ["Attribution", "IntegratedGradients", "integrate_gradients", "select_target"]
 
@@ -81,6 +81,15 @@ def _chunks(n_steps: int, n_pairs: int, cap: int):
                 yield slice(s, s + 1), slice(p, min(p + cap, n_pairs))
 
 
+def _path_bytes(m: int, n_pairs: int, n_feat: int, itemsize: int, cap: int | None) -> float:
+    """The memory, at least, of :func:`integrate_gradients` beyond its inputs: the path values ``[m, P]`` and the
+    largest chunk of interpolated points with its gradient (``2 × rows × n_feat``); the forward's own activations
+    come on top."""
+    cap = m * n_pairs if cap is None else cap
+    rows = min(cap // n_pairs, m) * n_pairs if n_pairs <= cap else cap
+    return float(itemsize) * (m * n_pairs + 2.0 * rows * n_feat)
+
+
 def integrate_gradients(scalar_fn: ScalarFn, starts: Tensor, ends: Tensor, alphas: Tensor, weights: Tensor,
                         internal_batch_size: int | None = None) -> tuple[Tensor, Tensor]:
     """Σ_k w_k ∇f(γ_p(α_k)) for every pair p of a start and an end point, γ_p(α) = start_p + α(end_p − start_p).
@@ -97,8 +106,16 @@ def integrate_gradients(scalar_fn: ScalarFn, starts: Tensor, ends: Tensor, alpha
     Returns:
         ``(gradient_integral [P, *feat], path_values [m, P])``: the weighted sum of gradients, and f at every node
         (detached), from which F(x) and F(x′) can be read when the nodes include 0 and 1.
+
+    Raises:
+        ValueError: ``scalar_fn`` not returning one value per point, or an output that does not depend on the
+            points; NaN/inf values; a pass whose points and gradients (with the path values) would not fit in the
+            device's memory (lower the number of nodes or set ``internal_batch_size``).
     """
     m, n_pairs, feat = alphas.shape[0], starts.shape[0], starts.shape[1:]
+    check_allocation(f"integrate_gradients over {m} nodes x {n_pairs} paths of {feat.numel()} features "
+                     f"(internal_batch_size={internal_batch_size})",
+                     _path_bytes(m, n_pairs, feat.numel(), starts.element_size(), internal_batch_size), starts.device)
     cap = m * n_pairs if internal_batch_size is None else internal_batch_size
     diff = ends - starts
     total = torch.zeros_like(starts)
@@ -284,10 +301,14 @@ def _check_batch_size(internal_batch_size) -> int | None:
 
 
 def _attribute_pairs(scalar_fn: ScalarFn, inputs: Tensor, bases: Tensor, n_steps: int, method: str,
-                     internal_batch_size: int | None) -> tuple[Tensor, Tensor, Tensor]:
+                     internal_batch_size: int | None, caller: str = "IntegratedGradients.attribute"
+                     ) -> tuple[Tensor, Tensor, Tensor]:
     """The shared tail of :class:`IntegratedGradients` and the embedding variant: inputs ``[B, *feat]``,
-    baselines ``[K, B, *feat]`` → (attributions ``[B, *feat]``, completeness error ``[B]``, F(x) − F(x′) ``[B]``)."""
+    baselines ``[K, B, *feat]`` → (attributions ``[B, *feat]``, completeness error ``[B]``, F(x) − F(x′) ``[B]``).
+    ``n_steps`` is refused before anything is allocated when the rule and one pass of the path would not fit."""
     K, B, feat = bases.shape[0], inputs.shape[0], inputs.shape[1:]
+    n_steps = checked_steps(method, n_steps, caller=caller, device=inputs.device, extra_bytes=lambda n: _path_bytes(
+        n, K * B, feat.numel(), inputs.element_size(), internal_batch_size))
     alphas, weights = quadrature_rule(method, n_steps, dtype=inputs.dtype, device=inputs.device)
     starts = bases.reshape(K * B, *feat)
     ends = inputs.unsqueeze(0).expand(K, B, *feat).reshape(K * B, *feat)

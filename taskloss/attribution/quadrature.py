@@ -28,11 +28,12 @@ as tensors of the requested dtype and device.
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import numpy as np
 import torch
 
-from taskloss.utils import check_int
+from taskloss.utils import check_device, check_int, check_steps
 
 __all__ = ["METHODS", "quadrature_rule", "captum_trapezoid_factor", "convergence_order"]
 
@@ -70,6 +71,44 @@ def _nodes_weights_np(method: str, n: int) -> tuple[np.ndarray, np.ndarray]:
     return 0.5 * (x + 1.0), 0.5 * w
 
 
+def _host_bytes(method: str, n: int) -> float:
+    """The float64 host memory of building the rule with ``n`` nodes, at least: Gauss–Legendre's eigenvalue problem
+    holds an ``n × n`` companion matrix (8n² bytes: 7.28 TiB at n = 10⁶); every rule a few float64 arrays of n."""
+    return 32.0 * n + (8.0 * n * n if method == "gausslegendre" else 0.0)
+
+
+def checked_steps(method, n_steps, *, caller: str = "quadrature_rule", device=None,
+                  extra_bytes: Callable[[int], float] | None = None) -> int:
+    """``n_steps`` as an int after checking ``method``, the rule's smallest node count, and that building the
+    rule — plus what the caller allocates for these steps on ``device`` — fits in memory.
+
+    Args:
+        method: one of :data:`METHODS`.
+        n_steps: the node count (≥ 1; ≥ 2 for ``riemann_trapezoid``).
+        caller: the call, for the message.
+        device: where ``extra_bytes`` are allocated (``None``: the CPU); the rule itself is built on the CPU.
+        extra_bytes: ``n ↦`` the caller's own bytes for ``n`` steps (the interpolated inputs and their gradients).
+
+    Returns:
+        ``int(n_steps)``.
+
+    Raises:
+        TypeError / ValueError: an unknown method, ``n_steps`` not an int or too small, or an estimated
+            allocation beyond the device's memory (the message gives both).
+    """
+    _check_method(method)
+    minimum = 2 if method == "riemann_trapezoid" else 1
+    n = check_int("n_steps", n_steps, minimum=minimum)
+    what = f"{caller}(n_steps={n}, method={method!r})"
+    extra = 0.0 if extra_bytes is None else float(extra_bytes(n))
+    on_cpu = device is None or torch.device(device).type == "cpu"
+    check_steps("n_steps", n, bytes_per_step=(_host_bytes(method, n) + (extra if on_cpu else 0.0)) / n, what=what,
+                minimum=minimum)
+    if not on_cpu:
+        check_steps("n_steps", n, bytes_per_step=extra / n, what=what, device=device, minimum=minimum)
+    return n
+
+
 def quadrature_rule(method: str = "gausslegendre", n_steps: int = 50, *, dtype: torch.dtype = torch.float64,
                     device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """Nodes and weights of ``method`` with ``n_steps`` nodes on [0, 1] (see the module docstring).
@@ -78,18 +117,20 @@ def quadrature_rule(method: str = "gausslegendre", n_steps: int = 50, *, dtype: 
         method: one of :data:`METHODS`.
         n_steps: number of nodes m (≥ 1; ≥ 2 for ``riemann_trapezoid``, which needs both end points).
         dtype: floating dtype of the returned tensors (computed in float64, then cast).
-        device: device of the returned tensors.
+        device: device of the returned tensors (``"cpu"``, ``"cuda"``, ``"cuda:N"``, ``"auto"`` or a
+            ``torch.device``; one this machine does not have is a ``ValueError``).
 
     Returns:
         ``(alphas [m], weights [m])`` with ``Σ weights = 1`` and ``0 ≤ alphas ≤ 1`` ascending.
 
     Raises:
-        ValueError / TypeError: unknown method, ``n_steps`` not an int or too small, non-floating dtype.
+        ValueError / TypeError: unknown method, ``n_steps`` not an int or too small, non-floating dtype, an unknown
+            or absent device, an ``n_steps`` whose rule would not fit in memory (Gauss–Legendre needs 8·n² bytes).
     """
-    _check_method(method)
-    n = check_int("n_steps", n_steps, minimum=2 if method == "riemann_trapezoid" else 1)
+    n = checked_steps(method, n_steps)
     if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
         raise TypeError(f"dtype must be a floating torch.dtype, got {dtype!r}")
+    device = check_device("device", device)
     alphas, weights = _nodes_weights(method, n)
     return (alphas.to(device=device, dtype=dtype, copy=True), weights.to(device=device, dtype=dtype, copy=True))
 

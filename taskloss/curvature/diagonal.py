@@ -20,7 +20,7 @@ from taskloss.curvature.fisher import (
     unflatten,
 )
 from taskloss.curvature.model_io import check_precision
-from taskloss.utils import all_finite, check_int, check_not_meta, check_positive, check_probability
+from taskloss.utils import all_finite, check_generator, check_int, check_not_meta, check_positive, check_probability
 
 __all__ = ["FisherDiagonalPreconditioner"]
 
@@ -73,8 +73,7 @@ class FisherDiagonalPreconditioner:
         if fisher_type not in self.FISHER_TYPES:
             raise ValueError(f"fisher_type must be one of {self.FISHER_TYPES}, got {fisher_type!r}")
         check_likelihood(likelihood)
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError("generator must be a torch.Generator or None")
+        check_generator("generator", generator)
         self.model, self.fisher_type, self.likelihood = model, fisher_type, likelihood
         self.damping, self.decay, self.power = damping, decay, power
         self._check_hyperparameters()

@@ -67,7 +67,7 @@ from taskloss.curvature.model_io import (
     prepare,
 )
 from taskloss.curvature.per_term import dense_sum, diagonal_sum, jt_factors
-from taskloss.utils import check_finite, check_int, check_not_meta, flatten, unflatten
+from taskloss.utils import check_finite, check_generator, check_int, check_not_meta, flatten, unflatten
 
 __all__ = [
     "LIKELIHOODS", "check_likelihood", "check_outputs", "check_targets", "nll_loss", "nll_grad", "sample_targets",
@@ -215,7 +215,13 @@ def sample_targets(outputs: Tensor, likelihood: Likelihood = "categorical", n_sa
 
     Returns ``[n_samples, N]`` class ids (categorical) or ``[n_samples, N, C]`` draws ``f + ε``, ``ε ~ N(0, I)``.
     The generator may live on another device than ``outputs`` (draws are made on the generator's device).
+
+    Raises:
+        TypeError: a bad ``outputs`` or ``n_samples``, or a ``generator`` that is not a ``torch.Generator`` (a
+            seed is not one: pass ``torch.Generator().manual_seed(seed)``).
+        ValueError: bad shapes or values of ``outputs``, ``n_samples < 1``.
     """
+    check_generator("generator", generator)
     check_outputs(outputs, likelihood)
     check_int("n_samples", n_samples, minimum=1)
     outputs = outputs.detach()
@@ -398,7 +404,9 @@ fisher_matrix = ggn_matrix  # the Fisher of a categorical / unit-variance Gaussi
 def mc_fisher(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", n_samples: int = 1,
               generator: torch.Generator | None = None, *, mask=None, process_group=None) -> Tensor:
     """Monte-Carlo Fisher ``[P, P]``: ``(1/nS) Σ_{i,s} g_{is} g_{is}ᵀ`` with ``g_{is} = ∇_θ ℓ(f_i, ŷ_{is})`` and
-    ``ŷ_{is} ~ p(·|f_i)`` over the loss terms that count (``generator`` makes the draws reproducible)."""
+    ``ŷ_{is} ~ p(·|f_i)`` over the loss terms that count (``generator``, a ``torch.Generator`` on any device, makes
+    the draws reproducible; anything else is a ``TypeError``)."""
+    check_generator("generator", generator)
     fn, params = prepare(model_or_fn, params, inputs)
     out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
     factors = _mc_factors(flat, likelihood, n_samples, generator, valid)
@@ -428,6 +436,7 @@ def ggn_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categori
 def mc_fisher_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categorical",
                        n_samples: int = 1, generator: torch.Generator | None = None, *, mask=None, process_group=None) -> Tensor:
     """Diagonal of :func:`mc_fisher`, flat ``[P]``."""
+    check_generator("generator", generator)
     fn, params = prepare(model_or_fn, params, inputs)
     out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
     factors = _mc_factors(flat, likelihood, n_samples, generator, valid)

@@ -18,7 +18,15 @@ from typing import Callable, NamedTuple
 import torch
 from torch.func import grad, hessian, vmap
 
-from taskloss.utils import check_finite, check_floating, check_int, check_not_meta, check_positive
+from taskloss.utils import (
+    check_finite,
+    check_floating,
+    check_generator,
+    check_int,
+    check_not_meta,
+    check_positive,
+    check_same_dtype,
+)
 
 __all__ = [
     "sym_to_vec", "vec_to_sym", "gaussian_to_natural", "gaussian_from_natural", "gaussian_to_expectation",
@@ -104,10 +112,13 @@ def check_mean_cov(m: torch.Tensor, V: torch.Tensor, name: str = "") -> torch.Te
         The lower Cholesky factor of ``V``.
 
     Raises:
+        TypeError: a non-floating or half-precision tensor, or a mean and covariance of different dtypes (float32
+            with float64: cast one, the computation is not promoted).
         ValueError: bad shapes or values, a covariance that is not positive definite.
     """
     check_tensor(f"{name}mean", m)
     check_square(f"{name}covariance", V)
+    check_same_dtype(**{f"{name}mean": m, f"{name}covariance": V})
     _matching(f"{name}mean", m, "covariance", V)
     return checked_cholesky(f"{name}covariance", V)
 
@@ -177,6 +188,7 @@ def gaussian_from_natural(l1: torch.Tensor, l2: torch.Tensor) -> tuple[torch.Ten
     """
     check_tensor("lambda1", l1)
     check_square("lambda2", l2)
+    check_same_dtype(lambda1=l1, lambda2=l2)
     _matching("lambda1", l1, "lambda2", l2)
     L = checked_cholesky("-lambda2 (lambda2 must be negative definite)", -2.0 * l2)
     V = torch.cholesky_inverse(L)
@@ -199,6 +211,7 @@ def gaussian_from_expectation(mu1: torch.Tensor, mu2: torch.Tensor) -> tuple[tor
     """
     check_tensor("mu1", mu1)
     check_square("mu2", mu2)
+    check_same_dtype(mu1=mu1, mu2=mu2)
     _matching("mu1", mu1, "mu2", mu2)
     V = mu2 - mu1.unsqueeze(-1) * mu1.unsqueeze(-2)
     checked_cholesky("mu2 - mu1 mu1^T", V)
@@ -231,6 +244,7 @@ def gaussian_natural_fisher(l1: torch.Tensor, l2: torch.Tensor) -> torch.Tensor:
     """
     check_tensor("lambda1", l1)
     check_tensor("lambda2", l2)
+    check_same_dtype(lambda1=l1, lambda2=l2)
     if l1.ndim != 1 or l2.ndim != 2:
         raise ValueError("gaussian_natural_fisher takes a single distribution: lambda1 [d], lambda2 [d, d]; got "
                          f"shapes {tuple(l1.shape)} and {tuple(l2.shape)}")
@@ -249,7 +263,12 @@ class MCEstimate(NamedTuple):
 
 def gaussian_samples(m: torch.Tensor, V: torch.Tensor, n_samples: int,
                      generator: torch.Generator | None = None) -> torch.Tensor:
-    """``n_samples`` draws of ``N(m [d], V [d, d])`` as [S, d] (``z = m + Lε``, ``LLᵀ = V``)."""
+    """``n_samples`` draws of ``N(m [d], V [d, d])`` as [S, d] (``z = m + Lε``, ``LLᵀ = V``).
+
+    ``generator`` is ``None`` or a ``torch.Generator`` on any device (the draws are made there, then moved to
+    ``m``'s); a seed or any other object is a ``TypeError``.
+    """
+    check_generator("generator", generator)
     L = check_mean_cov(m, V)
     check_int("n_samples", n_samples, minimum=1)
     if m.ndim != 1:
@@ -372,6 +391,8 @@ def gaussian_vi_natural_update(m: torch.Tensor, precision: torch.Tensor, grad_me
             raise ValueError(f"{name} must have shape {tuple(want)}, got {tuple(x.shape)}")
     check_square("prior_precision", prior_precision)
     _matching("prior_mean", check_tensor("prior_mean", prior_mean), "prior_precision", prior_precision)
+    check_same_dtype(m=m, precision=precision, grad_mean=grad_mean, hess_mean=hess_mean, prior_mean=prior_mean,
+                     prior_precision=prior_precision)
     if prior_mean.shape[-1] != m.shape[-1]:
         raise ValueError(f"prior_mean must have last dimension {m.shape[-1]}, got shape {tuple(prior_mean.shape)}")
     r = rho.unsqueeze(-1) if isinstance(rho, torch.Tensor) else rho                    # [..., 1]
@@ -414,12 +435,14 @@ class NaturalGaussianVI:
         self.lr, self.n_samples = check_positive("lr", lr), check_int("n_samples", n_samples, minimum=1)
         if self.lr > 1:
             raise ValueError(f"lr must lie in (0, 1], got {lr}")
-        self.log_lik, self.generator = log_lik, generator
+        self.log_lik, self.generator = log_lik, check_generator("generator", generator)
         self.mean = (prior_mean if init_mean is None else check_tensor("init_mean", init_mean)).clone()
         self.precision = (prior_precision if init_precision is None
                           else check_square("init_precision", init_precision)).clone()
         if self.mean.shape != prior_mean.shape or self.precision.shape != prior_precision.shape:
             raise ValueError("init_mean / init_precision must match the prior's shapes")
+        check_same_dtype(prior_mean=prior_mean, prior_precision=prior_precision, init_mean=init_mean,
+                         init_precision=init_precision)
         checked_cholesky("init_precision", self.precision)
 
     @property

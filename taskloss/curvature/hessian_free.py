@@ -93,7 +93,11 @@ def conjugate_gradient(matvec: Callable, b, damping: float = 0.0, max_iter: int 
         b: right-hand side, a non-empty flat floating tensor ``[P]`` or a dict name → tensor; finite.
         damping: ``λ ≥ 0`` added to the diagonal (Tikhonov / Levenberg-Marquardt).
         max_iter: iteration budget (≥ 1).
-        tol: stop when the residual ``‖r‖ ≤ tol · ‖b‖``.
+        tol: stop when the residual ``‖r‖ ≤ tol · ‖b‖`` (≥ 0). ``tol=0`` disables the early stop: CG runs all
+            ``max_iter`` iterations (stopping sooner only at an exactly zero residual or, when ``truncated``, a
+            direction of non-positive curvature), as Hessian-free optimization with a fixed CG budget does. A solve
+            (``truncated=False``) with ``tol=0`` then reports ``converged=False`` (and warns, without
+            ``return_info``) unless the true residual is exactly zero.
         x0: warm start (same kind as ``b``); zeros by default.
         truncated: ``False`` (default) — a solve: a direction of non-positive curvature raises ``ValueError``
             and running out of iterations without meeting ``tol`` issues a ``RuntimeWarning`` (unless
@@ -241,7 +245,7 @@ class HessianFree(torch.optim.Optimizer):
         lr: the step size (default of the groups).
         damping: the initial λ > 0.
         cg_iters: CG iterations per step.
-        cg_tol: CG's relative residual tolerance.
+        cg_tol: CG's relative residual tolerance (≥ 0; ``0`` runs all ``cg_iters`` iterations every step).
         likelihood: ``"categorical"`` or ``"gaussian"``.
         adapt_damping: Levenberg-Marquardt adaptation of λ (and undoing of steps that raise the loss).
         warm_start: the factor on the previous direction CG starts from.

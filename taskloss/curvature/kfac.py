@@ -95,7 +95,7 @@ from taskloss.curvature.model_io import (
     random_modules,
     train_mode_error,
 )
-from taskloss.utils import check_bool, check_int, check_not_meta, check_positive, check_probability
+from taskloss.utils import check_bool, check_generator, check_int, check_not_meta, check_positive, check_probability
 
 __all__ = ["KFAC"]
 
@@ -202,8 +202,7 @@ class KFAC:
             raise ValueError(f"likelihood must be one of {LIKELIHOODS}, got {likelihood!r}")
         if damping_mode not in self.DAMPING_MODES:
             raise ValueError(f"damping_mode must be one of {self.DAMPING_MODES}, got {damping_mode!r}")
-        if generator is not None and not isinstance(generator, torch.Generator):
-            raise TypeError("generator must be a torch.Generator or None")
+        check_generator("generator", generator)
         check_bool("skip_unsupported", skip_unsupported)
         self.damping = damping
         self.decay = decay

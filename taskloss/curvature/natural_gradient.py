@@ -29,6 +29,7 @@ from taskloss.utils import (
     check_nonnegative,
     check_not_meta,
     check_positive,
+    check_same_dtype,
     distinct_param_group,
     flatten,
 )
@@ -43,7 +44,8 @@ def natural_gradient(fisher: torch.Tensor, grad: torch.Tensor, damping: float = 
 
     ``fisher`` [..., P, P] symmetric positive (semi-)definite, ``grad`` [..., P], ``damping`` λ ≥ 0 (Tikhonov /
     Levenberg–Marquardt damping; needed when F is singular). Returns [..., P]. Raises when ``F + λI`` is not
-    positive definite. Float16 / bfloat16 inputs are solved in float32 (the result is cast back to ``grad``'s dtype).
+    positive definite. Float16 / bfloat16 inputs are solved in float32 (the result is cast back to ``grad``'s dtype);
+    otherwise ``fisher`` and ``grad`` must share one dtype (float32 with float64 is a ``TypeError``, not promoted).
     Derived in notebook 06_natural_gradient.
     """
     if isinstance(fisher, torch.Tensor) and isinstance(grad, torch.Tensor) and (fisher.dtype in HALF or
@@ -52,6 +54,7 @@ def natural_gradient(fisher: torch.Tensor, grad: torch.Tensor, damping: float = 
         return natural_gradient(fisher.float(), grad.float(), damping).to(out_dtype)
     check_square("fisher", fisher)
     check_tensor("grad", grad)
+    check_same_dtype(fisher=fisher, grad=grad)
     lam = check_nonnegative("damping", damping)
     if grad.shape[-1] != fisher.shape[-1]:
         raise ValueError(f"grad of shape {tuple(grad.shape)} does not match fisher {tuple(fisher.shape)}")
@@ -67,7 +70,8 @@ def trust_region_step(fisher: torch.Tensor, grad: torch.Tensor, max_kl: float,
 
     ``fisher`` [..., P, P], ``grad`` [..., P]; returns [..., P] (zero where ``g = 0``). The constraint is the
     second-order expansion of ``KL(p_θ ‖ p_{θ+δ})``. Float16 / bfloat16 inputs are solved in float32 (the result
-    is cast back to ``grad``'s dtype). Derived in notebook 06_natural_gradient.
+    is cast back to ``grad``'s dtype); otherwise ``fisher`` and ``grad`` must share one dtype, as in
+    :func:`natural_gradient`. Derived in notebook 06_natural_gradient.
     """
     if isinstance(fisher, torch.Tensor) and isinstance(grad, torch.Tensor) and (fisher.dtype in HALF or
                                                                                  grad.dtype in HALF):
@@ -181,10 +185,12 @@ class NaturalGradientDescent(torch.optim.Optimizer):
 def gaussian_kl(m0: torch.Tensor, V0: torch.Tensor, m1: torch.Tensor, V1: torch.Tensor) -> torch.Tensor:
     """``KL(N(m0, V0) ‖ N(m1, V1))`` in closed form, batched: means [..., d], covariances [..., d, d] → [...].
 
-    ``½[tr(V1⁻¹V0) + (m1-m0)ᵀV1⁻¹(m1-m0) - d + log det V1 - log det V0]``, via Cholesky factors.
+    ``½[tr(V1⁻¹V0) + (m1-m0)ᵀV1⁻¹(m1-m0) - d + log det V1 - log det V0]``, via Cholesky factors. The four
+    tensors share one dtype (float32 or float64; mixing them is a ``TypeError``, not a float64 promotion).
     Derived in notebook 06_natural_gradient.
     """
     L0, L1 = check_mean_cov(m0, V0, "first "), check_mean_cov(m1, V1, "second ")
+    check_same_dtype(m0=m0, V0=V0, m1=m1, V1=V1)
     if m0.shape[-1] != m1.shape[-1]:
         raise ValueError(f"dimensions differ: {m0.shape[-1]} vs {m1.shape[-1]}")
     d = m0.shape[-1]

@@ -311,6 +311,37 @@ CASES = [
     ("NaturalGaussianVI", "shape", lambda: _vi(init_mean=torch.ones(3, dtype=D)), ValueError, "match the prior"),
     ("NaturalGaussianVI", "type", lambda: _vi(log_lik=3), TypeError, "log_lik must be callable"),
     ("NaturalGaussianVI", "nan", lambda: _vi(log_lik=_nan_grad_f).step(), ValueError, "gradient of f is NaN"),
+    # ------------------------------------------------------------- generators and mixed dtypes (shared validators)
+    *[(name, "seed", call, TypeError, r"generator must be a torch.Generator or None, got int \(a seed\?")
+      for name, call in [
+          ("sample_targets", lambda: C.sample_targets(LOGITS, generator=0)),
+          ("mc_fisher", lambda: C.mc_fisher(M, None, X, generator=0)),
+          ("mc_fisher_diagonal", lambda: C.mc_fisher_diagonal(M, None, X, generator=0)),
+          ("gaussian_samples", lambda: C.gaussian_samples(V2, EYE2, 3, generator=0)),
+          ("bonnet_gradient", lambda: C.bonnet_gradient(lambda z: z.sum(), V2, EYE2, 3, generator=0)),
+          ("price_gradient", lambda: C.price_gradient(lambda z: z.sum(), V2, EYE2, 3, generator=0)),
+          ("gaussian_natural_gradient", lambda: C.gaussian_natural_gradient(lambda z: z.sum(), V2, EYE2, 3,
+                                                                            generator=0)),
+          ("NaturalGaussianVI", lambda: _vi(generator=0)),
+          ("KFAC", lambda: C.KFAC(M, generator=0)),
+          ("FisherDiagonalPreconditioner", lambda: C.FisherDiagonalPreconditioner(M, generator=0))]],
+    ("mc_fisher", "string generator", lambda: C.mc_fisher(M, None, X, generator="seed"), TypeError,
+     "generator must be a torch.Generator or None, got str"),
+    *[(name, "mixed dtypes", call, TypeError, match) for name, call, match in [
+        ("natural_gradient", lambda: C.natural_gradient(EYE2, V2.float()),
+         r"mixed dtypes \(fisher: float64, grad: float32\)"),
+        ("trust_region_step", lambda: C.trust_region_step(EYE2.float(), V2, 0.1),
+         r"mixed dtypes \(fisher: float32, grad: float64\)"),
+        ("gaussian_kl", lambda: C.gaussian_kl(V2.float(), EYE2.float(), V2, EYE2), r"mixed dtypes \(m0: float32"),
+        ("gaussian_to_natural", lambda: C.gaussian_to_natural(V2.float(), EYE2),
+         r"mixed dtypes \(mean: float32, covariance: float64\)"),
+        ("gaussian_from_natural", lambda: C.gaussian_from_natural(V2.float(), _NEG), r"lambda1: float32"),
+        ("gaussian_from_expectation", lambda: C.gaussian_from_expectation(V2, 2 * EYE2.float()), r"mu2: float32"),
+        ("gaussian_log_partition", lambda: C.gaussian_log_partition(V2.float(), _NEG), r"lambda1: float32"),
+        ("gaussian_natural_fisher", lambda: C.gaussian_natural_fisher(V2, _NEG.float()), r"lambda2: float32"),
+        ("gaussian_vi_natural_update", lambda: C.gaussian_vi_natural_update(V2, EYE2, V2.float(), EYE2, 0.5, V2, EYE2),
+         r"grad_mean: float32"),
+        ("NaturalGaussianVI", lambda: _vi(init_mean=V2.float()), r"init_mean: float32")]],
 ]
 
 EXEMPT = {
@@ -385,3 +416,15 @@ def test_extreme_valid_inputs_give_finite_results():
     assert bool(torch.isfinite(C.ggn_matrix(lin, None, X)).all())
     F = torch.diag(torch.tensor([1e8, 1e-8], dtype=D))
     assert bool(torch.isfinite(C.natural_gradient(F, V2, damping=1e-12)).all())
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cpu_generator_still_draws_for_cuda_tensors():
+    """The curvature samplers draw on the generator's device and move the draws (documented), so the generator
+    check refuses only what is not a generator: a CPU generator with CUDA outputs gives the CPU draws."""
+    logits, gen = LOGITS.cuda(), torch.Generator().manual_seed(0)
+    assert torch.equal(C.sample_targets(logits, generator=gen).cpu(),
+                       C.sample_targets(LOGITS, generator=torch.Generator().manual_seed(0)))
+    z = C.gaussian_samples(V2.cuda(), EYE2.cuda(), 3, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(z.cpu(), C.gaussian_samples(V2, EYE2, 3, torch.Generator().manual_seed(1)))

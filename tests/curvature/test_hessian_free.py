@@ -79,6 +79,21 @@ def test_not_converging_warns_and_return_info_reports_it():
     torch.testing.assert_close(A @ x, b)
 
 
+def test_tol_zero_runs_every_iteration_and_a_solve_reports_it_as_not_converged():
+    """``tol=0`` is documented as "no early stop": max_iter products (truncated), the same iterate as a tiny tol
+    that is never met, and a solve that says it did not converge rather than claiming an exact solution."""
+    A = _spd(12, 5, 1e-3)
+    b = torch.ones(12, dtype=D)
+    x, info = C.conjugate_gradient(lambda v: A @ v, b, max_iter=4, tol=0.0, truncated=True)
+    assert info["iterations"] == 4 and info["stop"] == "max_iter"
+    same, _ = C.conjugate_gradient(lambda v: A @ v, b, max_iter=4, tol=1e-300, truncated=True)
+    torch.testing.assert_close(x, same, rtol=0, atol=0)
+    _, info = C.conjugate_gradient(lambda v: A @ v, b, max_iter=4, tol=0.0, return_info=True)
+    assert info["iterations"] == 4 and not info["converged"]
+    with pytest.warns(RuntimeWarning, match="did not converge"):
+        C.conjugate_gradient(lambda v: A @ v, b, max_iter=4, tol=0.0)
+
+
 @pytest.mark.parametrize("bad", ["nan", "inf", "shape", "keys"])
 def test_a_broken_matvec_raises(bad):
     b = torch.ones(4, dtype=D)
