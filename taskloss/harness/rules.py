@@ -412,7 +412,7 @@ class MeZORule(_Rule):
 @dataclass
 class RuleSpec:
     """A registered rule: its class, default hyperparameters, a one-line description and what it wraps (the classes
-    and functions whose defaults :data:`DEFAULT_OVERRIDES` compares it with)."""
+    and functions whose defaults :data:`~taskloss.harness.rules.DEFAULT_OVERRIDES` compares it with)."""
 
     name: str
     cls: Callable[..., Any]
@@ -491,7 +491,7 @@ DEFAULT_OVERRIDES: dict[str, dict[str, tuple]] = {
     "spsa": {"sigma": (0.01, "required"), "n_samples": (8, 1)},
     "mezo": {"lr": (0.1, 0.001), "sigma": (0.01, 0.001), "n_samples": (4, 1)},
 }
-#: (rule, argument) pairs whose name the wrapped class uses for something else (see :data:`DEFAULT_OVERRIDES`)
+#: (rule, argument) pairs whose name the wrapped class uses for something else (see :data:`~taskloss.harness.rules.DEFAULT_OVERRIDES`)
 OWN_MEANING = {("natural_exact", "fisher"), ("natural_empirical", "fisher"), ("mgs", "lr")}
 
 

@@ -21,12 +21,12 @@ Two tests, both two-sided at level ``1 − confidence``:
   ``2 / 2ⁿ``, so **at n ≤ 5 it cannot reach p < 0.05**: its verdicts need 6 or more seeds (its 95 % interval is
   then unbounded, ``(−inf, inf)``).
 
-No verdict is decided from fewer than :data:`MIN_SEEDS` seeds, nor by the t-test from differences that are the
+No verdict is decided from fewer than :data:`~taskloss.results.compare.MIN_SEEDS` seeds, nor by the t-test from differences that are the
 same on every seed (no spread to estimate: a zero-width interval and p = 0 would be an artefact); such a
 comparison reads ``"inconclusive"`` and says why in ``note``. With fewer than 2 seeds nothing can be computed:
 an error.
 
-A table of many comparisons decides some by chance. :func:`adjust` applies a Holm (family-wise error) or
+A table of many comparisons decides some by chance. :func:`~taskloss.results.compare.adjust` applies a Holm (family-wise error) or
 Benjamini–Hochberg (false discovery rate) correction across a family of comparisons and gives each its adjusted
 p-value and verdict; :func:`comparison_table` prints both, and :meth:`taskloss.results.run.Run.comparison_table`
 records the corrected verdicts for the closing text.
@@ -56,7 +56,7 @@ _MC_FLIPS = 20_000
 @dataclass(frozen=True)
 class Comparison:
     """The outcome of :func:`paired_comparison` (``a`` against ``b``; ``effect`` = mean of ``a − b``), with the
-    family-wise fields filled in by :func:`adjust` (``None`` until then)."""
+    family-wise fields filled in by :func:`~taskloss.results.compare.adjust` (``None`` until then)."""
 
     name: str                 # what ``a`` is, e.g. "MGS"
     baseline: str             # what ``b`` is, e.g. "MLE"
@@ -73,7 +73,7 @@ class Comparison:
     verdict: str              # "better" / "worse" / "inconclusive": a against b
     method: str               # "t" or "sign-flip"
     note: str = ""            # why no verdict was decided, when that is not the interval
-    p_adjusted: float | None = None       # after a family-wise correction (:func:`adjust`)
+    p_adjusted: float | None = None       # after a family-wise correction (:func:`~taskloss.results.compare.adjust`)
     verdict_adjusted: str | None = None
     correction: str | None = None         # "holm" or "bh"
     family_size: int | None = None        # comparisons in the family
@@ -84,7 +84,7 @@ class Comparison:
 
     def sentence(self, fmt: str = ".3g") -> str:
         """One sentence a notebook can print or render: the verdict with its numbers (the family-corrected one
-        when :func:`adjust` was applied)."""
+        when :func:`~taskloss.results.compare.adjust` was applied)."""
         pct = f"{100 * self.confidence:.0f} %"
         ci = f"{pct} CI [{self.ci_low:{fmt}}, {self.ci_high:{fmt}}]"
         diff = f"{self.metric} {self.mean_a:{fmt}} vs {self.mean_b:{fmt}}, difference {self.effect:+{fmt}}"
@@ -189,7 +189,7 @@ def paired_comparison(a: Sequence[float], b: Sequence[float], *, name: str = "a"
 
     Returns:
         A :class:`Comparison`; ``verdict`` is ``"better"``/``"worse"`` when the interval excludes 0 on that
-        side for ``a`` against ``b`` (and there are at least :data:`MIN_SEEDS` seeds and, for ``"t"``, a
+        side for ``a`` against ``b`` (and there are at least :data:`~taskloss.results.compare.MIN_SEEDS` seeds and, for ``"t"``, a
         spread), else ``"inconclusive"`` (with the reason in ``note`` when it is not the interval).
 
     Raises:
@@ -291,7 +291,7 @@ def adjust(comparisons: Sequence[Comparison], method: str = "holm") -> list[Comp
 
 def comparison_table(comparisons: Sequence[Comparison], fmt: str = ".4g", *, correction: str | None = None) -> str:
     """A Markdown table of comparisons: metric, a vs b, seeds, means, effect, interval, p, verdict — and, with
-    ``correction`` (``"holm"`` or ``"bh"``, see :func:`adjust`; comparisons already adjusted keep theirs), the
+    ``correction`` (``"holm"`` or ``"bh"``, see :func:`~taskloss.results.compare.adjust`; comparisons already adjusted keep theirs), the
     adjusted p-value and verdict, under a line saying how many comparisons the family holds and how many of
     its decided verdicts survive."""
     if not comparisons:

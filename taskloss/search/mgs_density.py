@@ -82,7 +82,7 @@ def _logaddexp(a: float, b: float) -> float:
 
 def log_q_floats(d0: list[list[float]], d1: list[list[float]], sig: list[float], numel: list[float], mix: float,
                  density: str) -> list[float] | None:
-    """:func:`log_q_from_sq` on Python floats, one candidate per row of ``d0``/``d1``.
+    """:func:`~taskloss.search.mgs_density.log_q_from_sq` on Python floats, one candidate per row of ``d0``/``d1``.
 
     The step's few numbers (K candidates × T tensors) cost fewer microseconds this way than as a dozen tiny tensor
     operations, and the sums over tensors are exact (``math.fsum``).
@@ -97,7 +97,7 @@ def log_q_floats(d0: list[list[float]], d1: list[list[float]], sig: list[float],
 
     Returns:
         log q per candidate, or ``None`` when some σ_t = 0 under ``density="mixture"`` (the atoms of
-        :func:`log_q_from_sq`, which handles them).
+        :func:`~taskloss.search.mgs_density.log_q_from_sq`, which handles them).
     """
     lm0, lm1 = math.log(mix) if mix > 0 else -math.inf, math.log1p(-mix) if mix < 1 else -math.inf
     if density == "unit_sigma":
@@ -128,7 +128,7 @@ def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = 
     ``sigma``: one float for all tensors or one per tensor. σ_t = 0 marks an unperturbed tensor: its two
     components are the atoms Δθ_t = 0 and Δθ_t = −g_t, so a candidate whose tensor t sits on neither has
     density 0 (log q = −inf, which :func:`mgs_weights` refuses: such a Δθ cannot come from q); see
-    :func:`log_q_from_sq`. This is the density MGS uses, where σ_t = 0 happens only with g_t = 0 and Δθ_t = 0.
+    :func:`~taskloss.search.mgs_density.log_q_from_sq`. This is the density MGS uses, where σ_t = 0 happens only with g_t = 0 and Δθ_t = 0.
     ``mix`` = λ, the weight of the zero-centred component. ``density="mixture"``: the true density with σ_t
     (normalizing constants included); ``"unit_sigma"``: the reference code's formula (σ taken as 1, constants
     dropped) — see the module docstring. Computed in float64 through ``logsumexp`` (no underflow).

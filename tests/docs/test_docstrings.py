@@ -249,8 +249,50 @@ def type_problems(d: Docstring) -> list[str]:
             if not target_resolves(role, target, d.module, d.cls)]
 
 
+_ROLE_RE = re.compile(r":(?:py:)?(func|class|meth|attr|data|exc|obj|mod):`([^`]+)`")
+
+
+def role_targets(doc: str) -> list[tuple[str, str]]:
+    """(role, target) of every explicit cross-reference role in ``doc`` (``:func:`~a.b```, ``:class:`text <a.B>```)."""
+    out = []
+    for m in _ROLE_RE.finditer(doc or ""):
+        text = m.group(2).strip()
+        if text.endswith(">") and "<" in text:
+            text = text[text.rindex("<") + 1:-1].strip()
+        out.append((m.group(1), text))
+    return out
+
+
+def role_resolves(role: str, target: str, module: str, cls: str | None) -> bool:
+    """Whether the build resolves an explicit role written in an entry documented under ``module`` (inside
+    ``cls``): Sphinx's exact search (no suffix search unless the target starts with ``.``), then book_links'
+    ``missing_reference`` fallback (enclosing packages, re-exports, real objects without an entry)."""
+    fuzzy = target.lstrip("~!").startswith(".")
+    target = target.lstrip("~!.")
+    if any(re.fullmatch(kind, f"py:{role}") and re.fullmatch(pattern, target)
+           for kind, pattern in _book_conf()["nitpick_ignore_regex"]):
+        return True
+    names = book_sources.documented_names()
+    if fuzzy and any(n == target or n.endswith(f".{target}") for n in names):
+        return True
+    for dotted in book_links._candidates(target, module, cls):
+        if dotted in names:
+            return True
+        if dotted.startswith("taskloss") and (book_sources.documented_target(dotted) or book_sources.resolve(dotted)):
+            return True
+    return role in ("class", "obj") and book_links._unique_class(target) is not None
+
+
+def role_problems(d: Docstring) -> list[str]:
+    # a class's own docstring is rendered inside it: its roles see its members
+    cls = d.cls or (d.dotted[len(d.module) + 1:] if d.what in ("class", "exception") else None)
+    return [f"{d.dotted}: :{role}:`{target}` does not resolve where the entry is documented ({d.module}): "
+            "write the documented path, e.g. :func:`~taskloss.pkg.module.name`"
+            for role, target in role_targets(d.doc) if not role_resolves(role, target, d.module, cls)]
+
+
 def docstring_problems(d: Docstring) -> list[str]:
-    return markup_problems(d) + type_problems(d)
+    return markup_problems(d) + type_problems(d) + role_problems(d)
 
 
 # -- the rules, on known inputs ------------------------------------------------------------------------------------
@@ -396,6 +438,15 @@ def test_the_walk_reads_the_property_docstrings_of_the_package():
 
 
 # -- the package ---------------------------------------------------------------------------------------------------
+
+def test_role_check_flags_a_name_that_only_its_defining_module_knows():
+    # compare.adjust is documented at taskloss.results.compare, not at taskloss.results where Comparison's entry is
+    assert not role_resolves("func", "adjust", "taskloss.results", None)
+    assert role_resolves("func", "~taskloss.results.compare.adjust", "taskloss.results", None)
+    assert role_resolves("func", "paired_comparison", "taskloss.results", None)
+    assert role_targets("see :class:`the run <taskloss.results.Run>` and :func:`~a.b`") == [
+        ("class", "taskloss.results.Run"), ("func", "~a.b")]
+
 
 def test_every_documented_docstring_reads_cleanly():
     found = [p for d in documented_docstrings() for p in docstring_problems(d)]
