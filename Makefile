@@ -63,8 +63,10 @@ $(STAMP): pyproject.toml
 
 env: $(STAMP)
 
+# JOBS notebooks at a time, one thread each (the two cores of a laptop, no oversubscription): about half the
+# serial wall time, the same results (each notebook's numbers are those of a one-thread run, as make test checks).
 run: $(STAMP)
-	$(PY) -m taskloss.runner all --out runs/default
+	$(SERIAL) $(PY) -m taskloss.runner all --jobs $(JOBS) --out runs/default
 
 # Every notebook at its smoke parameters (params/NN_topic/smoke.yaml: seconds each): identities asserted, claims
 # reported as held or not (a smoke run is not the committed run, so nothing is enforced), SUMMARY.md in runs/smoke.
