@@ -80,7 +80,9 @@ class MGS(torch.optim.Optimizer):
     ``vmap`` over stacked parameter dicts (``parallel=True``); (4) self-normalized weights and Δθ* = Σ_k w_k Δθ_k;
     (5) Δθ* clipped to ``max_update_norm``, ``p.grad = −lr·Δθ*`` and ``optimizer.step()`` (the reference uses
     AdamW; SGD with lr=1 applies θ ← θ + lr·Δθ* exactly). ``step`` returns the closure's loss; the step's
-    diagnostics are ``last_stats`` (:class:`MGSStats`).
+    diagnostics are ``last_stats`` (:class:`MGSStats`). Derived in notebook 02_importance_sampling_and_mgs;
+    applied to classification metrics in 03_metric_optimization_classification and to sequence task losses in
+    04_sequence_task_losses.
 
     ``param_groups`` holds one group, the searched parameters with the hyperparameters ``lr`` (the factor on Δθ*, 1
     by default, which a learning-rate scheduler may change), ``n_samples``, ``alpha``, ``sigma``, ``mix``,
