@@ -240,7 +240,10 @@ def _data_entry(module: str, name: str) -> list[str]:
         lines.append(f"   :type: {qualified}")
     doc = ModuleAnalyzer.for_module(module).find_attr_docs().get(("", name))
     if doc:
-        lines += [""] + [f"   {d}" if d else "" for d in doc]
+        # written into the page, not through autodoc: its notebook names become links here (process_docstring's job)
+        from book_links import link_notebooks_in_line, notebook_stems  # (book_links imports this module)
+        stems = notebook_stems()
+        lines += [""] + [f"   {link_notebooks_in_line(d, stems)}" if d else "" for d in doc]
     return lines + [""]
 
 
