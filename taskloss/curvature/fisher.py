@@ -388,14 +388,21 @@ def _global_mean(stat: Tensor, n: int, process_group) -> Tensor:
     return total.div_(count)
 
 
+
+def _term_mean(reduce, fn, params, inputs, factors, lead, flat, valid, process_group) -> Tensor:
+    """``reduce`` (``dense_sum`` or ``diagonal_sum``) of the per-term ``Jᵀ`` factors, as a mean over the loss terms
+    that count, across ranks when a process group is given."""
+    n = _n_terms(flat, valid)
+    return _global_mean(reduce(jt_factors(fn, params, inputs, factors, lead, valid), n), n, process_group)
+
+
 def ggn_matrix(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None, process_group=None) -> Tensor:
     """Exact GGN = exact Fisher ``(1/n) Σ_i J_iᵀ H_i J_i`` over the loss terms, a dense ``[P, P]`` matrix (small
     models only; ``mask`` keeps the terms that count, see the module docstring)."""
     fn, params = prepare(model_or_fn, params, inputs)
     out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
     factors = _exact_factors(flat, likelihood, valid)
-    n = _n_terms(flat, valid)
-    return _global_mean(dense_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), n), n, process_group)
+    return _term_mean(dense_sum, fn, params, inputs, factors, out.shape[:-1], flat, valid, process_group)
 
 
 fisher_matrix = ggn_matrix  # the Fisher of a categorical / unit-variance Gaussian likelihood is the GGN
@@ -410,8 +417,7 @@ def mc_fisher(model_or_fn, params, inputs, likelihood: Likelihood = "categorical
     fn, params = prepare(model_or_fn, params, inputs)
     out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
     factors = _mc_factors(flat, likelihood, n_samples, generator, valid)
-    n = _n_terms(flat, valid)
-    return _global_mean(dense_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), n), n, process_group)
+    return _term_mean(dense_sum, fn, params, inputs, factors, out.shape[:-1], flat, valid, process_group)
 
 
 def empirical_fisher(model_or_fn, params, inputs, targets: Tensor, likelihood: Likelihood = "categorical", *,
@@ -420,8 +426,7 @@ def empirical_fisher(model_or_fn, params, inputs, targets: Tensor, likelihood: L
     labelled ``ignore_index`` do not count)."""
     fn, params = prepare(model_or_fn, params, inputs)
     flat, factors, valid, lead = _ef_terms(fn, params, inputs, targets, likelihood, mask, ignore_index)
-    n = _n_terms(flat, valid)
-    return _global_mean(dense_sum(jt_factors(fn, params, inputs, factors, lead, valid), n), n, process_group)
+    return _term_mean(dense_sum, fn, params, inputs, factors, lead, flat, valid, process_group)
 
 
 def ggn_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None, process_group=None) -> Tensor:
@@ -429,8 +434,7 @@ def ggn_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categori
     fn, params = prepare(model_or_fn, params, inputs)
     out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
     factors = _exact_factors(flat, likelihood, valid)
-    n = _n_terms(flat, valid)
-    return _global_mean(diagonal_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), n), n, process_group)
+    return _term_mean(diagonal_sum, fn, params, inputs, factors, out.shape[:-1], flat, valid, process_group)
 
 
 def mc_fisher_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categorical",
@@ -440,8 +444,7 @@ def mc_fisher_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "ca
     fn, params = prepare(model_or_fn, params, inputs)
     out, flat, valid = _terms(fn, params, inputs, likelihood, mask)
     factors = _mc_factors(flat, likelihood, n_samples, generator, valid)
-    n = _n_terms(flat, valid)
-    return _global_mean(diagonal_sum(jt_factors(fn, params, inputs, factors, out.shape[:-1], valid), n), n, process_group)
+    return _term_mean(diagonal_sum, fn, params, inputs, factors, out.shape[:-1], flat, valid, process_group)
 
 
 def empirical_fisher_diagonal(model_or_fn, params, inputs, targets: Tensor,
@@ -450,8 +453,7 @@ def empirical_fisher_diagonal(model_or_fn, params, inputs, targets: Tensor,
     """Diagonal of :func:`empirical_fisher` (mean of squared per-term gradients), flat ``[P]``."""
     fn, params = prepare(model_or_fn, params, inputs)
     flat, factors, valid, lead = _ef_terms(fn, params, inputs, targets, likelihood, mask, ignore_index)
-    n = _n_terms(flat, valid)
-    return _global_mean(diagonal_sum(jt_factors(fn, params, inputs, factors, lead, valid), n), n, process_group)
+    return _term_mean(diagonal_sum, fn, params, inputs, factors, lead, flat, valid, process_group)
 
 
 # ---------------------------------------------------------------------------------------- matrix-free GGN
