@@ -250,13 +250,16 @@ _VERDICT_COLORS = {"better": "C2", "worse": "C3", "inconclusive": "0.45"}
 
 def comparison_forest(ax, comparisons, labels: Sequence[str] | None = None, *, xlabel: str | None = None):
     """A forest plot of paired comparisons (:class:`taskloss.results.compare.Comparison`): one row per
-    comparison with its effect (mean of a − b) and confidence interval, a vertical line at 0, coloured by
-    verdict (better green, worse red, inconclusive grey). Rows read top to bottom in the given order; the
-    x label says the unit and which side is better when all comparisons share one metric and direction.
+    comparison with its effect (the estimand's estimate: median or mean of a − b, or the win rate) and confidence
+    interval, a vertical line at "no difference" (0, or ½ for win rates), coloured by verdict — the
+    family-corrected one where :func:`~taskloss.results.compare.adjust` was applied (better green, worse red,
+    inconclusive grey). An interval the seeds cannot bound (too few seeds for the exact test) is drawn to the
+    plot's edge and labelled "unbounded". Rows read top to bottom in the given order; the x label says the
+    estimand, the unit and which side is better when all comparisons share one metric and direction.
     Returns the list of error-bar containers.
 
     Raises:
-        ValueError: no comparisons, or ``labels`` of another length.
+        ValueError: no comparisons, ``labels`` of another length, win rates mixed with differences.
         TypeError: an element that is not a ``Comparison``.
     """
     from taskloss.results.compare import Comparison
@@ -271,25 +274,44 @@ def comparison_forest(ax, comparisons, labels: Sequence[str] | None = None, *, x
         labels = [f"{c.name} vs {c.baseline}" for c in comparisons]
     if len(labels) != len(comparisons):
         raise ValueError(f"need one label per comparison, got {len(labels)} for {len(comparisons)}")
+    win = {c.estimand == "win-rate" for c in comparisons}
+    if len(win) > 1:
+        raise ValueError("win rates and differences have different scales: draw them in two forests")
+    null = 0.5 if win.pop() else 0.0
+    finite = [v for c in comparisons for v in (c.effect, c.ci_low, c.ci_high) if np.isfinite(v)] + [null]
+    reach = 1.2 * max(abs(v - null) for v in finite) or 1.0
     rows = np.arange(len(comparisons))[::-1]
     out = []
     for y, c in zip(rows, comparisons):
-        err = [[c.effect - c.ci_low], [c.ci_high - c.effect]]
-        out.append(ax.errorbar([c.effect], [y], xerr=err, fmt="o", capsize=4, color=_VERDICT_COLORS[c.verdict]))
-    ax.axvline(0.0, color="k", lw=0.8)
+        lo = c.ci_low if np.isfinite(c.ci_low) else null - reach
+        hi = c.ci_high if np.isfinite(c.ci_high) else null + reach
+        verdict = c.verdict if c.verdict_adjusted is None else c.verdict_adjusted
+        out.append(ax.errorbar([c.effect], [y], xerr=[[c.effect - lo], [hi - c.effect]], fmt="o", capsize=4,
+                               color=_VERDICT_COLORS[verdict]))
+        if not (np.isfinite(c.ci_low) and np.isfinite(c.ci_high)):
+            ax.annotate("unbounded", (c.effect, y), xytext=(0, 6), textcoords="offset points", ha="center",
+                        fontsize="x-small", color="0.4")
+    ax.axvline(null, color="k", lw=0.8)
     ax.set_yticks(rows, labels)
     metrics = {(c.metric, c.lower_is_better) for c in comparisons}
+    estimands = {c.estimand for c in comparisons}
+    what = estimands.pop() if len(estimands) == 1 else "effect"
     if xlabel is None:
-        if len(metrics) == 1:
+        if null == 0.5:
+            xlabel = "P(a beats b on a seed) (above ½ = a better)"
+        elif len(metrics) == 1:
             metric, lower = metrics.pop()
-            xlabel = f"effect on {metric}, a − b ({'negative' if lower else 'positive'} = a better)"
+            xlabel = f"{what} of a − b on {metric} ({'negative' if lower else 'positive'} = a better)"
         else:
-            xlabel = "effect, a − b (metric units)"
+            xlabel = f"{what} of a − b (metric units)"
     ax.set_xlabel(xlabel)
+    shown = [c.verdict if c.verdict_adjusted is None else c.verdict_adjusted for c in comparisons]
     for verdict, color in _VERDICT_COLORS.items():
-        if any(c.verdict == verdict for c in comparisons):
+        if verdict in shown:
             ax.plot([], [], "o", color=color, label=verdict)
-    ax.legend(fontsize="small", title=f"{100 * comparisons[0].confidence:.0f} % CI", title_fontsize="small")
+    corrected = " (uncorrected)" if any(c.correction is not None for c in comparisons) else ""
+    ax.legend(fontsize="small", title=f"{100 * comparisons[0].confidence:.0f} % CI{corrected}",
+              title_fontsize="small")
     return out
 
 

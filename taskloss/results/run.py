@@ -59,7 +59,7 @@ __all__ = ["Run", "start", "RESULTS_FILE", "ClaimNotHeld"]
 RESULTS_FILE = "results.json"
 
 
-_FAMILY_FIELDS = ("p_adjusted", "verdict_adjusted", "correction", "family_size")
+_FAMILY_FIELDS = ("p_adjusted", "verdict_adjusted", "correction", "family_size", "mde_family")
 
 
 class ClaimNotHeld(AssertionError):

@@ -16,27 +16,70 @@ from taskloss.results.plotting import bars_with_interval, label_axes, mean_inter
 matplotlib.use("Agg")
 
 
+MEAN = {"estimand": "mean", "symmetric": True}
+
+
 def test_t_interval_and_p_value_match_scipy():
     rng = np.random.default_rng(0)
     a = rng.normal(1.0, 1.0, 12)
     b = a - 0.3 + rng.normal(0, 0.2, 12)
-    c = paired_comparison(a, b, name="A", baseline="B", metric="acc")
+    c = paired_comparison(a, b, name="A", baseline="B", metric="acc", **MEAN)
     ref = stats.ttest_rel(a, b)
-    assert c.p_value == pytest.approx(ref.pvalue, rel=1e-10)
+    assert c.p_value == pytest.approx(ref.pvalue, rel=1e-10) and c.method == "t" and c.estimand == "mean"
     ci = ref.confidence_interval(0.95)
     assert (c.ci_low, c.ci_high) == pytest.approx((ci.low, ci.high), rel=1e-10)
     assert c.effect == pytest.approx(float(np.mean(a - b))) and c.n == 12
     assert c.verdict == "better"                                    # higher accuracy, interval above 0
-    assert paired_comparison(a, b, lower_is_better=True).verdict == "worse"
-    assert paired_comparison(b, a).verdict == "worse"
+    assert paired_comparison(a, b, lower_is_better=True, **MEAN).verdict == "worse"
+    assert paired_comparison(b, a, **MEAN).verdict == "worse"
+
+
+def test_a_mean_is_decided_only_under_a_declared_symmetry():
+    rng = np.random.default_rng(0)
+    a = rng.normal(1.0, 1.0, 12)
+    b = a - 0.3 + rng.normal(0, 0.2, 12)
+    c = paired_comparison(a, b, estimand="mean")
+    assert c.verdict == "inconclusive" and "symmetric=True" in c.note and c.p_value < 0.01
+    with pytest.raises(ValueError, match="symmetric"):
+        paired_comparison(a, b, symmetric=True)                     # a declaration the sign test does not need
+    with pytest.raises(TypeError, match="symmetric"):
+        paired_comparison(a, b, estimand="mean", symmetric="yes")
+
+
+def test_sign_test_median_and_its_interval_against_scipy():
+    rng = np.random.default_rng(3)
+    d = rng.lognormal(0.0, 1.0, 15) - 0.4
+    c = paired_comparison(d, np.zeros(15), name="A", baseline="B", metric="m")
+    k = int((d > 0).sum())
+    assert c.p_value == pytest.approx(stats.binomtest(k, 15, 0.5).pvalue, rel=1e-12)
+    assert c.effect == pytest.approx(float(np.median(d))) and c.estimand == "median" and c.method == "sign"
+    # the order-statistic interval: [d_(k), d_(n-k+1)] with the binomial tails of the sign test
+    s = np.sort(d)
+    kk = max(j for j in range(1, 16) if 2 * stats.binom.cdf(j - 1, 15, 0.5) <= 0.05)
+    assert (c.ci_low, c.ci_high) == (s[kk - 1], s[15 - kk])
+    # its coverage of the true median is at least 95 % (simulated)
+    true_median = math.exp(0.0) - 0.4
+    cover = [paired_comparison(x, np.zeros(15)) for x in rng.lognormal(0.0, 1.0, (400, 15)) - 0.4]
+    assert np.mean([c.ci_low <= true_median <= c.ci_high for c in cover]) >= 0.95 - 3 * math.sqrt(0.05 * 0.95 / 400)
+
+
+def test_win_rate_counts_wins_on_the_better_side_and_ties_half():
+    a = np.array([1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0, 8.0, 9.0, 10.0])
+    b = a - np.array([1, 1, 1, 1, 1, 1, 1, 1, 0, -1.0])           # a higher on 8 seeds, tied on 1, lower on 1
+    c = paired_comparison(a, b, estimand="win-rate")
+    assert c.effect == pytest.approx(8.5 / 10) and c.p_value == pytest.approx(stats.binomtest(8, 9).pvalue)
+    assert c.ci_low < c.effect < c.ci_high <= 1.0
+    low = paired_comparison(a, b, estimand="win-rate", lower_is_better=True)
+    assert low.effect == pytest.approx(1.5 / 10)                     # for a loss, a higher value is a loss
+    assert {c.verdict, low.verdict} <= {"better", "worse"} and c.verdict != low.verdict
 
 
 def test_interval_covering_zero_is_inconclusive():
-    a = [0.50, 0.52, 0.49]
-    b = [0.51, 0.50, 0.50]
+    a = [0.50, 0.52, 0.49, 0.51, 0.5, 0.53, 0.48]
+    b = [0.51, 0.50, 0.50, 0.50, 0.52, 0.51, 0.50]
     c = paired_comparison(a, b)
     assert c.ci_low < 0 < c.ci_high and c.verdict == "inconclusive"
-    assert "inconclusive" in c.sentence() and "covers 0" in c.sentence()
+    assert "inconclusive" in c.sentence() and "does not reject" in c.sentence()
 
 
 def test_three_seeds_need_a_large_consistent_effect():
@@ -45,23 +88,27 @@ def test_three_seeds_need_a_large_consistent_effect():
     a, b = d, np.zeros(3)
     se = d.std(ddof=1) / math.sqrt(3)
     assert d.mean() > 2 * se
-    assert paired_comparison(a, b).verdict == ("better" if d.mean() > 4.303 * se else "inconclusive")
+    assert paired_comparison(a, b, **MEAN).verdict == ("better" if d.mean() > 4.303 * se else "inconclusive")
 
 
 def test_identical_differences_and_identical_values():
     """No spread, no t verdict: a zero-width interval with p = 0 would decide from nothing."""
-    c = paired_comparison([1.0, 2.0, 3.0], [0.5, 1.5, 2.5])
+    c = paired_comparison([1.0, 2.0, 3.0], [0.5, 1.5, 2.5], **MEAN)
     assert c.ci_low == c.ci_high == 0.5 and math.isnan(c.p_value) and c.verdict == "inconclusive"
     assert "no spread" in c.note and "no spread" in c.sentence()
-    c = paired_comparison([1.0, 2.0, 3.0], [1.0, 2.0, 3.0])
+    c = paired_comparison([1.0, 2.0, 3.0], [1.0, 2.0, 3.0], **MEAN)
     assert c.verdict == "inconclusive" and c.p_value == 1.0 and c.note == ""
-    # the exact test still applies to a consistent difference: p = 2/2^n
-    c = paired_comparison(np.arange(8.0) + 1, np.arange(8.0), method="sign-flip")
-    assert c.p_value == pytest.approx(2 / 2 ** 8) and c.verdict == "better"
+    # the exact tests still apply to a consistent difference: p = 2/2^n
+    for kw in ({"estimand": "mean", "symmetric": True, "method": "sign-flip"}, {}):
+        c = paired_comparison(np.arange(8.0) + 1, np.arange(8.0), **kw)
+        assert c.p_value == pytest.approx(2 / 2 ** 8) and c.verdict == "better"
+    # all tied: nothing to test
+    c = paired_comparison([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0])
+    assert c.verdict == "inconclusive" and c.p_value == 1.0 and c.n_tested == 0
 
 
 def test_fewer_than_three_seeds_decide_nothing():
-    c = paired_comparison([1.0, 1.1], [0.0, 0.05])
+    c = paired_comparison([1.0, 1.1], [0.0, 0.05], **MEAN)
     assert c.verdict == "inconclusive" and "fewer than 3" in c.note
 
 
@@ -71,7 +118,8 @@ def test_sign_flip_matches_an_explicit_enumeration_and_inverts_to_its_interval()
     rng = np.random.default_rng(1)
     b = rng.normal(size=9)
     a = b + 0.8 + rng.standard_t(2, size=9) * 0.2
-    c = paired_comparison(a, b, method="sign-flip")
+    kw = {"estimand": "mean", "symmetric": True, "method": "sign-flip"}
+    c = paired_comparison(a, b, **kw)
     d = a - b
     null = [abs(np.mean(np.array(s) * d)) for s in itertools.product((1, -1), repeat=9)]
     assert c.p_value == pytest.approx(np.mean(np.array(null) >= abs(d.mean()) - 1e-12))
@@ -79,44 +127,40 @@ def test_sign_flip_matches_an_explicit_enumeration_and_inverts_to_its_interval()
     # the interval is the set of shifts the test does not reject
     for shift, inside in ((c.ci_low + 1e-3, True), (c.ci_high - 1e-3, True), (c.ci_low - 0.05, False),
                           (c.ci_high + 0.05, False)):
-        p = paired_comparison(a - shift, b, method="sign-flip").p_value
+        p = paired_comparison(a - shift, b, **kw).p_value
         assert (p > 0.05) == inside, (shift, p)
 
 
 @pytest.mark.parametrize("n", [3, 4, 5])
-def test_sign_flip_cannot_decide_at_five_seeds_or_fewer(n):
-    c = paired_comparison(np.arange(n) + 10.0, np.zeros(n), method="sign-flip")
+@pytest.mark.parametrize("kw", [{"estimand": "mean", "symmetric": True, "method": "sign-flip"}, {}])
+def test_exact_tests_cannot_decide_at_five_seeds_or_fewer(n, kw):
+    c = paired_comparison(np.arange(n) + 10.0, np.zeros(n), **kw)
     assert c.p_value == pytest.approx(2 / 2 ** n) and c.p_value > 0.05
     assert c.verdict == "inconclusive" and "cannot reach" in c.note
     assert c.ci_low == -math.inf and c.ci_high == math.inf
+    assert math.isinf(c.mde) and "no effect detectable" in c.sentence()
 
 
-@pytest.mark.parametrize("n", [3, 5, 10])
-@pytest.mark.parametrize("outcome", ["normal", "lognormal", "exponential"])
-@pytest.mark.parametrize("method", ["t", "sign-flip"])
-def test_false_positive_rate_under_the_null_by_simulation(n, outcome, method):
-    """Two exchangeable methods (the same outcome distribution on every seed, skewed or not): the helper declares
-    a difference at most 5 % of the time, up to the simulation's binomial noise."""
-    rng = np.random.default_rng(100 + n)
-    trials = 1500 if method == "t" else 600
-    shared = rng.normal(size=(trials, n))                    # what a seed does to both methods
-    draw = {"normal": lambda size: rng.normal(size=size),
-            "lognormal": lambda size: rng.lognormal(0.0, 1.5, size=size),
-            "exponential": lambda size: rng.exponential(size=size)}[outcome]
-    a, b = shared + draw((trials, n)), shared + draw((trials, n))
-    rate = np.mean([paired_comparison(a[i], b[i], method=method).verdict != "inconclusive"
-                    for i in range(trials)])
-    noise = 3 * math.sqrt(0.05 * 0.95 / trials)
-    assert rate <= 0.05 + noise, rate
-    if method == "sign-flip" and n <= 5:
-        assert rate == 0.0
+def test_minimum_detectable_effect_is_the_effect_detected_with_80_percent_power():
+    """Simulate the test at its MDE: it rejects about 80 % of the time (and far less at half the MDE)."""
+    rng = np.random.default_rng(7)
+    for kw, n in (({"estimand": "mean", "symmetric": True}, 10), ({}, 12)):
+        base = paired_comparison(rng.normal(size=n), np.zeros(n), **kw)
+        sd, mde = 1.0, base.mde / base.sd            # the MDE in units of the recorded spread
+        rates = []
+        for shift in (mde, mde / 2):
+            x = rng.normal(shift, sd, size=(1500, n))
+            rates.append(np.mean([paired_comparison(r, np.zeros(n), **kw).verdict == "better" for r in x]))
+        noise = 3 * math.sqrt(0.8 * 0.2 / 1500)
+        assert abs(rates[0] - 0.8) < noise + 0.02, (kw, rates)
+        assert rates[1] < 0.6, (kw, rates)
 
 
 def test_holm_and_bh_adjustments_match_their_definitions():
     from taskloss.results.compare import adjust
 
     ps = [0.01, 0.04, 0.03, 0.2]
-    comps = [paired_comparison([1.0, 2.0, 3.5], [0.0, 0.1, 0.2]) for _ in ps]
+    comps = [paired_comparison([1.0, 2.0, 3.5], [0.0, 0.1, 0.2], **MEAN) for _ in ps]
     comps = [dataclasses.replace(c, p_value=p, verdict="better") for c, p in zip(comps, ps)]
     holm = adjust(comps, "holm")      # sorted p 0.01, 0.03, 0.04, 0.2 → 4·0.01, 3·0.03, max(0.09, 2·0.04), 0.2
     assert [c.p_adjusted for c in holm] == pytest.approx([0.04, 0.09, 0.09, 0.2])
@@ -155,6 +199,16 @@ def test_bad_options():
         paired_comparison([1, 2], [2, 3], confidence=1.0)
     with pytest.raises(ValueError, match="method"):
         paired_comparison([1, 2], [2, 3], method="z")
+    with pytest.raises(ValueError, match="does not test"):
+        paired_comparison([1, 2], [2, 3], method="t")              # the t-test does not test a median
+    with pytest.raises(ValueError, match="estimand"):
+        paired_comparison([1, 2], [2, 3], estimand="mode")
+    with pytest.raises(TypeError, match="seed"):
+        paired_comparison([1, 2], [2, 3], seed="1")
+    with pytest.raises(TypeError, match="fmt"):
+        comparison_table([paired_comparison([1, 2], [2, 3])], fmt=5)
+    with pytest.raises(ValueError, match="fmt"):
+        comparison_table([paired_comparison([1, 2], [2, 3])], fmt="zz")
     with pytest.raises(ValueError, match="at least one"):
         comparison_table([])
 
@@ -162,7 +216,7 @@ def test_bad_options():
 def test_run_compare_records_and_say_renders(tmp_path, capsys):
     run = tn.start("00_test", str(tmp_path), device="cpu", seed=0)
     c = run.compare("x/acc", [0.9, 0.91, 0.92, 0.95], [0.8, 0.82, 0.8, 0.83], name="new", baseline="old",
-                    metric="accuracy")
+                    metric="accuracy", **MEAN)
     assert run.results["x/acc"]["verdict"] == c.verdict == "better"
     table = run.comparison_table()
     assert "new vs old" in table and "**better**" in table

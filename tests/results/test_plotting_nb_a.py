@@ -51,7 +51,8 @@ def test_median_band_bad_inputs(ax, ys, kw, msg):
 
 
 def test_comparison_forest_rows_colours_and_label(ax):
-    better = paired_comparison([1.0, 1.1, 1.2, 1.3], [0.0, 0.1, 0.1, 0.2], name="A", baseline="B", metric="acc")
+    better = paired_comparison([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7], [0.0, 0.1, 0.1, 0.2, 0.3, 0.3, 0.5, 0.4],
+                               name="A", baseline="B", metric="acc")
     unsure = paired_comparison([1.0, 0.0, 1.0, 0.0], [0.5, 0.5, 0.4, 0.6], name="C", baseline="B", metric="acc")
     bars = comparison_forest(ax, [better, unsure])
     assert len(bars) == 2
@@ -59,7 +60,7 @@ def test_comparison_forest_rows_colours_and_label(ax):
     assert xs == pytest.approx([better.effect, unsure.effect])
     rows = dict(zip([t.get_text() for t in ax.get_yticklabels()], ax.get_yticks()))
     assert rows["A vs B"] > rows["C vs B"]                          # the first comparison is the top row
-    assert ax.get_xlabel() == "effect on acc, a − b (positive = a better)"
+    assert ax.get_xlabel() == "median of a − b on acc (positive = a better)"
     assert {t.get_text() for t in ax.get_legend().get_texts()} == {"better", "inconclusive"}
 
 
