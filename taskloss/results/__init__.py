@@ -5,7 +5,8 @@ committed notebook. Every notebook uses it; :mod:`taskloss.runner` (which execut
 Modules:
 
 - :mod:`~taskloss.results.run`        — recording results and figures of a notebook run
-- :mod:`~taskloss.results.compare`    — paired comparisons: effect, interval, p-value, verdict
+- :mod:`~taskloss.results.compare`    — paired comparisons: estimand, effect, interval, p-value, MDE, verdict
+- :mod:`~taskloss.results.procedures` — the tests behind them (exact sign test, t) and their power
 - :mod:`~taskloss.results.plotting`   — seed bands, bars with intervals, labelled axes
 - :mod:`~taskloss.results.headlines`  — committed headline results and their check in ``make test``
 """
@@ -16,7 +17,8 @@ import importlib
 # Public name -> the module that defines it. Imported on first use (PEP 562), so that the runner can read a
 # constant of this package without importing torch.
 _WHERE = {"Run": "run", "start": "run", "RESULTS_FILE": "run", "Comparison": "compare",
-          "paired_comparison": "compare", "comparison_table": "compare", "VERDICTS": "compare"}
+          "paired_comparison": "compare", "comparison_table": "compare", "VERDICTS": "compare",
+          "ESTIMANDS": "compare", "minimum_detectable_effect": "procedures"}
 
 __all__ = list(_WHERE)
 
