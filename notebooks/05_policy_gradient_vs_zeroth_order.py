@@ -60,11 +60,11 @@ var_reps: int = 100            # [>= 2] independent estimates per point of the v
 var_seeds: int = 5             # [>= 2] random quadratics for §1–2
 pg_samples: int = 4            # [>= 2] REINFORCE samples per input (the leave-one-out baseline needs 2)
 zo_dirs: int = 64              # [>= 1] parameter perturbations per zeroth-order estimate (digits)
-grad_seeds: int = 5            # [>= 3] initializations for the gradient-quality comparison (§3; paired verdicts need 3)
-grad_reps: int = 12            # [>= 1] independent estimates per initialization (§3)
+grad_seeds: int = 10           # [>= 3] initializations for the gradient-quality comparison (§3; the sign test decides from 6)
+grad_reps: int = 6             # [>= 1] independent estimates per initialization (§3)
 train_steps: int = 300         # [>= 1] optimizer steps per training run (§4)
 batch_size: int = 128          # [>= 1] minibatch size of every training run
-train_seeds: int = 5           # [>= 3] seeds per method and learning rate, paired across methods (§4)
+train_seeds: int = 10          # [>= 3] seeds per method and learning rate, paired across methods (§4)
 lr_factors: list[float] = [0.3, 1.0, 3.0]   # [> 0] learning-rate grid: each method's centre times these
 lr_mle: float = 0.1            # [> 0] Adam step centre for MLE
 lr_pg: float = 0.01            # [> 0] Adam step centre for REINFORCE
@@ -757,8 +757,8 @@ comparison_forest(ax, [dataclasses.replace(run.comparisons[k], verdict=run.compa
 ax.set_title(f"paired differences at {train_steps} steps ({train_seeds} seeds, tuned learning rates)")
 run.savefig(fig, "verdicts.png")
 n_decided = sum(run.comparisons[k].verdict_adjusted != "inconclusive" for k in FAMILY_TRAIN)
-show(fig, "each row is the mean paired difference of the test 0-1 loss (first method minus second) with its 95 % "
-     "t-interval; left of the black line the first method is better. Colours are the Holm-corrected verdicts "
+show(fig, "each row is the median paired difference of the test 0-1 loss (first method minus second) with its 95 % "
+     "distribution-free interval (uncorrected); left of the black line the first method is better. Colours are the Holm-corrected verdicts "
      "across the {f} comparisons; {d} of them are decided.", run=run, f=len(FAMILY_TRAIN), d=n_decided)
 
 # %% [markdown]
