@@ -317,6 +317,36 @@ def muon_step(env, kind):
     return _flat(model) - before
 
 
+def _newton_schulz64(grad, ns_coefficients, ns_steps, eps):
+    """The quintic Newton–Schulz orthogonalization of Muon (Jordan et al., *Muon: An optimizer for hidden layers
+    in neural networks*, 2024) in float64: ``X ← X/‖X‖_F``, then ``ns_steps`` times ``X ← aX + (bA + cA²)X`` with
+    ``A = XXᵀ`` (on the wide orientation), written from the formula as the reference for torch's bfloat16 one."""
+    a, b, c = ns_coefficients
+    tall = grad.shape[0] > grad.shape[1]
+    x = (grad.T if tall else grad).to(torch.float64)
+    x = x / x.norm().clamp(min=eps)
+    for _ in range(ns_steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+@row("search", "Muon, against a float64 Newton–Schulz", "step",
+     note="the reference runs the Newton–Schulz iteration in float64: the float32 column is torch's bfloat16 "
+          "iteration's own error")
+def muon_exact_step(env, kind):
+    """:func:`muon_step` with the reference's orthogonalization in float64 instead of torch's bfloat16."""
+    import torch.optim._muon as muon
+    if env.compute != torch.float64:
+        return muon_step(env, kind)
+    keep = muon._zeropower_via_newtonschulz
+    muon._zeropower_via_newtonschulz = _newton_schulz64
+    try:
+        return muon_step(env, kind)
+    finally:
+        muon._zeropower_via_newtonschulz = keep
+
+
 @row("curvature", "K-FAC (empirical, damping 1e-3)", "preconditioned gradient", autocast=True,
      note="K-FAC computes its factors and inverses in float32")
 def kfac_gradient(env, kind):
@@ -329,6 +359,18 @@ def kfac_gradient(env, kind):
     model.zero_grad()
     F.cross_entropy(_wide(out).reshape(-1, out.shape[-1]), y.to(env.device).reshape(-1)).backward()
     k.precondition_()
+    return _grads(model)
+
+
+@row("curvature", "Fisher diagonal preconditioner (exact GGN diagonal)", "preconditioned gradient", models=("mlp",))
+def diagonal_gradient(env, kind):
+    """:class:`taskloss.curvature.FisherDiagonalPreconditioner` on the loss gradient."""
+    from taskloss.curvature import FisherDiagonalPreconditioner
+    model = env.model(kind)
+    pre = FisherDiagonalPreconditioner(model, "exact", damping=1e-3)
+    pre.update_statistics(env.cast(_data(kind)[0]))
+    _loss(env, kind, model).backward()
+    pre.precondition_()
     return _grads(model)
 
 
@@ -370,6 +412,20 @@ def natgrad(env, kind):
     model = env.model(kind)
     _loss(env, kind, model).backward()
     return natural_gradient(env.cast(fisher), _grads(model).to(env.compute), 1e-3)
+
+
+@row("curvature", "Gaussian natural gradient (Bonnet + Price, 64 draws)", "natural gradient", models=("-",))
+def gaussian_natgrad(env, kind):
+    """:func:`taskloss.curvature.gaussian_natural_gradient` of a quartic under N(m, V) in 4 dimensions."""
+    from taskloss.curvature import gaussian_natural_gradient
+    g = torch.Generator().manual_seed(0)
+    m = env.cast(torch.randn(4, generator=g, dtype=torch.float64))
+    a = torch.randn(4, 4, generator=g, dtype=torch.float64)
+    V = env.cast(a @ a.T / 4 + torch.eye(4, dtype=torch.float64))
+    with same_noise():
+        mean, cov = gaussian_natural_gradient(lambda x: (x ** 4).sum() + x.prod(), m, V, 64,
+                                              generator=torch.Generator(env.device).manual_seed(1))
+    return torch.cat([mean.mean.reshape(-1), cov.mean.reshape(-1)]).double()
 
 
 @row("contrastive", "accumulated_backward (InfoNCE, micro-batch 8)", "gradient", autocast=True,
