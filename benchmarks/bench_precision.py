@@ -550,30 +550,32 @@ def columns(device: torch.device, quick: bool) -> list[tuple[str, torch.dtype, b
 
 
 def table(rows: list[Row], device: torch.device, quick: bool) -> str:
+    """The Markdown table of ``rows`` (one column per dtype of :func:`columns`) and its notes: each row's note
+    and each refusal or error message, once per method for all the models and dtypes it applies to."""
     cols = columns(device, quick)
     head = "| family | method | output | model | " + " | ".join(c for c, _, _ in cols) + " |"
     lines = [head, "|" + "---|" * (4 + len(cols))]
-    notes: dict[str, list[str]] = {}
+    notes: dict[str, dict[str, list[str]]] = {}          # method → note → where it applies
     for r in rows:
         t0 = time.perf_counter()
         cells = [measure(r, dt, device, tf32) for _, dt, tf32 in cols]
         mark = " **⚠**" if any(c.flagged for c in cells) else ""
         texts = [f"**{c.text}**" if c.flagged else c.text for c in cells]
         lines.append(f"| {r.family} | {r.method}{mark} | {r.output} | {r.model} | " + " | ".join(texts) + " |")
-        key = f"{r.method} ({r.model})"
+        method = notes.setdefault(r.method.removesuffix(" (autocast)"), {})
+        where = ("" if r.model == "-" else r.model) + (" autocast" if r.autocast else "")
         if r.note:
-            notes.setdefault(key, []).append(r.note)
-        by_message: dict[str, list[str]] = {}
+            method.setdefault(r.note, []).append(where)
         for (name, dt, _), c in zip(cols, cells):
             if c.message:
-                by_message.setdefault(_shorten(c.message.replace(str(dt), "<dtype>")), []).append(name)
-        for msg, names in by_message.items():
-            notes.setdefault(key, []).append(f"{', '.join(names)}: {msg}")
+                method.setdefault(_shorten(c.message.replace(str(dt), "<dtype>")), []).append(f"{where} {name}".strip())
         print(f"  {r.method} / {r.model}: {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     out = "\n".join(lines)
-    if notes:
-        out += "\n\nNotes (refusals and errors quote the method's message):\n\n"
-        out += "\n".join(f"- **{k}**: " + "; ".join(v) for k, v in notes.items())
+    items = [f"- **{m}**: " + "; ".join(text + (f" ({', '.join(dict.fromkeys(w))})" if any(w) else "")
+                                        for text, w in v.items()) for m, v in notes.items() if v]
+    if items:
+        out += "\n\nNotes (refusals and errors quote the method's message; where each applies in parentheses):\n\n"
+        out += "\n".join(items)
     return out
 
 
