@@ -100,3 +100,13 @@ def test_every_family_of_the_issue_has_a_row(bench):
                  "Hessian-free", "natural gradient", "accumulated_backward", "integrated gradients"):
         assert name in methods, name
     assert {r.model for r in bench.ROWS} >= {"mlp", "gpt2"}
+
+
+def test_the_script_writes_its_table(bench, tmp_path, capsys):
+    out = tmp_path / "precision.md"
+    assert bench.main(["--quick", "--only", "clip", "--out", str(out)]) == 0
+    text = out.read_text()
+    assert "| family | method | output | model | float32 | bfloat16 | float16 |" in text
+    rows = [line for line in text.splitlines() if line.startswith("| dynamics |")]
+    assert len(rows) == 1 and "| mlp |" in rows[0]                   # --quick: the MLP rows only
+    assert text in capsys.readouterr().out
