@@ -21,9 +21,9 @@ captum 0.9.0): same argument names and ``method`` names, the same nodes (see the
 trapezoid weights, where this differs). Differences in how it is computed: all inputs × steps (× baselines) go
 through ``forward_fn`` as one batch, or in chunks of at most ``internal_batch_size`` rows that are whole steps
 (or, when one step's rows exceed it, slices of one step — Captum never splits a step, so its chunks hold at least
-B rows); the quadrature weights are folded into the backward
-pass (``grad_outputs = w_k``); the target is read with one gather instead of Captum's ``unbind`` into scalars;
-F(x) and F(x′) are taken from the path itself when the rule has nodes at α = 0 and 1 (trapezoid), otherwise from
+B rows); the quadrature weights are folded into the backward pass (``grad_outputs = w_k``; for float16 / bfloat16
+inputs they are applied and the gradients summed in float32 instead); the target is read with one gather instead of
+Captum's ``unbind`` into scalars; F(x) and F(x′) are taken from the path itself when the rule has nodes at α = 0 and 1 (trapezoid), otherwise from
 one extra forward pass of the inputs and baselines together (chunked alike), without a graph.
 
 A tuple of inputs (x₁, …, x_n), each ``[B, *feat_j]``, is one point per example in the product space: the path
