@@ -5,7 +5,10 @@
 #
 # OUT_DIR (default runs/gpu/, ignored by git) receives device.txt (GPU, driver, torch), cuda-tests.log + .xml (pytest -m cuda),
 # bench.log and RESULTS.md: a copy of benchmarks/RESULTS.md to which run_all.py adds (or replaces) this GPU's block,
-# beside the CPU block — copy it back over benchmarks/RESULTS.md to record the figures. Without a CUDA device it
+# beside the CPU block — copy it back over benchmarks/RESULTS.md to record the figures. run_all.py runs every
+# bench_*.py, bench_precision.py included: its table gains a "float32 + TF32" column on CUDA (each method's error
+# against float64 with TF32 matmuls off and on, then bfloat16 and float16), and a copy of that table goes to
+# precision.md. Without a CUDA device it
 # stops at once (exit 2) and runs nothing. PY selects the interpreter (default: .venv/bin/python, else python).
 # Exit status: 0 when the tests and every benchmark passed, 1 otherwise (the benchmarks run even if a test failed).
 set -uo pipefail
@@ -38,5 +41,8 @@ fi
 
 cp benchmarks/RESULTS.md "$OUT/RESULTS.md"
 "$PY" benchmarks/run_all.py --device cuda --output "$OUT/RESULTS.md" "$@" 2>&1 | tee "$OUT/bench.log" || status=1
+# the precision table alone, for the RESULTS.md section on precision (the same rows as in the block above)
+sed -n '/<!-- machine: cuda-/,/<!-- end machine: cuda-/p' "$OUT/RESULTS.md" \
+  | sed -n '/<!-- bench: bench_precision -->/,/<!-- end bench: bench_precision -->/p' > "$OUT/precision.md"
 echo "gpu_check: results in $OUT/ (exit $status)"
 exit $status

@@ -142,4 +142,4 @@ class EmbeddingIntegratedGradients:
 
         attr, error, diff = _attribute_pairs(scalar_fn, emb, bases, n_steps, method, bs,
                                              "EmbeddingIntegratedGradients.attribute")
-        return Attribution(attr.sum(-1) if sum_embedding else attr, error, diff)
+        return Attribution((attr.sum(-1) if sum_embedding else attr).to(emb.dtype), error, diff)

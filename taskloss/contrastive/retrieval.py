@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+import torch
 from torch import Tensor
 
 from taskloss.datasets.corpus import SPLITS, load_documents
@@ -70,6 +71,10 @@ def retrieval_ranks(queries: Tensor, candidates: Tensor) -> Tensor:
     """Rank of each query's own candidate (candidate i for query i; extra candidates beyond the queries are
     distractors) by dot product: ``r_i = #{j : ⟨q_i, c_j⟩ ≥ ⟨q_i, c_i⟩}`` (1 = first; ties count against).
 
+    The scores are computed in at least float32, outside any autocast: bfloat16 scores (3 significant digits) tied
+    and reordered candidates; with the ties counted against the query, bfloat16 embeddings of 512 synthetic pairs
+    lost 13 % of their MRR and 17 % of their recall@10 against the float64 ranks of the same embeddings (issue 45).
+
     Args:
         queries: ``[n, d]``.
         candidates: ``[m, d]`` with m ≥ n.
@@ -88,7 +93,9 @@ def retrieval_ranks(queries: Tensor, candidates: Tensor) -> Tensor:
     if candidates.shape[1] != queries.shape[1] or candidates.shape[0] < queries.shape[0]:
         raise ValueError(f"candidates must be [m ≥ n, d] for queries [n, d]; got {tuple(candidates.shape)} "
                          f"for {tuple(queries.shape)}")
-    s = queries @ candidates.to(queries.dtype).T
+    dtype = torch.promote_types(queries.dtype, torch.float32)
+    with torch.autocast(device_type=queries.device.type, enabled=False):     # autocast would lower the matmul
+        s = queries.to(dtype) @ candidates.to(dtype).T
     own = s.diagonal()[:, None]
     return (s >= own).sum(-1)
 

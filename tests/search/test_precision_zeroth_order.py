@@ -1,0 +1,100 @@
+"""Half precision in the zeroth-order estimators (issue 45, found by benchmarks/bench_precision.py). The perturbation
+θ + σz is formed in the parameters' dtype: at σ = 1e-3 most of σz is below bfloat16's resolution near |θ| ≈ 0.3
+(2⁻⁹ ≈ 0.002), so the loss differences measure another direction than the z the update uses, and MeZO's
+in-place perturb / restore does not return θ. ``taskloss/search/zeroth_order.py`` belongs to another helper this
+round: these are strict xfails that state the fault until it is fixed there (form the perturbation in float32, or
+refuse a σ below the parameters' resolution with the reason)."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from taskloss.search import MeZO, gaussian_smoothing_grad
+from taskloss.utils import functional_loss
+
+X = torch.randn(32, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+Y = torch.randint(0, 4, (32,), generator=torch.Generator().manual_seed(2))
+REASON = ("zeroth_order.py perturbs half-precision parameters in their own dtype: σz below their resolution is "
+          "rounded away (issue 45; owned by another helper this round)")
+
+
+def _wide(t):
+    """A half-precision loss input in float32 (as users' losses upcast); float32 / float64 unchanged."""
+    return t.float() if t.dtype in (torch.float16, torch.bfloat16) else t
+
+
+def _mlp(dtype, rounded_to=None):
+    """The MLP in ``dtype``, its values first rounded to ``rounded_to`` (the same numbers in a wider dtype)."""
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(8, 16), nn.Tanh(), nn.Linear(16, 4)).double().to(rounded_to or dtype).to(dtype)
+
+
+class _Float64Noise:
+    """``torch.randn`` draws float64 numbers and rounds them to the dtype asked for: the same z in every dtype."""
+
+    def __enter__(self):
+        self.randn = torch.randn
+        randn = self.randn
+        torch.randn = lambda *a, dtype=None, **kw: randn(*a, dtype=torch.float64, **kw).to(dtype or torch.float32)
+
+    def __exit__(self, *exc):
+        torch.randn = self.randn
+
+
+def _mezo_step(dtype, lr, rounded_to=None):
+    model = _mlp(dtype, rounded_to)
+    before = torch.cat([p.detach().reshape(-1).double() for p in model.parameters()])
+    opt = MeZO(model.parameters(), lr=lr, sigma=1e-3, n_samples=4, seed=0)
+    with _Float64Noise():
+        opt.step(lambda: F.cross_entropy(_wide(model(X.to(rounded_to or dtype).to(dtype))), Y))
+    return torch.cat([p.detach().reshape(-1).double() for p in model.parameters()]) - before
+
+
+def test_float64_noise_patch_gives_every_dtype_the_same_draws():
+    with _Float64Noise():
+        a = torch.randn(40, generator=torch.Generator().manual_seed(3), dtype=torch.bfloat16)
+        b = torch.randn(40, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    assert torch.equal(a, b.to(torch.bfloat16))
+
+
+def test_mezo_float32_step_follows_float64():           # the comparison itself can pass: float32 resolves σz
+    got, want = _mezo_step(torch.float32, 1.0), _mezo_step(torch.float64, 1.0, torch.float32)
+    assert float(F.cosine_similarity(got, want, dim=0)) > 0.9999
+
+
+@pytest.mark.xfail(strict=True, reason=REASON)
+def test_mezo_bfloat16_step_points_where_float64_points():
+    got = _mezo_step(torch.bfloat16, 1.0)
+    want = _mezo_step(torch.float64, 1.0, torch.bfloat16)      # the same θ, data and z, in float64
+    assert float(F.cosine_similarity(got, want, dim=0)) >= 0.99       # measured 0.96 (0.90 in the benchmark's batch)
+
+
+@pytest.mark.xfail(strict=True, reason=REASON)
+def test_mezo_restores_bfloat16_parameters_when_the_update_is_negligible():
+    drift = _mezo_step(torch.bfloat16, 1e-30)          # lr·g far below resolution: θ must come back unchanged
+    assert float(drift.abs().max()) == 0.0                              # measured 0.0059 (3 units of resolution)
+
+
+def _smoothing(dtype):
+    model = _mlp(dtype)
+    f, theta = functional_loss(model, lambda out: F.cross_entropy(_wide(out), Y), X.to(dtype))
+    with _Float64Noise():
+        g = gaussian_smoothing_grad(f, theta, 1e-3, 8, baseline="antithetic",
+                                    generator=torch.Generator().manual_seed(0))
+    return torch.cat([v.reshape(-1).double() for v in g.values()])
+
+
+def _smoothing_ref():
+    model = _mlp(torch.float64, torch.bfloat16)         # the bfloat16 model's values, in float64
+    f, theta = functional_loss(model, lambda out: F.cross_entropy(out, Y), X.to(torch.bfloat16).double())
+    with _Float64Noise():
+        g = gaussian_smoothing_grad(f, theta, 1e-3, 8, baseline="antithetic",
+                                    generator=torch.Generator().manual_seed(0))
+    return torch.cat([v.reshape(-1).double() for v in g.values()])
+
+
+@pytest.mark.xfail(strict=True, reason=REASON)
+def test_gaussian_smoothing_bfloat16_gradient_points_where_float64_points():
+    assert float(F.cosine_similarity(_smoothing(torch.bfloat16), _smoothing_ref(), dim=0)) >= 0.99   # measured 0.98
