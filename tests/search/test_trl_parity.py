@@ -39,10 +39,12 @@ MAX_LEN = 4
 def _dataset(rows):
     """A ``datasets.Dataset``; the fingerprint workaround only where hashing the data fails.
 
-    Seen on some installs (notes/peers-offline.md): ``Dataset.from_dict`` hashes its transform with ``dill`` and
-    fails with ``PicklingError: Can't pickle <class 'MonthDayNano'>`` — pyarrow's ``MonthDayNano`` named tuple type
-    is not importable under the name it reports, so pickling it by reference fails. The fingerprint only keys the
-    dataset cache, which this test never uses, so a random one is harmless here.
+    The cause (notes/peers-offline.md saw ``PicklingError: Can't pickle <class 'MonthDayNano'>``): ``datasets``
+    fingerprints a new dataset by pickling its arguments with ``dill``, and pyarrow defines the ``MonthDayNano``
+    named tuple in C with ``__module__ == "builtins"``, so pickling the class *by reference* fails
+    (``pickle.dumps(pyarrow.MonthDayNano)`` raises with pyarrow 26.0.1). With dill 0.4.1, datasets 5.2.0 here dill
+    falls back to pickling it by value with a ``PicklingWarning`` and ``from_dict`` works; where it raises instead, a
+    random fingerprint is harmless for this test, which never uses the dataset cache that the fingerprint keys.
     """
     try:
         return datasets.Dataset.from_dict(rows)
