@@ -13,6 +13,11 @@ them with the same reward function, form the group advantages, one forward/backw
 * **floor** — ``generate`` plus one forward/backward of the completions' summed log-probs and the AdamW step:
   what any on-policy method must pay; no advantage, no loss terms.
 
+Two of TRL's defaults shape its column and are kept (they are what a user gets): ``gradient_checkpointing=True``
+(the backward recomputes the forward) and the chunked log-prob kernel of ``add_fused_lm_head``, which allocates a
+``[tokens, 32768]`` tile whatever the vocabulary — most of TRL's peak memory at this tiny vocabulary, a saving at a
+real one (50k tokens) where the full ``[tokens, V]`` logits would be larger.
+
 Time per sampled token is the median over interleaved rounds (each method once per round) divided by ``B·G·C``;
 peak memory is the allocator's peak above the live tensors before the step (``_timing.peak_bytes``).
 
