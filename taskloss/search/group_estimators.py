@@ -328,8 +328,9 @@ def dapo_loss(logps, mask, rewards, group_size: int, *, old_logps=None, clip_low
               clip_high: float | None = 0.28, eps: float = GRPO_EPS, scale: str = "group") -> torch.Tensor:
     """Token-level (DAPO) loss: GRPO's advantages, every token of the batch weighted ``1/Σ_i |y_i|``, clip-higher.
 
-    Args as :func:`grpo_loss`. The batch-wide token count depends on every sampled length, so the estimate is
-    biased (less than GRPO's per-sequence ``1/|y_i|``). Derived in notebook 18_group_policy_gradients.
+    Args as :func:`grpo_loss`. The batch-wide token count depends on every sampled length (as the std does on every
+    reward), so the estimate is biased, through the batch's count instead of GRPO's per-sequence ``1/|y_i|``.
+    Derived in notebook 18_group_policy_gradients.
     """
     A = group_advantages(rewards, group_size, baseline="mean", scale=scale, eps=eps)
     return policy_gradient_surrogate(logps, mask, A, aggregation="token_mean", old_logps=old_logps,
