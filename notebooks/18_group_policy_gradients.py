@@ -204,7 +204,7 @@ _ = run.claim("bias/grpo_biased", "GRPO's expectation misses the direction of âˆ
 # **GRPO's bias against the reward's spread.** Scaling the rewards by $s$ leaves RLOO's direction unchanged. GRPO
 # divides by $\mathrm{std} + \epsilon$ with $\epsilon = 10^{-4}$: for $s \ll \epsilon$ the division is by a constant
 # and only the length normalization biases it; for $s \gg \epsilon$ the advantage is scale-free and the
-# per-group weighting $1/\mathrm{std}$ adds its own bias.
+# per-group weighting $1/\mathrm{std}$ changes the bias (up or down: it depends on which groups it favours).
 
 # %%
 spread_bias = {"GRPO": [], "DAPO (token-level)": []}
@@ -214,10 +214,9 @@ for s in spreads:
         c = float(m.mean @ grad_J / (grad_J @ grad_J))
         spread_bias[name].append(float((m.mean - c * grad_J).norm() / m.mean.norm()))
 run.record("bias/grpo_vs_spread", dict(zip(map(str, spreads), spread_bias["GRPO"])))
-_ = run.claim("bias/grpo_bias_grows_with_spread", "GRPO's direction bias is larger at the largest reward spread than "
-              "at the smallest (the std normalization adds to the length normalization's bias)",
-              spread_bias["GRPO"][-1] > spread_bias["GRPO"][0], value=spread_bias["GRPO"][-1] - spread_bias["GRPO"][0],
-              bound="> 0")
+_ = run.claim("bias/grpo_biased_at_every_spread", "GRPO's direction bias exceeds 1% at every reward scale (the "
+              "length normalization alone biases it when the std is negligible beside Îµ)",
+              min(spread_bias["GRPO"]) > 0.01, value=min(spread_bias["GRPO"]), bound="> 0.01")
 
 # %% tags=["hide-input"]
 fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
