@@ -4,12 +4,13 @@ The package tree is the repository's table of contents: one subpackage per metho
 what it holds, each ``__init__`` naming its notebooks (``notebooks/NN_topic.py``) and its public names. The
 numbers after each entry are the notebooks that import it (a test derives them from the notebooks' imports).
 
-- :mod:`taskloss.sampling`   — optimization as sampling an update: SNIS, proposals, ε-ball and Newton limits (01, 02)
-- :mod:`taskloss.search`     — MLE-guided parameter search, REINFORCE, zeroth-order estimators (02–05, 17)
+- :mod:`taskloss.sampling`   — optimization as sampling an update: SNIS, proposals, ε-ball and Newton limits (01, 02, 18)
+- :mod:`taskloss.search`     — MLE-guided parameter search, REINFORCE and group policy gradients, zeroth-order
+  estimators (02–05, 17, 18)
 - :mod:`taskloss.curvature`  — Fisher/GGN, CG and Hessian-free, diagonal Fisher, K-FAC, natural gradient,
   the Gaussian exponential family (06–08, 17)
 - :mod:`taskloss.losses`     — task losses and metrics, the EMO loss, distribution-level text quality (02, 03, 05, 09,
-  16, 17)
+  16, 17, 18)
 - :mod:`taskloss.contrastive` — InfoNCE with in-batch negatives, exact two-pass gradient accumulation, the
   all-gather across ranks, MiniLM fine-tuning for retrieval (10, 17)
 - :mod:`taskloss.models`     — Transformer LM (Post-LN, Pre-LN, RealFormer), LSTM/RNN LM, MLP, small CNN (03, 06,
@@ -26,7 +27,7 @@ numbers after each entry are the notebooks that import it (a test derives them f
   networks, attention entropy and gradient norms by layer, an LM-training harness (13, 14)
 - :mod:`taskloss.harness`    — every update rule behind one interface, counted passes, the ideal update Δθ* with its
   Monte Carlo error, training to an equal pass budget, a causal LM with a sequence task loss (16)
-- :mod:`taskloss.results`    — the results API of notebooks: records, paired comparisons, plots, headline checks (01–17)
+- :mod:`taskloss.results`    — the results API of notebooks: records, paired comparisons, plots, headline checks (01–18)
 - :mod:`taskloss.runner`     — parameters, kernels, run folders, the rerun/sweep runner (it executes the notebooks; none
   imports it)
 - :mod:`taskloss.utils`      — device resolution, seeding, input validation, parameters as flat vectors and pure

@@ -3,7 +3,8 @@ distance, repetition, non-termination, BLEU), the earth mover distance (EMO) los
 quality of generated text.
 
 Notebooks: 02_importance_sampling_and_mgs, 03_metric_optimization_classification,
-05_policy_gradient_vs_zeroth_order, 09_emo_loss, 16_update_rule_harness, 17_your_own_model.
+05_policy_gradient_vs_zeroth_order, 09_emo_loss, 16_update_rule_harness, 17_your_own_model,
+18_group_policy_gradients.
 
 Modules:
 

@@ -2,7 +2,7 @@
 Δθ* estimated by self-normalized importance sampling (SNIS), the proposals, and the ε-ball and quadratic
 (Newton) limits in closed form.
 
-Notebooks: 01_optimization_as_sampling, 02_importance_sampling_and_mgs.
+Notebooks: 01_optimization_as_sampling, 02_importance_sampling_and_mgs, 18_group_policy_gradients.
 
 Modules:
 

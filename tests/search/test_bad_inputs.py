@@ -11,6 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import taskloss.search as S
+from group_cases import GROUP_CASES, GROUP_EXEMPT
 from helpers import mgs_step, with_surrogate
 
 NAN, INF = float("nan"), float("inf")
@@ -264,6 +265,8 @@ EXEMPT = {   # names that take no input to validate
     "mgs_step_reference": "the readable reference of MGS.step, for reading and the equality tests: it trusts its "
                           "inputs (MGS validates them)", "PGResult": "result record built by the REINFORCE steps",
 }
+CASES.update(GROUP_CASES)      # the group policy gradients of notebook 18, listed in their own module
+EXEMPT.update(GROUP_EXEMPT)
 
 
 def test_every_public_name_is_walked():
