@@ -55,9 +55,12 @@ def _weight(d: int, device, seed: int = 0):
     return w
 
 
-def _block(opt):
-    def run():
-        for _ in range(BLOCK):
+def _block(opt, w):
+    g0 = w.grad.detach().clone()
+
+    def run():                     # a fresh copy of the gradient at every step: heavyball clears .grad after its
+        for _ in range(BLOCK):     # step, pytorch_optimizer's Shampoo may write into it
+            w.grad = g0.clone()
             opt.step()
     return run
 
@@ -76,7 +79,11 @@ def _optimizers(d: int, device, heavy: bool) -> dict:
     if heavy:
         import heavyball
         make["SOAP (heavyball, compiled; its defaults)"] = lambda w: heavyball.SOAP([w], lr=1e-3)
-    return {name: _block(fn(_weight(d, device))) for name, fn in make.items()}
+    out = {}
+    for name, fn in make.items():
+        w = _weight(d, device)
+        out[name] = _block(fn(w), w)
+    return out
 
 
 def _mm_rate(d: int, device, dtype) -> float:
