@@ -30,6 +30,7 @@ their own (tested with two gloo ranks).
 """
 from __future__ import annotations
 
+import math
 from typing import Callable, Iterable
 
 import torch
@@ -55,13 +56,32 @@ def matrix_power(m: Tensor, exponent: float, epsilon: float) -> Tensor:
     """``(m + εI)^e`` of a symmetric PSD matrix through its eigendecomposition (eigenvalues clamped at 0 first).
 
     Args:
-        m: a symmetric positive semi-definite matrix ``[d, d]``.
-        exponent: the power ``e`` (negative: an inverse root).
+        m: a symmetric positive semi-definite floating matrix ``[d, d]``.
+        exponent: the power ``e`` (negative: an inverse root), finite.
         epsilon: ``ε > 0``, added to every eigenvalue.
 
     Returns:
         The matrix ``Q diag((λ + ε)^e) Qᵀ``, in ``m``'s dtype.
+
+    Raises:
+        TypeError: ``m`` is not a floating tensor, ``exponent`` not a number.
+        ValueError: ``m`` is not square, holds NaN or inf; ``exponent`` not finite; ``epsilon`` not > 0.
     """
+    if not isinstance(m, Tensor) or not m.is_floating_point():
+        raise TypeError(f"m must be a floating tensor, got {type(m).__name__}")
+    if m.ndim != 2 or m.shape[0] != m.shape[1]:
+        raise ValueError(f"m must be a square matrix [d, d], got shape {tuple(m.shape)}")
+    if isinstance(exponent, bool) or not isinstance(exponent, (int, float)):
+        raise TypeError(f"exponent must be a number, got {type(exponent).__name__}")
+    if not math.isfinite(exponent):
+        raise ValueError(f"exponent must be finite, got {exponent}")
+    check_positive("epsilon", epsilon)
+    if not torch.isfinite(m).all():
+        raise ValueError("m holds NaN or inf")
+    return _matrix_power(m, float(exponent), float(epsilon))
+
+
+def _matrix_power(m: Tensor, exponent: float, epsilon: float) -> Tensor:
     lam, q = torch.linalg.eigh(m)
     return (q * (lam.clamp(min=0) + epsilon).pow(exponent)) @ q.T
 
@@ -191,7 +211,7 @@ class Shampoo(torch.optim.Optimizer):
                 p.addcdiv_(num, den, value=-size)
             return
         if (t - group["start_preconditioning_step"]) % group["precondition_interval"] == 0 or "roots" not in st:
-            st["roots"] = [None if f is None or f.ndim < 2 else matrix_power(f, group["exponent"], group["epsilon"])
+            st["roots"] = [None if f is None or f.ndim < 2 else _matrix_power(f, group["exponent"], group["epsilon"])
                            for f in st["factors"]]          # a 1-D tensor's diagonal factor is used as it is
         d = self._direction(m, st, group)
         if group["grafting"] != "none":

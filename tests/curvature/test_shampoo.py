@@ -235,3 +235,13 @@ def test_nonfinite_gradient_is_refused_and_group_edits_are_checked():
     opt.param_groups[0]["exponent"] = 1.0
     with pytest.raises(ValueError, match="exponent"):
         opt.step()
+
+
+@pytest.mark.parametrize("args, err", [
+    ((torch.eye(3)[:2], -0.5, 1e-6), ValueError), ((torch.eye(3, dtype=torch.long), -0.5, 1e-6), TypeError),
+    ((torch.eye(3), float("nan"), 1e-6), ValueError), ((torch.eye(3), -0.5, 0.0), ValueError),
+    ((torch.full((2, 2), math.inf), -0.5, 1e-6), ValueError), ((torch.eye(3), True, 1e-6), TypeError),
+])
+def test_matrix_power_refuses_bad_input(args, err):
+    with pytest.raises(err):
+        matrix_power(*args)
