@@ -1171,7 +1171,9 @@ print(f"one example: ‖(L⊗R)/tr L − K-FAC‖/‖K-FAC‖ = {one['linear']:.
 # Now the batch and the width grow. The damping is $\lambda = 10^{-3}\operatorname{tr}(F)/P$ for every step. Shampoo's
 # steps at $e=-\tfrac12$ and $e=-\tfrac14$ have no natural scale (they approximate $F^{-1/2}$ and $F^{-1/4}$), so
 # only their angles are compared; K-FAC, Shampoo at $e=-1$ (scaled by $\operatorname{tr}L$) and the KL factors carry
-# the scale of $F^{-1}$ and get a relative error too.
+# the scale of $F^{-1}$ and get a relative error too. The KL fixed point needs the inverse of each factor; with one
+# example the factors have rank one, the damped iteration settles at an arbitrary scale, and only the angle of its
+# step means something there. On the MLP every block method also drops the blocks between the layers.
 
 # %%
 shampoo_rows = []
