@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
-from helpers import mgs_closure
 from torch import nn
 
 from taskloss.curvature import SOAP, Shampoo, muon_with_adamw
 from taskloss.harness import RULES, PassCounter, Problem, ideal_update, make_rule, propose, step_agreement, train
 from taskloss.sampling import ball_expected_update, newton_direction
 from taskloss.search import MGS, MeZO
+from helpers import mgs_closure
 
 
 def quadratic(d: int = 4, n: int = 32, seed: int = 0) -> Problem:
