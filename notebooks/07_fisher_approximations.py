@@ -1232,7 +1232,9 @@ _ = run.claim("shampoo/one_example_equals_kfac", "with one example Shampoo's (L�
 # **Muon as steepest descent under the spectral norm.** The step that maximizes $\langle G, D\rangle$ over
 # $\|D\|_2\le 1$ is the polar factor $D^\star = UV^\top$ of $G = USV^\top$, with value $\|G\|_* = \sum_i \sigma_i$
 # (J. Bernstein and L. Newhouse, "Old Optimizer, New Norm: An Anthology", arXiv:2409.20325). Shampoo's first step
-# without accumulation, $(GG^\top)^{-1/4}G(G^\top G)^{-1/4}$, is the same matrix. `torch.optim.Muon` computes it with
+# without accumulation, $(GG^\top)^{-1/4}G(G^\top G)^{-1/4}$, is the same matrix, and so is SOAP's first update:
+# in the eigenbases $U$, $V$ of $GG^\top$ and $G^\top G$ the gradient is $\operatorname{diag}(\sigma)$, and Adam's
+# $\hat m/\sqrt{\hat v}$ of it is $\operatorname{diag}(\sigma/(\sigma+\epsilon))\approx I$. `torch.optim.Muon` computes it with
 # five steps of a quintic Newton–Schulz iteration in bfloat16, whose output is $US'V^\top$ with $S'$ near, not at, $I$
 # (torch's documentation: roughly between 0.5 and 1.5). The check: the SVD's polar factor attains $\|G\|_*$, no random
 # unit-spectral-norm direction beats it, the package's Shampoo gives it, and Newton–Schulz comes within its band.
@@ -1257,14 +1259,25 @@ w = nn.Parameter(torch.zeros_like(Gm))
 w.grad = Gm.clone()
 C.Shampoo([w], lr=1.0, grafting="none", epsilon=1e-12 * float(sv.max()) ** 2).step()
 shampoo_gap = float((-w.detach() - polar).norm() / polar.norm())
+# SOAP's first update: in the eigenbases of GGᵀ and GᵀG the gradient is diag(σ) (its SVD), so Adam's m̂/√v̂ there
+# is diag(σ/(σ + ε)) and the step back in the original basis is U Vᵀ again
+w_soap = nn.Parameter(torch.zeros_like(Gm))
+# ε above round-off: Adam's elementwise m̂/√v̂ would blow the ~1e-16 off-diagonal entries of the rotated G up to ±1
+soap = C.SOAP([w_soap], lr=1.0, weight_decay=0.0, eps=1e-9 * float(sv.max()))
+for _ in range(2):                                   # the first call gathers the statistics and the bases
+    w_soap.grad = Gm.clone()
+    soap.step()
+soap_gap = float((-w_soap.detach() - polar).norm() / polar.norm())
 O = _zeropower_via_newtonschulz(Gm.float(), (DEFAULT_A, DEFAULT_B, DEFAULT_C), 5, EPS).double()
 ns_sv = torch.diagonal(U.T @ O @ Vh.T)
 ns_value = float((O * Gm).sum()) / nuclear
 torch.testing.assert_close(float((polar * Gm).sum()), nuclear, rtol=1e-12, atol=0)
 print(f"Shampoo's one step vs the polar factor: relative gap {shampoo_gap:.1e}")
-assert best_random < nuclear and shampoo_gap < 1e-4
+print(f"SOAP's first update vs the polar factor: relative gap {soap_gap:.1e}")
+assert best_random < nuclear and shampoo_gap < 1e-4 and soap_gap < 1e-4
 run.record("muon/random_best_over_nuclear", best_random / nuclear)
 run.record("muon/shampoo_vs_polar_rel_gap", shampoo_gap)
+run.record("muon/soap_vs_polar_rel_gap", soap_gap)
 run.record("muon/ns_value_over_nuclear", ns_value)
 run.record("muon/ns_singular_min", float(ns_sv.min()))
 run.record("muon/ns_singular_max", float(ns_sv.max()))
@@ -1285,7 +1298,8 @@ _ = run.say(
     "polar factor attains ‖G‖_*; the best of 2000 random unit-spectral-norm directions reaches "
     "{muon/random_best_over_nuclear:.2f} of it. Newton–Schulz's singular values span "
     "{muon/ns_singular_min:.2f}–{muon/ns_singular_max:.2f} and its step attains {muon/ns_value_over_nuclear:.3f} "
-    "of ‖G‖_*.")
+    "of ‖G‖_*. Shampoo's one step and SOAP's first update are the polar factor to {muon/shampoo_vs_polar_rel_gap:.0e} "
+    "and {muon/soap_vs_polar_rel_gap:.0e}.")
 
 # %% [markdown]
 # ## Results

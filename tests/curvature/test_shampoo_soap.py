@@ -114,3 +114,17 @@ def test_conventions_frozen_shared_scheduler_and_resume():
 def test_bad_arguments_are_refused(kw, err):
     with pytest.raises(err):
         SOAP(_mlp().parameters(), **kw)
+
+
+@pytest.mark.parametrize("shape", [(6, 6), (4, 9)])
+def test_first_update_is_the_polar_factor(shape):
+    # in the eigenbases U, V of GGᵀ and GᵀG the gradient is diag(σ); Adam's m̂/√v̂ of it is ≈ I, so the step is U Vᵀ
+    # (ε above round-off: the rotated G's off-diagonal round-off would otherwise be normalized to ±1)
+    g = torch.randn(*shape, generator=torch.Generator().manual_seed(9), dtype=D)
+    u, s, vh = torch.linalg.svd(g, full_matrices=False)
+    w = nn.Parameter(torch.zeros_like(g))
+    opt = SOAP([w], lr=1.0, weight_decay=0.0, eps=1e-9 * float(s.max()))
+    for _ in range(2):
+        w.grad = g.clone()
+        opt.step()
+    torch.testing.assert_close(-w.detach(), u @ vh, rtol=0, atol=1e-6)
