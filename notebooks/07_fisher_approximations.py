@@ -66,6 +66,8 @@ adagrad_draws: int = 400              # [>= 1] mini-batch gradients AdaGrad accu
 noise_batch: int = 32                 # [>= 1] mini-batch size of the Fisher-vs-Hessian noise check
 n_noise_batches: int = 10             # [>= 3] mini-batches drawn for that check
 n_probes: int = 8                     # [>= 1] random probe vectors of the Hutchinson norm estimate
+shampoo_widths: str = "4,16"          # comma-separated input widths of the Shampoo/K-FAC comparison of §9
+shampoo_batches: str = "1,8,64"       # comma-separated batch sizes N of that comparison
 
 # %%
 import math
@@ -1055,6 +1057,249 @@ plt.show()
 # *Figure: each row is a paired comparison (final loss of the first method minus the second, same seeds); left of
 # the vertical line the first method is better. Grey rows are inconclusive: their 95 % interval covers zero, before
 # the family-wise correction that the comparison table below applies.*
+
+# %% [markdown]
+# ## 9 · Shampoo, SOAP and Muon beside K-FAC
+#
+# Three preconditioners that people train with today answer the question of §5 (which cheap matrix stands in for
+# the curvature) from the gradient alone. For a weight $W$ of shape $[m, n]$ with gradient matrix $G$:
+#
+# - **Shampoo** (V. Gupta, T. Koren and Y. Singer, "Shampoo: Preconditioned Stochastic Tensor Optimization",
+#   ICML 2018, arXiv:1802.09568) keeps $L = \sum_t G_tG_t^\top$ and $R = \sum_t G_t^\top G_t$ and steps along
+#   $L^{e} G R^{e}$, $e=-\tfrac14$.
+# - **SOAP** (N. Vyas et al., "SOAP: Improving and Stabilizing Shampoo using Adam", arXiv:2409.11321) runs Adam in
+#   the eigenbasis of $L$ and $R$.
+# - **Muon** (K. Jordan et al., 2024; `torch.optim.Muon`) replaces $G$ (its momentum) by its polar factor
+#   $UV^\top$, computed approximately by a Newton–Schulz iteration.
+#
+# K-FAC's factors are moments of the layer's inputs and back-propagated outputs, $A=\mathbb E[aa^\top]$ and
+# $\Gamma = \mathbb E[ee^\top]$. Shampoo's are moments of whole gradient matrices. For one example and one output
+# direction the gradient is $G = ea^\top$, so
+#
+# $$\mathbb E[GG^\top] = \mathbb E\big[\|a\|^2\, ee^\top\big], \qquad \mathbb E[G^\top G] = \mathbb E\big[\|e\|^2\, aa^\top\big].$$
+#
+# With one example the Fisher block is exactly $\Gamma\otimes aa^\top$ (row-major $\mathrm{vec}$), $L = \|a\|^2\Gamma$
+# and $R=\operatorname{tr}(\Gamma)\,aa^\top$. So $L\otimes R = \operatorname{tr}(F)\,F$: Shampoo's factors *are*
+# K-FAC's up to two scalars, and Shampoo with exponent $e=-1$ and the scale $\operatorname{tr}(L)$ is K-FAC. This is
+# the observation of D. Morwani et al., "A New Perspective on Shampoo's Preconditioner", arXiv:2406.17748: $L$ and
+# $R$ are one power iteration towards the best Kronecker approximation of $F$. With $e=-\tfrac12$ (their "Shampoo²")
+# $(L\otimes R)^{-1/2}\propto F^{-1/2}$, full-matrix AdaGrad's power; the original $e=-\tfrac14$ gives $F^{-1/4}$.
+# With more examples the expectation of a product is no longer the product of expectations, and both approximations
+# drift from $F$.
+#
+# The cells below compute, in float64, the exact Fisher $F$ of a batch of $N$ examples from the rows
+# $r_{n,k} = J_n^\top L_n[:, k]$ ($L_nL_n^\top = H_n$, the output Hessian), each layer's Shampoo factors from the same
+# rows, K-FAC's with `KFAC(fisher_type="exact")`, and the damped steps $(\,\cdot\,+\lambda I)^{-1}g$. The steps are
+# compared with the natural-gradient step $d^\star = (F+\lambda I)^{-1}g$ by angle and relative error, for a linear
+# softmax layer and a two-layer tanh MLP (no biases), as the batch $N$ and the width grow.
+
+# %%
+def fisher_rows(model, X):
+    """Per weight: the rows r_{n,k} [N, C, out, in] with F = (1/N) Σ_{n,k} vec(r) vec(r)ᵀ (exact Fisher)."""
+    params = {k: p.detach() for k, p in model.named_parameters()}
+    jac = torch.func.vmap(torch.func.jacrev(lambda p, x: functional_call(model, p, (x[None],))[0]),
+                          in_dims=(None, 0))(params, X)                             # name → [N, C, out, in]
+    Lh = C.output_hessian_sqrt(model(X).detach())                                    # [N, C, C], L Lᵀ = H
+    return {k: torch.einsum("nck,nc...->nk...", Lh, j) for k, j in jac.items()}
+
+
+def preconditioners(model, X, kl_iters=10):
+    """Dense [P, P] matrices: the Fisher, K-FAC, Shampoo's (L⊗R)/tr(L) per layer, and the KL-optimal L⊗R."""
+    rows = fisher_rows(model, X)
+    n = X.shape[0]
+    flat = torch.cat([r.flatten(2) for r in rows.values()], dim=2).flatten(0, 1)     # [N·C, P]
+    F = flat.T @ flat / n
+    with KFAC(model, fisher_type="exact", decay=0.0) as k:
+        k.update_statistics(X)
+        K = k.to_dense()
+    S, KL = [], []
+    for r in rows.values():
+        Ls = torch.einsum("nkoi,nkpi->op", r, r) / n                                # E[G Gᵀ]
+        Rs = torch.einsum("nkoi,nkoj->ij", r, r) / n                                # E[Gᵀ G]
+        S.append(torch.kron(Ls, Rs) / Ls.trace())
+        # Lin et al. (arXiv:2509.03378): the Kronecker factors closest to F in KL, the fixed point
+        # L = E[G R⁻¹ Gᵀ]/in, R = E[Gᵀ L⁻¹ G]/out (the matrix-normal maximum likelihood), from Shampoo's
+        eps_l, eps_r = 1e-3 * Ls.trace() / len(Ls), 1e-3 * Rs.trace() / len(Rs)     # the steps' relative damping
+        Lk, Rk = Ls / Ls.trace().sqrt(), Rs / Ls.trace().sqrt()
+        for _ in range(kl_iters):
+            Ri = torch.linalg.inv(Rk + eps_r * torch.eye(len(Rk), dtype=Rk.dtype))
+            Lk = torch.einsum("nkoi,ij,nkpj->op", r, Ri, r) / (n * Rk.shape[0])
+            Li = torch.linalg.inv(Lk + eps_l * torch.eye(len(Lk), dtype=Lk.dtype))
+            Rk = torch.einsum("nkoi,op,nkpj->ij", r, Li, r) / (n * Lk.shape[0])
+        KL.append(torch.kron(Lk, Rk))
+    return F, K, torch.block_diag(*S), torch.block_diag(*KL)
+
+
+def damped_power(M, g, lam, e=-1.0):
+    lam_m, Q = torch.linalg.eigh(M)
+    return Q @ ((lam_m.clamp(min=0) + lam) ** e * (Q.T @ g))
+
+
+def angle_deg(u, v):
+    return math.degrees(math.acos(float((u @ v) / (u.norm() * v.norm())).__round__(15)))
+
+
+def make_model(kind, width, seed_):
+    torch.manual_seed(seed_)
+    if kind == "linear":
+        return nn.Sequential(nn.Linear(width, 10, bias=False)).double()
+    return nn.Sequential(nn.Linear(width, width, bias=False), nn.Tanh(), nn.Linear(width, 10, bias=False)).double()
+
+
+# %%
+# check 1: the rows give the package's exact Fisher
+_m = make_model("mlp", 5, seed)
+_X = torch.randn(7, 5, dtype=torch.float64, generator=torch.Generator().manual_seed(seed))
+_F, _K, _S, _KL = preconditioners(_m, _X)
+torch.testing.assert_close(_F, C.fisher_matrix(_m, None, _X), rtol=1e-10, atol=1e-12)
+
+# check 2: one example — Shampoo's (L⊗R)/tr(L) is K-FAC's block, on the linear layer and on each layer of the MLP
+one = {}
+for kind in ("linear", "mlp"):
+    m1 = make_model(kind, 6, seed)
+    x1 = torch.randn(1, 6, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 1))
+    F1, K1, S1, _ = preconditioners(m1, x1)
+    one[kind] = float((S1 - K1).norm() / K1.norm())
+    torch.testing.assert_close(S1, K1, rtol=1e-10, atol=1e-12)
+    if kind == "linear":                                     # one layer: K-FAC is the Fisher itself
+        torch.testing.assert_close(K1, F1, rtol=1e-10, atol=1e-12)
+run.record("shampoo/one_example_rel_gap_linear", one["linear"])
+run.record("shampoo/one_example_rel_gap_mlp", one["mlp"])
+print(f"one example: ‖(L⊗R)/tr L − K-FAC‖/‖K-FAC‖ = {one['linear']:.1e} (linear), {one['mlp']:.1e} (MLP)")
+
+# %% [markdown]
+# Now the batch and the width grow. The damping is $\lambda = 10^{-3}\operatorname{tr}(F)/P$ for every step. Shampoo's
+# steps at $e=-\tfrac12$ and $e=-\tfrac14$ have no natural scale (they approximate $F^{-1/2}$ and $F^{-1/4}$), so
+# only their angles are compared; K-FAC, Shampoo at $e=-1$ (scaled by $\operatorname{tr}L$) and the KL factors carry
+# the scale of $F^{-1}$ and get a relative error too. The KL fixed point needs the inverse of each factor; with one
+# example the factors have rank one, the damped iteration settles at an arbitrary scale, and only the angle of its
+# step means something there. On the MLP every block method also drops the blocks between the layers.
+
+# %%
+shampoo_rows = []
+for kind in ("linear", "mlp"):
+    for width in [int(w) for w in shampoo_widths.split(",")]:
+        for n_ex in [int(b) for b in shampoo_batches.split(",")]:
+            gen = torch.Generator().manual_seed(seed + 100 * width + n_ex)
+            m = make_model(kind, width, seed)
+            Xs = torch.randn(n_ex, width, dtype=torch.float64, generator=gen)
+            ys = torch.randint(0, 10, (n_ex,), generator=gen)
+            g = torch.cat([t.flatten() for t in torch.autograd.grad(C.nll_loss(m(Xs), ys), list(m.parameters()))])
+            F, K, S, KL = preconditioners(m, Xs)
+            lam = 1e-3 * float(F.trace()) / len(F)
+            d_star = damped_power(F, g, lam)
+            steps = {"K-FAC": damped_power(K, g, lam), "Shampoo e=-1": damped_power(S, g, lam),
+                     "KL factors": damped_power(KL, g, lam), "Shampoo e=-1/2": damped_power(S, g, lam, -0.5),
+                     "Shampoo e=-1/4": damped_power(S, g, lam, -0.25), "gradient": g}
+            for name, d in steps.items():
+                rel = float((d - d_star).norm() / d_star.norm()) if name in ("K-FAC", "Shampoo e=-1",
+                                                                                  "KL factors") else float("nan")
+                shampoo_rows.append(dict(model=kind, width=width, N=n_ex, P=len(F), step=name,
+                                         angle=angle_deg(d, d_star), rel_err=rel))
+print("| model | width | N | step | angle to d* (°) | ‖d − d*‖/‖d*‖ |")
+print("|---|---|---|---|---|---|")
+for r in shampoo_rows:
+    print(f"| {r['model']} | {r['width']} | {r['N']} | {r['step']} | {r['angle']:.1f} | "
+          f"{'' if math.isnan(r['rel_err']) else format(r['rel_err'], '.3f')} |")
+
+
+def _angles(step, **where):
+    return [r["angle"] for r in shampoo_rows if r["step"] == step and all(r[k] == v for k, v in where.items())]
+
+
+big_n = max(int(b) for b in shampoo_batches.split(","))
+for step in ("K-FAC", "Shampoo e=-1", "KL factors", "Shampoo e=-1/2", "Shampoo e=-1/4", "gradient"):
+    key = step.replace(" ", "_").replace("=", "").replace("/", "_")
+    run.record(f"shampoo/median_angle_deg/{key}", float(np.median(_angles(step))))
+    run.record(f"shampoo/median_angle_deg_largest_batch/{key}", float(np.median(_angles(step, N=big_n))))
+
+# %%
+kfac_gap = max(abs(a - b) for a, b in zip(_angles("Shampoo e=-1"), _angles("K-FAC")))
+run.record("shampoo/max_angle_gap_to_kfac_deg", kfac_gap)
+run.claim("shampoo/tracks_kfac", "in every configuration Shampoo with e = −1 (scaled by tr L) is within 2° of K-FAC's "
+          "angle to the natural-gradient step", kfac_gap < 2.0, value=kfac_gap, bound="< 2°")
+quarter_gap = [a - b for a, b in zip(_angles("Shampoo e=-1/4", N=big_n), _angles("Shampoo e=-1", N=big_n))]
+run.record("shampoo/quarter_minus_one_angle_largest_batch", float(np.median(quarter_gap)))
+run.claim("shampoo/default_exponent_farther", f"at N = {big_n}, Shampoo's default e = −1/4 is farther from the "
+          "natural-gradient step than e = −1 in every configuration", min(quarter_gap) > 0, value=min(quarter_gap),
+          bound="> 0°")
+kl_vs_shampoo = [a - b for a, b in zip(_angles("KL factors"), _angles("Shampoo e=-1"))]
+run.record("shampoo/kl_minus_shampoo_angle_median", float(np.median(kl_vs_shampoo)))
+_ = run.claim("shampoo/one_example_equals_kfac", "with one example Shampoo's (L⊗R)/tr L equals K-FAC's factors "
+              "to 1e-10", max(one.values()) < 1e-10, value=max(one.values()), bound="< 1e-10")
+
+# %% [markdown]
+# **Muon as steepest descent under the spectral norm.** The step that maximizes $\langle G, D\rangle$ over
+# $\|D\|_2\le 1$ is the polar factor $D^\star = UV^\top$ of $G = USV^\top$, with value $\|G\|_* = \sum_i \sigma_i$
+# (J. Bernstein and L. Newhouse, "Old Optimizer, New Norm: An Anthology", arXiv:2409.20325). Shampoo's first step
+# without accumulation, $(GG^\top)^{-1/4}G(G^\top G)^{-1/4}$, is the same matrix, and so is SOAP's first update:
+# in the eigenbases $U$, $V$ of $GG^\top$ and $G^\top G$ the gradient is $\operatorname{diag}(\sigma)$, and Adam's
+# $\hat m/\sqrt{\hat v}$ of it is $\operatorname{diag}(\sigma/(\sigma+\epsilon))\approx I$. `torch.optim.Muon` computes it with
+# five steps of a quintic Newton–Schulz iteration in bfloat16, whose output is $US'V^\top$ with $S'$ near, not at, $I$
+# (torch's documentation: roughly between 0.5 and 1.5). The check: the SVD's polar factor attains $\|G\|_*$, no random
+# unit-spectral-norm direction beats it, the package's Shampoo gives it, and Newton–Schulz comes within its band.
+# (A softmax layer's gradient rows sum to zero, so $G$ has rank at most $C-1$; $U$, $V$ are those of its range.)
+
+# %%
+from torch.optim._muon import DEFAULT_A, DEFAULT_B, DEFAULT_C, EPS, _zeropower_via_newtonschulz  # noqa: E402
+
+m = make_model("linear", 16, seed)
+Xm = torch.randn(64, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 7))
+ym = torch.randint(0, 10, (64,), generator=torch.Generator().manual_seed(seed + 8))
+Gm = torch.autograd.grad(C.nll_loss(m(Xm), ym), [m[0].weight])[0]
+U, sv, Vh = torch.linalg.svd(Gm, full_matrices=False)
+rank = int((sv > 1e-10 * sv.max()).sum())          # a softmax gradient's rows sum to 0: rank ≤ C − 1
+U, sv, Vh = U[:, :rank], sv[:rank], Vh[:rank]
+polar = U @ Vh                                      # the polar factor on G's range
+nuclear = float(sv.sum())
+D = torch.randn(2000, *Gm.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(seed + 9))
+D = D / torch.linalg.matrix_norm(D, ord=2)[:, None, None]
+best_random = float((D * Gm).sum((1, 2)).max())
+w = nn.Parameter(torch.zeros_like(Gm))
+w.grad = Gm.clone()
+C.Shampoo([w], lr=1.0, grafting="none", epsilon=1e-12 * float(sv.max()) ** 2).step()
+shampoo_gap = float((-w.detach() - polar).norm() / polar.norm())
+# SOAP's first update: in the eigenbases of GGᵀ and GᵀG the gradient is diag(σ) (its SVD), so Adam's m̂/√v̂ there
+# is diag(σ/(σ + ε)) and the step back in the original basis is U Vᵀ again
+w_soap = nn.Parameter(torch.zeros_like(Gm))
+# ε above round-off: Adam's elementwise m̂/√v̂ would blow the ~1e-16 off-diagonal entries of the rotated G up to ±1
+soap = C.SOAP([w_soap], lr=1.0, weight_decay=0.0, eps=1e-9 * float(sv.max()))
+for _ in range(2):                                   # the first call gathers the statistics and the bases
+    w_soap.grad = Gm.clone()
+    soap.step()
+soap_gap = float((-w_soap.detach() - polar).norm() / polar.norm())
+O = _zeropower_via_newtonschulz(Gm.float(), (DEFAULT_A, DEFAULT_B, DEFAULT_C), 5, EPS).double()
+ns_sv = torch.diagonal(U.T @ O @ Vh.T)
+ns_value = float((O * Gm).sum()) / nuclear
+torch.testing.assert_close(float((polar * Gm).sum()), nuclear, rtol=1e-12, atol=0)
+print(f"Shampoo's one step vs the polar factor: relative gap {shampoo_gap:.1e}")
+print(f"SOAP's first update vs the polar factor: relative gap {soap_gap:.1e}")
+assert best_random < nuclear and shampoo_gap < 1e-4 and soap_gap < 1e-4
+run.record("muon/random_best_over_nuclear", best_random / nuclear)
+run.record("muon/shampoo_vs_polar_rel_gap", shampoo_gap)
+run.record("muon/soap_vs_polar_rel_gap", soap_gap)
+run.record("muon/ns_value_over_nuclear", ns_value)
+run.record("muon/ns_singular_min", float(ns_sv.min()))
+run.record("muon/ns_singular_max", float(ns_sv.max()))
+_ = run.claim("muon/ns_within_band", "Newton–Schulz's singular values lie in (0.5, 1.5) and its step attains over "
+              "80 % of the steepest-descent value ‖G‖_*", 0.5 < float(ns_sv.min()) and float(ns_sv.max()) < 1.5
+              and ns_value > 0.8, value=[float(ns_sv.min()), float(ns_sv.max()), ns_value],
+              bound="(0.5, 1.5), > 0.8")
+
+# %%
+_ = run.say(
+    "**Shampoo and K-FAC.** With one example Shampoo's factors, scaled by tr L, equal K-FAC's (relative gap "
+    "{shampoo/one_example_rel_gap_linear:.1e} on the linear layer, {shampoo/one_example_rel_gap_mlp:.1e} on the "
+    "MLP). Across the grid of batches and widths, the median angle to the natural-gradient step is "
+    "{shampoo/median_angle_deg/K-FAC:.1f}° for K-FAC, {shampoo/median_angle_deg/Shampoo_e-1:.1f}° for Shampoo with "
+    "e = −1, {shampoo/median_angle_deg/KL_factors:.1f}° for the KL factors, "
+    "{shampoo/median_angle_deg/Shampoo_e-1_2:.1f}° with e = −1/2, {shampoo/median_angle_deg/Shampoo_e-1_4:.1f}° "
+    "with Shampoo's default e = −1/4, and {shampoo/median_angle_deg/gradient:.1f}° for the gradient. **Muon.** The "
+    "polar factor attains ‖G‖_*; the best of 2000 random unit-spectral-norm directions reaches "
+    "{muon/random_best_over_nuclear:.2f} of it. Newton–Schulz's singular values span "
+    "{muon/ns_singular_min:.2f}–{muon/ns_singular_max:.2f} and its step attains {muon/ns_value_over_nuclear:.3f} "
+    "of ‖G‖_*. Shampoo's one step and SOAP's first update are the polar factor to {muon/shampoo_vs_polar_rel_gap:.0e} "
+    "and {muon/soap_vs_polar_rel_gap:.0e}.")
 
 # %% [markdown]
 # ## Results

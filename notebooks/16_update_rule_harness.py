@@ -78,6 +78,7 @@ lm_eval_prefixes: int = 64            # [>= 1] held-out (valid split) prefixes e
 lm_ppl_blocks: int = 8                # [>= 1] held-out 64-token blocks for perplexity
 lm_tune: bool = False                 # tune each rule's step size as §4 does (the base values of §6 came from it)
 lm_tune_grid: list[float] = [0.316, 1.0, 3.16]   # [> 0] multipliers of each rule's base step size
+race_seeds: int = 10                  # [>= 3] paired seeds of the Shampoo/SOAP/Muon race of §7 (at least n_seeds)
 
 # %%
 import copy
@@ -802,6 +803,121 @@ assert np.isfinite(ppl_all).all(), ppl_all
 run.record("lm/ppl_max_over_base", float(ppl_all.max() / base_lm["perplexity"]))
 _ = run.record("lm/ppl_over_2x_base", ", ".join(n for n, v in final_lm.items()
                                                 if v["perplexity"].max() >= 2 * base_lm["perplexity"]) or "none")
+
+# %% [markdown]
+# ## 7 · Shampoo, SOAP and Muon beside K-FAC and Hessian-free
+#
+# Three preconditioners in wide use today join the harness as `shampoo`, `soap` and `muon` (derived beside K-FAC in
+# notebook 07_fisher_approximations, §9). **Shampoo** (Gupta, Koren and Singer, ICML 2018, arXiv:1802.09568)
+# steps along $L^{-1/4}GR^{-1/4}$ with $L=\sum GG^\top$, $R=\sum G^\top G$, its length grafted from Adam's step.
+# **SOAP** (Vyas et al., arXiv:2409.11321) runs Adam in the eigenbasis of $L$ and $R$. **Muon** (Jordan et al.,
+# 2024, `torch.optim.Muon`) orthogonalizes each hidden matrix's momentum by Newton–Schulz; the other parameters
+# (biases, here) go to AdamW. Two questions, as in §3 and §4: how close is one step to Δθ* on logistic regression,
+# and where does each end on digits at the same pass budget, tuned on the same grid?
+
+# %%
+HP_P = {"shampoo": dict(lr=0.01), "soap": dict(lr=0.01), "muon": dict(lr=0.02, adamw_lr=0.01)}
+steps_p = {n: propose(n, logit, **hp) for n, hp in HP_P.items()}
+for n, s in steps_p.items():
+    cos_l[n] = step_agreement(s.delta, refs_l[a_mid].delta)["cosine"]
+    run.record(f"precond/logistic_cos_{n}", float(cos_l[n]))
+    run.record(f"precond/logistic_passes_{n}", float(steps_p[n].passes.total))
+compared_p = ("sgd", "adam", "kfac", "hessian_free", "shampoo", "soap", "muon")
+print("| rule | cos∠(step, Δθ*) at α = %g | counted passes |" % a_mid)
+print("|---|---|---|")
+for n in sorted(compared_p, key=lambda n: -cos_l[n]):
+    passes = (steps_p[n] if n in steps_p else steps_l[n]).passes.total
+    print(f"| {n} | {cos_l[n]:.3f} | {passes:g} |")
+
+# %% [markdown]
+# On the two-class logistic regression the weight is a $2\times 64$ matrix. Shampoo's and Muon's first steps
+# replace its gradient by (nearly) its polar factor, which keeps the gradient's row and column spaces but sets every
+# singular value to one (Shampoo's graft then gives it Adam's length). SOAP's first step is Adam's in the
+# eigenbasis of $GG^\top$ and $G^\top G$. None of them uses the curvature of the loss, so none should be expected to
+# point at Δθ*, which at small α is the step to the regularized minimizer.
+#
+# **Training.** Digits MLP of §4, budget `budget` passes, the error rate on the validation split. Each new rule's
+# step size is tuned exactly as §4 tuned the others (grid `tune_grid` × base, `tune_seeds` seeds, worst held-out
+# error); SGD, Adam, K-FAC and Hessian-free keep their §4 step sizes. All seven run on `race_seeds` paired seeds
+# (the first `n_seeds` are §4's runs), and each new rule is compared with SGD, Adam and K-FAC.
+
+# %%
+HP_BP = {**HP_B, **HP_P}
+tuned_p = {n: tune(n, "error", hps=HP_BP) for n in tqdm(HP_P, desc="tune Shampoo, SOAP, Muon")}
+runs_p = {n: [run_rule(n, "error", s, tuned_p[n][0], hps=HP_BP) for s in range(race_seeds)] for n in HP_P}
+for n in ("sgd", "adam", "kfac", "hessian_free"):
+    lr_n = tuned[(n, "error")][0]
+    runs_p[n] = runs[(n, "error")][:race_seeds] + [run_rule(n, "error", s, lr_n)
+                                                   for s in range(n_seeds, race_seeds)]
+final_p = {n: np.array([r.final["error"] for r in v]) for n, v in runs_p.items()}
+rows_p = []
+for n in compared_p:
+    recs = runs_p[n]
+    lr_n = tuned_p[n][0] if n in tuned_p else tuned[(n, "error")][0]
+    cells = []
+    for base in ("sgd", "adam", "kfac"):
+        if n in HP_P:
+            c = run.compare(f"digits_precond/error/{n}_vs_{base}", final_p[n], final_p[base], name=n, baseline=base,
+                            metric="validation error (digits MLP)", lower_is_better=True)
+            cells.append(f"{c.effect:+.3f} [{c.ci_low:+.3f}, {c.ci_high:+.3f}] {c.verdict}")
+        else:
+            cells.append("—")
+    rows_p.append(f"| {n} | {lr_n:.3g} | {final_p[n].mean():.3f} | {np.mean([r.steps for r in recs]):.0f} | "
+                  f"{np.mean([r.passes.total for r in recs]):.0f} | {np.mean([r.seconds for r in recs]):.2f} | "
+                  + " | ".join(cells) + " |")
+    run.record(f"precond/error_{n}", float(final_p[n].mean()), across_machines=seed_spread(final_p[n]))
+    run.record(f"precond/cpu_s_{n}", float(np.mean([r.seconds for r in recs])))
+    run.record(f"precond/lr_{n}", float(lr_n))
+print(f"| rule | lr | mean error ({race_seeds} seeds) | steps | passes | CPU s | vs SGD | vs Adam | vs K-FAC |")
+print("|---|---|---|---|---|---|---|---|---|")
+print("\n".join(rows_p))
+_ = (run.dir / "harness_summary.md").write_text(
+    (run.dir / "harness_summary.md").read_text() + "\n".join(rows_p) + "\n")
+
+# %%
+edge_p = sorted(n for n, (lr_n, sc) in tuned_p.items() if lr_n in (min(sc), max(sc)))
+run.record("precond/tuned_at_grid_edge", ", ".join(edge_p) or "none")
+best_p = min(final_p, key=lambda n: final_p[n].mean())
+run.record("precond/best_rule", best_p)
+run.claim("precond/all_learn", "Shampoo, SOAP and Muon each reach a mean validation error below 0.15 on digits",
+          all(final_p[n].mean() < 0.15 for n in HP_P), value=[float(final_p[n].mean()) for n in HP_P],
+          bound="< 0.15")
+_ = run.claim("precond/no_curvature_no_delta_star", "on logistic regression, Newton's step is closer to Δθ* than "
+              "the step of Shampoo, SOAP or Muon", all(cos_l["newton"] > cos_l[n] for n in HP_P),
+              value=[float(cos_l[n]) for n in ("newton", *HP_P)], bound="Newton's cosine the largest")
+
+# %% tags=["hide-input"]
+order_p = sorted(compared_p, key=lambda n: -final_p[n].mean())
+fig, axes = plt.subplots(1, 2, figsize=(12, 0.35 * len(order_p) + 1.8), sharey=True, layout="constrained")
+for y, n in enumerate(order_p):
+    mu, e = mean_ci(final_p[n], FRACTION)
+    axes[0].errorbar(mu, y, xerr=e, fmt="o", color="C2" if n in HP_P else "C0", capsize=3)
+    mu, e = mean_ci([r.seconds for r in runs_p[n]], NONNEGATIVE)
+    axes[1].errorbar(mu, y, xerr=e, fmt="o", color="C2" if n in HP_P else "C1", capsize=3)
+axes[0].set_yticks(range(len(order_p)), order_p)
+label_axes(axes[0], "final validation error rate (lower is better)", "", f"at {budget} passes", logx=True,
+           legend=False)
+label_axes(axes[1], "CPU seconds to the pass budget (one thread)", "", "time it took", logx=True, legend=False)
+fig.suptitle(f"digits MLP: Shampoo, SOAP, Muon (green) beside §4's rules, {race_seeds} seeds, 95 % t-intervals")
+run.savefig(fig, "digits_preconditioners.png")
+show(fig, "final validation error (left) and CPU time (right) of each rule at the same pass budget, mean over "
+          "{race_seeds} paired seeds. Shampoo {precond/error_shampoo:.3f}, SOAP {precond/error_soap:.3f}, Muon "
+          "{precond/error_muon:.3f}; SGD {precond/error_sgd:.3f}, Adam {precond/error_adam:.3f}, K-FAC "
+          "{precond/error_kfac:.3f}.", run=run, race_seeds=race_seeds)
+
+# %%
+verdicts_p = {f"{n} vs {b}": run.comparisons[f"digits_precond/error/{n}_vs_{b}"].verdict
+              for n in HP_P for b in ("sgd", "adam", "kfac")}
+run.say(
+    "**Shampoo, SOAP and Muon.** One step on logistic regression has cosine {precond/logistic_cos_shampoo:.3f} "
+    "(Shampoo), {precond/logistic_cos_soap:.3f} (SOAP) and {precond/logistic_cos_muon:.3f} (Muon) with Δθ* at "
+    f"α = {a_mid:g}, against Newton's {cos_l['newton']:.3f}, K-FAC's {cos_l['kfac']:.3f} and SGD's "
+    f"{cos_l['sgd']:.3f}. On digits at {budget} passes ({race_seeds} seeds, tuned step sizes) the mean validation "
+    "error is {precond/error_shampoo:.3f} (Shampoo), {precond/error_soap:.3f} (SOAP), {precond/error_muon:.3f} "
+    "(Muon), {precond/error_sgd:.3f} (SGD), {precond/error_adam:.3f} (Adam), {precond/error_kfac:.3f} (K-FAC) and "
+    "{precond/error_hessian_free:.3f} (Hessian-free); the lowest: {precond/best_rule}. Verdicts before the "
+    "correction: " + "; ".join(f"{k} **{v}**" for k, v in verdicts_p.items()) + ". Tuned at the edge of the grid: "
+    "{precond/tuned_at_grid_edge}.")
 
 # %% [markdown]
 # Every paired comparison of the notebook, as one family: the digits MLP on both task losses, logistic regression,

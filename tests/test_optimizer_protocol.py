@@ -20,10 +20,12 @@ from torch import nn
 
 from taskloss.curvature import (
     KFAC,
+    SOAP,
     FisherDiagonalPreconditioner,
     HessianFree,
     NaturalGaussianVI,
     NaturalGradientDescent,
+    Shampoo,
     ggn_matrix,
     nll_loss,
 )
@@ -126,6 +128,13 @@ def _diag_step(p, h):
     opt.step()
 
 
+def _soap(seed):
+    net = _net()
+    opt = SOAP(net.parameters(), lr=0.01, precondition_frequency=2)
+    opt.step(_backward(net))          # SOAP's first call gathers statistics only: built past it, its steps move
+    return opt, net
+
+
 def _rule(seed):
     net = _net()
     return make_rule("mgs", Problem(net, X, Y), seed=seed, n_samples=3), net
@@ -143,6 +152,9 @@ CASES = {
         lambda o, h: o.step(_backward(h)), lambda o, h: _backward(h), lambda o, h: _backward(h)()),
     "ClippedSGD": Case(lambda s: (lambda n: (ClippedSGD(n.parameters(), lr=0.1, gamma=0.5, momentum=0.9), n))(_net()),
                        lambda o, h: o.step(_backward(h)), lambda o, h: _backward(h), lambda o, h: _backward(h)()),
+    "Shampoo": Case(lambda s: (lambda n: (Shampoo(n.parameters(), lr=0.01, betas=(0.9, 0.99)), n))(_net()),
+                    lambda o, h: o.step(_backward(h)), lambda o, h: _backward(h), lambda o, h: _backward(h)()),
+    "SOAP": Case(_soap, lambda o, h: o.step(_backward(h)), lambda o, h: _backward(h), lambda o, h: _backward(h)()),
     "NaturalGaussianVI": Case(_vi, lambda o, h: o.step(), state=lambda o, h: [o.mean.clone(), o.precision.clone()]),
     "KFAC": Case(_kfac, _kfac_step, state=lambda o, h: [p.detach().clone() for p in h[0].parameters()],
                  lr_of=lambda o: None),

@@ -20,6 +20,8 @@ Modules:
 - :mod:`~taskloss.curvature.kfac_math`           — K-FAC's pure maths: rows, factors, damped inverses, the plain step
 - :mod:`~taskloss.curvature.kfac_factors`        — K-FAC's state: the layers, their factors and damped inverses
 - :mod:`~taskloss.curvature.kfac_gradients`      — K-FAC's gradient side: gradient matrices, KL clip, flat buffers
+- :mod:`~taskloss.curvature.shampoo`             — Shampoo (grafted onto Adam/SGD), matrix roots, the Muon/AdamW split
+- :mod:`~taskloss.curvature.soap`                — SOAP: Adam in the eigenbasis of Shampoo's factors
 - :mod:`~taskloss.curvature.natural_gradient`    — the natural-gradient step, trust region, Gaussian KL and Fisher, the coupled Gaussian
 - :mod:`~taskloss.curvature.gaussian_family`     — Gaussian natural/expectation parameters, Bonnet/Price, natural-gradient VI
 """
@@ -67,6 +69,8 @@ from taskloss.curvature.natural_gradient import (
     natural_gradient,
     trust_region_step,
 )
+from taskloss.curvature.shampoo import Shampoo, matrix_power, muon_with_adamw
+from taskloss.curvature.soap import SOAP
 
 __all__ = [
     "LIKELIHOODS", "nll_loss", "sample_targets", "output_hessian_sqrt", "ggn_matrix",
@@ -78,5 +82,5 @@ __all__ = [
     "sym_to_vec", "vec_to_sym", "gaussian_to_natural", "gaussian_from_natural", "gaussian_to_expectation",
     "gaussian_from_expectation", "gaussian_log_partition", "gaussian_natural_fisher", "MCEstimate",
     "gaussian_samples", "bonnet_gradient", "price_gradient", "gaussian_natural_gradient",
-    "gaussian_vi_natural_update", "NaturalGaussianVI",
+    "gaussian_vi_natural_update", "NaturalGaussianVI", "Shampoo", "SOAP", "matrix_power", "muon_with_adamw",
 ]

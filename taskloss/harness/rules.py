@@ -8,7 +8,9 @@ Derived in notebook 16_update_rule_harness. Each wrapper *calls* the real implem
 :class:`~taskloss.curvature.diagonal.FisherDiagonalPreconditioner`, :class:`~taskloss.curvature.hessian_free.HessianFree`,
 :class:`~taskloss.search.mgs.MGS`, :func:`~taskloss.search.policy_gradient.classification_reinforce`,
 :func:`~taskloss.search.zeroth_order.gaussian_smoothing_grad`, :func:`~taskloss.search.zeroth_order.spsa_grad`,
-:class:`~taskloss.search.zeroth_order.MeZO`, :class:`~taskloss.dynamics.clipping.ClippedSGD` and
+:class:`~taskloss.search.zeroth_order.MeZO`, :class:`~taskloss.dynamics.clipping.ClippedSGD`,
+:class:`~taskloss.curvature.shampoo.Shampoo`, :class:`~taskloss.curvature.soap.SOAP`, ``torch.optim.Muon`` with
+``torch.optim.AdamW`` (:func:`~taskloss.curvature.shampoo.muon_with_adamw`) and
 :func:`~taskloss.dynamics.implicit.gradient_norm_penalty` — and Newton's step by a dense Hessian
 (:meth:`~taskloss.harness.problem.Problem.grad_hessian`) solved with :func:`~taskloss.sampling.update.newton_direction`.
 Nothing is reimplemented.
@@ -40,6 +42,8 @@ from taskloss.curvature.fisher import empirical_fisher, fisher_matrix
 from taskloss.curvature.hessian_free import HessianFree
 from taskloss.curvature.kfac import KFAC
 from taskloss.curvature.natural_gradient import NaturalGradientDescent
+from taskloss.curvature.shampoo import Shampoo, muon_with_adamw
+from taskloss.curvature.soap import SOAP
 from taskloss.dynamics.clipping import ClippedSGD
 from taskloss.dynamics.implicit import gradient_norm_penalty
 from taskloss.harness.problem import Problem
@@ -409,6 +413,56 @@ class MeZORule(_Rule):
         self.opt.step(lambda: (pb.task_from_outputs(pb.task_outputs()), pb.inputs.shape[0]))
 
 
+class ShampooRule(_TorchOptim):
+    """:class:`Shampoo` (``lr``, ``exponent``, ``epsilon``, ``precondition_interval``, ``grafting``, ``betas``): on
+    one full batch with β₂ = 1 its first step is ``L^e G R^e`` with ``L = GGᵀ``, ``R = GᵀG`` (e = −1/4: the polar
+    factor of ``G``, Muon's step without Newton–Schulz's error), scaled to the grafted base's norm."""
+
+    def __init__(self, problem, lr: float = 0.01, exponent: float = -0.25, epsilon: float = 1e-8,
+                 precondition_interval: int = 1, grafting: str = "adam", betas: tuple = (0.0, 1.0)):
+        super().__init__(problem)
+        self.opt = Shampoo(problem.params, lr=lr, exponent=exponent, epsilon=epsilon, betas=betas,
+                           precondition_interval=precondition_interval, grafting=grafting)
+
+
+class SOAPRule(_TorchOptim):
+    """:class:`SOAP` (``lr``, ``betas``, ``eps``, ``weight_decay``, ``precondition_frequency``, ``eigenbasis``). SOAP's
+    first call only gathers statistics and its eigenbasis; the rule then steps again on the same gradient (no extra
+    pass), so its first step is Adam's first step in the eigenbasis of ``GGᵀ`` and ``GᵀG``."""
+
+    def __init__(self, problem, lr: float = 0.01, betas: tuple = (0.95, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.0, precondition_frequency: int = 10, eigenbasis: str = "qr"):
+        super().__init__(problem)
+        self.opt = SOAP(problem.params, lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+                        precondition_frequency=precondition_frequency, eigenbasis=eigenbasis)
+
+    def step(self) -> None:
+        first = not self.opt.state
+        self.opt.step(self._closure)
+        if first:                    # the statistics are in; the same gradient now moves the parameters
+            self.opt.step()
+
+
+class MuonRule(_Rule):
+    """``torch.optim.Muon`` on the problem's hidden matrices and ``torch.optim.AdamW`` on the rest
+    (:func:`muon_with_adamw`: biases, embeddings and the parameters named in ``exclude``); ``lr``, ``momentum``,
+    ``adamw_lr``, ``weight_decay``, ``nesterov``. ``rule.opt`` is the Muon optimizer (``None`` without a matrix),
+    ``rule.opt_rest`` the AdamW one."""
+
+    def __init__(self, problem, lr: float = 0.02, momentum: float = 0.95, adamw_lr: float = 0.01,
+                 weight_decay: float = 0.0, nesterov: bool = True, exclude: tuple = ()):
+        super().__init__(problem)
+        self.opt, self.opt_rest = muon_with_adamw(problem.model, lr=lr, momentum=momentum, adamw_lr=adamw_lr,
+                                                  weight_decay=weight_decay, exclude=exclude,
+                                                  nesterov=check_bool("nesterov", nesterov))
+
+    def step(self) -> None:
+        self._closure()
+        for opt in (self.opt, self.opt_rest):
+            if opt is not None:
+                opt.step()
+
+
 @dataclass
 class RuleSpec:
     """A registered rule: its class, default hyperparameters, a one-line description and what it wraps (the classes
@@ -490,6 +544,9 @@ DEFAULT_OVERRIDES: dict[str, dict[str, tuple]] = {
     "zo_gaussian": {"sigma": (0.01, "required"), "n_samples": (8, "required")},
     "spsa": {"sigma": (0.01, "required"), "n_samples": (8, 1)},
     "mezo": {"lr": (0.1, 0.001), "sigma": (0.01, 0.001), "n_samples": (4, 1)},
+    "shampoo": {"lr": (0.01, 0.001), "epsilon": (1e-08, 1e-12)},
+    "soap": {"lr": (0.01, 0.003), "weight_decay": (0.0, 0.01)},
+    "muon": {"adamw_lr": (0.01, 0.001), "lr": (0.02, 0.001), "weight_decay": (0.0, 0.1)},
 }
 #: (rule, argument) pairs whose name the wrapped class uses for something else (see :data:`~taskloss.harness.rules.DEFAULT_OVERRIDES`)
 OWN_MEANING = {("natural_exact", "fisher"), ("natural_empirical", "fisher"), ("mgs", "lr")}
@@ -626,5 +683,9 @@ for _n, _c, _d, _t, _w in [
      (gaussian_smoothing_grad,)),
     ("spsa", ZerothOrder, {"estimator": "spsa"}, "SPSA", (spsa_grad,)),
     ("mezo", MeZORule, {}, "MeZO", (MeZO,)),
+    ("shampoo", ShampooRule, {}, "Shampoo, L^-1/4 G R^-1/4 grafted onto Adam's norm", (Shampoo,)),
+    ("soap", SOAPRule, {}, "SOAP, Adam in the eigenbasis of Shampoo's factors", (SOAP,)),
+    ("muon", MuonRule, {}, "torch.optim.Muon on hidden matrices, AdamW on the rest",
+     (muon_with_adamw, torch.optim.Muon, torch.optim.AdamW)),
 ]:
     register(_n, _c, _d, _t, wraps=_w)

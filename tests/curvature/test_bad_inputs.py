@@ -342,6 +342,26 @@ CASES = [
         ("gaussian_vi_natural_update", lambda: C.gaussian_vi_natural_update(V2, EYE2, V2.float(), EYE2, 0.5, V2, EYE2),
          r"grad_mean: float32"),
         ("NaturalGaussianVI", lambda: _vi(init_mean=V2.float()), r"init_mean: float32")]],
+    # ------------------------------------------------------------------- Shampoo, SOAP, matrix roots, Muon's split
+    ("Shampoo", "nan lr", lambda: C.Shampoo(M.parameters(), lr=NAN), ValueError, "lr must be > 0"),
+    ("Shampoo", "exponent", lambda: C.Shampoo(M.parameters(), exponent=0.5), ValueError,
+     r"exponent must be a number in \[-1, 0\)"),
+    ("Shampoo", "grafting", lambda: C.Shampoo(M.parameters(), grafting="adagrad"), ValueError,
+     "grafting must be one of"),
+    ("Shampoo", "nan grad", lambda: C.Shampoo(_with_nan_grad(_m()).parameters()).step(), ValueError,
+     "a gradient holds NaN or inf"),
+    ("SOAP", "beta2", lambda: C.SOAP(M.parameters(), betas=(0.9, 1.0)), ValueError, r"betas\[1\] must be < 1"),
+    ("SOAP", "eigenbasis", lambda: C.SOAP(M.parameters(), eigenbasis="svd"), ValueError, "eigenbasis must be one of"),
+    ("SOAP", "nan grad", lambda: C.SOAP(_with_nan_grad(_m()).parameters()).step(), ValueError,
+     "a gradient holds NaN or inf"),
+    ("matrix_power", "shape", lambda: C.matrix_power(torch.ones(2, 3, dtype=D), -0.5, 1e-6), ValueError,
+     "m must be a square matrix"),
+    ("matrix_power", "nan", lambda: C.matrix_power(nanlike(EYE2), -0.5, 1e-6), ValueError, "m holds NaN or inf"),
+    ("matrix_power", "epsilon", lambda: C.matrix_power(EYE2, -0.5, 0.0), ValueError, "epsilon must be > 0"),
+    ("muon_with_adamw", "type", lambda: C.muon_with_adamw(list(M.parameters())), TypeError,
+     "model must be an nn.Module"),
+    ("muon_with_adamw", "exclude", lambda: C.muon_with_adamw(_m(), exclude=["nope"]), ValueError,
+     "exclude names"),
 ]
 
 EXEMPT = {

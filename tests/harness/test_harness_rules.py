@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from taskloss.curvature import SOAP, Shampoo, muon_with_adamw
 from taskloss.harness import RULES, PassCounter, Problem, ideal_update, make_rule, propose, step_agreement, train
 from taskloss.sampling import ball_expected_update, newton_direction
 from taskloss.search import MGS, MeZO
@@ -396,6 +397,39 @@ def _direct_spsa(pb):
     return step
 
 
+def _direct_shampoo(pb):
+    opt = Shampoo(pb.model.parameters(), lr=0.05, epsilon=1e-8)
+    return lambda: opt.step(lambda: _surrogate_backward(pb))
+
+
+def _direct_soap(pb):
+    opt = SOAP(pb.model.parameters(), lr=0.05, weight_decay=0.0, precondition_frequency=2)
+
+    def step():
+        first = not opt.state
+        opt.step(lambda: _surrogate_backward(pb))
+        if first:                                   # the rule's documented second call on the first gradient
+            opt.step()
+    return step
+
+
+def _direct_muon(pb):
+    muon, adamw = muon_with_adamw(pb.model, lr=0.05, momentum=0.9, adamw_lr=0.02)
+
+    def step():
+        _surrogate_backward(pb)
+        muon.step()
+        adamw.step()
+    return step
+
+
+def _surrogate_backward(pb):
+    pb.model.zero_grad(set_to_none=True)
+    loss = pb.surrogate()
+    loss.backward()
+    return loss
+
+
 REMAINING_DIRECT = [
     ("sgd", dict(lr=0.3), _direct_sgd),
     ("momentum", dict(lr=0.3, momentum=0.9), lambda pb: _direct_sgd(pb, momentum=0.9)),
@@ -407,6 +441,9 @@ REMAINING_DIRECT = [
     ("diag_empirical", dict(lr=0.2, damping=1e-2, seed=2), _direct_diag("empirical", 0.5)),
     ("reinforce", dict(lr=0.3, n_samples=5, seed=6), _direct_reinforce),
     ("spsa", dict(lr=0.3, sigma=1e-2, n_samples=3, seed=7), _direct_spsa),
+    ("shampoo", dict(lr=0.05), _direct_shampoo),
+    ("soap", dict(lr=0.05, precondition_frequency=2), _direct_soap),
+    ("muon", dict(lr=0.05, momentum=0.9, adamw_lr=0.02), _direct_muon),
 ]
 
 

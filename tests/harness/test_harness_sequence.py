@@ -9,6 +9,7 @@ from helpers import V, make_lm, mgs_closure, tokens
 from torch import nn
 from torch.func import functional_call
 
+from taskloss.curvature import SOAP, Shampoo, muon_with_adamw
 from taskloss.dynamics import ClippedSGD
 from taskloss.harness import RULES, PassCounter, Problem, SequenceProblem, applicable_rules, make_rule, propose, train
 from taskloss.lm import CausalLM, CompletionBatch, CompletionTask, greedy_decode, window_nll
@@ -199,6 +200,34 @@ def _direct_zo(estimator):
     return build
 
 
+def _direct_soap(model, batch, task):
+    opt = SOAP(model.parameters(), lr=1e-2, weight_decay=0.0)
+
+    def closure():
+        opt.zero_grad()
+        loss = _nll(model, batch)
+        loss.backward()
+        return loss
+
+    def step():
+        first = not opt.state
+        opt.step(closure)
+        if first:                          # the rule steps SOAP again on its first gradient
+            opt.step()
+    return step
+
+
+def _direct_muon(model, batch, task):
+    muon, adamw = muon_with_adamw(model, lr=0.02, momentum=0.95, adamw_lr=1e-2)
+
+    def step():
+        model.zero_grad()
+        _nll(model, batch).backward()
+        muon.step()
+        adamw.step()
+    return step
+
+
 SEQUENCE_DIRECT = [
     ("sgd", dict(lr=0.1), _direct_optim(lambda ps: torch.optim.SGD(ps, lr=0.1))),
     ("momentum", dict(lr=0.1, momentum=0.9), _direct_optim(lambda ps: torch.optim.SGD(ps, lr=0.1, momentum=0.9))),
@@ -209,6 +238,9 @@ SEQUENCE_DIRECT = [
     ("mezo", dict(lr=0.1, sigma=1e-2, n_samples=2, seed=5), _direct_mezo),
     ("zo_gaussian", dict(lr=0.3, sigma=0.05, n_samples=2, seed=4), _direct_zo("gaussian")),
     ("spsa", dict(lr=0.3, sigma=0.05, n_samples=2, seed=4), _direct_zo("spsa")),
+    ("shampoo", dict(lr=1e-2), _direct_optim(lambda ps: Shampoo(ps, lr=1e-2, epsilon=1e-8))),
+    ("soap", dict(lr=1e-2), _direct_soap),
+    ("muon", dict(lr=0.02, adamw_lr=1e-2), _direct_muon),
 ]
 
 
