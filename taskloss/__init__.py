@@ -14,7 +14,7 @@ numbers after each entry are the notebooks that import it (a test derives them f
 - :mod:`taskloss.contrastive` — InfoNCE with in-batch negatives, exact two-pass gradient accumulation, the
   all-gather across ranks, MiniLM fine-tuning for retrieval (10, 17)
 - :mod:`taskloss.models`     — Transformer LM (Post-LN, Pre-LN, RealFormer), LSTM/RNN LM, MLP, small CNN (03, 06,
-  07, 09, 11–16)
+  07, 09, 11–16, 18)
 - :mod:`taskloss.lm`         — decoding, the causal-LM adapter, completion tasks, the pretrained small LM (04, 09, 13,
   15, 16)
 - :mod:`taskloss.datasets`   — digits, the no-download corpus and WikiText reader, the tokenizer, MiniLM (02, 03,

@@ -3,7 +3,7 @@
 
 Notebooks: 03_metric_optimization_classification, 06_natural_gradient, 07_fisher_approximations, 09_emo_loss,
 11_gradient_clipping, 12_implicit_gradient_regularization, 13_recurrent_gradients, 14_realformer,
-15_integrated_gradients, 16_update_rule_harness.
+15_integrated_gradients, 16_update_rule_harness, 18_group_policy_gradients.
 
 Modules:
 
