@@ -551,8 +551,8 @@ for (name, task), vals in sorted(final.items(), key=lambda kv: (kv[0][1], kv[1].
     summary.append(row)
 
 # %%
-hdr = ("| rule | task loss | tuned lr | mean (5 seeds) | steps | passes (of which functional) | CPU s | vs SGD: effect [95 % CI] "
-       "| verdict | vs Adam: effect [95 % CI] | verdict |")
+hdr = ("| rule | task loss | tuned lr | mean (5 seeds) | steps | passes (of which functional) | CPU s | vs SGD: effect [uncorrected 95 % CI] "
+       "| verdict | vs Adam: effect [uncorrected 95 % CI] | verdict |")
 lines = [hdr.replace("5 seeds", f"{n_seeds} seeds"), "|" + "---|" * 11]
 for r in summary:
     lines.append(f"| {r['rule']} | {r['task']} | {r['lr']:.3g} | {r['mean']:.3f} | {r['steps']:.0f} | {r['passes']:.0f} "
