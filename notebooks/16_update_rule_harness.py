@@ -771,10 +771,10 @@ base_lm = {"task_loss": evaluate_completions(lm0, held_lm, lm_task)[0]["task_los
 
 
 # %%
-def run_lm(name, s, lr, fit=pool[:n_fit_lm], held=held_lm, budget_=lm_budget, marks=3):
+def run_lm(name, s, lr, fit=pool[:n_fit_lm], held=held_lm, budget_=lm_budget, marks=3, with_ppl=True):
     """Fine-tune a copy of the pretrained LM with rule ``name`` at step size ``lr`` (seed ``s``: minibatches and
-    the rule's own randomness) to the pass budget ``budget_``; held-out task loss and perplexity at ``marks`` pass
-    marks."""
+    the rule's own randomness) to the pass budget ``budget_``; held-out task loss and (``with_ppl``) perplexity at
+    ``marks`` pass marks."""
     model, gen, calls = copy.deepcopy(lm0), torch.Generator().manual_seed(s), []
 
     def draw():
@@ -785,8 +785,8 @@ def run_lm(name, s, lr, fit=pool[:n_fit_lm], held=held_lm, budget_=lm_budget, ma
         calls.append(len(calls))
         if len(calls) == 1 and held is held_lm:   # step 0 is the pretrained model: its scores are known
             return dict(base_lm)
-        return {"task_loss": evaluate_completions(model, held, lm_task)[0]["task_loss"],
-                "perplexity": perplexity(model, ppl_blocks)}
+        row = {"task_loss": evaluate_completions(model, held, lm_task)[0]["task_loss"]}
+        return {**row, "perplexity": perplexity(model, ppl_blocks)} if with_ppl else row
 
     pb = SequenceProblem(model, fit[:lm_batch], lm_task)
     hp = {**HP_LM[name], "lr": lr, **({"seed": s} if RULES[name].objective == "task" or name == "reinforce" else {})}
@@ -895,7 +895,8 @@ for n in ("mgs", "reinforce"):
     eq_steps[n] = [r.steps for r in runs_lm[n]]
     for b in ("sgd", "adam"):
         per_step = runs_lm[b][0].passes.total / runs_lm[b][0].steps          # 2 counted passes: forward + backward
-        eq_runs[(n, b)] = [run_lm(b, seed + i, lr_lm[b], budget_=max(1, round(k * per_step)), marks=1)
+        eq_runs[(n, b)] = [run_lm(b, seed + i, lr_lm[b], budget_=max(1, round(k * per_step)), marks=1,
+                                  with_ppl=False)
                            for i, k in enumerate(eq_steps[n])]
         assert [r.steps for r in eq_runs[(n, b)]] == eq_steps[n], (n, b)
         run.compare(f"lm_equal_steps/{n}_vs_{b}", final_lm[n]["task_loss"],
@@ -1024,7 +1025,8 @@ run.say(
     "steps, {digits_logreg/cpu_s_natural_exact:.2f} s), SGD {digits_logreg/error_sgd:.3f} "
     "({digits_logreg/steps_sgd:.0f} steps, {digits_logreg/cpu_s_sgd:.2f} s), Adam {digits_logreg/error_adam:.3f}, "
     "SPSA {digits_logreg/error_spsa:.3f}. "
-    + "".join(f"{n}'s per-seed errors are identical to {k}'s, so only {k} enters the family. " for n, k in same_as.items())
+    + "".join(f"The per-seed errors of {n} are identical to those of {k}, so only {k} enters the family. "
+              for n, k in same_as.items())
     + "Against SGD after the correction, at equal counted passes: "
     + "; ".join(f"{n} **{c.verdict_adjusted}** ({detectable(c)})" for n, c in c_second.items())
     + f". The CPU time the pass count does not show: Newton's runs took ×{cpu_x['newton']:.0f} SGD's CPU seconds, the "
