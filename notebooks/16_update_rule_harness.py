@@ -976,9 +976,11 @@ run.record("compare/n_comparisons", family, headline=True)
 run.record("compare/n_decided_uncorrected", decided, headline=True, across_machines=VERDICT_DRIFT)
 run.record("compare/n_decided_holm", kept, headline=True, across_machines=VERDICT_DRIFT)
 run.record("digits/n_rules_better_than_sgd_error", len(better_sgd), headline=True, across_machines=VERDICT_DRIFT)
-_ = run.claim("digits/zeroth_order_worse_than_sgd", "zeroth-order search is worse than SGD on the digits error rate "
-              "after the Holm correction", C["digits/error/zo_gaussian_vs_sgd"].verdict_adjusted == "worse",
-              value=C["digits/error/zo_gaussian_vs_sgd"].effect, bound="verdict after correction 'worse'")
+zo_minus_sgd = final[("zo_gaussian", "error")] - final[("sgd", "error")]       # paired: the same seeds
+_ = run.claim("digits/zeroth_order_worse_than_sgd", "zeroth-order search ends above SGD's digits error rate on "
+              "every paired seed (a statement that needs no test; the corrected verdict is in the table)",
+              bool((zo_minus_sgd > 0).all()), value=float(zo_minus_sgd.min()),
+              bound="smallest paired difference > 0")
 
 # %%
 run.say(
