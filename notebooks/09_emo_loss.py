@@ -777,8 +777,8 @@ print(f"i* = {i_star} ({tok.decode([i_star])!r}); always predicting it scores EM
 # To separate size from direction: five runs from the same random initialization and batches, with the cost from
 # MiniLM (there is no trained output layer yet).
 #
-# - With **AdamW**, whose per-coordinate normalization already removes most of a gradient's scale: MLE, pure EMO and
-#   the `emo_mle_ratio` mix.
+# - With **AdamW**, which divides each coordinate's step by a running estimate of its gradient's scale: MLE, pure
+#   EMO and the `emo_mle_ratio` mix.
 # - With **plain SGD**: MLE and pure EMO, where EMO's learning rate is MLE's times
 #   $\lVert\nabla_\theta\mathrm{MLE}\rVert / \lVert\nabla_\theta\mathrm{EMO}\rVert$ measured at the initialization.
 #   Both then take first steps of the same length, each along its own gradient.
