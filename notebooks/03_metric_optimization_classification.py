@@ -412,10 +412,10 @@ print(f"trained in {time.time() - t_start:.1f} s")
 # ## 4 · Held-out verdicts
 #
 # For every method and metric, the paired comparison with MLE over the same seeds (same initialization or MLE
-# start, same minibatches): the mean difference of the final test metric, its 95 % t-interval and the verdict.
-# The same for the two MGS densities against each other. The verdict is "better" or "worse" only when the
-# interval excludes 0; the table then corrects the verdicts for their number (Holm), and the text below quotes
-# the corrected ones.
+# start, same minibatches): the difference of the final test metric, its 95 % interval and the verdict of
+# `paired_comparison`'s test. The same for the two MGS densities against each other. The table then corrects the
+# verdicts for their number (Holm), and the text below quotes the corrected ones. The intervals stay
+# *uncorrected*, so an interval that excludes 0 can sit beside a corrected verdict "inconclusive".
 
 # %%
 final = {k: np.array([c[-1][1][k[1]] for c in v]) for k, v in curves.items()}     # final test metric per seed
@@ -453,7 +453,8 @@ for ax, metric in zip(axes, TASKS):
 run.savefig(fig, "verdicts.png")
 n_decided = sum(run.comparisons[k].verdict_adjusted != "inconclusive" for k in FAMILY_HELDOUT)
 show(fig, "a dot right of the line beats its baseline (MLE unless the row says otherwise), in units of the test "
-     "metric (0.01 = one point). Intervals are 95 % per comparison; colours are the Holm-corrected verdicts across "
+     "metric (0.01 = one point). Intervals are uncorrected 95 % intervals, one per comparison; colours are the "
+     "Holm-corrected verdicts across "
      "the {n} comparisons, of which {d} are decided at {s} seeds.", run=run, n=len(FAMILY_HELDOUT), d=n_decided,
      s=n_seeds)
 
@@ -587,12 +588,21 @@ _ = run.claims_table()
 # Rendered from this run's recorded values. Verdicts are the Holm-corrected ones of their table.
 
 # %%
+def detectable(c, fmt=".4f"):
+    """'smallest detectable effect x' of a comparison (80 % power, from its seed spread), where it records one."""
+    mde = getattr(c, "mde", None)
+    ok = isinstance(mde, (int, float)) and math.isfinite(mde)
+    return f"smallest detectable effect {mde:{fmt}}" if ok else "no minimum detectable effect recorded"
+
+
 def vs(key, against="MLE"):
-    """A recorded comparison's Holm-corrected verdict in words, with its effect and interval."""
+    """A recorded comparison's Holm-corrected verdict in words, with its effect and its *uncorrected* interval (an
+    uncorrected interval can exclude 0 while the corrected verdict is inconclusive)."""
     c = run.comparisons[key]
     word = {"better": "better than", "worse": "worse than",
-            "inconclusive": "not distinguishable from"}[c.verdict_adjusted]
-    return f"{word} {against} ({c.effect:+.4f}, {100 * c.confidence:.0f} % CI [{c.ci_low:+.4f}, {c.ci_high:+.4f}])"
+            "inconclusive": "after the correction not distinguishable from"}[c.verdict_adjusted]
+    return (f"{word} {against} ({c.effect:+.4f}, uncorrected {100 * c.confidence:.0f} % CI [{c.ci_low:+.4f}, "
+            f"{c.ci_high:+.4f}])")
 
 
 def verdict_list(setting, metric):
@@ -630,15 +640,16 @@ _ = run.say(
     "quarter of the run; fine-tuning, by at most {ft_late:.4f}. {settled}\n"
     "* **Overall,** {n_methods_better_than_mle} of the {n_methods_vs_mle} method-vs-MLE comparisons are *better* "
     "than MLE after the Holm correction across {fam} comparisons.\n"
-    "* **What a larger run would decide.** At {n} seeds a fine-tuning difference of a few tenths of a point "
-    "cannot survive the correction. More seeds (`-p n_seeds 20`) would decide whether the fine-tuning methods "
-    "trail MLE; a longer budget would decide the from-scratch verdicts where a curve was still rising.",
+    "* **What these seeds can detect** (80 % power, accuracy units): fine-tuning, {mde_ft}; from scratch, "
+    "{mde_sc}.",
     steps=finetune_steps, n=n_seeds, sc=scratch_steps, ft_acc=verdict_list("finetune", "accuracy"),
     ft_f1=verdict_list("finetune", "macro_f1"), sc_acc=verdict_list("scratch", "accuracy"),
     sc_f1=verdict_list("scratch", "macro_f1"), fam=len(FAMILY_HELDOUT),
     d_ft=vs("finetune/accuracy/unit_sigma_vs_true_density", "the true density"),
     d_sc=vs("scratch/accuracy/unit_sigma_vs_true_density", "the true density"), late_sc=late_scratch,
     ft_late=max(abs(v) for k, v in late.items() if k[0] == "finetune"),
+    mde_ft=", ".join(f"{LABEL[m]} {detectable(run.comparisons[f'finetune/accuracy/{m}_vs_mle'])}" for m in FINETUNE[1:]),
+    mde_sc=", ".join(f"{LABEL[m]} {detectable(run.comparisons[f'scratch/accuracy/{m}_vs_mle'])}" for m in SCRATCH[1:]),
     settled=("From scratch at least one curve was still rising (more than 0.005), so those verdicts hold for "
              "this budget only." if late_scratch > 0.005 else "Both settings had flattened (less than 0.005)."))
 

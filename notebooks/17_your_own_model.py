@@ -523,14 +523,15 @@ _ = run.claims_table()
 # %%
 held = sum(c["held"] for c in run.claims.values())
 run.say(
-    "**Summary.** Every check holds at these parameters: EMO's MLE mode gives `transformers`' loss (difference "
+    "**Summary.** The parity checks are asserts, so a run that reaches this line passed all of them: EMO's MLE mode "
+    "gives `transformers`' loss (difference "
     "{emo/mle_vs_transformers_abs_diff:.1e}); the MGS step equals the plain reference step (parameters within "
     "{mgs/vs_reference_max_param_diff:.1e}); K-FAC's GPT-2 factors equal curvlinops' within "
     "{kfac/gpt2_vs_curvlinops_max_abs_diff:.1e}; integrated gradients on BERT equal Captum's within "
     "{ig/bert_vs_captum_max_abs_diff:.1e}; the accumulated contrastive gradient equals the full batch's within "
     "{contrastive/bert_vs_full_batch_max_abs_diff:.1e}. K-FAC preconditions {kfac/gpt2_coverage:.0%} of the "
-    "GPT-2's parameters and {kfac/llama_coverage:.0%} of the Llama's; the rest are embeddings (the tied one "
-    "included) and norms. "
+    "GPT-2's parameters and {kfac/llama_coverage:.0%} of the Llama's; the coverage tables above give the reason for "
+    "every module left out. "
     f"{held} of the {len(run.claims)} claims hold. They are about these tiny random models only: whether EMO or "
     "MGS improves a real fine-tune needs a pretrained model and held-out data (notebooks 04 and 09).")
 
