@@ -29,13 +29,14 @@ from taskloss.runner.report import terminal_table
 from taskloss.runner.runs import (
     EXECUTORS,
     check_no_clobber,
+    default_notebook_dir,
     find_notebook,
     list_notebooks,
+    notebook_dirs,
     plan_runs,
     run_many,
 )
 from taskloss.runner.store import SUMMARY_FILE, check_writable, summary_rows, write_summary
-from taskloss.utils import REPO_ROOT
 
 __all__ = ["main", "describe_parameters"]
 
@@ -66,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m taskloss.runner",
                                  description="Run, rerun and sweep the notebooks (also installed as taskloss-runs).",
                                  epilog="Run 'python -m taskloss.runner COMMAND --help' for a command's options.")
+    ap.add_argument("--notebooks", default=None, metavar="DIR",
+                    help="the folder of the NN_topic.py notebooks (default: $TASKLOSS_NOTEBOOKS, the clone this "
+                         "package comes from, or ./notebooks); a pip install has none: pass a clone's notebooks/")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def common(p):
@@ -100,16 +104,18 @@ def _parser() -> argparse.ArgumentParser:
                    help="sweep a parameter over comma-separated values (repeatable: the grid is the product); "
                         "a list parameter takes bracketed lists, 'widths=[4,8],[16]'; "
                         "each run gets its own folder, a duplicate value runs once")
-    r.add_argument("--out", default=str(REPO_ROOT / "runs"),
-                   help="sweep folder; runs go to OUT/<notebook>/<parameters>-<hash>/ (default runs/)")
+    r.add_argument("--out", default=None,
+                   help="sweep folder; runs go to OUT/<notebook>/<parameters>/ (default: runs/ beside the "
+                        "notebooks' folder)")
     common(r)
     a = sub.add_parser("all", help="run every notebook into one folder and write SUMMARY.md")
-    a.add_argument("--out", default=str(REPO_ROOT / "runs" / "default"),
-                   help="folder; each notebook runs into OUT/<notebook>/ (default runs/default)")
+    a.add_argument("--out", default=None,
+                   help="folder; each notebook runs into OUT/<notebook>/ (default: runs/default beside the "
+                        "notebooks' folder)")
     a.add_argument("--only", nargs="*", default=None, help="notebook numbers or names")
     common(a)
     f = sub.add_parser("refresh", help="re-execute notebooks and refresh the committed .ipynb outputs")
-    f.add_argument("notebooks", nargs="*", help="sources to refresh (default: all)")
+    f.add_argument("sources", nargs="*", metavar="notebooks", help="sources to refresh (default: all)")
     i = sub.add_parser("params", help="list a notebook's parameters with their explanations")
     i.add_argument("notebook")
     t = sub.add_parser("table", help="a recorded metric against a swept parameter: a table and a figure")
@@ -140,8 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit status (see the module docstring)."""
     args = _parser().parse_args(argv)
     try:
+        nb_dir = None
+        if args.notebooks is not None:
+            nb_dir = Path(args.notebooks).expanduser()
+            if not list_notebooks(nb_dir):
+                raise ParameterError(f"--notebooks {args.notebooks}: no NN_topic.py notebooks in {nb_dir.resolve()}")
         if args.cmd == "params":
-            print(describe_parameters(find_notebook(args.notebook)))
+            print(describe_parameters(find_notebook(args.notebook, nb_dir)))
             return 0
         if args.cmd == "table":
             from taskloss.runner.tabulate import tabulate_sweep
@@ -149,7 +160,10 @@ def main(argv: list[str] | None = None) -> int:
             print(tabulate_sweep(Path(args.sweep), args.metric, args.by, args.over, figure=not args.no_figure))
             return 0
         if args.cmd == "refresh":
-            return 1 if refresh([Path(p) for p in args.notebooks] or list_notebooks()) else 0
+            todo = [Path(p) for p in args.sources] or list_notebooks(nb_dir)
+            if not todo:
+                raise ParameterError("refresh: no notebooks found; pass their paths or --notebooks DIR")
+            return 1 if refresh(todo) else 0
         if args.jobs < 1:
             raise ParameterError(f"--jobs must be >= 1, got {args.jobs}")
         if args.threads is not None and args.threads < 1:
@@ -157,16 +171,24 @@ def main(argv: list[str] | None = None) -> int:
         if args.timeout is not None and not (0 < args.timeout):  # also refuses nan
             raise ParameterError(f"--timeout must be a positive number of seconds, got {args.timeout:g} "
                                  "(leave it out for no limit)")
-        out = Path(args.out)
+        if args.out is None:
+            home = (nb_dir.resolve() if nb_dir else default_notebook_dir() or Path.cwd() / "notebooks").parent
+            out = home / "runs" / ("default" if args.cmd == "all" else "")
+        else:
+            out = Path(args.out)
         if args.cmd == "run":
-            notebook = find_notebook(args.notebook)
+            notebook = find_notebook(args.notebook, nb_dir)
             specs = plan_runs(notebook, out, param_files=args.params_file, cli=args.param, grid=args.grid,
                               param_set=_param_set(notebook, args.param_set))
             sweep = out / notebook.stem
         else:
             specs, sweep = [], out
-            for n in args.only or [p.stem for p in list_notebooks()]:  # validate everything before executing
-                nb = find_notebook(n)
+            every = list_notebooks(nb_dir)
+            if not every:
+                raise ParameterError(f"all: no notebooks found in {', '.join(map(str, notebook_dirs()))}; run from "
+                                     "a clone or pass --notebooks DIR")
+            for n in args.only or [p.stem for p in every]:  # validate everything before executing
+                nb = find_notebook(n, nb_dir)
                 specs += plan_runs(nb, out, param_files=args.params_file, cli=args.param, nested=False,
                                    param_set=_param_set(nb, args.param_set))
         if not args.force:
@@ -177,7 +199,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"error: {exc.strerror or exc} (choose a writable --out)", file=sys.stderr)
+        hint = " (choose a writable --out)" if args.cmd in ("run", "all") else ""
+        print(f"error: {exc.strerror or exc}{hint}", file=sys.stderr)
         return 2
     result = None
     try:

@@ -49,27 +49,60 @@ from taskloss.runner.store import (
 )
 from taskloss.utils import REPO_ROOT
 
-__all__ = ["SweepResult", "threads_per_run", "find_notebook", "list_notebooks", "plan_runs",
+__all__ = ["SweepResult", "threads_per_run", "notebook_dirs", "default_notebook_dir", "find_notebook",
+           "list_notebooks", "plan_runs",
            "check_no_clobber", "run_many"]
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+NOTEBOOKS_ENV = "TASKLOSS_NOTEBOOKS"
 EXECUTORS = ("inline", "local", "slurm")
 
 
-def list_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
-    """The jupytext sources ``NN_topic.py`` in numeric order."""
-    return sorted(p for p in Path(directory).glob("[0-9][0-9]_*.py"))
+def notebook_dirs() -> list[Path]:
+    """Where the notebooks are looked for, in order: ``$TASKLOSS_NOTEBOOKS``, the clone this package was imported
+    from (``<clone>/notebooks``; a pip-installed package has none) and ``./notebooks`` (a clone in the current
+    folder)."""
+    out = []
+    for d in (os.environ.get(NOTEBOOKS_ENV), NOTEBOOK_DIR, Path.cwd() / "notebooks"):
+        if d and Path(d).expanduser().resolve() not in out:
+            out.append(Path(d).expanduser().resolve())
+    return out
 
 
-def find_notebook(name: str, directory: Path = NOTEBOOK_DIR) -> Path:
-    """Resolve ``"01"``, ``"01_optimization_as_sampling"`` or a path to a notebook source."""
+def default_notebook_dir() -> Path | None:
+    """The first of :func:`notebook_dirs` that holds ``NN_topic.py`` notebooks, or ``None``."""
+    return next((d for d in notebook_dirs() if any(d.glob("[0-9][0-9]_*.py"))), None)
+
+
+def _no_notebooks(name: str | None = None) -> ParameterError:
+    looked = ", ".join(str(d) for d in notebook_dirs())
+    what = f"no notebook {name!r}: " if name else ""
+    return ParameterError(f"{what}no notebooks found (looked in {looked}). The notebooks come with a clone of the "
+                          "repository, not with a pip install: run from the clone, pass a notebook's path "
+                          "(taskloss-runs run path/to/NN_topic.py), or give their folder with --notebooks DIR "
+                          f"or {NOTEBOOKS_ENV}=DIR")
+
+
+def list_notebooks(directory: Path | None = None) -> list[Path]:
+    """The jupytext sources ``NN_topic.py`` in numeric order, from ``directory`` (default:
+    :func:`default_notebook_dir`; none found: an empty list)."""
+    directory = default_notebook_dir() if directory is None else directory
+    return sorted(p for p in Path(directory).glob("[0-9][0-9]_*.py")) if directory is not None else []
+
+
+def find_notebook(name: str, directory: Path | None = None) -> Path:
+    """Resolve ``"01"``, ``"01_optimization_as_sampling"`` or a path to a notebook source (a number or name is
+    looked up in ``directory``, default :func:`default_notebook_dir`)."""
     p = Path(name)
     if p.suffix in (".py", ".ipynb") and p.exists():
         return p.with_suffix(".py") if p.with_suffix(".py").exists() else p
-    matches = [q for q in list_notebooks(directory) if q.stem == name or q.stem.split("_")[0] == name]
+    known = list_notebooks(directory)
+    if not known:
+        raise _no_notebooks(name)
+    matches = [q for q in known if q.stem == name or q.stem.split("_")[0] == name]
     if len(matches) != 1:
-        known = ", ".join(q.stem for q in list_notebooks(directory)) or "none"
-        raise ParameterError(f"no unique notebook matches {name!r}; notebooks: {known}")
+        raise ParameterError(f"no unique notebook matches {name!r} in {known[0].parent}; notebooks: "
+                             f"{', '.join(q.stem for q in known)}")
     return matches[0]
 
 

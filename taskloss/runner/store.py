@@ -43,7 +43,10 @@ META_FILE = "meta.json"
 LOCK_FILE = ".lock"
 SUMMARY_FILE = "SUMMARY.md"
 PACKAGE_DIR = REPO_ROOT / "taskloss"
-DATA_DIRS = (REPO_ROOT / "data" / "pretrained",)    # committed data the notebooks read by default
+# committed data the notebooks read by default: a clone's data/pretrained, else the small LM a wheel carries
+# (taskloss/lm/small_lm, see setup.py)
+DATA_DIRS = ((REPO_ROOT / "data" / "pretrained",) if (REPO_ROOT / "data" / "pretrained").is_dir()
+             or not (PACKAGE_DIR / "lm" / "small_lm").is_dir() else (PACKAGE_DIR / "lm" / "small_lm",))
 NAME_CHARS = 150            # a folder name's length before the hash (file systems allow 255)
 _VALUE_CHARS = 40           # a value's text before it is shortened
 _SAFE = re.compile(r"[A-Za-z0-9._+-]+")
