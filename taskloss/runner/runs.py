@@ -26,7 +26,7 @@ from typing import Any, Callable
 import yaml
 
 from taskloss.runner.execution import RunSpec, execute, execute_job
-from taskloss.runner.kernel import Cancellation
+from taskloss.runner.kernel import Cancellation, threads_per_run
 from taskloss.runner.params import (
     ParameterError,
     YAML12Loader,
@@ -49,7 +49,7 @@ from taskloss.runner.store import (
 )
 from taskloss.utils import REPO_ROOT
 
-__all__ = ["SweepResult", "threads_per_run", "notebook_dirs", "default_notebook_dir", "find_notebook",
+__all__ = ["SweepResult", "notebook_dirs", "default_notebook_dir", "find_notebook",
            "list_notebooks", "plan_runs",
            "check_no_clobber", "run_many"]
 
@@ -243,7 +243,7 @@ def run_many(specs: list[RunSpec], *, jobs: int = 1, force: bool = False, timeou
     ``local`` and ``slurm`` submit one submitit job per run (``cluster_params`` go to
     ``submitit.AutoExecutor.update_parameters``, e.g. ``slurm_partition``, ``timeout_min``, ``gpus_per_node``).
     Ctrl-C cancels queued runs, kills running kernels (or cancels the jobs) and returns with ``interrupted``.
-    ``threads``: BLAS threads per kernel (:func:`threads_per_run` decides when ``None``). ``timeout``: seconds per
+    ``threads``: BLAS threads per kernel (:func:`~taskloss.runner.kernel.threads_per_run` decides when ``None``). ``timeout``: seconds per
     cell, positive (``None``: no limit).
     """
     from tqdm.auto import tqdm
@@ -278,29 +278,6 @@ def run_many(specs: list[RunSpec], *, jobs: int = 1, force: bool = False, timeou
         meta = metas.get(s.out_dir) or read_meta(s.out_dir) or {"status": "cancelled", "error": "not started"}
         out.append({"notebook": s.name, **meta, "out_dir": str(s.out_dir)})
     return SweepResult(out, interrupted)
-
-
-def available_cores() -> int:
-    """The CPU cores this process may use (its affinity mask where the system has one, else ``os.cpu_count()``)."""
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
-
-
-def threads_per_run(jobs: int, environ: dict | None = None, threads: int | None = None) -> int:
-    """BLAS/OpenMP threads each kernel gets: ``threads`` (``--threads``) when given, else the cores split between
-    the ``jobs`` runs, ``max(1, cores // jobs)`` — never every core for each of several kernels on a busy laptop —
-    capped by an ``OMP_NUM_THREADS`` the caller set (``OMP_NUM_THREADS=1 … run NN``: one thread per run, as for a
-    plain Python process; a value that is not a positive integer is ignored)."""
-    if threads is not None:
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise ValueError(f"threads must be an int >= 1, got {threads!r}")
-        return threads
-    environ = os.environ if environ is None else environ
-    split = max(1, available_cores() // jobs)
-    given = str(environ.get("OMP_NUM_THREADS", "")).strip()
-    return min(split, int(given)) if given.isdigit() and int(given) > 0 else split
 
 
 def _run_inline(todo, jobs, threads, force, timeout, disable, overall, metas) -> bool:

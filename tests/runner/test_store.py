@@ -290,15 +290,18 @@ def test_read_only_out_fails_with_a_clear_message(nb, tmp_path, capsys):
 
 
 def test_threads_per_run_splits_the_cores_and_respects_a_caller_omp_setting(monkeypatch):
-    from taskloss.runner.runs import threads_per_run
+    from taskloss.runner.kernel import threads_per_run
 
-    monkeypatch.setattr("taskloss.runner.runs.available_cores", lambda: 8)
+    monkeypatch.setattr("taskloss.runner.kernel.available_cores", lambda: 8)
+    monkeypatch.setattr("taskloss.runner.kernel._load", lambda: 0.0)      # a quiet machine
     assert threads_per_run(1, {}) == 8 and threads_per_run(3, {}) == 2 and threads_per_run(16, {}) == 1
     assert threads_per_run(1, {"OMP_NUM_THREADS": "1"}) == 1      # one thread asked for: one thread per kernel
     assert threads_per_run(4, {"OMP_NUM_THREADS": "6"}) == 2      # never more than the cores split between runs
     for junk in ("", "0", "-2", "two", "1.5"):
         assert threads_per_run(2, {"OMP_NUM_THREADS": junk}) == 4  # not a positive integer: ignored
     assert threads_per_run(4, {"OMP_NUM_THREADS": "1"}, threads=3) == 3   # --threads decides
+    assert threads_per_run(1, {}, load=5.5) == 2 and threads_per_run(1, {}, load=14.0) == 1   # a busy machine
+    assert threads_per_run(1, {}, threads=4, load=14.0) == 4
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="threads"):
             threads_per_run(1, {}, threads=bad)
