@@ -87,7 +87,8 @@ def _parser() -> argparse.ArgumentParser:
                             "--executor slurm: the most array tasks running at once")
         p.add_argument("--threads", type=int, default=None, metavar="N",
                        help="BLAS/OpenMP threads per kernel (default: OMP_NUM_THREADS when set, else the cores "
-                            "split between the --jobs runs, max(1, cores // jobs), at most the cores the load leaves free); "
+                            "split between the --jobs runs, max(1, cores // jobs), at most the cores the load "
+                            "leaves free); "
                             "recorded in meta.json")
         p.add_argument("--force", action="store_true", help="redo finished runs")
         p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",

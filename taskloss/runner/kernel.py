@@ -17,8 +17,8 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-__all__ = ["INLINE_BACKEND", "KERNEL_LOG", "Cancellation", "available_cores", "threads_per_run", "kernel_env", "execute_notebook", "failure_reason",
-           "progress_text_fallbacks"]
+__all__ = ["INLINE_BACKEND", "KERNEL_LOG", "Cancellation", "available_cores", "threads_per_run", "kernel_env",
+           "execute_notebook", "failure_reason", "progress_text_fallbacks"]
 
 # Kernels would inherit MPLBACKEND=Agg from a test shell, which drops every inline figure.
 INLINE_BACKEND = "module://matplotlib_inline.backend_inline"

@@ -243,8 +243,8 @@ def run_many(specs: list[RunSpec], *, jobs: int = 1, force: bool = False, timeou
     ``local`` and ``slurm`` submit one submitit job per run (``cluster_params`` go to
     ``submitit.AutoExecutor.update_parameters``, e.g. ``slurm_partition``, ``timeout_min``, ``gpus_per_node``).
     Ctrl-C cancels queued runs, kills running kernels (or cancels the jobs) and returns with ``interrupted``.
-    ``threads``: BLAS threads per kernel (:func:`~taskloss.runner.kernel.threads_per_run` decides when ``None``). ``timeout``: seconds per
-    cell, positive (``None``: no limit).
+    ``threads``: BLAS threads per kernel (:func:`~taskloss.runner.kernel.threads_per_run` decides when ``None``).
+    ``timeout``: seconds per cell, positive (``None``: no limit).
     """
     from tqdm.auto import tqdm
 

@@ -156,7 +156,8 @@ def test_summary_has_a_column_per_swept_parameter_and_the_claims(tmp_path):
             {"headline": ["acc"], "results": {"acc": seed / 2},
              "claims": {"up": {"held": True}, "down": {"held": seed == 0}}}))
     text = store.write_summary(sweep)
-    assert "| notebook | run | seed | label | status | seconds | claims | headlines reproduced | headline results |" in text
+    assert ("| notebook | run | seed | label | status | seconds | claims | headlines reproduced | headline results |"
+            in text)
     assert "| 00_store | label=x__seed=1 | 1 | x | ok |  | 1/2 held; not held: down |  | acc = 0.5 |" in text
     assert "2/2 held |" in text
 
