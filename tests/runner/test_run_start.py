@@ -188,3 +188,14 @@ def test_a_default_run_reports_its_reproduced_headlines(tmp_path):
     assert "| 1/1 |" in (out / "00_edits" / store.SUMMARY_FILE).read_text()
     assert main(["run", str(nb), "-p", "seed", "2", "--out", str(out), "--threads", "1"]) == 0
     assert "reproduced" not in store.read_meta(out / "00_edits" / "seed=2")      # not the default parameters
+
+
+def test_notebooks_folder_given_on_the_command_line(tmp_path, capsys):
+    nb = _notebook(tmp_path, "00_edits.py", EDITS)
+    out = tmp_path / "o"
+    assert main(["--notebooks", str(nb.parent), "all", "--out", str(out), "--threads", "1"]) == 0
+    assert (out / "00_edits" / store.META_FILE).exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main(["--notebooks", str(empty), "params", "00"]) == 2
+    assert "no NN_topic.py notebooks in" in capsys.readouterr().err
