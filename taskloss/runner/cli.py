@@ -86,10 +86,9 @@ def _parser() -> argparse.ArgumentParser:
                        help="runs at once (default 1); the CPU cores are split between them (see --threads). With "
                             "--executor slurm: the most array tasks running at once")
         p.add_argument("--threads", type=int, default=None, metavar="N",
-                       help="BLAS/OpenMP threads per kernel (default: OMP_NUM_THREADS when set, else the cores "
-                            "split between the --jobs runs, max(1, cores // jobs), at most the cores the load "
-                            "leaves free); "
-                            "recorded in meta.json")
+                       help="BLAS/OpenMP threads per kernel (default: the cores split between the --jobs runs, "
+                            "max(1, cores // jobs), at most the cores the load average leaves free and at most "
+                            "OMP_NUM_THREADS when it is set); recorded in meta.json")
         p.add_argument("--force", action="store_true", help="redo finished runs")
         p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
                        help="limit per cell, a positive number of seconds (default: none)")
