@@ -120,7 +120,8 @@ if REPOSITORY_URL:
     html_theme_options.update(repository_url=REPOSITORY_URL, repository_branch="main", path_to_docs="docs",
                               use_repository_button=True)
 html_last_updated_fmt = None
-html_copy_source = True     # the download button's files (_sources/)
+html_copy_source = True     # the download button's files (_sources/), under their own names (no .txt added)
+html_sourcelink_suffix = ""
 html_show_sourcelink = False
 
 # -- math in titles -----------------------------------------------------------------------------------------------

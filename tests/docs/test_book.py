@@ -328,6 +328,7 @@ def test_title_math_is_written_in_unicode():
 def test_download_button_on_and_launch_buttons_only_for_a_known_address():
     conf = _conf()
     assert conf.html_theme_options["use_download_button"] is True and conf.html_copy_source is True
+    assert conf.html_sourcelink_suffix == ""      # a chapter downloads as NN_topic.ipynb, not .ipynb.txt
     if conf.REPOSITORY_URL:
         assert conf.html_theme_options["launch_buttons"] and conf.html_theme_options["repository_url"]
     else:       # no public address yet: no launch button, no repository button
