@@ -22,7 +22,7 @@ SERIAL := OMP_NUM_THREADS=1 MKL_NUM_THREADS=1
 # JupyterLab with the repository's settings (.jupyter/): notebooks/NN_topic.py opens as a notebook.
 LAB_ENV := JUPYTER_CONFIG_PATH=$(CURDIR)/.jupyter$${JUPYTER_CONFIG_PATH:+:$$JUPYTER_CONFIG_PATH}
 
-.PHONY: help env run smoke test test-portable test-fast notebooks sync lab lint bench pretrained clean
+.PHONY: help env env-run guide-outputs run smoke test test-portable test-fast notebooks sync lab lint bench pretrained clean
 
 help:
 	@echo "The two commands (both create the environment when it is missing):"
@@ -41,36 +41,55 @@ help:
 	@echo "  make book-check build, then open every page in headless Chromium and test the built site"
 	@echo "Other:"
 	@echo "  make test-fast  unit tests without the slow ones (no notebooks)"
+	@echo "  make guide-outputs  rewrite the outputs shown under the guide's examples from fresh runs"
 	@echo "  make lint       ruff on the package (pyflakes, import order, Google-style docstrings)"
 	@echo "  make env TORCH=cpu   create the venv with PyTorch's CPU wheel (TORCH=cu128 … for a CUDA build)"
+	@echo "  make env-run    only the run set (what make run installs: no test, lab or book packages)"
 	@echo "  make bench      run benchmarks/bench_*.py and write benchmarks/RESULTS.md"
 	@echo "  make pretrained rebuild the cached pretrained small LM (data/pretrained/)"
 	@echo "  make clean      remove runs/ and pytest's cache"
 
 # The environment: a venv with torch installed *first* (see TORCH above; an installed torch is kept unless TORCH
 # is given) so that the unpinned torch requirement of the rest is already satisfied and pip never swaps builds.
-$(STAMP): pyproject.toml
-	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then \
+# Two sets: make run / smoke / notebooks need the run set (the package, its runtime and the peers notebooks execute,
+# extra [run]); make test, lab, book, lint and bench the full development set (extra [dev]: test references,
+# JupyterLab, Sphinx, ruff). pip shows its progress (the first install downloads a few hundred MB; the dev set
+# about 2 GB more).
+RUN_STAMP := $(VENV)/.taskloss-run-installed
+PIP_VISIBLE := --progress-bar on
+define make_venv
+	if [ "$(PY)" = "$(VENV)/bin/python" ]; then \
 	  test -x $(VENV)/bin/python || python3 -m venv $(VENV); \
+	  echo "[make] installing the $(1) set into $(VENV) (pip's progress below) ..."; \
 	  $(PY) -m pip install -q --upgrade pip; \
 	  if [ -n "$(TORCH)" ] || ! $(PY) -c "import torch" 2>/dev/null; then \
-	    $(PY) -m pip install -q $(TORCH_INSTALL) || exit 1; \
+	    $(PY) -m pip install $(PIP_VISIBLE) $(TORCH_INSTALL) || exit 1; \
 	  fi; \
-	  $(PY) -m pip install -q -e ".[dev]"; \
-	  $(PY) -m pip install -q --no-deps "curvlinops-for-pytorch>=3.0.1,<3.1"; \
-	  touch $(STAMP); \
+	  $(PY) -m pip install $(PIP_VISIBLE) -e ".[$(1)]" || exit 1; \
+	  $(PY) -m pip install -q --no-deps "curvlinops-for-pytorch>=3.0.1,<3.1" || exit 1; \
 	fi
+endef
+
+$(RUN_STAMP): pyproject.toml
+	@$(call make_venv,run)
+	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then touch $(RUN_STAMP); fi
+
+$(STAMP): pyproject.toml
+	@$(call make_venv,dev)
+	@if [ "$(PY)" = "$(VENV)/bin/python" ]; then touch $(STAMP) $(RUN_STAMP); fi
 
 env: $(STAMP)
 
+env-run: $(RUN_STAMP)
+
 # JOBS notebooks at a time, one thread each (the two cores of a laptop, no oversubscription): about half the
 # serial wall time, the same results (each notebook's numbers are those of a one-thread run, as make test checks).
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(SERIAL) $(PY) -m taskloss.runner all --jobs $(JOBS) --out runs/default
 
 # Every notebook at its smoke parameters (params/NN_topic/smoke.yaml: seconds each): identities asserted, claims
 # reported as held or not (a smoke run is not the committed run, so nothing is enforced), SUMMARY.md in runs/smoke.
-smoke: $(STAMP)
+smoke: $(RUN_STAMP)
 	$(SERIAL) $(PY) -m taskloss.runner all --set smoke --jobs $(JOBS) --out runs/smoke
 
 # OMP threads = 1 per worker: two xdist workers share the two cores without oversubscription.
@@ -90,11 +109,11 @@ test-portable: $(STAMP)
 test-fast: $(STAMP)
 	OMP_NUM_THREADS=1 MPLBACKEND=Agg $(PY) -m pytest -n $(JOBS) tests -m "not slow"
 
-notebooks: $(STAMP)
+notebooks: $(RUN_STAMP)
 	$(SERIAL) $(PY) -m taskloss.runner refresh $(NOTEBOOKS)
 	$(PY) docs/expected_results.py
 
-sync: $(STAMP)
+sync: $(RUN_STAMP)
 	$(PY) -m jupytext --sync $(NOTEBOOKS)
 
 # Token authentication and localhost only, as JupyterLab defaults: nothing here changes either. Jupyter refuses to
@@ -104,6 +123,11 @@ LAB_ARGS ?=
 LAB_ROOT := $(if $(filter 0,$(shell id -u)),--allow-root)
 lab: $(STAMP)
 	$(LAB_ENV) $(PY) -m jupyter lab $(LAB_ROOT) $(LAB_ARGS)
+
+# The outputs shown under the guide's examples (docs/guide/*.md, "Prints:" blocks), rewritten from fresh runs after a
+# change that moves a number; tests/docs/test_guide.py compares them.
+guide-outputs: $(RUN_STAMP)
+	$(SERIAL) HF_HUB_OFFLINE=1 $(PY) docs/guide_outputs.py
 
 lint: $(STAMP)
 	$(PY) -m ruff check taskloss

@@ -12,6 +12,10 @@ For each page (by default a notebook page and an API page) it asserts that
 - the page needed no network: every request was ``file:``/``data:``/``blob:`` and none failed, and no script error
   was thrown.
 
+Before the browser opens anything, a static pass over every built page (:func:`raw_tex_in_navigation`) checks that
+no page title carries raw TeX in the navigation and the ``<title>`` (a title's math is shown on every page's
+sidebar, most of which load no MathJax; ``docs/conf.py`` writes it in Unicode).
+
 A screenshot of each page is written into ``<site>/../check/`` (an artifact of the run, not committed), with
 ``report.json``. Chromium is driven over the DevTools protocol through a pipe (``--remote-debugging-pipe``), so
 nothing but the Python standard library and Debian's ``chromium`` package is needed.
@@ -228,6 +232,24 @@ def broken_internal_links(site: Path, links: list[str]) -> list[str]:
     return bad
 
 
+_NAV = re.compile(r"<nav\b.*?</nav>|<title>.*?</title>", re.S)
+_RAW_TEX = re.compile(r"\\\(|\\\[|\$[^$<]+\$|\\(?:prod|sum|frac|operatorname|mathcal)\b")
+
+
+def raw_tex_in_navigation(site: Path) -> dict[str, list[str]]:
+    """Page → raw TeX found in its navigation (``<nav>``: the sidebar, the page's table of contents) or its
+    ``<title>``, for every ``.html`` page of ``site`` (a static check: no browser)."""
+    found = {}
+    for path in sorted(Path(site).rglob("*.html")):
+        if "_static" in path.parts or "_sources" in path.parts:
+            continue
+        hits = sorted({m.group(0)[:40] for block in _NAV.findall(path.read_text(encoding="utf-8", errors="replace"))
+                       for m in _RAW_TEX.finditer(block)})
+        if hits:
+            found[str(path.relative_to(site))] = hits
+    return found
+
+
 def problems(site: Path, page: str, report: dict) -> list[str]:
     """What is wrong with one page's report (empty when the page passes)."""
     out = []
@@ -306,6 +328,9 @@ def main(argv: list[str] | None = None) -> int:
         pages += sorted(f"notebooks/{p.name}" for p in (args.site / "notebooks").glob("[0-9][0-9]_*.html")
                         if f"notebooks/{p.name}" not in pages)
     out = args.out or args.site.parent / "check"
+    raw = raw_tex_in_navigation(args.site)
+    for page, hits in raw.items():
+        print(f"FAIL {page}: raw TeX in the navigation or title: {', '.join(hits)}")
     try:
         results = check(args.site, pages, out, args.browser)
     except FileNotFoundError as exc:
@@ -316,7 +341,7 @@ def main(argv: list[str] | None = None) -> int:
         for p in found:
             print(f"     - {p}")
     print(f"screenshots and report.json in {out}")
-    return 1 if any(results.values()) else 0
+    return 1 if any(results.values()) or raw else 0
 
 
 if __name__ == "__main__":

@@ -9,11 +9,17 @@ the package's ``__all__`` lists; they are git-ignored. Environment variables:
   outputs.
 - ``TASKLOSS_MATHJAX``: a folder holding MathJax 3's ``es5`` files, used instead of the npm-installed copy that
   ``docs/_ext/book_mathjax.py`` keeps in ``docs/_build/mathjax``.
+
+Launch buttons (Binder, Colab) and the repository button follow one setting, ``Repository`` in ``pyproject.toml``'s
+``[project.urls]`` (read by ``book_chapters.repository_url``, as the chapters' hosted links are): absent (no public
+address yet) leaves them off. A page title's math is written in Unicode
+(:func:`tex_to_unicode`): the title also appears in the sidebar of every other page, most of which load no MathJax.
 """
 from __future__ import annotations
 
 import builtins
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -96,13 +102,69 @@ html_theme = "sphinx_book_theme"
 html_title = "taskloss"
 html_static_path = ["_static"]
 html_css_files = ["book.css"]
+# The one setting for the project's public address (see the module docstring): "" until pyproject.toml names one.
+from book_chapters import repository_url  # noqa: E402
+
+REPOSITORY_URL = repository_url() or ""
 html_theme_options = {
     "home_page_in_toc": True,
     "show_toc_level": 2,
-    "use_download_button": False,
+    # the download button offers each page's source: a chapter's .ipynb (outputs as committed), a guide's .md
+    "use_download_button": True,
     "use_fullscreen_button": False,
     "navigation_with_keys": False,
+    "launch_buttons": ({"binderhub_url": "https://mybinder.org", "colab_url": "https://colab.research.google.com",
+                        "notebook_interface": "jupyterlab"} if REPOSITORY_URL else {}),
 }
+if REPOSITORY_URL:
+    html_theme_options.update(repository_url=REPOSITORY_URL, repository_branch="main", path_to_docs="docs",
+                              use_repository_button=True)
 html_last_updated_fmt = None
-html_copy_source = False
+html_copy_source = True     # the download button's files (_sources/), under their own names (no .txt added)
+html_sourcelink_suffix = ""
 html_show_sourcelink = False
+
+# -- math in titles -----------------------------------------------------------------------------------------------
+_TEX_SYMBOLS = {"prod": "∏", "sum": "∑", "int": "∫", "partial": "∂", "nabla": "∇", "infty": "∞", "cdot": "·",
+                "times": "×", "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "approx": "≈", "neq": "≠", "to": "→",
+                "alpha": "α", "beta": "β", "gamma": "γ", "delta": "δ", "Delta": "Δ", "epsilon": "ε", "varepsilon": "ε",
+                "eta": "η", "theta": "θ", "lambda": "λ", "mu": "μ", "sigma": "σ", "tau": "τ", "phi": "φ", "pi": "π",
+                "rho": "ρ", "omega": "ω", "ell": "ℓ", "mathcal": "", "operatorname": "", "mathrm": "", "mathbf": ""}
+_SUBSCRIPTS = dict(zip("0123456789+-=()aehijklmnoprstuvx", "₀₁₂₃₄₅₆₇₈₉₊₋₌₍₎ₐₑₕᵢⱼₖₗₘₙₒₚᵣₛₜᵤᵥₓ"))
+_SUPERSCRIPTS = dict(zip("0123456789+-=()in", "⁰¹²³⁴⁵⁶⁷⁸⁹⁺⁻⁼⁽⁾ⁱⁿ"))
+
+
+def tex_to_unicode(tex: str) -> str:
+    """The inline TeX of a title as plain Unicode text (``\\prod f_t`` → ``∏ fₜ``): symbols and Greek letters
+    mapped, sub- and superscripts as Unicode where every character has one (else ``_x``/``^x`` kept), braces and
+    spacing commands dropped."""
+    text = re.sub(r"\\([A-Za-z]+)", lambda m: _TEX_SYMBOLS.get(m.group(1), m.group(1)), tex)
+    text = re.sub(r"\\[,;:!]", " ", text)
+
+    def script(table, mark):
+        def sub(m):
+            body = m.group(1) if m.group(1) is not None else m.group(2)
+            return "".join(table[c] for c in body) if all(c in table for c in body) else f"{mark}{body}"
+        return sub
+    text = re.sub(r"_(?:\{([^{}]*)\}|(\w))", script(_SUBSCRIPTS, "_"), text)
+    text = re.sub(r"\^(?:\{([^{}]*)\}|(\w))", script(_SUPERSCRIPTS, "^"), text)
+    text = text.replace("{", "").replace("}", "")
+    return re.sub(r"\s+", " ", text).strip()
+
+
+def _unicode_math_in_title(app, doctree) -> None:
+    """Replace the math of a page's title (its first section title) by :func:`tex_to_unicode` text, before Sphinx
+    collects the title for the navigation of every page."""
+    from docutils import nodes
+
+    section = next(iter(doctree.findall(nodes.section)), None)
+    title = section[0] if section is not None and len(section) and isinstance(section[0], nodes.title) else None
+    if title is None:
+        return
+    for math in list(title.findall(nodes.math)):
+        math.replace_self(nodes.Text(tex_to_unicode(math.astext())))
+
+
+def setup(app):
+    """Connect the title hook (before Sphinx's own title collector, priority 500)."""
+    app.connect("doctree-read", _unicode_math_in_title, priority=400)

@@ -47,26 +47,26 @@
 # case (`newton_direction`, `gaussian_update_distribution`).
 
 # %% tags=["parameters"]
-seed: int = 0                         # [>= 0] seed of every random draw
+seed: int = 0                         # [≥ 0] seed of every random draw
 device: str = "auto"                  # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""                  # run folder; empty: the runner's, or runs/interactive/<notebook>
 radius: float = 0.5                   # [> 0] radius ε of the ball ‖Δθ‖ ≤ ε
 alpha_demo: float = 0.3               # [> 0] temperature of the first pictures
 guide_frac: float = 0.5               # [> 0] guided proposals are centred at −ηg, a distance guide_frac·ε along −g
-sigma_frac: float = 0.5               # [> 0] their standard deviation σ = sigma_frac·ε
+sigma_frac: float = 0.5               # [> 0] their standard deviation σ is sigma_frac·ε
 mgs_lambda: float = 0.3               # [> 0, < 1] λ, weight of the MGS mixture's zero-centred component
 alphas: list[float] = [0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 30.0, 100.0]  # [> 0] §2 temperatures, increasing
-grid_size: int = 801                  # [>= 51] points per axis of the quadrature grid on the ball
-n_samples: int = 4000                 # [>= 100] Monte Carlo draws per estimate of Δθ*
-n_samples_exact: int = 50000          # [>= 1000] draws for the comparisons with closed forms
-sample_sizes: list[int] = [4, 8, 16, 32, 64, 128, 256]   # [>= 2] n for the SNIS bias / ESS study, increasing
-n_replicates: int = 4000              # [>= 10] independent SNIS runs per n
-n_is: int = 1000                      # [>= 10] draws per run in the proposal-mismatch study
-n_is_replicates: int = 400            # [>= 10] runs per proposal in the proposal-mismatch study
-ess_dims: list[int] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2410]  # [>= 1] §6 dimensions, increasing (2410: notebook 03's MLP)
+grid_size: int = 801                  # [≥ 51] points per axis of the quadrature grid on the ball
+n_samples: int = 4000                 # [≥ 100] Monte Carlo draws per estimate of Δθ*
+n_samples_exact: int = 50000          # [≥ 1000] draws for the comparisons with closed forms
+sample_sizes: list[int] = [4, 8, 16, 32, 64, 128, 256]   # [≥ 2] n for the SNIS bias / ESS study, increasing
+n_replicates: int = 4000              # [≥ 10] independent SNIS runs per n
+n_is: int = 1000                      # [≥ 10] draws per run in the proposal-mismatch study
+n_is_replicates: int = 400            # [≥ 10] runs per proposal in the proposal-mismatch study
+ess_dims: list[int] = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2410]  # [≥ 1] §6 dimensions, increasing (2410: notebook 03's MLP)
 ess_alpha: float = 0.1                # [> 0] temperature of the §6 sweep
-ess_n: int = 1000                     # [>= 10] draws per ESS estimate in §6
-ess_seeds: int = 5                    # [>= 1] random quadratics per dimension in §6
+ess_n: int = 1000                     # [≥ 10] draws per ESS estimate in §6
+ess_seeds: int = 5                    # [≥ 1] random quadratics per dimension in §6
 
 # %%
 import math

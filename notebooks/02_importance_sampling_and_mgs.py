@@ -46,25 +46,25 @@
 # Holm-corrected across each table.
 
 # %% tags=["parameters"]
-seed: int = 0                 # [>= 0] seed of every random draw
+seed: int = 0                 # [≥ 0] seed of every random draw
 device: str = "auto"          # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""          # run folder; empty: the runner's, or runs/interactive/<notebook>
-dim: int = 10                 # [>= 1] dimension of the quadratic test problem
+dim: int = 10                 # [≥ 1] dimension of the quadratic test problem
 alpha: float = 0.05           # [> 0] temperature of the update distribution
 sigma: float = 0.25           # [> 0] proposal noise scale (absolute)
-n_seeds: int = 20             # [>= 3] repetitions of every Monte Carlo estimate (paired verdicts need 3)
-max_log2_K: int = 10          # [>= 3] the error-vs-K curve doubles K from 2 up to 2^max_log2_K
-sweep_samples: int = 32       # [>= 2] candidates per estimate in the α / σ / λ sweeps
-ess_draws: int = 20000        # [>= 100] draws for the closed-form ESS checks
-toy_steps: int = 60           # [>= 1] optimization steps on the 2-D problem
-toy_seeds: int = 5            # [>= 1] MGS runs on the 2-D problem
-pg_budget: int = 1200         # [>= 6] §8: compute per training run, in forward-pass equivalents of one minibatch
-pg_seeds: int = 5             # [>= 3] §8: training seeds per method (paired verdicts need 3)
+n_seeds: int = 20             # [≥ 3] repetitions of every Monte Carlo estimate (paired verdicts need 3)
+max_log2_K: int = 10          # [≥ 3] the error-vs-K curve doubles K from 2 up to 2^max_log2_K
+sweep_samples: int = 32       # [≥ 2] candidates per estimate in the α / σ / λ sweeps
+ess_draws: int = 20000        # [≥ 100] draws for the closed-form ESS checks
+toy_steps: int = 60           # [≥ 1] optimization steps on the 2-D problem
+toy_seeds: int = 5            # [≥ 1] MGS runs on the 2-D problem
+pg_budget: int = 1200         # [≥ 6] §8: compute per training run, in forward-pass equivalents of one minibatch
+pg_seeds: int = 5             # [≥ 3] §8: training seeds per method (paired verdicts need 3)
 pg_lrs: list[float] = [0.01, 0.03, 0.1]   # [> 0] §8: learning rates tuned per method on the validation split
-pg_tune_seeds: int = 2        # [>= 1] §8: seeds per learning rate when tuning
-pg_samples: int = 4           # [>= 2] §8: REINFORCE labels per input (leave-one-out baseline)
-pg_mle_weight: float = 0.1    # [>= 0] §8: cross-entropy weight in "REINFORCE + MLE"
-mgs_samples: int = 4          # [>= 1] §8: MGS candidates per step (the paper's n = 4)
+pg_tune_seeds: int = 2        # [≥ 1] §8: seeds per learning rate when tuning
+pg_samples: int = 4           # [≥ 2] §8: REINFORCE labels per input (leave-one-out baseline)
+pg_mle_weight: float = 0.1    # [≥ 0] §8: cross-entropy weight in "REINFORCE + MLE"
+mgs_samples: int = 4          # [≥ 1] §8: MGS candidates per step (the paper's n is 4)
 
 # %%
 import dataclasses

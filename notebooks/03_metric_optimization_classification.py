@@ -48,28 +48,28 @@
 # over seeds and Holm-corrected across each table.
 
 # %% tags=["parameters"]
-seed: int = 0                # [>= 0] seed of every random draw
+seed: int = 0                # [≥ 0] seed of every random draw
 device: str = "auto"         # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""         # run folder; empty: the runner's, or runs/interactive/<notebook>
-n_seeds: int = 5             # [>= 3] independent runs (initialization and minibatch order) per method
-hidden: int = 32             # [>= 1] MLP width
-batch_size: int = 128        # [>= 1] training digits per minibatch
+n_seeds: int = 5             # [≥ 3] independent runs (initialization and minibatch order) per method
+hidden: int = 32             # [≥ 1] MLP width
+batch_size: int = 128        # [≥ 1] training digits per minibatch
 lr: float = 0.003            # [> 0] Adam(W) learning rate for MLE and for MGS from scratch
 finetune_lr: float = 0.001   # [> 0] learning rate of every method started from the MLE solution
-mle_steps: int = 300         # [>= 1] MLE training steps that produce the MLE start
-finetune_steps: int = 100    # [>= 1] steps of each method from the MLE start (MLE itself continues as many)
-scratch_steps: int = 200     # [>= 1] steps of MGS and of MLE from a random initialization
-mgs_samples: int = 4         # [>= 2] MGS candidates per step
+mle_steps: int = 300         # [≥ 1] MLE training steps that produce the MLE start
+finetune_steps: int = 100    # [≥ 1] steps of each method from the MLE start (MLE itself continues as many)
+scratch_steps: int = 200     # [≥ 1] steps of MGS and of MLE from a random initialization
+mgs_samples: int = 4         # [≥ 2] MGS candidates per step
 mgs_alpha: float = 0.01      # [> 0] MGS temperature (the reference code's 1/β)
 mgs_sigma: float = 1.0       # [> 0] MGS noise, relative to mean|g| per tensor (the reference code's default)
-mgs_mix: float = 0.5         # [>= 0, <= 1] λ, weight of the zero-centred component
+mgs_mix: float = 0.5         # [≥ 0, ≤ 1] λ, weight of the zero-centred component
 probe_sigmas: list[float] = [0.1, 0.3, 1.0, 3.0, 10.0]   # [> 0] relative σ values of the §2 ESS probe
-probe_mixes: list[float] = [0.0, 0.5, 1.0]                # [>= 0, <= 1] λ values of the §2 ESS probe
-probe_batches: int = 8       # [>= 1] minibatches per (density, σ, λ) cell of the probe
-pg_samples: int = 4          # [>= 2] sampled label vectors per REINFORCE step
-zo_samples: int = 8          # [>= 1] antithetic perturbation pairs per zeroth-order step
+probe_mixes: list[float] = [0.0, 0.5, 1.0]                # [≥ 0, ≤ 1] λ values of the §2 ESS probe
+probe_batches: int = 8       # [≥ 1] minibatches per (density, σ, λ) cell of the probe
+pg_samples: int = 4          # [≥ 2] sampled label vectors per REINFORCE step
+zo_samples: int = 8          # [≥ 1] antithetic perturbation pairs per zeroth-order step
 zo_sigma: float = 0.01       # [> 0] zeroth-order smoothing scale
-eval_every: int = 25         # [>= 1] steps between test evaluations (the budget sweep)
+eval_every: int = 25         # [≥ 1] steps between test evaluations (the budget sweep)
 
 # %%
 import copy

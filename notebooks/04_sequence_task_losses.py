@@ -46,35 +46,35 @@
 # claims: a rerun with another model or budget reports which of them held.
 
 # %% tags=["parameters"]
-seed: int = 0                   # [>= 0] first seed; the run uses seed, seed+1, …
+seed: int = 0                   # [≥ 0] first seed; the run uses seed, seed+1, …
 device: str = "auto"            # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""            # run folder; empty: the runner's, or runs/interactive/<notebook>
-n_seeds: int = 3                # [>= 3] seeds; each one re-runs every method (paired verdicts need 3)
+n_seeds: int = 3                # [≥ 3] seeds; each one re-runs every method (paired verdicts need 3)
 model_path: str = ""            # [data] empty: the committed small LM; else a local Hugging Face causal-LM folder
 corpus_path: str = ""           # [data] empty: the default corpus; else a WikiText raw folder (wiki.train.raw, ...)
-prefix_len: int = 16            # [>= 1] prefix tokens given to the model
-cont_len: int = 16              # [>= 1] reference continuation tokens (+ EOS when the line ends there)
-decode_len: int = 16            # [>= 1] greedy tokens decoded; non-termination means no EOS among them
+prefix_len: int = 16            # [≥ 1] prefix tokens given to the model
+cont_len: int = 16              # [≥ 1] reference continuation tokens (+ EOS when the line ends there)
+decode_len: int = 16            # [≥ 1] greedy tokens decoded; non-termination means no EOS among them
 task_loss: str = "edit_distance+repetition"   # terms of taskloss.lm.completion.TASK_LOSSES joined by '+'
-n_train_prefixes: int = 512     # [>= 1] pool of training prefixes the task-loss minibatches are drawn from
-n_prefixes: int = 96            # [>= 3] held-out prefixes (valid split) every method is evaluated on
-batch_size: int = 16            # [>= 1] prefixes per step
-block_size: int = 64            # [>= 2] MLE loss: blocks of the training token stream (the pretraining objective)
-mle_blocks: int = 8             # [>= 1] blocks per step
-n_train_blocks: int = 0         # [>= 0] 0: every training block; else the first N (large corpora)
-ppl_blocks: int = 32            # [>= 1] held-out perplexity on the first N valid blocks
-steps: int = 64                 # [>= 1] training budget per method and seed (the verdicts are read here)
-eval_every: int = 16            # [>= 1] steps between evaluation points of the budget sweep
+n_train_prefixes: int = 512     # [≥ 1] pool of training prefixes the task-loss minibatches are drawn from
+n_prefixes: int = 96            # [≥ 3] held-out prefixes (valid split) every method is evaluated on
+batch_size: int = 16            # [≥ 1] prefixes per step
+block_size: int = 64            # [≥ 2] MLE loss: blocks of the training token stream (the pretraining objective)
+mle_blocks: int = 8             # [≥ 1] blocks per step
+n_train_blocks: int = 0         # [≥ 0] 0: every training block; else the first N (large corpora)
+ppl_blocks: int = 32            # [≥ 1] held-out perplexity on the first N valid blocks
+steps: int = 64                 # [≥ 1] training budget per method and seed (the verdicts are read here)
+eval_every: int = 16            # [≥ 1] steps between evaluation points of the budget sweep
 lr: float = 1e-4                # [> 0] AdamW learning rate of every method
-mgs_samples: int = 4            # [>= 2] MGS candidates per step
+mgs_samples: int = 4            # [≥ 2] MGS candidates per step
 mgs_alpha: float = 0.01         # [> 0] temperature α of p(Δθ) ∝ exp(−Δl/α)
 mgs_sigma: float = 1.0          # [> 0] noise scale σ, relative to mean|g| per tensor
-mgs_mix: float = 0.5            # [>= 0, <= 1] λ: weight of the zero-centred proposal component
+mgs_mix: float = 0.5            # [≥ 0, ≤ 1] λ: weight of the zero-centred proposal component
 mgs_max_grad_norm: float = 0.1  # [> 0] surrogate gradient clipped to this norm (the size of an MLE-centred candidate)
 mgs_density: str = "unit_sigma" # "unit_sigma" (reference code) or "mixture" (true proposal density)
-pg_samples: int = 2             # [>= 2] sampled continuations per prefix (the leave-one-out baseline needs 2)
-pg_mle_weight: float = 1.0      # [>= 0] policy gradient loss + w · MLE loss
-eval_batch_size: int = 96       # [>= 1] held-out prefixes per decoding batch
+pg_samples: int = 2             # [≥ 2] sampled continuations per prefix (the leave-one-out baseline needs 2)
+pg_mle_weight: float = 1.0      # [≥ 0] policy gradient loss + w · MLE loss
+eval_batch_size: int = 96       # [≥ 1] held-out prefixes per decoding batch
 
 # %%
 import copy

@@ -49,34 +49,34 @@
 # Holm-corrected across each table.
 
 # %% tags=["parameters"]
-seed: int = 0                  # [>= 0] seed of every random draw
+seed: int = 0                  # [≥ 0] seed of every random draw
 device: str = "auto"           # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""           # run folder; empty: the runner's, or runs/interactive/<notebook>
-dim: int = 20                  # [>= 1] dimension of the quadratic test problem (§1–2)
+dim: int = 20                  # [≥ 1] dimension of the quadratic test problem (§1–2)
 sigma: float = 0.5             # [> 0] smoothing scale on the quadratic
 offset: float = 5.0            # constant added to the quadratic: a loss that is not centred at zero
-n_max_log2: int = 14           # [>= 2] §1 convergence check up to 2**n_max_log2 directions
-var_reps: int = 100            # [>= 2] independent estimates per point of the variance curves
-var_seeds: int = 5             # [>= 2] random quadratics for §1–2
-pg_samples: int = 4            # [>= 2] REINFORCE samples per input (the leave-one-out baseline needs 2)
-zo_dirs: int = 64              # [>= 1] parameter perturbations per zeroth-order estimate (digits)
-grad_seeds: int = 10           # [>= 3] initializations for the gradient-quality comparison (§3; the sign test decides from 6)
-grad_reps: int = 6             # [>= 1] independent estimates per initialization (§3)
-train_steps: int = 300         # [>= 1] optimizer steps per training run (§4)
-batch_size: int = 128          # [>= 1] minibatch size of every training run
-train_seeds: int = 10          # [>= 3] seeds per method and learning rate, paired across methods (§4)
+n_max_log2: int = 14           # [≥ 2] §1 convergence check up to 2**n_max_log2 directions
+var_reps: int = 100            # [≥ 2] independent estimates per point of the variance curves
+var_seeds: int = 5             # [≥ 2] random quadratics for §1–2
+pg_samples: int = 4            # [≥ 2] REINFORCE samples per input (the leave-one-out baseline needs 2)
+zo_dirs: int = 64              # [≥ 1] parameter perturbations per zeroth-order estimate (digits)
+grad_seeds: int = 10           # [≥ 3] initializations for the gradient-quality comparison (§3; the sign test decides from 6)
+grad_reps: int = 6             # [≥ 1] independent estimates per initialization (§3)
+train_steps: int = 300         # [≥ 1] optimizer steps per training run (§4)
+batch_size: int = 128          # [≥ 1] minibatch size of every training run
+train_seeds: int = 10          # [≥ 3] seeds per method and learning rate, paired across methods (§4)
 lr_factors: list[float] = [0.3, 1.0, 3.0]   # [> 0] learning-rate grid: each method's centre times these
 lr_mle: float = 0.1            # [> 0] Adam step centre for MLE
 lr_pg: float = 0.01            # [> 0] Adam step centre for REINFORCE
 lr_pg_mle: float = 0.03        # [> 0] Adam step centre for REINFORCE + MLE and MLE → REINFORCE
 lr_zo: float = 0.01            # [> 0] Adam step centre for zeroth order on the 0-1 loss
 mezo_lr: float = 3.0           # [> 0] SGD step centre for MeZO
-pg_mle_weight: float = 0.1     # [>= 0] weight of the cross-entropy mixed into REINFORCE ("REINFORCE + MLE")
+pg_mle_weight: float = 0.1     # [≥ 0] weight of the cross-entropy mixed into REINFORCE ("REINFORCE + MLE")
 warm_fraction: float = 0.5     # [> 0, < 1] "MLE → REINFORCE": fraction of the steps spent on MLE first
 zo_sigma: float = 0.1          # [> 0] parameter-noise scale of zeroth order on the 0-1 loss
 mezo_sigma: float = 0.01       # [> 0] MeZO perturbation scale σ
-mezo_samples: int = 16         # [>= 1] antithetic pairs per MeZO step
-eval_every: int = 25           # [>= 1] steps between held-out evaluations
+mezo_samples: int = 16         # [≥ 1] antithetic pairs per MeZO step
+eval_every: int = 25           # [≥ 1] steps between held-out evaluations
 
 # %%
 import dataclasses

@@ -34,20 +34,20 @@
 # Fisher of a parameterized Gaussian, the coupled example) and `taskloss.curvature.fisher` (the GGN of a network).
 
 # %% tags=["parameters"]
-seed: int = 0                         # [>= 0] seed of every random draw (directions, samples, starts, mini-batches)
+seed: int = 0                         # [≥ 0] seed of every random draw (directions, samples, starts, mini-batches)
 device: str = "auto"                  # "auto" (CUDA when available, else CPU), "cpu" or "cuda"
 output_dir: str = ""                  # run folder for results and figures; empty: the runner's or runs/interactive
 sd_lr: float = 0.022222222222222223   # [> 0, < 0.2169] classic steepest-descent step, 1/45 (stable below 2/λ_max)
 ngd_lr: float = 0.2                   # [> 0, < 2] classic natural-gradient step (stable below 2)
-n_steps: int = 1000                   # [>= 1] iterations of both methods on the coupled Gaussian
+n_steps: int = 1000                   # [≥ 1] iterations of both methods on the coupled Gaussian
 kl_target: float = 1e-6               # [> 0] the KL both methods must reach in the step counts of §3
-n_step_sizes: int = 200               # [>= 4] step sizes tried when tuning each method on the coupled Gaussian
-n_starts: int = 20                    # [>= 3] random starting points for the tuned-vs-tuned comparison
-mc_samples: int = 100000              # [>= 2] Monte-Carlo samples for the two forms of the Fisher
-n_classifier: int = 200               # [>= 2] digits examples for the Fisher-equals-GGN check
-hidden: int = 6                       # [>= 1] hidden width of the small softmax classifier
-batch_size: int = 20                  # [>= 1] mini-batch size for the Fisher-vs-Hessian noise check
-n_batches: int = 20                   # [>= 3] mini-batches drawn for that check (a paired comparison needs 3)
+n_step_sizes: int = 200               # [≥ 4] step sizes tried when tuning each method on the coupled Gaussian
+n_starts: int = 20                    # [≥ 3] random starting points for the tuned-vs-tuned comparison
+mc_samples: int = 100000              # [≥ 2] Monte-Carlo samples for the two forms of the Fisher
+n_classifier: int = 200               # [≥ 2] digits examples for the Fisher-equals-GGN check
+hidden: int = 6                       # [≥ 1] hidden width of the small softmax classifier
+batch_size: int = 20                  # [≥ 1] mini-batch size for the Fisher-vs-Hessian noise check
+n_batches: int = 20                   # [≥ 3] mini-batches drawn for that check (a paired comparison needs 3)
 damping: float = 0.1                  # [> 0] λ of the damped natural step (F + λI)⁻¹g on the classifier
 
 # %%

@@ -44,28 +44,28 @@
 # `taskloss.curvature.hessian_free`; this notebook derives, checks and compares them.
 
 # %% tags=["parameters"]
-seed: int = 0                         # [>= 0] base seed: data, initializations, draws (training seeds start here)
+seed: int = 0                         # [≥ 0] base seed: data, initializations, draws (training seeds start here)
 device: str = "auto"                  # "auto" (CUDA when available, else CPU), "cpu" or "cuda"
 output_dir: str = ""                  # run folder for results and figures; empty: the runner's or runs/interactive
-n_seeds: int = 10                     # [>= 3] training seeds per method (the sign test decides from 6)
-batch_size: int = 128                 # [>= 1] mini-batch size of every training run
-clf_steps: int = 80                   # [>= 1] training steps on the classifier (first-order and diagonal methods, K-FAC)
-ae_steps: int = 120                   # [>= 1] training steps on the autoencoder
-hf_steps_clf: int = 15                # [>= 1] Hessian-free steps on the classifier (at most clf_steps)
-hf_steps_ae: int = 20                 # [>= 1] Hessian-free steps on the autoencoder (at most ae_steps)
-hf_cg_iters: int = 10                 # [>= 1] conjugate-gradient iterations per Hessian-free step
-curv_batch: int = 32                  # [>= 1] examples of a curvature estimate (diagonal, Hessian-free, AdaGrad's b)
-curv_every: int = 5                   # [>= 1] steps between two diagonal-curvature estimates
-eval_every: int = 10                  # [>= 1] steps between two full-train loss evaluations
-n_regression: int = 200               # [>= 3] examples of the least-squares problem of §2
-grid_size: int = 15                   # [>= 2] grid points per axis of the vector fields of §2
+n_seeds: int = 10                     # [≥ 3] training seeds per method (the sign test decides from 6)
+batch_size: int = 128                 # [≥ 1] mini-batch size of every training run
+clf_steps: int = 80                   # [≥ 1] training steps on the classifier (first-order and diagonal methods, K-FAC)
+ae_steps: int = 120                   # [≥ 1] training steps on the autoencoder
+hf_steps_clf: int = 15                # [≥ 1] Hessian-free steps on the classifier (at most clf_steps)
+hf_steps_ae: int = 20                 # [≥ 1] Hessian-free steps on the autoencoder (at most ae_steps)
+hf_cg_iters: int = 10                 # [≥ 1] conjugate-gradient iterations per Hessian-free step
+curv_batch: int = 32                  # [≥ 1] examples of a curvature estimate (diagonal, Hessian-free, AdaGrad's b)
+curv_every: int = 5                   # [≥ 1] steps between two diagonal-curvature estimates
+eval_every: int = 10                  # [≥ 1] steps between two full-train loss evaluations
+n_regression: int = 200               # [≥ 3] examples of the least-squares problem of §2
+grid_size: int = 15                   # [≥ 2] grid points per axis of the vector fields of §2
 plateau_eps: float = 1e-6             # [> 0] symmetry-breaking perturbation of the student's two hidden units
-plateau_steps: int = 400              # [>= 1] step budget on the plateau problem (the same for every method)
-n_plateau_seeds: int = 10             # [>= 3] plateau problems (teacher, data, start) per method
-adagrad_draws: int = 400              # [>= 1] mini-batch gradients AdaGrad accumulates at a fixed θ
-noise_batch: int = 32                 # [>= 1] mini-batch size of the Fisher-vs-Hessian noise check
-n_noise_batches: int = 10             # [>= 3] mini-batches drawn for that check
-n_probes: int = 8                     # [>= 1] random probe vectors of the Hutchinson norm estimate
+plateau_steps: int = 400              # [≥ 1] step budget on the plateau problem (the same for every method)
+n_plateau_seeds: int = 10             # [≥ 3] plateau problems (teacher, data, start) per method
+adagrad_draws: int = 400              # [≥ 1] mini-batch gradients AdaGrad accumulates at a fixed θ
+noise_batch: int = 32                 # [≥ 1] mini-batch size of the Fisher-vs-Hessian noise check
+n_noise_batches: int = 10             # [≥ 3] mini-batches drawn for that check
+n_probes: int = 8                     # [≥ 1] random probe vectors of the Hutchinson norm estimate
 shampoo_widths: str = "4,16"          # comma-separated input widths of the Shampoo/K-FAC comparison of §9
 shampoo_batches: str = "1,8,64"       # comma-separated batch sizes N of that comparison
 

@@ -39,21 +39,21 @@
 # samples per estimate; $\rho$ the VI step size; $\eta$ the step size on the coupled Gaussian of the errata.
 
 # %% tags=["parameters"]
-seed: int = 0                       # [>= 0] seed of every random draw
+seed: int = 0                       # [≥ 0] seed of every random draw
 device: str = "auto"                # "auto" (CUDA when available, else CPU), "cpu" or "cuda"
 output_dir: str = ""                # run folder for results and figures; empty: the runner's or runs/interactive
-mc_samples: int = 20000             # [>= 2] Monte-Carlo samples for the Bonnet / Price checks
-n_reps: int = 200                   # [>= 3] independent replications (interval coverage, Monte-Carlo-route sweep)
-rep_samples: int = 500              # [>= 2] samples per replication in the coverage check
-mc_sizes: list = [8, 32, 128, 512, 2048]  # [>= 3] samples S per estimate in the Monte-Carlo-route sweep (3+ sizes)
-n_features: int = 4                 # [>= 1, <= 30] breast-cancer features used by the logistic regression (+ a bias)
+mc_samples: int = 20000             # [≥ 2] Monte-Carlo samples for the Bonnet / Price checks
+n_reps: int = 200                   # [≥ 3] independent replications (interval coverage, Monte-Carlo-route sweep)
+rep_samples: int = 500              # [≥ 2] samples per replication in the coverage check
+mc_sizes: list = [8, 32, 128, 512, 2048]  # [≥ 3] samples S per estimate in the Monte-Carlo-route sweep (3+ sizes)
+n_features: int = 4                 # [≥ 1, ≤ 30] breast-cancer features used by the logistic regression (+ a bias)
 prior_var: float = 1.0              # [> 0] prior N(0, prior_var · I) on the weights
-vi_samples: int = 4                 # [>= 1] Monte-Carlo samples per VI iteration (both methods)
-vi_steps: int = 300                 # [>= 3] VI iterations
-eval_every: int = 5                 # [>= 1] score the exact ELBO every this many iterations (at most vi_steps / 3)
-ngd_lrs: list = [0.01, 0.03, 0.1, 0.3, 1.0]  # [> 0, <= 1] natural-gradient VI step sizes ρ tried
+vi_samples: int = 4                 # [≥ 1] Monte-Carlo samples per VI iteration (both methods)
+vi_steps: int = 300                 # [≥ 3] VI iterations
+eval_every: int = 5                 # [≥ 1] score the exact ELBO every this many iterations (at most vi_steps / 3)
+ngd_lrs: list = [0.01, 0.03, 0.1, 0.3, 1.0]  # [> 0, ≤ 1] natural-gradient VI step sizes ρ tried
 adam_lrs: list = [0.03, 0.1, 0.3, 1.0]  # [> 0] plain-gradient VI (Adam) step sizes tried
-n_seeds: int = 10                   # [>= 3] VI seeds (the sign test decides from 6)
+n_seeds: int = 10                   # [≥ 3] VI seeds (the sign test decides from 6)
 
 # %%
 import math

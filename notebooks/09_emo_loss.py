@@ -32,34 +32,34 @@
 # and memory against cross-entropy.
 
 # %% tags=["parameters"]
-seed: int = 0                  # [>= 0] base seed of initializations, batches and sampling
+seed: int = 0                  # [≥ 0] base seed of initializations, batches and sampling
 device: str = "auto"           # "auto" (CUDA when available, else CPU), "cpu" or "cuda"
 output_dir: str = ""           # run folder for results and figures; empty: the runner's or runs/interactive
-seeds: int = 3                 # [>= 3] seeds of the continued-training experiment (a paired verdict needs 3)
+seeds: int = 3                 # [≥ 3] seeds of the continued-training experiment (a paired verdict needs 3)
 corpus_path: str = ""          # [data] empty: default corpus; else a WikiText raw folder holding wiki.train.raw etc.
 pretrained_folder: str = ""    # [data] empty: the committed small LM; else one in its format, or a HF save_pretrained one
-lm_d_model: int = 0            # [>= 0] 0: continue training the loaded LM; positive: first pretrain one this wide
-lm_layers: int = 2             # [>= 1] layers of that LM (used when lm_d_model > 0)
-lm_heads: int = 4              # [>= 1] attention heads of that LM (used when lm_d_model > 0)
-pretrain_steps: int = 0        # [>= 0] MLE pretraining steps of that LM (used when lm_d_model > 0)
+lm_d_model: int = 0            # [≥ 0] 0: continue training the loaded LM; positive: first pretrain one this wide
+lm_layers: int = 2             # [≥ 1] layers of that LM (used when lm_d_model > 0)
+lm_heads: int = 4              # [≥ 1] attention heads of that LM (used when lm_d_model > 0)
+pretrain_steps: int = 0        # [≥ 0] MLE pretraining steps of that LM (used when lm_d_model > 0)
 pretrain_lr: float = 0.001     # [> 0] AdamW learning rate of that pretraining
-block_size: int = 64           # [>= 2] tokens per training and held-out block
-batch_size: int = 8            # [>= 1] blocks per training batch
-finetune_steps: int = 12       # [>= 1] continued-training steps per method and seed
-finetune_eval_every: int = 6   # [>= 1] held-out perplexity every this many steps (the budget curve)
+block_size: int = 64           # [≥ 2] tokens per training and held-out block
+batch_size: int = 8            # [≥ 1] blocks per training batch
+finetune_steps: int = 12       # [≥ 1] continued-training steps per method and seed
+finetune_eval_every: int = 6   # [≥ 1] held-out perplexity every this many steps (the budget curve)
 finetune_lr: float = 0.0003    # [> 0] AdamW learning rate of continued training
-eval_blocks: int = 32          # [>= 1] held-out blocks for perplexity
-n_prompts: int = 200           # [>= 8] prompts for sampled continuations (the quality score)
-prefix_len: int = 8            # [>= 1] prompt tokens
-cont_len: int = 12             # [>= 1] sampled continuation tokens
-n_clusters: int = 0            # [>= 0] k-means clusters of the quality score; 0: MAUVE's rule n/10
-cluster_seeds: int = 5         # [>= 2] k-means seeds per pair of sets (the score is their mean; 2 give a spread)
-scratch_steps: int = 40        # [>= 1] from-scratch training steps per run
-scratch_eval_every: int = 10   # [>= 1] from-scratch evaluation interval (steps)
-scratch_d_model: int = 64      # [>= 2] width of the from-scratch LM (even: two heads)
+eval_blocks: int = 32          # [≥ 1] held-out blocks for perplexity
+n_prompts: int = 200           # [≥ 8] prompts for sampled continuations (the quality score)
+prefix_len: int = 8            # [≥ 1] prompt tokens
+cont_len: int = 12             # [≥ 1] sampled continuation tokens
+n_clusters: int = 0            # [≥ 0] k-means clusters of the quality score; 0: MAUVE's rule n/10
+cluster_seeds: int = 5         # [≥ 2] k-means seeds per pair of sets (the score is their mean; 2 give a spread)
+scratch_steps: int = 40        # [≥ 1] from-scratch training steps per run
+scratch_eval_every: int = 10   # [≥ 1] from-scratch evaluation interval (steps)
+scratch_d_model: int = 64      # [≥ 2] width of the from-scratch LM (even: two heads)
 scratch_lr: float = 0.003      # [> 0] AdamW learning rate from scratch
 scratch_sgd_lr: float = 0.3    # [> 0] plain-SGD learning rate of MLE from scratch (EMO's is scaled, section 4)
-scratch_seeds: int = 1         # [>= 1] from-scratch seeds (3 or more give paired verdicts)
+scratch_seeds: int = 1         # [≥ 1] from-scratch seeds (3 or more give paired verdicts)
 
 # %%
 import copy

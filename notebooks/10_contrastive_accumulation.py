@@ -30,20 +30,20 @@
 # sentence-transformers' cached loss.
 
 # %% tags=["parameters"]
-seed: int = 0                  # [>= 0] base seed of the toy data and of the experiment's seeds
+seed: int = 0                  # [≥ 0] base seed of the toy data and of the experiment's seeds
 device: str = "auto"           # "auto" (CUDA when available, else CPU), "cpu" or "cuda"
 output_dir: str = ""           # run folder for results and figures; empty: the runner's or runs/interactive
-toy_batch: int = 48            # [>= 4] pairs of the float64 derivation checks
-n_trainable: int = 1           # [>= 1, <= 6] top MiniLM layers fine-tuned; the lower ones are frozen and computed once
-max_tokens: int = 16           # [>= 2] WordPiece tokens per text
-train_pairs: int = 128         # [>= 12] training pairs (train documents)
-pool_size: int = 200           # [>= 2] held-out retrieval pool (valid + test documents)
-micro_batch: int = 8           # [>= 1] the fixed memory: pairs per forward with a graph
+toy_batch: int = 48            # [≥ 4] pairs of the float64 derivation checks
+n_trainable: int = 1           # [≥ 1, ≤ 6] top MiniLM layers fine-tuned; the lower ones are frozen and computed once
+max_tokens: int = 16           # [≥ 2] WordPiece tokens per text
+train_pairs: int = 128         # [≥ 12] training pairs (train documents)
+pool_size: int = 200           # [≥ 2] held-out retrieval pool (valid + test documents)
+micro_batch: int = 8           # [≥ 1] the fixed memory: pairs per forward with a graph
 batch_sizes: str = "8,32"      # effective batch sizes compared (comma-separated, multiples of micro_batch)
-epochs: int = 1                # [>= 1] passes over the training pairs: the same data budget for every batch size
+epochs: int = 1                # [≥ 1] passes over the training pairs: the same data budget for every batch size
 lr: float = 0.0001             # [> 0] AdamW learning rate
 temperature: float = 0.05      # [> 0] InfoNCE temperature τ (all-MiniLM-L6-v2 was trained with scale 20: τ = 0.05)
-seeds: int = 10                # [>= 3] seeds of the experiment: seed, seed + 1, … (the sign test decides from 6)
+seeds: int = 10                # [≥ 3] seeds of the experiment: seed, seed + 1, … (the sign test decides from 6)
 
 # %%
 import functools

@@ -36,36 +36,36 @@
 # holds Hessian-vector products and power iteration.
 
 # %% tags=["parameters"]
-seed: int = 0                               # [>= 0] seed of the random gradients, initializations and data order
+seed: int = 0                               # [≥ 0] seed of the random gradients, initializations and data order
 device: str = "auto"                        # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""                        # run folder; "" lets the runner choose (runs/interactive/… by hand)
-n_coords: int = 16                          # [>= 1] coordinates of the separable test functions
+n_coords: int = 16                          # [≥ 1] coordinates of the separable test functions
 quartic_radii: list[float] = [1.0, 2.0, 4.0, 8.0]   # [> 0] largest starting coordinate R for Σx⁴ (3 or more)
 cosh_radii: list[float] = [2.0, 4.0, 6.0, 8.0]      # [> 0] largest starting coordinate R for Σcosh x (3 or more)
 eps_grad: float = 0.01                      # [> 0] the exact counts stop when ‖∇f‖ ≤ eps_grad
-min_count: int = 50                         # [>= 1] tokenizer cut-off (vocabulary 416 on the default corpus)
-block_size: int = 32                        # [>= 2] tokens per training block
-batch_size: int = 16                        # [>= 1] blocks per training step
-lstm_d_model: int = 32                      # [>= 1] LSTM embedding width
-lstm_hidden: int = 64                       # [>= 1] LSTM hidden width
-tf_d_model: int = 32                        # [>= 1] Transformer width (a multiple of tf_heads)
-tf_layers: int = 2                          # [>= 1] Transformer layers
-tf_heads: int = 2                           # [>= 1] attention heads per layer
-probe_steps: int = 80                       # [>= 4] training steps with the smoothness probe, per LM
-probe_checkpoints: int = 3                  # [>= 1] checkpoints with a top-Hessian-eigenvalue estimate, per LM
-power_iters: int = 15                       # [>= 1] power iterations per checkpoint
+min_count: int = 50                         # [≥ 1] tokenizer cut-off (vocabulary 416 on the default corpus)
+block_size: int = 32                        # [≥ 2] tokens per training block
+batch_size: int = 16                        # [≥ 1] blocks per training step
+lstm_d_model: int = 32                      # [≥ 1] LSTM embedding width
+lstm_hidden: int = 64                       # [≥ 1] LSTM hidden width
+tf_d_model: int = 32                        # [≥ 1] Transformer width (a multiple of tf_heads)
+tf_layers: int = 2                          # [≥ 1] Transformer layers
+tf_heads: int = 2                           # [≥ 1] attention heads per layer
+probe_steps: int = 80                       # [≥ 4] training steps with the smoothness probe, per LM
+probe_checkpoints: int = 3                  # [≥ 1] checkpoints with a top-Hessian-eigenvalue estimate, per LM
+power_iters: int = 15                       # [≥ 1] power iterations per checkpoint
 lstm_probe_lr: float = 10.0                 # [> 0] learning rate of the LSTM's probe run
 tf_probe_lr: float = 3.0                    # [> 0] learning rate of the Transformer's probe run
 lstm_gamma: float = 0.25                    # [> 0] clipping threshold γ of the LSTM (AWD-LSTM's 0.25)
 tf_gamma: float = 1.0                       # [> 0] clipping threshold γ of the Transformer
 compare_models: list[str] = ["lstm"]        # LMs raced clipped against plain SGD: "lstm", "transformer"
-compare_steps: int = 100                    # [>= 1] step budget of each race run (a multiple of eval_every)
-eval_every: int = 10                        # [>= 1] steps between validation losses in the race
-eval_blocks: int = 64                       # [>= 1] validation blocks
+compare_steps: int = 100                    # [≥ 1] step budget of each race run (a multiple of eval_every)
+eval_every: int = 10                        # [≥ 1] steps between validation losses in the race
+eval_blocks: int = 64                       # [≥ 1] validation blocks
 lstm_lrs: list[float] = [1.0, 3.0, 10.0]    # [> 0] learning-rate grid of the LSTM race (both methods)
 tf_lrs: list[float] = [0.1, 0.3, 1.0, 3.0]  # [> 0] learning-rate grid of the Transformer race (both methods)
-tune_seeds: int = 2                         # [>= 1] seeds per (method, learning rate) of the tuning grid
-n_seeds: int = 10                           # [>= 3] fresh seeds per method at its tuned rate (the sign test decides from 6)
+tune_seeds: int = 2                         # [≥ 1] seeds per (method, learning rate) of the tuning grid
+n_seeds: int = 10                           # [≥ 3] fresh seeds per method at its tuned rate (the sign test decides from 6)
 
 # %%
 import math

@@ -41,25 +41,25 @@
 # flows with an error estimate, and flooding. `taskloss.dynamics.hessian` holds the sharpness estimate.
 
 # %% tags=["parameters"]
-seed: int = 0                          # [>= 0] seed of the example subset, the initializations and the power iterations
+seed: int = 0                          # [≥ 0] seed of the example subset, the initializations and the power iterations
 device: str = "auto"                   # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""                   # run folder; "" lets the runner choose (runs/interactive/… by hand)
-bea_examples: int = 64                 # [>= 1] digits examples of the small float64 model of the order checks
-bea_hidden: int = 16                   # [>= 1] hidden tanh units of that model
+bea_examples: int = 64                 # [≥ 1] digits examples of the small float64 model of the order checks
+bea_hidden: int = 16                   # [≥ 1] hidden tanh units of that model
 bea_time: float = 2.0                  # [> 0] fixed time T of the global check (n steps of size T/n)
-bea_steps: list[int] = [8, 16, 32, 64]     # [>= 1] numbers of steps n over [0, T] (2 or more, increasing)
+bea_steps: list[int] = [8, 16, 32, 64]     # [≥ 1] numbers of steps n over [0, T] (2 or more, increasing)
 local_steps: list[float] = [0.04, 0.02, 0.01, 0.005]   # [> 0] step sizes h of the one-step check (2 or more)
 flow_rtol: float = 1e-9                # [> 0] error target of the RK4 flow solves, relative to ‖θ‖
-n_train: int = 300                     # [>= 0] training examples of the generalization experiment (0: all 1078)
-hidden: int = 64                       # [>= 1] hidden ReLU units of the digits MLP
+n_train: int = 300                     # [≥ 0] training examples of the generalization experiment (0: all 1078)
+hidden: int = 64                       # [≥ 1] hidden ReLU units of the digits MLP
 small_lr: float = 0.05                 # [> 0] the small learning rate h_s (the baseline)
 large_lr: float = 0.25                 # [> 0] the large learning rate h_L (above small_lr)
-train_time: float = 30.0               # [> 0] equal time T = lr × steps for every method
+train_time: float = 30.0               # [> 0] equal time T, lr × steps, for every method
 match_time: float = 10.0               # [> 0] time at which the paths are compared (at most train_time)
-n_checkpoints: int = 6                 # [>= 1] times along [0, T] at which test accuracy and the gap are recorded
+n_checkpoints: int = 6                 # [≥ 1] times along [0, T] at which test accuracy and the gap are recorded
 strong_factor: float = 16.0            # [> 0] a stronger explicit penalty: this many times the matched λ
-n_seeds: int = 10                      # [>= 3] seeds per method (the sign test decides from 6)
-power_iters: int = 100                 # [>= 1] power iterations of each sharpness estimate
+n_seeds: int = 10                      # [≥ 3] seeds per method (the sign test decides from 6)
+power_iters: int = 100                 # [≥ 1] power iterations of each sharpness estimate
 flood_eps: list[float] = [0.2, 0.1, 0.05, 0.025]       # [> 0] step sizes ε of the flooding check (2 or more)
 adv_eps: list[float] = [0.1, 0.05, 0.025, 0.0125]      # [> 0] perturbation sizes ε of the adversarial check
 

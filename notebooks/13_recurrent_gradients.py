@@ -43,22 +43,22 @@
 # or `taskloss.models.RNNLM`. `taskloss.gradflow.training` is the LM harness.
 
 # %% tags=["parameters"]
-seed: int = 0                  # [>= 0] seed of the LMs' initialization and training, and of the regime grid
+seed: int = 0                  # [≥ 0] seed of the LMs' initialization and training, and of the regime grid
 device: str = "auto"           # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""           # run folder; "" lets the runner choose (runs/interactive/… by hand)
-d_model: int = 32              # [>= 1] embedding width of the recurrent LMs
-hidden: int = 64               # [>= 1] hidden units H (the LSTM state (h, c) has 2H coordinates)
-probe_len: int = 40            # [>= 6] length T of the probed sequences (lags 1..T; rates are fitted from lag 5)
-n_probe: int = 6               # [>= 1] held-out sequences probed (bands are over these)
-train_steps: int = 200         # [>= 1] AdamW steps of the brief LM training (per cell type)
+d_model: int = 32              # [≥ 1] embedding width of the recurrent LMs
+hidden: int = 64               # [≥ 1] hidden units H (the LSTM state (h, c) has 2H coordinates)
+probe_len: int = 40            # [≥ 6] length T of the probed sequences (lags 1..T; rates are fitted from lag 5)
+n_probe: int = 6               # [≥ 1] held-out sequences probed (bands are over these)
+train_steps: int = 200         # [≥ 1] AdamW steps of the brief LM training (per cell type)
 train_lr: float = 0.01         # [> 0] AdamW learning rate of that training
-batch_size: int = 16           # [>= 1] blocks per training step
-block_size: int = 32           # [>= 2] tokens per training block
+batch_size: int = 16           # [≥ 1] blocks per training step
+block_size: int = 32           # [≥ 2] tokens per training block
 clip: float = 1.0              # [> 0] global gradient-norm clipping while training (its effect is measured below)
 gains: list[float] = [0.5, 1.0, 2.0, 4.0]              # [> 0] recurrent weight scale: W_hh ~ N(0, gain²/H)
 forget_biases: list[float] = [-2.0, 0.0, 2.0, 4.0]     # LSTM forget-gate biases at initialization (any reals)
-grid_seeds: int = 2            # [>= 1] initializations per grid cell
-report_lag: int = 10           # [>= 1] lag at which the ∏f error is tabulated (at most probe_len)
+grid_seeds: int = 2            # [≥ 1] initializations per grid cell
+report_lag: int = 10           # [≥ 1] lag at which the ∏f error is tabulated (at most probe_len)
 
 # %%
 import math

@@ -41,23 +41,23 @@
 # layout is tested against x-transformers' `residual_attn` and a float64 reference (`tests/models`).
 
 # %% tags=["parameters"]
-seed: int = 0                         # [>= 0] seed of the initializations and batches (seed·100 + s for seed s)
+seed: int = 0                         # [≥ 0] seed of the initializations and batches (seed·100 + s for seed s)
 device: str = "auto"                  # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""                  # run folder; "" lets the runner choose (runs/interactive/… by hand)
-min_count: int = 20                   # [>= 1] tokenizer cut: ids seen fewer times become [UNK] (1 keeps all 4500)
-d_model: int = 32                     # [>= 1] model width (a multiple of n_heads)
-n_layers: int = 3                     # [>= 1] layers of the trained models
-n_heads: int = 4                      # [>= 1] attention heads per layer
-block_size: int = 32                  # [>= 2] tokens per training block
-batch_size: int = 8                   # [>= 1] blocks per training step
-steps: int = 100                      # [>= 1] AdamW steps per run (no warm-up, no clipping)
+min_count: int = 20                   # [≥ 1] tokenizer cut: ids seen fewer times become [UNK] (1 keeps all 4500)
+d_model: int = 32                     # [≥ 1] model width (a multiple of n_heads)
+n_layers: int = 3                     # [≥ 1] layers of the trained models
+n_heads: int = 4                      # [≥ 1] attention heads per layer
+block_size: int = 32                  # [≥ 2] tokens per training block
+batch_size: int = 8                   # [≥ 1] blocks per training step
+steps: int = 100                      # [≥ 1] AdamW steps per run (no warm-up, no clipping)
 lrs: list[float] = [0.01, 0.03]       # [> 0] learning-rate grid, increasing (full.yaml: 0.001 … 0.03)
-seeds: int = 10                       # [>= 3] seeds per (layout, learning rate) (the sign test decides from 6)
+seeds: int = 10                       # [≥ 3] seeds per (layout, learning rate) (the sign test decides from 6)
 init: str = "xavier"                  # "xavier" (Xiong et al.'s setting) or "gpt2" (the repository's default)
-warmup_arm: int = 0                   # [>= 0] >0: also train Post-LN and RealFormer at the largest rate with this warm-up
+warmup_arm: int = 0                   # [≥ 0] >0: also train Post-LN and RealFormer at the largest rate with this warm-up
 entropy_lr: float = 0.01              # [> 0] the models trained at this rate (one of lrs) are probed for attention entropy
-deep_layers: int = 8                  # [>= 1] depth of the untrained models whose gradient norms are measured
-eval_blocks: int = 64                 # [>= 1] held-out blocks for validation perplexity
+deep_layers: int = 8                  # [≥ 1] depth of the untrained models whose gradient norms are measured
+eval_blocks: int = 64                 # [≥ 1] held-out blocks for validation perplexity
 
 # %%
 import math

@@ -39,21 +39,21 @@
 # **Package code.** `taskloss.attribution`, tested against Captum's `IntegratedGradients`.
 
 # %% tags=["parameters"]
-seed: int = 0                # [>= 0] seed of the models' training, the noise baselines and the randomization
+seed: int = 0                # [≥ 0] seed of the models' training, the noise baselines and the randomization
 device: str = "auto"         # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""         # run folder; "" lets the runner choose (runs/interactive/… by hand)
-cnn_width: int = 8           # [>= 1] channels of the digits CNN's first convolution
-mlp_hidden: int = 64         # [>= 1] width of the smooth (tanh) digits MLP
-train_steps: int = 200       # [>= 1] Adam steps (batch 64) for each trained model
+cnn_width: int = 8           # [≥ 1] channels of the digits CNN's first convolution
+mlp_hidden: int = 64         # [≥ 1] width of the smooth (tanh) digits MLP
+train_steps: int = 200       # [≥ 1] Adam steps (batch 64) for each trained model
 lr: float = 0.005            # [> 0] Adam learning rate
-n_images: int = 32           # [>= 4] test digits whose attributions are compared (4 are drawn)
-n_sweep: int = 8             # [>= 3] test digits in the steps-vs-error sweep (the sign test decides from 6)
-max_steps: int = 256         # [>= 16] largest number of quadrature nodes in the sweep (16 is compared)
-ig_steps: int = 32           # [>= 1] Gauss–Legendre nodes for the maps and the sanity check
+n_images: int = 32           # [≥ 4] test digits whose attributions are compared (4 are drawn)
+n_sweep: int = 8             # [≥ 3] test digits in the steps-vs-error sweep (the sign test decides from 6)
+max_steps: int = 256         # [≥ 16] largest number of quadrature nodes in the sweep (16 is compared)
+ig_steps: int = 32           # [≥ 1] Gauss–Legendre nodes for the maps and the sanity check
 blur_sigma: float = 1.0      # [> 0] pixels, blurred baseline
 noise_std: float = 0.3       # [> 0] Gaussian-noise baseline around the input
-eg_references: int = 16      # [>= 1] training digits in the expected-gradients baseline set
-n_random_seeds: int = 10     # [>= 3] re-initialisation seeds of the sanity check (and retrained reference models)
+eg_references: int = 16      # [≥ 1] training digits in the expected-gradients baseline set
+n_random_seeds: int = 10     # [≥ 3] re-initialisation seeds of the sanity check (and retrained reference models)
 
 # %%
 import copy

@@ -54,34 +54,34 @@
 # Monte Carlo error. `propose` takes one step and restores the parameters; `train` runs to a pass budget.
 
 # %% tags=["parameters"]
-seed: int = 0                         # [>= 0] seed of the problems, the samplers and the comparison seeds
+seed: int = 0                         # [≥ 0] seed of the problems, the samplers and the comparison seeds
 device: str = "auto"                  # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""                  # run folder; "" lets the runner choose (runs/interactive/… by hand)
-quad_dim: int = 10                    # [>= 1] dimension of the quadratic
+quad_dim: int = 10                    # [≥ 1] dimension of the quadratic
 quad_alphas: list[float] = [1e-4, 1e-3, 1e-2, 1e-1, 1.0, 10.0, 100.0]   # [> 0] temperatures on the quadratic
 logit_alphas: list[float] = [1e-4, 1e-3, 1e-2]   # [> 0] temperatures on logistic regression
-n_ref: int = 20000                    # [>= 2] draws per proposal for Δθ*
-budget: int = 300                     # [>= 1] counted passes per training run
-n_seeds: int = 5                      # [>= 3] seeds of the training comparison (a paired verdict needs 3)
-hidden: int = 32                      # [>= 1] hidden width of the digits MLP
-n_train: int = 1078                   # [>= 10, <= 1078] training examples used
+n_ref: int = 20000                    # [≥ 2] draws per proposal for Δθ*
+budget: int = 300                     # [≥ 1] counted passes per training run
+n_seeds: int = 5                      # [≥ 3] seeds of the training comparison (a paired verdict needs 3)
+hidden: int = 32                      # [≥ 1] hidden width of the digits MLP
+n_train: int = 1078                   # [≥ 10, ≤ 1078] training examples used
 tune_grid: list[float] = [0.316, 1.0, 3.16]   # [> 0] multipliers of each rule's base learning rate tried
-tune_budget: int = 300                # [>= 1] counted passes per tuning run (held-out 20 % of train)
-tune_seeds: int = 2                   # [>= 1] tuning initializations; a step size is scored by its worst one
-n_average: int = 64                   # [>= 1] independent one-step proposals averaged in §3
-logit_budget: int = 24                # [>= 1] counted passes per run of the logistic-regression race
-lm_budget: int = 96                   # [>= 1] counted passes per run of the small-LM comparison (§6)
-lm_seeds: int = 3                     # [>= 3] seeds of the small-LM comparison (a paired verdict needs 3)
-lm_batch: int = 16                    # [>= 1] prefixes per step
-lm_prefix_len: int = 16               # [>= 1] prefix tokens
-lm_decode_len: int = 8                # [>= 1] greedy tokens decoded (= reference continuation length)
+tune_budget: int = 300                # [≥ 1] counted passes per tuning run (held-out 20 % of train)
+tune_seeds: int = 2                   # [≥ 1] tuning initializations; a step size is scored by its worst one
+n_average: int = 64                   # [≥ 1] independent one-step proposals averaged in §3
+logit_budget: int = 24                # [≥ 1] counted passes per run of the logistic-regression race
+lm_budget: int = 96                   # [≥ 1] counted passes per run of the small-LM comparison (§6)
+lm_seeds: int = 3                     # [≥ 3] seeds of the small-LM comparison (a paired verdict needs 3)
+lm_batch: int = 16                    # [≥ 1] prefixes per step
+lm_prefix_len: int = 16               # [≥ 1] prefix tokens
+lm_decode_len: int = 8                # [≥ 1] greedy tokens decoded (the reference continuation's length)
 lm_task_loss: str = "edit_distance+repetition"   # terms of taskloss.lm.completion.TASK_LOSSES joined by '+'
-lm_train_prefixes: int = 512          # [>= 10] training pool (its last 20 % is the tuning hold-out)
-lm_eval_prefixes: int = 64            # [>= 1] held-out (valid split) prefixes every rule is judged on
-lm_ppl_blocks: int = 8                # [>= 1] held-out 64-token blocks for perplexity
+lm_train_prefixes: int = 512          # [≥ 10] training pool (its last 20 % is the tuning hold-out)
+lm_eval_prefixes: int = 64            # [≥ 1] held-out (valid split) prefixes every rule is judged on
+lm_ppl_blocks: int = 8                # [≥ 1] held-out 64-token blocks for perplexity
 lm_tune: bool = False                 # tune each rule's step size as §4 does (the base values of §6 came from it)
 lm_tune_grid: list[float] = [0.316, 1.0, 3.16]   # [> 0] multipliers of each rule's base step size
-race_seeds: int = 10                  # [>= 3] paired seeds of the Shampoo/SOAP/Muon race of §7 (at least n_seeds)
+race_seeds: int = 10                  # [≥ 3] paired seeds of the Shampoo/SOAP/Muon race of §7 (at least n_seeds)
 
 # %%
 import copy

@@ -39,18 +39,18 @@
 # Captum's `LayerIntegratedGradients`, the full-batch gradient.
 
 # %% tags=["parameters"]
-seed: int = 0                # [>= 0] seed of the models' initialisation and of the random token batches
+seed: int = 0                # [≥ 0] seed of the models' initialisation and of the random token batches
 device: str = "auto"         # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""         # run folder; "" lets the runner choose (runs/interactive/… by hand)
-width: int = 32              # [>= 8] hidden size of the three tiny models (a multiple of their 2 heads)
-batch_size: int = 4          # [>= 2] sequences per batch (the contrastive loss needs 2 pairs)
-seq_len: int = 12            # [>= 4] tokens per sequence
-train_steps: int = 8         # [>= 2] AdamW steps of the EMO fine-tune
+width: int = 32              # [≥ 8] hidden size of the three tiny models (a multiple of their 2 heads)
+batch_size: int = 4          # [≥ 2] sequences per batch (the contrastive loss needs 2 pairs)
+seq_len: int = 12            # [≥ 4] tokens per sequence
+train_steps: int = 8         # [≥ 2] AdamW steps of the EMO fine-tune
 lr: float = 0.003            # [> 0] AdamW learning rate of the EMO fine-tune
-mgs_samples: int = 4         # [>= 1] MGS candidates per step
+mgs_samples: int = 4         # [≥ 1] MGS candidates per step
 mgs_sigma: float = 0.5       # [> 0] MGS noise scale (absolute, per parameter)
-ig_steps: int = 16           # [>= 1] Gauss–Legendre nodes of integrated gradients
-micro_batch: int = 2         # [>= 1] sequences per micro-batch of the contrastive accumulation
+ig_steps: int = 16           # [≥ 1] Gauss–Legendre nodes of integrated gradients
+micro_batch: int = 2         # [≥ 1] sequences per micro-batch of the contrastive accumulation
 
 # %%
 import copy

@@ -46,24 +46,24 @@
 # listed at the end.
 
 # %% tags=["parameters"]
-seed: int = 0                  # [>= 0] seed of every random draw
+seed: int = 0                  # [≥ 0] seed of every random draw
 device: str = "auto"           # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""           # run folder; empty: the runner's, or runs/interactive/<notebook>
-n_tokens: int = 3              # [>= 2, <= 8] symbols of the enumerable policy, EOS included (§1–3)
-max_length: int = 3            # [>= 1, <= 5] longest completion of the enumerable policy (§1–3)
-group_sizes: list[int] = [2, 3, 4]   # [>= 2] group sizes enumerated exactly (M^G groups each)
+n_tokens: int = 3              # [≥ 2, ≤ 8] symbols of the enumerable policy, EOS included (§1–3)
+max_length: int = 3            # [≥ 1, ≤ 5] longest completion of the enumerable policy (§1–3)
+group_sizes: list[int] = [2, 3, 4]   # [≥ 2] group sizes enumerated exactly (M^G groups each)
 spreads: list[float] = [1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0]   # [> 0] reward scales for GRPO's bias (§2)
-delta_samples: int = 20000     # [>= 100] proposal draws for the ideal update Δθ* (§3)
-search_sizes: list[int] = [4, 16, 64]   # [>= 2] candidates / directions per MGS and zeroth-order estimate (§3)
-search_reps: int = 10          # [>= 2] independent estimates per size (§3)
-search_radius: float = 0.3     # [> 0] radius ε of the ball of Δθ*; MGS and zeroth order use σ = ε/√d (§3)
-ft_tokens: int = 5             # [>= 2, <= 8] symbols of the fine-tuned policy, EOS included (§4)
-ft_length: int = 5             # [>= 2, <= 5] longest completion in the fine-tuning task (§4)
+delta_samples: int = 20000     # [≥ 100] proposal draws for the ideal update Δθ* (§3)
+search_sizes: list[int] = [4, 16, 64]   # [≥ 2] candidates / directions per MGS and zeroth-order estimate (§3)
+search_reps: int = 10          # [≥ 2] independent estimates per size (§3)
+search_radius: float = 0.3     # [> 0] radius ε of the ball of Δθ*; MGS and zeroth order use σ of ε/√d (§3)
+ft_tokens: int = 5             # [≥ 2, ≤ 8] symbols of the fine-tuned policy, EOS included (§4)
+ft_length: int = 5             # [≥ 2, ≤ 5] longest completion in the fine-tuning task (§4)
 ft_model: str = "table"        # the fine-tuned policy: "table" (logits per position and previous token) or "transformer"
-ft_width: int = 16             # [>= 4] width of the "transformer" policy (2 layers, 2 heads)
-ft_group: int = 4              # [>= 2] completions per step (group size; MGS: candidates) (§4)
-ft_token_budget: int = 600     # [>= 10] sampled tokens per run (§4)
-ft_seeds: int = 10             # [>= 2] paired seeds per method (§4)
+ft_width: int = 16             # [≥ 4] width of the "transformer" policy (2 layers, 2 heads)
+ft_group: int = 4              # [≥ 2] completions per step (group size; MGS: candidates) (§4)
+ft_token_budget: int = 600     # [≥ 10] sampled tokens per run (§4)
+ft_seeds: int = 10             # [≥ 2] paired seeds per method (§4)
 ft_lr: float = 0.1             # [> 0] Adam step of the policy-gradient methods
 mgs_lr: float = 1.0            # [> 0] MGS step (SGD on Δθ*, update norm clipped at 1)
 mgs_alpha: float = 0.05        # [> 0] MGS temperature α

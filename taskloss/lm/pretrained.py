@@ -3,6 +3,10 @@
 
 The deterministic build script is ``data/build_pretrained_lm.py`` (``make pretrained``); a missing copy is rebuilt
 on first use. Used by the text-completion tasks (notebook 04_sequence_task_losses) and 09_emo_loss.
+
+Where it is found: a clone's ``data/pretrained/small_lm``; outside a clone (``pip install <clone>``, not editable)
+the copy the wheel carries as package data, ``taskloss/lm/small_lm`` (``setup.py`` puts it there). Nothing is
+downloaded.
 """
 from __future__ import annotations
 
@@ -18,7 +22,9 @@ from taskloss.utils import DATA_DIR, check_bool, resolve_device
 
 __all__ = ["PRETRAINED_DIR", "load_pretrained_lm"]
 
-PRETRAINED_DIR = DATA_DIR / "pretrained" / "small_lm"
+_CLONE_DIR = DATA_DIR / "pretrained" / "small_lm"                 # a clone (or an editable install)
+_PACKAGED_DIR = Path(__file__).resolve().parent / "small_lm"      # a wheel's package data
+PRETRAINED_DIR = _CLONE_DIR if _CLONE_DIR.is_dir() or not _PACKAGED_DIR.is_dir() else _PACKAGED_DIR
 
 
 def _build_script():
@@ -45,6 +51,12 @@ def load_pretrained_lm(device: str | torch.device = "cpu", folder: str | os.Path
     if not all(f.is_file() for f in files):
         if not rebuild_if_missing:
             raise FileNotFoundError(f"pretrained LM missing in {folder} (run `make pretrained`)")
+        if not (DATA_DIR / "build_pretrained_lm.py").is_file():
+            raise FileNotFoundError(
+                f"pretrained LM missing in {folder}, and this install has no data/build_pretrained_lm.py to rebuild "
+                f"it: install from a clone with `pip install <clone>` (the wheel carries the LM as "
+                f"{_PACKAGED_DIR.relative_to(_PACKAGED_DIR.parents[2])}), or pass folder= a copy of a clone's "
+                "data/pretrained/small_lm")
         print(f"[taskloss] pretrained LM not found in {folder}; rebuilding with data/build_pretrained_lm.py "
               "(deterministic, a few minutes on a CPU) ...", flush=True)
         _build_script().build(out_dir=folder, force=True)

@@ -1,7 +1,8 @@
 """The one small API notebooks use to record results and figures into their run folder.
 
 A notebook's ``parameters`` cell holds ``output_dir = ""``; the runner (``python -m taskloss.runner``) injects a
-folder, and an interactive session falls back to ``runs/interactive/<notebook>``::
+folder, and a session without one (Jupyter by hand, ``papermill`` without ``-p output_dir``) gets a fresh folder
+``runs/interactive/<notebook>/<time>`` of its own, so a second run never overwrites the first::
 
     run = taskloss.results.start("01_optimization_as_sampling", output_dir, device=device, seed=seed)
     run.record("sampling/ess_ratio", 0.83, headline=True)
@@ -327,13 +328,31 @@ class Run:
         atomic_write_text(self.dir / RESULTS_FILE, json.dumps(payload, indent=1, sort_keys=False))
 
 
+def _fresh_folder(parent: Path) -> Path:
+    """A new, empty folder under ``parent`` named by the UTC time (``20261206-071502``, ``…-2`` on a clash)."""
+    from datetime import datetime, timezone
+
+    parent.mkdir(parents=True, exist_ok=True)
+    stamp = datetime.now(timezone.utc).strftime("%Y%m%d-%H%M%S")
+    for i in range(1, 1000):
+        path = parent / (stamp if i == 1 else f"{stamp}-{i}")
+        try:
+            path.mkdir()
+            return path
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no fresh run folder under {parent}")
+
+
 def start(name: str, output_dir: str = "", *, device: str = "auto", seed: int = 0) -> Run:
     """Begin a notebook run: resolve the device, seed everything, create the output folder.
 
-    ``output_dir == ""`` means ``$TASKLOSS_OUTPUT_DIR`` when set (``make notebooks`` sets it), else
-    ``runs/interactive/<name>`` (what a reader running the notebook by hand gets).
+    ``output_dir == ""`` means ``$TASKLOSS_OUTPUT_DIR`` when set (``make notebooks`` sets it), else a fresh
+    ``runs/interactive/<name>/<UTC time>`` (what a reader running the notebook by hand, or ``papermill`` without
+    ``-p output_dir``, gets: each run its own folder, never one overwriting another's).
     """
-    out = Path(output_dir or os.environ.get("TASKLOSS_OUTPUT_DIR") or RUNS_DIR / "interactive" / name)
+    given = output_dir or os.environ.get("TASKLOSS_OUTPUT_DIR")
+    out = Path(given) if given else _fresh_folder(RUNS_DIR / "interactive" / name)
     out.mkdir(parents=True, exist_ok=True)
     dev = resolve_device(device)
     seed_everything(seed)

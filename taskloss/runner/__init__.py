@@ -8,6 +8,9 @@ Modules:
 - :mod:`~taskloss.runner.store`          — run folders: names, keys, locks, meta.json, SUMMARY.md
 - :mod:`~taskloss.runner.kernel`         — executing a notebook in a kernel (environment, progress, cancel)
 - :mod:`~taskloss.runner.runs`           — planning and sweeping (here or on SLURM via submitit)
+- :mod:`~taskloss.runner.execution`      — one run: its key taken when it starts, the kernel, meta.json
+- :mod:`~taskloss.runner.report`         — did a default run reproduce the committed headlines; the end table
+- :mod:`~taskloss.runner.tabulate`       — a sweep as a table and a figure (``table``)
 - :mod:`~taskloss.runner.refresh`        — ``make notebooks``: re-executing the committed notebooks
 - :mod:`~taskloss.runner.cli`            — the command line ``python -m taskloss.runner``
 """

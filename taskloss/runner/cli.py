@@ -25,16 +25,18 @@ from pathlib import Path
 
 from taskloss.runner.params import ParameterError, notebook_parameters, parse_cli_value
 from taskloss.runner.refresh import refresh
+from taskloss.runner.report import terminal_table
 from taskloss.runner.runs import (
     EXECUTORS,
     check_no_clobber,
+    default_notebook_dir,
     find_notebook,
     list_notebooks,
+    notebook_dirs,
     plan_runs,
     run_many,
 )
-from taskloss.runner.store import SUMMARY_FILE, check_writable, write_summary
-from taskloss.utils import REPO_ROOT
+from taskloss.runner.store import SUMMARY_FILE, check_writable, summary_rows, write_summary
 
 __all__ = ["main", "describe_parameters"]
 
@@ -65,6 +67,9 @@ def _parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="python -m taskloss.runner",
                                  description="Run, rerun and sweep the notebooks (also installed as taskloss-runs).",
                                  epilog="Run 'python -m taskloss.runner COMMAND --help' for a command's options.")
+    ap.add_argument("--notebooks", default=None, metavar="DIR",
+                    help="the folder of the NN_topic.py notebooks (default: $TASKLOSS_NOTEBOOKS, the clone this "
+                         "package comes from, or ./notebooks); a pip install has none: pass a clone's notebooks/")
     sub = ap.add_subparsers(dest="cmd", required=True)
 
     def common(p):
@@ -78,11 +83,15 @@ def _parser() -> argparse.ArgumentParser:
                        help="a named parameter set, params/<notebook>/NAME.yaml (e.g. smoke, full), applied "
                             "before -f files and -p values")
         p.add_argument("--jobs", type=int, default=1, metavar="N",
-                       help="runs at once (default 1); CPU threads are split between them (at most OMP_NUM_THREADS each when "
-                            "it is set). With "
+                       help="runs at once (default 1); the CPU cores are split between them (see --threads). With "
                             "--executor slurm: the most array tasks running at once")
+        p.add_argument("--threads", type=int, default=None, metavar="N",
+                       help="BLAS/OpenMP threads per kernel (default: the cores split between the --jobs runs, "
+                            "max(1, cores // jobs), at most the cores the load average leaves free and at most "
+                            "OMP_NUM_THREADS when it is set); recorded in meta.json")
         p.add_argument("--force", action="store_true", help="redo finished runs")
-        p.add_argument("--timeout", type=float, default=None, metavar="SECONDS", help="limit per cell")
+        p.add_argument("--timeout", type=float, default=None, metavar="SECONDS",
+                       help="limit per cell, a positive number of seconds (default: none)")
         p.add_argument("--executor", choices=EXECUTORS, default="inline",
                        help="inline: kernels started from this process (default); local / slurm: one submitit "
                             "job per run on this machine / on a SLURM cluster (same folders, same resume rules)")
@@ -94,17 +103,20 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("notebook", help="number (02), name (02_importance_sampling_and_mgs) or path")
     r.add_argument("--grid", action="append", default=[], metavar="NAME=V1,V2",
                    help="sweep a parameter over comma-separated values (repeatable: the grid is the product); "
+                        "a list parameter takes bracketed lists, 'widths=[4,8],[16]'; "
                         "each run gets its own folder, a duplicate value runs once")
-    r.add_argument("--out", default=str(REPO_ROOT / "runs"),
-                   help="sweep folder; runs go to OUT/<notebook>/<parameters>-<hash>/ (default runs/)")
+    r.add_argument("--out", default=None,
+                   help="sweep folder; runs go to OUT/<notebook>/<parameters>/ (default: runs/ beside the "
+                        "notebooks' folder)")
     common(r)
     a = sub.add_parser("all", help="run every notebook into one folder and write SUMMARY.md")
-    a.add_argument("--out", default=str(REPO_ROOT / "runs" / "default"),
-                   help="folder; each notebook runs into OUT/<notebook>/ (default runs/default)")
+    a.add_argument("--out", default=None,
+                   help="folder; each notebook runs into OUT/<notebook>/ (default: runs/default beside the "
+                        "notebooks' folder)")
     a.add_argument("--only", nargs="*", default=None, help="notebook numbers or names")
     common(a)
     f = sub.add_parser("refresh", help="re-execute notebooks and refresh the committed .ipynb outputs")
-    f.add_argument("notebooks", nargs="*", help="sources to refresh (default: all)")
+    f.add_argument("sources", nargs="*", metavar="notebooks", help="sources to refresh (default: all)")
     i = sub.add_parser("params", help="list a notebook's parameters with their explanations")
     i.add_argument("notebook")
     t = sub.add_parser("table", help="a recorded metric against a swept parameter: a table and a figure")
@@ -116,24 +128,32 @@ def _parser() -> argparse.ArgumentParser:
     return ap
 
 
-def _param_files(notebook: Path, param_set: str | None, files: list[str]) -> list[str]:
-    """``params/<notebook>/<param_set>.yaml`` (when a set is named) before the ``-f`` files."""
+def _param_set(notebook: Path, param_set: str | None) -> tuple[str, Path] | None:
+    """``(name, params/<notebook>/<name>.yaml)`` of a named set (``--set``), looked up beside the notebooks'
+    folder (a clone's ``params/``), or ``None`` when no set is named."""
     if param_set is None:
-        return list(files)
-    path = REPO_ROOT / "params" / notebook.stem / f"{param_set}.yaml"
+        return None
+    if not param_set or "/" in param_set or param_set.startswith("."):
+        raise ParameterError(f"--set expects a set's name such as smoke or full, got {param_set!r}")
+    path = notebook.resolve().parent.parent / "params" / notebook.stem / f"{param_set}.yaml"
     if not path.exists():
         sets = sorted(p.stem for p in path.parent.glob("*.yaml")) if path.parent.exists() else []
         raise ParameterError(f"{notebook.stem} has no parameter set {param_set!r} ({path}); its sets: "
                              f"{', '.join(sets) or 'none'}")
-    return [str(path), *files]
+    return param_set, path
 
 
 def main(argv: list[str] | None = None) -> int:
     """The command line; returns the exit status (see the module docstring)."""
     args = _parser().parse_args(argv)
     try:
+        nb_dir = None
+        if args.notebooks is not None:
+            nb_dir = Path(args.notebooks).expanduser()
+            if not list_notebooks(nb_dir):
+                raise ParameterError(f"--notebooks {args.notebooks}: no NN_topic.py notebooks in {nb_dir.resolve()}")
         if args.cmd == "params":
-            print(describe_parameters(find_notebook(args.notebook)))
+            print(describe_parameters(find_notebook(args.notebook, nb_dir)))
             return 0
         if args.cmd == "table":
             from taskloss.runner.tabulate import tabulate_sweep
@@ -141,21 +161,37 @@ def main(argv: list[str] | None = None) -> int:
             print(tabulate_sweep(Path(args.sweep), args.metric, args.by, args.over, figure=not args.no_figure))
             return 0
         if args.cmd == "refresh":
-            return 1 if refresh([Path(p) for p in args.notebooks] or list_notebooks()) else 0
+            todo = [Path(p) for p in args.sources] or list_notebooks(nb_dir)
+            if not todo:
+                raise ParameterError("refresh: no notebooks found; pass their paths or --notebooks DIR")
+            return 1 if refresh(todo) else 0
         if args.jobs < 1:
             raise ParameterError(f"--jobs must be >= 1, got {args.jobs}")
-        out = Path(args.out)
+        if args.threads is not None and args.threads < 1:
+            raise ParameterError(f"--threads must be >= 1, got {args.threads}")
+        if args.timeout is not None and not (0 < args.timeout):  # also refuses nan
+            raise ParameterError(f"--timeout must be a positive number of seconds, got {args.timeout:g} "
+                                 "(leave it out for no limit)")
+        if args.out is None:
+            home = (nb_dir.resolve() if nb_dir else default_notebook_dir() or Path.cwd() / "notebooks").parent
+            out = home / "runs" / ("default" if args.cmd == "all" else "")
+        else:
+            out = Path(args.out)
         if args.cmd == "run":
-            notebook = find_notebook(args.notebook)
-            specs = plan_runs(notebook, out, param_files=_param_files(notebook, args.param_set, args.params_file),
-                              cli=args.param, grid=args.grid)
+            notebook = find_notebook(args.notebook, nb_dir)
+            specs = plan_runs(notebook, out, param_files=args.params_file, cli=args.param, grid=args.grid,
+                              param_set=_param_set(notebook, args.param_set))
             sweep = out / notebook.stem
         else:
             specs, sweep = [], out
-            for n in args.only or [p.stem for p in list_notebooks()]:  # validate everything before executing
-                nb = find_notebook(n)
-                specs += plan_runs(nb, out, param_files=_param_files(nb, args.param_set, args.params_file),
-                                   cli=args.param, nested=False)
+            every = list_notebooks(nb_dir)
+            if not every:
+                raise ParameterError(f"all: no notebooks found in {', '.join(map(str, notebook_dirs()))}; run from "
+                                     "a clone or pass --notebooks DIR")
+            for n in args.only or [p.stem for p in every]:  # validate everything before executing
+                nb = find_notebook(n, nb_dir)
+                specs += plan_runs(nb, out, param_files=args.params_file, cli=args.param, nested=False,
+                                   param_set=_param_set(nb, args.param_set))
         if not args.force:
             check_no_clobber(specs)
         cluster = _cluster_params(args.cluster_param)
@@ -164,21 +200,22 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
-        print(f"error: {exc.strerror or exc} (choose a writable --out)", file=sys.stderr)
+        hint = " (choose a writable --out)" if args.cmd in ("run", "all") else ""
+        print(f"error: {exc.strerror or exc}{hint}", file=sys.stderr)
         return 2
     result = None
     try:
         result = run_many(specs, jobs=args.jobs, force=args.force, timeout=args.timeout, executor=args.executor,
-                          cluster_params=cluster)
+                          cluster_params=cluster, threads=args.threads)
     except KeyboardInterrupt:  # a second Ctrl-C while stopping
         pass
     except ParameterError as exc:  # the executor refused the sweep before running anything
         print(f"error: {exc}", file=sys.stderr)
         return 2
     try:
-        text = write_summary(sweep, title="Summary" if args.cmd == "all" else f"Summary of {sweep.name}")
-        print(text)
-        print(f"summary: {sweep / SUMMARY_FILE}")
+        write_summary(sweep, title="Summary" if args.cmd == "all" else f"Summary of {sweep.name}")
+        print(terminal_table(summary_rows(sweep)))
+        print(f"summary (parameters, claims, headline values, each difference): {sweep / SUMMARY_FILE}")
     except OSError as exc:      # a full disk or a folder that became unwritable: say so, keep the exit status
         print(f"error: could not write {sweep / SUMMARY_FILE}: {exc.strerror or exc}; the runs' own folders hold "
               "what finished (meta.json, results.json)", file=sys.stderr)

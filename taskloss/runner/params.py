@@ -4,16 +4,22 @@ A notebook's ``parameters`` cell holds flat, typed constants, one per line, each
 comment::
 
     steps: int = 200          # [> 0] optimizer steps per run
-    lr: float = 1e-3          # [> 0, <= 1] Adam learning rate
+    lr: float = 1e-3          # [> 0, ≤ 1] Adam learning rate
     label: str = ""           # empty: the default corpus
 
-The comment is the parameter's help text (``python -m taskloss.runner params NN`` shows it). A bracket of
-bounds in it, ``[> 0]``, ``[>= 1]`` or several joined by commas (``[> 0, < 1]``), is a constraint that every
+The comment is the parameter's help text (``python -m taskloss.runner params NN`` and ``papermill
+--help-notebook`` show it). A bracket of bounds in it, ``[> 0]``, ``[≥ 1]`` or several joined by commas
+(``[> 0, < 1]``), is a constraint that every
 run's value must meet (each element of a list); the runner checks it before a kernel starts. A bounded value
 must also be finite (``.inf`` and ``.nan`` are refused) unless the bracket says ``inf`` (``[> 0, inf]``: a
 limit that may be switched off). A ``[data]`` tag marks a ``str`` parameter that names a file or folder the
 notebook reads (``corpus_path: str = ""  # [data] a WikiText folder``): its bytes join the run's key, so a
 finished run is redone when the data changes.
+
+**One ``=`` a line.** Papermill reads a parameter only from a line with exactly one ``=`` (it skips the others
+with "Unable to parse line" and then calls the parameter unknown), so a comment never holds one: bounds are
+written ``≥``/``≤`` (the ASCII ``>=``/``<=`` are still read here, for old notebooks), and prose says "is" rather
+than "=". ``tests/runner/test_papermill.py`` holds every notebook to this through papermill's own parser.
 
 Values from the command line (``-p lr 1e-4``) and from YAML files are read with the YAML 1.2 core schema:
 ``1e-4`` is a float and ``no``/``on``/``yes`` are strings (PyYAML follows YAML 1.1, where ``1e-4`` is a string
@@ -110,10 +116,11 @@ def read_notebook(path: str | Path, source: str | None = None):
 
 
 _TYPE_OF_VALUE = {bool: "bool", int: "int", float: "float", str: "str", list: "list", dict: "dict"}
-_BOUND = re.compile(r"([<>]=?)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
-_BOUNDS_BRACKET = re.compile(r"\[\s*([<>]=?\s*[^\]]*)\]")
+_BOUND = re.compile(r"([<>]=?|[≤≥])\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)")
+_BOUNDS_BRACKET = re.compile(r"\[\s*((?:[<>]=?|[≤≥])\s*[^\]]*)\]")
 _DATA_TAG = re.compile(r"\[data\]")
 _OPS = {">": operator.gt, ">=": operator.ge, "<": operator.lt, "<=": operator.le}
+_UNICODE_OPS = {"≥": ">=", "≤": "<="}   # the form papermill can read (one "=" a line); stored as the ASCII op
 
 
 def _comments_by_line(source: str) -> dict[int, str]:
@@ -139,8 +146,8 @@ def _parse_bounds(name: str, comment: str) -> tuple[tuple[tuple[str, float], ...
         b = _BOUND.fullmatch(part.strip())
         if not b:
             raise ParameterError(f"parameter {name!r}: cannot read the bound {part.strip()!r} in '[{m.group(1)}]' "
-                                 "(write e.g. [> 0], [>= 1] or [> 0, <= 1])")
-        bounds.append((b.group(1), float(b.group(2))))
+                                 "(write e.g. [> 0], [≥ 1] or [> 0, ≤ 1])")
+        bounds.append((_UNICODE_OPS.get(b.group(1), b.group(1)), float(b.group(2))))
     return tuple(bounds), allow_inf
 
 

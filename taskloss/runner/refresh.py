@@ -9,9 +9,10 @@ import time
 from pathlib import Path
 
 from taskloss.results.run import RESULTS_FILE
+from taskloss.runner.execution import environment_info
 from taskloss.runner.kernel import KERNEL_LOG, execute_notebook, kernel_env, progress_text_fallbacks
 from taskloss.runner.params import notebook_parameters, read_notebook
-from taskloss.runner.runs import environment_info, find_notebook
+from taskloss.runner.runs import find_notebook
 from taskloss.runner.store import (
     clear_run_folder,
     package_hash,

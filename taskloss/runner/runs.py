@@ -14,22 +14,22 @@ from __future__ import annotations
 
 import contextlib
 import os
-import platform
 import queue
 import signal
-import subprocess
-import sys
 import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
-from taskloss.runner.kernel import KERNEL_LOG, Cancellation, execute_notebook, kernel_env
+import yaml
+
+from taskloss.runner.execution import RunSpec, execute, execute_job
+from taskloss.runner.kernel import Cancellation, threads_per_run
 from taskloss.runner.params import (
     ParameterError,
+    YAML12Loader,
     check_constraints,
     expand_grid,
     load_yaml_params,
@@ -39,83 +39,125 @@ from taskloss.runner.params import (
     validate_overrides,
 )
 from taskloss.runner.store import (
-    RunBusy,
     canonical,
-    clear_run_folder,
     data_hash,
     folder_name,
     is_finished,
-    output_hashes,
     package_hash,
     read_meta,
-    recorded_fingerprint,
     run_key,
-    run_lock,
-    write_meta,
 )
 from taskloss.utils import REPO_ROOT
 
-__all__ = ["RunSpec", "SweepResult", "threads_per_run", "find_notebook", "list_notebooks", "plan_runs", "check_no_clobber",
-           "execute", "run_many", "environment_info"]
+__all__ = ["SweepResult", "notebook_dirs", "default_notebook_dir", "find_notebook",
+           "list_notebooks", "plan_runs",
+           "check_no_clobber", "run_many"]
 
 NOTEBOOK_DIR = REPO_ROOT / "notebooks"
+NOTEBOOKS_ENV = "TASKLOSS_NOTEBOOKS"
 EXECUTORS = ("inline", "local", "slurm")
 
 
-def list_notebooks(directory: Path = NOTEBOOK_DIR) -> list[Path]:
-    """The jupytext sources ``NN_topic.py`` in numeric order."""
-    return sorted(p for p in Path(directory).glob("[0-9][0-9]_*.py"))
+def notebook_dirs() -> list[Path]:
+    """Where the notebooks are looked for, in order: ``$TASKLOSS_NOTEBOOKS``, the clone this package was imported
+    from (``<clone>/notebooks``; a pip-installed package has none) and ``./notebooks`` (a clone in the current
+    folder)."""
+    out = []
+    for d in (os.environ.get(NOTEBOOKS_ENV), NOTEBOOK_DIR, Path.cwd() / "notebooks"):
+        if d and Path(d).expanduser().resolve() not in out:
+            out.append(Path(d).expanduser().resolve())
+    return out
 
 
-def find_notebook(name: str, directory: Path = NOTEBOOK_DIR) -> Path:
-    """Resolve ``"01"``, ``"01_optimization_as_sampling"`` or a path to a notebook source."""
+def default_notebook_dir() -> Path | None:
+    """The first of :func:`notebook_dirs` that holds ``NN_topic.py`` notebooks, or ``None``."""
+    return next((d for d in notebook_dirs() if any(d.glob("[0-9][0-9]_*.py"))), None)
+
+
+def _no_notebooks(name: str | None = None) -> ParameterError:
+    looked = ", ".join(str(d) for d in notebook_dirs())
+    what = f"no notebook {name!r}: " if name else ""
+    return ParameterError(f"{what}no notebooks found (looked in {looked}). The notebooks come with a clone of the "
+                          "repository, not with a pip install: run from the clone, pass a notebook's path "
+                          "(taskloss-runs run path/to/NN_topic.py), or give their folder with --notebooks DIR "
+                          f"or {NOTEBOOKS_ENV}=DIR")
+
+
+def list_notebooks(directory: Path | None = None) -> list[Path]:
+    """The jupytext sources ``NN_topic.py`` in numeric order, from ``directory`` (default:
+    :func:`default_notebook_dir`; none found: an empty list)."""
+    directory = default_notebook_dir() if directory is None else directory
+    return sorted(p for p in Path(directory).glob("[0-9][0-9]_*.py")) if directory is not None else []
+
+
+def find_notebook(name: str, directory: Path | None = None) -> Path:
+    """Resolve ``"01"``, ``"01_optimization_as_sampling"`` or a path to a notebook source (a number or name is
+    looked up in ``directory``, default :func:`default_notebook_dir`)."""
     p = Path(name)
     if p.suffix in (".py", ".ipynb") and p.exists():
         return p.with_suffix(".py") if p.with_suffix(".py").exists() else p
-    matches = [q for q in list_notebooks(directory) if q.stem == name or q.stem.split("_")[0] == name]
+    known = list_notebooks(directory)
+    if not known:
+        raise _no_notebooks(name)
+    matches = [q for q in known if q.stem == name or q.stem.split("_")[0] == name]
     if len(matches) != 1:
-        known = ", ".join(q.stem for q in list_notebooks(directory)) or "none"
-        raise ParameterError(f"no unique notebook matches {name!r}; notebooks: {known}")
+        raise ParameterError(f"no unique notebook matches {name!r} in {known[0].parent}; notebooks: "
+                             f"{', '.join(q.stem for q in known)}")
     return matches[0]
 
 
-@dataclass
-class RunSpec:
-    """One planned run: the notebook, its folder, the overrides, the resolved parameters and the run key."""
+def _grid_values(name: str, values: str, param) -> list:
+    """The values of ``--grid name=values``: comma-separated scalars, or bracketed lists for a list parameter
+    (``--grid widths=[4,8],[16]``), read with YAML 1.2 rules."""
+    if param is not None and param.type_name.startswith(("list", "tuple")):
+        try:
+            vals = yaml.load(f"[{values}]", Loader=YAML12Loader)
+        except yaml.YAMLError:
+            vals = None
+        if not isinstance(vals, list) or not all(isinstance(v, list) for v in vals):
+            raise ParameterError(f"--grid {name}: {name} is a list parameter ({param.type_name}); give each value as a "
+                                 f"bracketed list, e.g. --grid '{name}=[1,2],[3,4]' (quoted for the shell)")
+        return vals
+    return [parse_cli_value(v, param) for v in values.split(",") if v != ""]
 
-    notebook: Path
-    out_dir: Path
-    overrides: dict[str, Any] = field(default_factory=dict)
-    parameters: dict[str, Any] = field(default_factory=dict)  # defaults + overrides, all resolved
-    key: dict[str, str] = field(default_factory=dict)
-    source: str | None = None       # the notebook text read when the run was planned: what the key hashes and
-                                    # what is executed (an edit after planning makes a later sweep's run stale)
 
-    @property
-    def name(self) -> str:
-        """The notebook's name, e.g. ``02_importance_sampling_and_mgs``."""
-        return self.notebook.stem
-
-    @property
-    def label(self) -> str:
-        """``notebook/folder`` for progress lines (the notebook alone for an un-nested run)."""
-        return f"{self.name}/{self.out_dir.name}" if self.out_dir.name != self.name else self.name
+def _resolve_data_paths(params, values: dict[str, Any], base: Path) -> dict[str, Any]:
+    """``[data]`` values that are relative paths, made absolute from ``base`` (see :func:`plan_runs`)."""
+    out = dict(values)
+    for name, v in values.items():
+        p = params.get(name)
+        if p is not None and p.data and isinstance(v, str) and v and not Path(v).expanduser().is_absolute():
+            out[name] = str((base / Path(v)).resolve())
+    return out
 
 
 def plan_runs(notebook: Path, out: Path, *, param_files: list[str] = (), cli: list[tuple[str, str]] = (),
-              grid: list[str] = (), nested: bool = True, package: str | None = None) -> list[RunSpec]:
+              grid: list[str] = (), nested: bool = True, package: str | None = None,
+              param_set: tuple[str, str | Path] | None = None, data_base: Path | None = None) -> list[RunSpec]:
     """Validate every override against the notebook's parameters and return the runs to execute.
 
-    Precedence: YAML files in the order given, then ``-p`` values (later wins); ``--grid`` values vary on top.
-    With ``nested`` each run goes to ``out/<notebook>/<folder_name(overrides)>`` (the grid's axes first in the
-    name); otherwise to
-    ``out/<notebook>``. Duplicate grid points give one run. Bounds declared in the parameters cell are checked.
+    Precedence: the named parameter set (``param_set``: its name and YAML file, e.g. ``("smoke",
+    "params/12_…/smoke.yaml")``), then YAML files in the order given, then ``-p`` values (later wins); ``--grid``
+    values vary on top. With ``nested`` each run goes to ``out/<notebook>/<folder>``: the set's name, then
+    :func:`~taskloss.runner.store.folder_name` of the overrides the user added on top of it (``smoke``,
+    ``smoke__seed=3``; without a set ``seed=3``, the grid's axes first in the name); a run whose values all equal
+    the notebook's defaults is the ``default`` run, wherever they came from (``-p seed 0`` reuses ``default``).
+    Otherwise each run goes to ``out/<notebook>``. Duplicate grid points give one run. Bounds declared in the
+    parameters cell are checked.
+
+    A ``[data]`` parameter's relative path is read from ``data_base`` (default: the current folder, where the
+    command was typed) and passed to the kernel, hashed and recorded as an absolute path: the kernel runs in the
+    notebook's folder, so a relative path would name another file there.
     """
     try:
         source = Path(notebook).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise FileNotFoundError(f"notebook not found: {notebook}") from None
     params = notebook_parameters(read_notebook(notebook, source))
+    base = Path.cwd() if data_base is None else Path(data_base)
+    set_values: dict[str, Any] = {}
+    if param_set is not None:
+        set_values = validate_overrides(params, load_yaml_params(param_set[1], params), source=str(param_set[1]))
     fixed: dict[str, Any] = {}
     for f in param_files:
         fixed.update(validate_overrides(params, load_yaml_params(f, params), source=str(f)))
@@ -128,27 +170,38 @@ def plan_runs(notebook: Path, out: Path, *, param_files: list[str] = (), cli: li
         name, values = g.split("=", 1)
         if name in axes:
             raise ParameterError(f"--grid {name} is given twice: list all its values in one --grid {name}=v1,v2")
-        vals = [parse_cli_value(v, params.get(name)) for v in values.split(",") if v != ""]
+        vals = _grid_values(name, values, params.get(name))
         if not vals:
             raise ParameterError(f"--grid {name} has no values")
         axes[name] = [validate_overrides(params, {name: v}, source="--grid")[name] for v in vals]
-    if "output_dir" in fixed or "output_dir" in axes:
+    if "output_dir" in fixed or "output_dir" in axes or "output_dir" in set_values:
         raise ParameterError("output_dir is set by the runner (use --out)")
+    set_values = _resolve_data_paths(params, set_values, base)
+    fixed = _resolve_data_paths(params, fixed, base)
+    axes = {k: [_resolve_data_paths(params, {k: v}, base)[k] for v in vs] for k, vs in axes.items()}
     package = package or package_hash()
+    defaults = {k: p.default for k, p in params.items()}
     specs, seen = [], set()
     for point in expand_grid(axes):
-        overrides = {**fixed, **point}
-        folder = out / notebook.stem / folder_name(overrides, first=axes) if nested else out / notebook.stem
+        overrides = {**set_values, **fixed, **point}
+        if all(canonical(v) == canonical(defaults[k]) for k, v in overrides.items()):
+            overrides, label = {}, "default"     # the default run, however its values were given
+        elif param_set is not None:
+            added = {k: v for k, v in {**fixed, **point}.items()
+                     if canonical(v) != canonical(set_values.get(k, defaults[k]))}
+            label = param_set[0] + (f"__{folder_name(added, first=axes)}" if added else "")
+        else:
+            label = folder_name(overrides, first=axes)
+        folder = out / notebook.stem / label if nested else out / notebook.stem
         if folder in seen:  # a value repeated in a grid
             continue
         seen.add(folder)
-        resolved = {k: p.default for k, p in params.items()}
-        resolved.update(overrides)
+        resolved = {**defaults, **overrides}
         check_constraints(params, resolved)
+        data_names = tuple(n for n, p in params.items() if p.data)
         specs.append(RunSpec(notebook, folder, overrides, resolved,
-                             run_key(resolved, notebook, package,
-                                     data_hash(resolved, [n for n, p in params.items() if p.data]),
-                                     source=source), source))
+                             run_key(resolved, notebook, package, data_hash(resolved, data_names), source=source),
+                             source, data_names))
     return specs
 
 
@@ -159,81 +212,6 @@ def check_no_clobber(specs: list[RunSpec]) -> None:
         if meta and meta.get("status") == "ok" and canonical(meta.get("overrides", {})) != canonical(s.overrides):
             raise ParameterError(f"{s.out_dir} holds a finished run with other parameters "
                                  f"({meta.get('overrides')}); use another --out, or --force to replace it")
-
-
-def _git_commit() -> dict[str, Any]:
-    def git(*args):
-        r = subprocess.run(["git", *args], cwd=REPO_ROOT, capture_output=True, text=True)
-        return r.stdout.strip() if r.returncode == 0 else None
-    return {"commit": git("rev-parse", "HEAD"), "dirty": bool(git("status", "--porcelain", "--untracked-files=no"))}
-
-
-def environment_info() -> dict[str, Any]:
-    """Python, package versions, device and git commit, saved beside each output (for the record only)."""
-    from importlib import metadata
-
-    versions = {}
-    for pkg in ("taskloss", "torch", "numpy", "scipy", "scikit-learn", "transformers", "papermill", "jupytext"):
-        try:
-            versions[pkg] = metadata.version(pkg)
-        except metadata.PackageNotFoundError:
-            versions[pkg] = None
-    info = {"python": sys.version.split()[0], "platform": platform.platform(), "packages": versions,
-            "git": _git_commit()}
-    try:
-        import torch
-        info["cuda"] = torch.cuda.get_device_name(0) if torch.cuda.is_available() else None
-    except Exception:  # pragma: no cover - torch import problems are reported by the notebook itself
-        info["cuda"] = None
-    return info
-
-
-def execute(spec: RunSpec, *, timeout: float | None = None, threads: int | None = None, force: bool = False,
-            cancel: Cancellation | None = None, on_cell: Callable[[int, int], None] | None = None) -> dict:
-    """Execute one run into ``spec.out_dir`` under the folder's lock and return its meta (never raises on
-    notebook errors). A run that another process finished while this one waited for the lock is not redone.
-
-    The folder is emptied first (its lock kept); the executed notebook is written under a temporary name and
-    renamed; ``meta.json`` is written last and atomically, so only a run that ended has one.
-    """
-    import nbformat
-    from papermill.parameterize import parameterize_notebook
-
-    folder = spec.out_dir
-    try:
-        with run_lock(folder, wait=True, cancelled=cancel.is_set if cancel else None):
-            if not force and is_finished(folder, spec.key.get("run")):
-                return {**read_meta(folder), "skipped": True}
-            clear_run_folder(folder)
-            nb = read_notebook(spec.notebook, spec.source)
-            nb.metadata["papermill"] = {}
-            nb = parameterize_notebook(nb,
-                                       {**spec.overrides, "output_dir": str(folder.resolve())},
-                                       kernel_name="python3", language="python")
-            meta = {"notebook": spec.name, "source": str(spec.notebook), "overrides": spec.overrides,
-                    "parameters": spec.parameters, "key": spec.key,
-                    "started": datetime.now(timezone.utc).isoformat(), **environment_info()}
-            start = time.perf_counter()
-            meta.update(execute_notebook(nb, cwd=spec.notebook.parent, env=kernel_env(threads), timeout=timeout,
-                                         log_path=folder / KERNEL_LOG, on_cell=on_cell, cancel=cancel))
-            meta["seconds"] = round(time.perf_counter() - start, 2)
-            meta["fingerprint"] = recorded_fingerprint(folder)
-            partial, executed = folder / f".{spec.name}.partial.ipynb", folder / f"{spec.name}.ipynb"
-            nbformat.write(nb, str(partial))
-            os.chmod(partial, 0o644)
-            os.replace(partial, executed)
-            if meta.get("status") == "ok":
-                meta["outputs"] = output_hashes(folder, spec.name)
-            write_meta(folder, meta)
-            return meta
-    except RunBusy:
-        return {"notebook": spec.name, "status": "cancelled", "error": "cancelled while waiting for the lock"}
-
-
-def execute_job(spec: RunSpec, timeout: float | None = None, threads: int | None = None,
-                force: bool = False) -> dict:
-    """:func:`execute` as a submitit job (one process per run, on this machine or a SLURM node)."""
-    return execute(spec, timeout=timeout, threads=threads, force=force)
 
 
 @dataclass
@@ -258,13 +236,15 @@ def _finish(spec: RunSpec, meta: dict, done: int, total: int, write) -> dict:
 
 def run_many(specs: list[RunSpec], *, jobs: int = 1, force: bool = False, timeout: float | None = None,
              progress: bool = True, executor: str = "inline", cluster_params: dict | None = None,
-             log_folder: Path | None = None) -> SweepResult:
+             log_folder: Path | None = None, threads: int | None = None) -> SweepResult:
     """Execute the runs (``jobs`` at a time), skipping finished ones unless ``force``; never stop at a failure.
 
     ``executor``: ``inline`` starts the kernels from this process (a bar per running notebook counts its cells);
     ``local`` and ``slurm`` submit one submitit job per run (``cluster_params`` go to
     ``submitit.AutoExecutor.update_parameters``, e.g. ``slurm_partition``, ``timeout_min``, ``gpus_per_node``).
     Ctrl-C cancels queued runs, kills running kernels (or cancels the jobs) and returns with ``interrupted``.
+    ``threads``: BLAS threads per kernel (:func:`~taskloss.runner.kernel.threads_per_run` decides when ``None``).
+    ``timeout``: seconds per cell, positive (``None``: no limit).
     """
     from tqdm.auto import tqdm
 
@@ -272,11 +252,14 @@ def run_many(specs: list[RunSpec], *, jobs: int = 1, force: bool = False, timeou
         raise ValueError(f"executor must be one of {EXECUTORS}, got {executor!r}")
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float))
+                                or not timeout > 0 or timeout != timeout):
+        raise ValueError(f"timeout must be a positive number of seconds or None, got {timeout!r}")
     todo = [s for s in specs if force or not is_finished(s.out_dir, s.key.get("run"))]
     for s in specs:
         if s not in todo:
             print(f"skip (finished): {s.out_dir}")
-    threads = threads_per_run(jobs)
+    threads = threads_per_run(jobs, threads=threads)
     disable = None if progress else True  # None: tqdm shows bars on a terminal only
     overall = tqdm(total=len(todo), desc="runs", unit="run", position=0,
                    disable=True if not todo else disable)
@@ -295,18 +278,6 @@ def run_many(specs: list[RunSpec], *, jobs: int = 1, force: bool = False, timeou
         meta = metas.get(s.out_dir) or read_meta(s.out_dir) or {"status": "cancelled", "error": "not started"}
         out.append({"notebook": s.name, **meta, "out_dir": str(s.out_dir)})
     return SweepResult(out, interrupted)
-
-
-def threads_per_run(jobs: int, environ: dict | None = None) -> int:
-    """BLAS/OpenMP threads each kernel gets: the CPU cores split between ``jobs`` runs, capped by an
-    ``OMP_NUM_THREADS`` the caller set (``OMP_NUM_THREADS=1 … run NN`` means one thread per run, as it does for a
-    plain Python process); a value that is not a positive integer is ignored."""
-    environ = os.environ if environ is None else environ
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    given = str(environ.get("OMP_NUM_THREADS", "")).strip()
-    if given.isdigit() and int(given) > 0:
-        threads = min(threads, int(given))
-    return threads
 
 
 def _run_inline(todo, jobs, threads, force, timeout, disable, overall, metas) -> bool:

@@ -15,7 +15,8 @@
   sweeps into one ``--out`` never execute the same run at once; the second waits and then finds it finished.
 - **Summary.** ``SUMMARY.md`` is rebuilt from every run folder in the sweep folder (under a lock of its own), so
   two sweeps into one folder both end up in it and the last writer cannot drop the other's runs. It has a column
-  per parameter the sweep's runs override and lists each run's claims as held / not held.
+  per parameter the sweep's runs override, lists each run's claims as held / not held and, for a run at the
+  default parameters, how many committed headlines it reproduced (:mod:`taskloss.runner.report`).
 """
 from __future__ import annotations
 
@@ -42,7 +43,10 @@ META_FILE = "meta.json"
 LOCK_FILE = ".lock"
 SUMMARY_FILE = "SUMMARY.md"
 PACKAGE_DIR = REPO_ROOT / "taskloss"
-DATA_DIRS = (REPO_ROOT / "data" / "pretrained",)    # committed data the notebooks read by default
+# committed data the notebooks read by default: a clone's data/pretrained, else the small LM a wheel carries
+# (taskloss/lm/small_lm, see setup.py)
+DATA_DIRS = ((REPO_ROOT / "data" / "pretrained",) if (REPO_ROOT / "data" / "pretrained").is_dir()
+             or not (PACKAGE_DIR / "lm" / "small_lm").is_dir() else (PACKAGE_DIR / "lm" / "small_lm",))
 NAME_CHARS = 150            # a folder name's length before the hash (file systems allow 255)
 _VALUE_CHARS = 40           # a value's text before it is shortened
 _SAFE = re.compile(r"[A-Za-z0-9._+-]+")
@@ -334,12 +338,22 @@ def summary_rows(sweep: Path) -> list[dict[str, Any]]:
             state = "corrupt meta.json" if has_meta else ("running" if _is_locked(folder) else "incomplete")
             meta = {"status": state}
         res = _read_results(folder)
-        rows.append({**meta, "folder": folder.name, "headline": _headline(res), "claims": _claims(res)})
+        rows.append({**meta, "folder": folder.name, "headline": _headline(res), "claims": _claims(res),
+                     "claims_count": _claims(res).split(" held")[0]})
     return rows
 
 
 def _cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _reproduced_cell(rep: Any) -> str:
+    from taskloss.runner.report import reproduced_text
+
+    text = reproduced_text(rep)
+    if text and rep.get("differences"):
+        text += "; " + "; ".join(f"{k}: {_cell(v)[:160]}" for k, v in rep["differences"].items())
+    return text
 
 
 def write_summary(sweep: Path, title: str = "Summary") -> str:
@@ -353,10 +367,14 @@ def write_summary(sweep: Path, title: str = "Summary") -> str:
         names = sorted({k for o in overrides for k in o})
         varies = [k for k in names if len({canonical(o.get(k)) for o in overrides}) > 1]
         columns = varies + [k for k in names if k not in varies]
-        lines = [f"# {title}", "", f"{ok} of {len(rows)} runs succeeded.", "",
+        reps = [r["reproduced"] for r in rows if isinstance(r.get("reproduced"), dict)]
+        lines = [f"# {title}", "", f"{ok} of {len(rows)} runs succeeded."
+                 + (f" {sum(x['reproduced'] for x in reps)} of {sum(x['of'] for x in reps)} committed headlines "
+                    f"reproduced ({len(reps)} run(s) at default parameters, held to the tolerances `make test` "
+                    "uses)." if reps else ""), "",
                  "| notebook | run | " + "".join(f"{c} | " for c in columns)
-                 + "status | seconds | claims | headline results |",
-                 "|---|---|" + "---|" * len(columns) + "---|---:|---|---|"]
+                 + "status | seconds | claims | headlines reproduced | headline results |",
+                 "|---|---|" + "---|" * len(columns) + "---|---:|---|---|---|"]
         for r, o in zip(rows, overrides):
             status = r.get("status", "?")
             if status != "ok":
@@ -364,7 +382,7 @@ def write_summary(sweep: Path, title: str = "Summary") -> str:
                 status = f"**{status}**" + (f": {reason}" if reason else "")
             values = "".join(f"{_cell(_fmt(o[c])) if c in o else ''} | " for c in columns)
             lines.append(f"| {r.get('notebook', '')} | {r['folder']} | {values}{status} | {r.get('seconds', '')} "
-                         f"| {_cell(r['claims'])} | {r['headline']} |")
+                         f"| {_cell(r['claims'])} | {_reproduced_cell(r.get('reproduced'))} | {r['headline']} |")
         text = "\n".join(lines) + "\n"
         atomic_write_text(sweep / SUMMARY_FILE, text)
     return text

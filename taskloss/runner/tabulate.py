@@ -6,7 +6,7 @@ other parameter that varies, each combination its own row and line), and summari
 the replicate parameter (``--over``, ``seed`` by default): their mean, and a 95 % t interval from three
 replicates on (fewer: the values themselves, no interval). A recorded comparison contributes its effect. The
 Markdown table is printed and written to ``TABLE_<metric>_by_<param>.md`` in the sweep folder, the figure to the
-``.png`` of the same name.
+``.png`` of the same name. Runs that failed or never finished are listed under the table, by folder and reason.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from typing import Any
 from taskloss.results.run import RESULTS_FILE
 from taskloss.runner.store import META_FILE, canonical, read_meta
 
-__all__ = ["SweepPoint", "sweep_points", "tabulate_sweep", "MIN_INTERVAL_RUNS"]
+__all__ = ["SweepPoint", "sweep_points", "unfinished_runs", "tabulate_sweep", "MIN_INTERVAL_RUNS"]
 
 MIN_INTERVAL_RUNS = 3       # no t interval from fewer replicates (the values are shown instead)
 
@@ -107,6 +107,23 @@ def _fmt(v: Any) -> str:
     return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
+def unfinished_runs(sweep: Path) -> list[tuple[str, str]]:
+    """``(folder, state)`` of each run folder of ``sweep`` that did not finish: its ``meta.json`` status and error
+    (``failed: In [5] …: AssertionError``), or ``no meta.json`` for one that never ended (those runs are in no
+    table row: :func:`tabulate_sweep` lists them under the table)."""
+    out = []
+    for folder in sorted(p for p in Path(sweep).iterdir() if p.is_dir() and not p.name.startswith(".")):
+        meta = read_meta(folder)
+        if meta is None:
+            if (folder / META_FILE).exists() or (folder / ".lock").exists():
+                out.append((folder.name, "no readable meta.json (running, interrupted or corrupt)"))
+            continue
+        if meta.get("status") != "ok":
+            error = " ".join(str(meta.get("error", "")).split())[:200]
+            out.append((folder.name, f"{meta.get('status', '?')}" + (f": {error}" if error else "")))
+    return out
+
+
 def tabulate_sweep(sweep: Path, metric: str, by: str, over: str = "seed", *, figure: bool = True,
                    logx: bool | None = None) -> str:
     """Print-ready Markdown of ``metric`` against ``by`` (see the module docstring); writes the table, and with
@@ -124,6 +141,10 @@ def tabulate_sweep(sweep: Path, metric: str, by: str, over: str = "seed", *, fig
         spread = f"[{ci[0]:.4g}, {ci[1]:.4g}]" if ci else ", ".join(f"{v:.4g}" for v in pt.values)
         lines.append(f"| {_fmt(pt.x)} | " + "".join(f"{_fmt(pt.group[k])} | " for k in others)
                      + f"{len(pt.values)} | {pt.mean:.4g} | {spread} |")
+    missing = unfinished_runs(sweep)
+    if missing:
+        lines += ["", f"Not in the table: {len(missing)} run(s) that did not finish:"]
+        lines += [f"- {name}: {state}" for name, state in missing]
     text = "\n".join(lines)
     stem = re.sub(r"[^A-Za-z0-9._-]", "-", f"TABLE_{metric}_by_{by}")
     (sweep / f"{stem}.md").write_text(text + "\n", encoding="utf-8")

@@ -298,3 +298,51 @@ def test_chromium_check_fails_on_a_broken_page(tmp_path):
     for expected in ("MathJax did not load", "not rendered", "raw TeX", "image did not load", "no such file",
                      "Uses", "without a caption as alt text"):
         assert expected in text, (expected, text)
+
+
+# -- titles, download and launch buttons (issue 40) ----------------------------------------------------------------
+
+def _conf():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("taskloss_book_conf", DOCS / "conf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_title_math_is_written_in_unicode():
+    conf = _conf()
+    assert conf.tex_to_unicode(r"\prod f_t") == "∏ fₜ"
+    assert conf.tex_to_unicode(r"\theta_{t+1} = \theta_t - \eta\, g") == "θₜ₊₁ = θₜ - η g"
+    assert conf.tex_to_unicode(r"x^{2}") == "x²" and conf.tex_to_unicode(r"f_{ab}") == "f_ab"   # no subscript b
+    titles = [line for p in sorted((REPO_ROOT / "notebooks").glob("[0-9][0-9]_*.py"))
+              for line in p.read_text(encoding="utf-8").splitlines() if line.startswith("# # ")]
+    assert len(titles) >= 17
+    for title in titles:
+        for tex in re.findall(r"\$([^$]+)\$", title):
+            text = conf.tex_to_unicode(tex)
+            assert not re.search(r"[\\{}$]", text), (title, text)
+
+
+def test_download_button_on_and_launch_buttons_only_for_a_known_address():
+    conf = _conf()
+    assert conf.html_theme_options["use_download_button"] is True and conf.html_copy_source is True
+    assert conf.html_sourcelink_suffix == ""      # a chapter downloads as NN_topic.ipynb, not .ipynb.txt
+    if conf.REPOSITORY_URL:
+        assert conf.html_theme_options["launch_buttons"] and conf.html_theme_options["repository_url"]
+    else:       # no public address yet: no launch button, no repository button
+        assert conf.html_theme_options["launch_buttons"] == {}
+        assert "repository_url" not in conf.html_theme_options
+
+
+def test_static_check_flags_raw_tex_in_the_navigation(tmp_path):
+    (tmp_path / "a.html").write_text('<title>13 · The ∏ fₜ argument</title><nav class="bd-docs-nav">'
+                                     '<a href="b.html">13 · The ∏ fₜ argument</a></nav><p>\\(x\\)</p>')
+    assert check_book.raw_tex_in_navigation(tmp_path) == {}       # math in the body is MathJax's business
+    (tmp_path / "b.html").write_text('<nav><a href="a.html">13 · The \\(\\prod f_t\\) argument</a></nav>')
+    assert list(check_book.raw_tex_in_navigation(tmp_path)) == ["b.html"]
+
+
+def test_no_raw_tex_in_any_pages_navigation(site):
+    assert check_book.raw_tex_in_navigation(site) == {}

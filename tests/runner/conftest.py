@@ -34,7 +34,7 @@ run.record("label", label)
 
 BARE = '''# %% tags=["parameters"]
 seed: int = 0
-sleep: float = 0.0   # [>= 0] seconds asleep in the second cell
+sleep: float = 0.0   # [≥ 0] seconds asleep in the second cell
 fail: bool = False
 log_path: str = ""
 output_dir: str = ""

@@ -148,3 +148,14 @@ def test_token_authentication_and_localhost_only(lab_server):
     text = log.read_text()
     assert re.search(r"http://(localhost|127\.0\.0\.1):\d+/lab\?token=", text), text[-800:]
     assert "0.0.0.0" not in text
+
+
+def test_the_file_browser_lists_each_notebook_once(lab_server):
+    """One entry per notebook: the .py source (opened as a notebook with the paired outputs); the .ipynb is hidden
+    from the listing but still served by its path."""
+    base, token, _ = lab_server
+    _, body = _get(f"{base}/api/contents/notebooks?content=1", token)
+    names = {item["name"] for item in json.loads(body)["content"]}
+    assert "01_optimization_as_sampling.py" in names and not any(n.endswith(".ipynb") for n in names), names
+    status, _ = _get(f"{base}/api/contents/notebooks/01_optimization_as_sampling.ipynb?content=0", token)
+    assert status == 200

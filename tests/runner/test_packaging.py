@@ -2,8 +2,10 @@
 the license is stated once in LICENSE and matches pyproject and CITATION.cff."""
 from __future__ import annotations
 
+import os
 import re
 
+import pytest
 import tomllib
 import yaml
 
@@ -65,3 +67,56 @@ def test_license_and_citation_agree_with_pyproject():
     cff = yaml.safe_load((REPO_ROOT / "CITATION.cff").read_text())
     assert cff["cff-version"] == "1.2.0" and cff["license"] == "MIT" and cff["version"] == project["version"]
     assert cff["authors"] and cff["title"]
+
+
+def test_project_address_is_one_setting_that_agrees_everywhere():
+    """No public address yet: [project.urls] names none and CITATION.cff has no repository-code (nothing
+    invented); once Repository is set, CITATION.cff's repository-code must say the same (the book's launch buttons
+    read Repository, docs/conf.py)."""
+    pyproject = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())
+    url = pyproject["project"].get("urls", {}).get("Repository")
+    cff = yaml.safe_load((REPO_ROOT / "CITATION.cff").read_text())
+    assert cff.get("repository-code") == url
+
+
+def test_run_extra_holds_what_the_notebooks_import_beyond_the_package():
+    project = tomllib.loads((REPO_ROOT / "pyproject.toml").read_text())["project"]
+    run = {_norm(r) for r in project["optional-dependencies"]["run"]}
+    assert {"captum", "emoloss", "accelerate"} <= run
+    assert "taskloss[run]" in project["optional-dependencies"]["test"]
+    assert "pytest" not in run and "jupyterlab" not in run
+
+
+@pytest.mark.slow
+def test_a_wheel_installed_outside_the_clone_loads_the_small_lm_and_finds_notebooks(tmp_path):
+    """pip install <clone> (not editable): the wheel carries the small LM; taskloss-runs finds notebooks only when
+    told where, and says so. Built without isolation and installed with --no-deps --target to stay cheap."""
+    import subprocess
+    import sys
+
+    wheels, target, elsewhere = tmp_path / "wheels", tmp_path / "site", tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    build = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", "-w",
+                            str(wheels), str(REPO_ROOT)], capture_output=True, text=True, timeout=600,
+                           cwd=tmp_path)
+    if build.returncode != 0 and "No module named" in build.stderr:
+        pytest.skip(f"cannot build a wheel here: {build.stderr.strip().splitlines()[-1]}")
+    assert build.returncode == 0, build.stderr
+    wheel, = wheels.glob("taskloss-*.whl")
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target), str(wheel)],
+                   check=True, capture_output=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "TASKLOSS_NOTEBOOKS")}
+    env.update(PYTHONPATH=str(target), OMP_NUM_THREADS="1")
+    probe = ("import taskloss, taskloss.lm as lm; m, t = lm.load_pretrained_lm(); "
+             "print(taskloss.__file__); print(lm.PRETRAINED_DIR); print(t.vocab_size)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, env=env, cwd=elsewhere,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    file, folder, vocab = out.stdout.split()
+    assert file.startswith(str(target)) and folder == str(target / "taskloss" / "lm" / "small_lm") and int(vocab) > 0
+    cli = [sys.executable, "-m", "taskloss.runner"]
+    lost = subprocess.run(cli + ["params", "12"], capture_output=True, text=True, env=env, cwd=elsewhere, timeout=300)
+    assert lost.returncode == 2 and "no notebooks found (looked in" in lost.stderr and "--notebooks DIR" in lost.stderr
+    found = subprocess.run(cli + ["--notebooks", str(REPO_ROOT / "notebooks"), "params", "12"], capture_output=True,
+                           text=True, env=env, cwd=elsewhere, timeout=300)
+    assert found.returncode == 0 and "Parameters of 12_implicit_gradient_regularization" in found.stdout

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from taskloss.runner import runs, store
+from taskloss.runner import execution, runs, store
 from taskloss.runner.cli import main
 from taskloss.runner.params import (
     Parameter,
@@ -159,7 +159,7 @@ def test_per_cell_progress_and_kernel_environment(bare, tmp_path, monkeypatch):
     spec, = runs.plan_runs(bare, tmp_path, cli=[("log_path", str(tmp_path / "log"))])
     calls = []
     environ = dict(os.environ)
-    meta = runs.execute(spec, threads=1, on_cell=lambda done, total: calls.append((done, total)))
+    meta = execution.execute(spec, threads=1, on_cell=lambda done, total: calls.append((done, total)))
     assert meta["status"] == "ok", meta
     assert calls == [(i, 5) for i in range(1, 6)]  # four code cells + the injected parameters cell
     assert dict(os.environ) == environ  # the runner wrote nothing into its own environment

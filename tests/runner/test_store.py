@@ -156,8 +156,9 @@ def test_summary_has_a_column_per_swept_parameter_and_the_claims(tmp_path):
             {"headline": ["acc"], "results": {"acc": seed / 2},
              "claims": {"up": {"held": True}, "down": {"held": seed == 0}}}))
     text = store.write_summary(sweep)
-    assert "| notebook | run | seed | label | status | seconds | claims | headline results |" in text
-    assert "| 00_store | label=x__seed=1 | 1 | x | ok |  | 1/2 held; not held: down | acc = 0.5 |" in text
+    assert ("| notebook | run | seed | label | status | seconds | claims | headlines reproduced | headline results |"
+            in text)
+    assert "| 00_store | label=x__seed=1 | 1 | x | ok |  | 1/2 held; not held: down |  | acc = 0.5 |" in text
     assert "2/2 held |" in text
 
 
@@ -178,7 +179,9 @@ def test_a_summary_that_cannot_be_written_is_reported(nb, tmp_path, capsys, monk
 
 def test_duplicate_grid_values_plan_one_run(nb, tmp_path):
     specs = runs.plan_runs(nb, tmp_path, grid=["seed=0,1,1,0.0", "values=[1],[1.0]"])
-    assert [s.overrides for s in specs] == [{"seed": 0, "values": [1.0]}, {"seed": 1, "values": [1.0]}]
+    # seed 0 and values [1.0] are the defaults: that point is the default run, in the folder "default"
+    assert [s.overrides for s in specs] == [{}, {"seed": 1, "values": [1.0]}]
+    assert specs[0].out_dir.name == "default"
 
 
 def test_run_key_covers_parameters_notebook_and_package_sources(nb, tmp_path):
@@ -288,11 +291,18 @@ def test_read_only_out_fails_with_a_clear_message(nb, tmp_path, capsys):
 
 
 def test_threads_per_run_splits_the_cores_and_respects_a_caller_omp_setting(monkeypatch):
-    from taskloss.runner.runs import threads_per_run
+    from taskloss.runner.kernel import threads_per_run
 
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setattr("taskloss.runner.kernel.available_cores", lambda: 8)
+    monkeypatch.setattr("taskloss.runner.kernel._load", lambda: 0.0)      # a quiet machine
     assert threads_per_run(1, {}) == 8 and threads_per_run(3, {}) == 2 and threads_per_run(16, {}) == 1
     assert threads_per_run(1, {"OMP_NUM_THREADS": "1"}) == 1      # one thread asked for: one thread per kernel
     assert threads_per_run(4, {"OMP_NUM_THREADS": "6"}) == 2      # never more than the cores split between runs
     for junk in ("", "0", "-2", "two", "1.5"):
         assert threads_per_run(2, {"OMP_NUM_THREADS": junk}) == 4  # not a positive integer: ignored
+    assert threads_per_run(4, {"OMP_NUM_THREADS": "1"}, threads=3) == 3   # --threads decides
+    assert threads_per_run(1, {}, load=5.5) == 2 and threads_per_run(1, {}, load=14.0) == 1   # a busy machine
+    assert threads_per_run(1, {}, threads=4, load=14.0) == 4
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="threads"):
+            threads_per_run(1, {}, threads=bad)
