@@ -42,7 +42,7 @@ micro_batch: int = 8           # [≥ 1] the fixed memory: pairs per forward wit
 batch_sizes: str = "8,32"      # effective batch sizes compared (comma-separated, multiples of micro_batch)
 epochs: int = 1                # [≥ 1] passes over the training pairs: the same data budget for every batch size
 lr: float = 0.0001             # [> 0] AdamW learning rate
-temperature: float = 0.05      # [> 0] InfoNCE temperature τ (all-MiniLM-L6-v2 was trained with scale 20: τ = 0.05)
+temperature: float = 0.05      # [> 0] InfoNCE temperature τ (all-MiniLM-L6-v2 was trained with scale 20, i.e. τ of 0.05)
 seeds: int = 10                # [≥ 3] seeds of the experiment: seed, seed + 1, … (the sign test decides from 6)
 
 # %%
