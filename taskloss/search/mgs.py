@@ -20,13 +20,13 @@ with the proposal q = λ·N(0, σ²I) + (1−λ)·N(−∇l̃, σ²I) built from
   −log q = ½‖z_k‖² + const with z_k ~ N(0, I_P), so it spreads by √(P/2) nats (standard deviation), and the
   exact step −g (``include_mle``) sits ≈ P/2 nats apart. Against a task term (l_j − l_k)/α that a bounded
   task loss keeps below (max l − min l)/α, the weights collapse to one candidate (ESS ≈ 1) once P reaches the
-  tens (notebook 02_importance_sampling_and_mgs §7 derives and measures it). It is the right choice only where
+  tens (notebook 02_importance_sampling_and_mgs §6 derives and measures it). It is the right choice only where
   the target e^{−Δl/α} is itself a proper density (a loss that grows without bound, as a quadratic) and P is
   small enough that √(P/2) stays below the task term's spread — the toy problems of notebooks 01 and 02.
 - ``"unit_sigma"``: the reference code's formula, which evaluates the two Gaussians as if σ were 1 and drops
   their normalizing constants: log q = log(λ e^{−½‖Δθ‖²} + (1−λ) e^{−½‖Δθ+g‖²}). Under ``sigma_mode="relative"``
-  its spread is ≈ Σ_t σ_t²·√(n_t/2), tiny, so it acts like ``"flat"``; with an absolute σ it grows as σ²√(P/2)
-  and collapses the weights too.
+  its spread across candidates, √(Σ_t σ_t⁴·n_t/2), is tiny, so it acts like ``"flat"``; with an absolute σ it is
+  σ²√(P/2) and collapses the weights too.
 
 ``MGS.last_stats.ess`` (:class:`~taskloss.search.mgs_stats.MGSStats`) is the effective sample size 1/Σ w_k² of the
 last step; the first step whose ESS falls below ``ess_warning`` (1.5 by default: with two candidates, one holds
