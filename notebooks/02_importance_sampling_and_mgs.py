@@ -520,7 +520,8 @@ _ = run.claim("alpha_inf/estimate_not_zero", f"at α = {alphas[-1]:g} the error 
 #
 # With the true mixture density, −log q differs between candidates by ≈ ½(‖z_k‖² − d), with spread √(d/2) ≈ 50
 # at d = 5 000. Unless α is small enough for the task-loss term to dominate, the winner is chosen by its noise
-# norm. Notebook 03 measures this on digits.
+# norm. The subsection after the figure derives this, checks it, and defines the density MGS uses instead;
+# notebook 03 measures it on digits.
 
 # %%
 dims = [2, 8, 32, 128, 512]
@@ -553,6 +554,186 @@ run.savefig(fig, "ess_vs_dimension.png")
 show(fig, "the measured fraction against the closed form c^(−d); at d = 512 it is {ess_over_K/d512:.4f}, where "
      "c^(−d) = {th:.1e}: 4096 draws cannot resolve a fraction that small (finite-K ESS is optimistic).",
      run=run, th=theory[-1])
+
+# %% [markdown]
+# ### The exact mixture density in P dimensions, and the density MGS uses
+#
+# The same arithmetic decides MGS's weights on a real model. A candidate drawn from component $c$ of
+# $q = \lambda N(0, \sigma^2 I) + (1-\lambda) N(-g, \sigma^2 I)$ is $\Delta\theta = \mu_c + \sigma \odot z$ with
+# $z \sim N(0, I_P)$ ($\sigma$ may differ per tensor; $\mu_0 = 0$, $\mu_1 = -g$, $\pi_0 = \lambda$,
+# $\pi_1 = 1 - \lambda$). Write $s = (\mu_c - \mu_{c'})/\sigma$ for the gap to the other mean in noise units. Then
+#
+# $$\log q(\Delta\theta) = \underbrace{-\textstyle\sum_i \log(\sigma_i\sqrt{2\pi})}_{\text{same for every candidate}}
+#   + \log \pi_c - \tfrac12\|z\|^2 + \log\!\big(1 + \tfrac{\pi_{c'}}{\pi_c}\, e^{-\langle s, z\rangle - \|s\|^2/2}\big).$$
+#
+# The last term is $O(1)$: near 0 when the components are apart ($\|s\| \gg 1$), small when they overlap. What
+# varies between candidates is $\tfrac12\|z_k\|^2$, half a $\chi^2_P$ variable. So across candidates
+#
+# $$\operatorname{sd}\big(-\log q(\Delta\theta_k)\big) \approx \tfrac12\sqrt{2P} = \sqrt{P/2},$$
+#
+# **whatever σ is**: σ cancels once a draw is written in its own units. Per-tensor or relative σ does not help the
+# exact density. The exact step $-g$ (`include_mle`) has $z = 0$: its $\log q$ lies $\approx P/2$ nats above the
+# draws'. The check draws 400 candidates at several P, σ and both σ modes, with the package's `mixture_log_density`.
+
+# %%
+dim_Ps = [10, 100, 1000, 10000]
+n_dim_draws = 400
+
+
+def mixture_draws(P, sigma_, mode, K, gen):
+    """K draws of the MGS mixture (λ = ½) over two tensors of P/2 entries; the gradient g, σ_t and the draws."""
+    g_ = [torch.randn(P // 2, generator=gen, dtype=D) / math.sqrt(P) for _ in range(2)]   # ‖g‖ ≈ 1, as clipped
+    sig_ = [sigma_ * float(t.abs().mean()) if mode == "relative" else sigma_ for t in g_]
+    comp = torch.rand(K, generator=gen, dtype=D) < 0.5                                    # True: MLE-centred
+    d_ = [torch.randn(K, P // 2, generator=gen, dtype=D) * s_ - comp[:, None] * t for t, s_ in zip(g_, sig_)]
+    return g_, sig_, d_
+
+
+spread_rows = []
+for P in dim_Ps:
+    for mode, sigma_ in (("absolute", 0.05), ("absolute", 1.0), ("relative", 1.0)):
+        gen = torch.Generator().manual_seed(1000 * seed + P)
+        g_, sig_, d_ = mixture_draws(P, sigma_, mode, n_dim_draws, gen)
+        nlq = -mixture_log_density(d_, g_, sig_, 0.5)
+        at_mle = float(mixture_log_density([-t for t in g_], g_, sig_, 0.5))             # the exact step −g
+        spread_rows.append(dict(P=P, mode=mode, sigma=sigma_, sd=float(nlq.std()), theory=math.sqrt(P / 2),
+                                mle_gap=at_mle + float(nlq.mean())))
+for r in spread_rows:
+    print(f"P = {r['P']:6d}  σ = {r['sigma']:<5g} ({r['mode']:8s})  sd(−log q) = {r['sd']:8.2f}   √(P/2) = "
+          f"{r['theory']:7.2f}   log q(−g) − mean log q(draws) = {r['mle_gap']:9.1f}   P/2 = {r['P'] / 2:g}")
+big = [r for r in spread_rows if r["P"] >= 100]
+# identities up to Monte Carlo error (400 draws: the sd of a χ² sample is known to ~4 %; the O(1) term adds a little)
+assert all(abs(r["sd"] / r["theory"] - 1) < 0.2 for r in big), [(r["P"], r["sd"] / r["theory"]) for r in big]
+assert all(abs(r["mle_gap"] / (r["P"] / 2) - 1) < 0.1 for r in big)
+run.record("dimension/sd_log_q_over_sqrt_half_P_max_dev", max(abs(r["sd"] / r["theory"] - 1) for r in big))
+_ = run.record("dimension/sd_log_q_P10000", max(r["sd"] for r in spread_rows if r["P"] == 10000))
+
+# %% [markdown]
+# **Against the task term.** The log-weight is $-(l_k - l_{\min})/\alpha - \log q_k$. A bounded task loss (an
+# error rate, a normalized edit distance in [0, 1]) keeps the task term's spread below $(\max l - \min l)/\alpha$:
+# at most 100 nats at the reference's α = 0.01, and 8.3 for one token of a 12-token edit distance. The density
+# term wins once $\sqrt{P/2}$ exceeds it, $P \gtrsim 2(\Delta l/\alpha)^2$: a few hundred parameters for one
+# token. Notebook 17's GPT-2 has 30,624 (√(P/2) ≈ 124). A bounded task loss also makes the target
+# $e^{-\Delta l/\alpha} \ge e^{-(\max l - \min l)/\alpha}$ non-integrable: its mean, the Δθ* of §1, does not exist,
+# and the weights $1/q$ reward the candidate with the largest noise norm $\|z_k\|$.
+#
+# The check: K = 8 candidates, task losses drawn from {0, 1/12, 2/12, 3/12} independently of Δθ (ties and steps
+# of an edit distance), α of this notebook, 50 repetitions per P. The ESS of the exact density's weights against
+# that of the task term alone.
+
+# %%
+ess_rows = {"exact mixture": [], "task term alone": []}
+for P in dim_Ps:
+    e_exact, e_flat = [], []
+    for rep in range(50):
+        gen = torch.Generator().manual_seed(1000 * seed + 7 * P + rep)
+        g_, sig_, d_ = mixture_draws(P, 1.0, "relative", 8, gen)
+        L_ = torch.randint(0, 4, (8,), generator=gen).to(D) / 12
+        e_exact.append(effective_sample_size(mgs_weights(L_, 0.0, mixture_log_density(d_, g_, sig_, 0.5), alpha)))
+        e_flat.append(effective_sample_size(mgs_weights(L_, 0.0, torch.zeros(8, dtype=D), alpha)))
+    ess_rows["exact mixture"].append(float(np.median(e_exact)))
+    ess_rows["task term alone"].append(float(np.median(e_flat)))
+print("P", dim_Ps)
+for k, v in ess_rows.items():
+    print(f"median ESS of 8, {k:16s}", np.round(v, 2))
+run.record("dimension/ess_exact_P1000", ess_rows["exact mixture"][2])
+run.record("dimension/ess_exact_P10000", ess_rows["exact mixture"][3])
+run.record("dimension/ess_task_term", ess_rows["task term alone"][2])                # at P = 1000, as above
+_ = run.claim("dimension/exact_density_collapses", "with the exact mixture density the median ESS of 8 candidates "
+              "is below 1.05 from P = 1000 on", max(ess_rows["exact mixture"][2:]) < 1.05,
+              value=max(ess_rows["exact mixture"][2:]), bound="< 1.05")
+
+# %% [markdown]
+# **What keeps the weights informative.** Four candidates, each checked:
+#
+# 1. *Per-tensor or relative σ* in the exact density: no help, as derived (the table above: the same √(P/2) at
+#    σ = 0.05, 1 and relative σ).
+# 2. *Tempering*, $\tau \log q$: the spread becomes $\tau\sqrt{P/2}$. Below the task term it needs
+#    $\tau \lesssim (\Delta l/\alpha)/\sqrt{P/2}$, a τ that must shrink with every model; its limit τ = 0 is 4.
+# 3. *The reference code's unit-σ formula* (`density="unit_sigma"`, `perturb` in the MGS repository):
+#    $-\log q = \tfrac12\|\Delta\theta\|^2$ (or $\tfrac12\|\Delta\theta + g\|^2$) $= \tfrac12\sum_i \sigma_i^2 z_i^2$.
+#    With relative σ ($\sigma_t = \sigma\cdot\text{mean}|g_t|$, ‖g‖ ≤ 1 after clipping) its spread is tiny and
+#    the task term decides. With an absolute σ it is $\sigma^2\sqrt{P/2}$: 31 nats at σ = 0.5 and P = 30,624.
+# 4. *The flat density* (`density="flat"`, **MGS's default**): $\log q \equiv 0$, so
+#    $w_k = \operatorname{softmax}(-l_k/\alpha)$. This is not an approximation of something else. It is
+#    self-normalized importance sampling, exact in its own terms, for the target
+#    $\tilde p(\Delta\theta) \propto q(\Delta\theta)\, e^{-[l(\theta+\Delta\theta) - l(\theta)]/\alpha}$:
+#    $\tilde p/q \propto e^{-\Delta l/\alpha}$. $\tilde p$ is proper for every bounded task loss, and it is the
+#    minimizer of $E_p[\Delta l] + \alpha\,\mathrm{KL}(p\,\|\,q)$ (the Gibbs variational principle; M. D. Donsker
+#    and S. R. S. Varadhan, *Comm. Pure Appl. Math.* 28, 1975). Δθ* becomes the best update distribution that
+#    stays near the MLE-guided proposal, α trading task loss against distance from q. α → 0 gives the best
+#    candidate, α → ∞ the mean of q, $(1-\lambda)(-g)$: a damped surrogate step.
+#
+# The checks: the unit-σ spread in both σ modes at P = 10,000; and the flat weights' estimate against the closed
+# form of $\tilde p$'s mean for a linear task loss $\Delta l = \langle a, \Delta\theta\rangle$. Tilting a Gaussian
+# $N(\mu_c, \sigma^2 I)$ by $e^{-\langle a, \Delta\theta\rangle/\alpha}$ shifts it to
+# $N(\mu_c - \sigma^2 a/\alpha, \sigma^2 I)$ and multiplies its mass by $e^{-\langle a, \mu_c\rangle/\alpha}$ (times a
+# factor common to both components), so
+# $E_{\tilde p}[\Delta\theta] = \sum_c \tilde\pi_c \mu_c - \sigma^2 a/\alpha$ with
+# $\tilde\pi_c \propto \pi_c e^{-\langle a, \mu_c\rangle/\alpha}$.
+
+# %%
+unit_spread = {}
+for mode, sigma_ in (("relative", 1.0), ("absolute", 0.5)):
+    gen = torch.Generator().manual_seed(1000 * seed + 3)
+    g_, sig_, d_ = mixture_draws(10000, sigma_, mode, n_dim_draws, gen)
+    unit_spread[mode] = float(mixture_log_density(d_, g_, sig_, 0.5, density="unit_sigma").std())
+    print(f"unit-σ formula at P = 10,000, σ {mode} = {sigma_:g}: sd(−log q) = {unit_spread[mode]:.4g} nats"
+          + (f" (σ²√(P/2) = {sigma_ ** 2 * math.sqrt(5000):.3g})" if mode == "absolute" else ""))
+assert unit_spread["relative"] < 0.05 and abs(unit_spread["absolute"] / (0.25 * math.sqrt(5000)) - 1) < 0.2
+run.record("dimension/unit_sigma_sd_relative", unit_spread["relative"])
+run.record("dimension/unit_sigma_sd_absolute", unit_spread["absolute"])
+
+# the flat weights estimate the tilted target's mean (P = 4, λ = ½, σ and α of this notebook)
+gen = torch.Generator().manual_seed(1000 * seed + 11)
+P_t, n_t = 4, 200_000
+g_t = torch.randn(P_t, generator=gen, dtype=D) * 0.5
+a_t = torch.randn(P_t, generator=gen, dtype=D)
+a_t = a_t / a_t.norm() * 0.8 * alpha / sigma                         # a tilt of 0.8 σ: the weights stay spread
+mus = torch.stack([torch.zeros(P_t, dtype=D), -g_t])
+comp_t = (torch.rand(n_t, generator=gen, dtype=D) < 0.5).long()
+x_t = mus[comp_t] + sigma * torch.randn(n_t, P_t, generator=gen, dtype=D)
+w_t = mgs_weights(x_t @ a_t, 0.0, torch.zeros(n_t, dtype=D), alpha)      # density="flat": log q ≡ 0
+torch.testing.assert_close(w_t, torch.softmax(-(x_t @ a_t) / alpha, 0))
+est_t = w_t @ x_t
+se_t = ((w_t[:, None] ** 2) * (x_t - est_t) ** 2).sum(0).sqrt()      # SNIS standard error (delta method)
+pi_t = torch.softmax(torch.log(torch.tensor([0.5, 0.5], dtype=D)) - mus @ a_t / alpha, 0)
+closed_t = pi_t @ mus - sigma ** 2 * a_t / alpha
+tilt_err = float((est_t - closed_t).norm() / closed_t.norm())
+print(f"tilted target's mean: SNIS with flat weights {est_t.numpy().round(4)}, closed form "
+      f"{closed_t.numpy().round(4)}, relative error {tilt_err:.1e}, Monte Carlo standard error "
+      f"{float(se_t.norm() / closed_t.norm()):.1e} (ESS {effective_sample_size(w_t):.0f} of {n_t})")
+assert float((est_t - closed_t).norm()) < 5 * float(se_t.norm())     # within five standard errors
+_ = run.record("dimension/tilted_mean_rel_error", tilt_err)
+
+# %% tags=["hide-input"]
+fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(10, 3.6))
+for mode, sigma_, mk in (("absolute", 0.05, "o"), ("absolute", 1.0, "s"), ("relative", 1.0, "^")):
+    rows_ = [r for r in spread_rows if r["mode"] == mode and r["sigma"] == sigma_]
+    ax1.plot(dim_Ps, [r["sd"] for r in rows_], mk, ls="none", label=f"measured, σ = {sigma_:g} {mode}")
+ax1.plot(dim_Ps, [math.sqrt(P / 2) for P in dim_Ps], "k:", label="√(P/2)")
+ax1.axhline(1 / 0.01 / 12, color="grey", lw=0.8, ls="--", label="one token of 12 at α = 0.01")
+label_axes(ax1, "parameters P", "sd of −log q across candidates (nats)", "Exact mixture density",
+           lower_is_better=None, logx=True, logy=True)
+ax1.legend(fontsize=7)
+for k, v in ess_rows.items():
+    ax2.plot(dim_Ps, v, "o-", label=k)
+label_axes(ax2, "parameters P", "median ESS of 8 candidates", "Weights", lower_is_better=False, logx=True)
+ax2.legend(fontsize=8)
+run.savefig(fig, "density_spread_vs_dimension.png")
+show(fig, "left: the exact density's spread follows √(P/2) for every σ; right: its weights collapse (median ESS "
+     "{dimension/ess_exact_P1000:.2f} of 8 at P = 1000) while the task term alone keeps "
+     "{dimension/ess_task_term:.2f}.", run=run)
+
+# %% [markdown]
+# **Which density where.** MGS's default is the flat density (4): its weights follow the task loss at every P
+# and σ. The exact mixture (`density="mixture"`) is the right choice where the target $e^{-\Delta l/\alpha}$ is
+# itself a density and P is small: the quadratic of §2–§5 (P = `dim`) and the 2-D staircase of §7, whose task
+# losses grow without bound. There SNIS with the exact q estimates Δθ* itself, so §2–§7 pass
+# `density="mixture"`; §8's digits classifier, with a bounded task loss and thousands of parameters, uses the
+# default. `MGS` reports the ESS of every step in `last_stats.ess` (and the task term's alone in
+# `last_stats.task_ess`), and warns once when it falls below 1.5 (with two candidates: one holds over 79 % of the
+# weight), naming the term that collapsed it and the remedy.
 
 # %% [markdown]
 # ## 7 · MGS against the plain surrogate step when l̃ and l disagree
@@ -597,8 +778,9 @@ def surrogate(model, batch=None):
 # %%
 def mgs_for(model, lr, seed_, **kw):
     opt = torch.optim.SGD(model.parameters(), lr=lr)
+    # P = 2 and a task loss that grows without bound: the exact mixture density is the right weight here (§6)
     return MGS(model, opt, staircase, forward_fn=lambda call, batch: call(), sigma_mode="absolute",
-               max_grad_norm=None, max_update_norm=None, seed=seed_, **kw)
+               density="mixture", max_grad_norm=None, max_update_norm=None, seed=seed_, **kw)
 
 
 def surrogate_closure(model, batch=None):
@@ -699,7 +881,7 @@ show(fig, "gradient descent on the surrogate walks to b and ends at task loss {t
 # | MLE (cross-entropy, Adam), the reference | forward + backward (≈ 2 forwards) | 3 |
 # | REINFORCE (`classification_reinforce`, `pg_samples` labels per input, leave-one-out baseline, Adam) | forward + backward; sampling labels from a classifier's softmax needs no further forward | 3 |
 # | REINFORCE + MLE (the same plus `pg_mle_weight` × cross-entropy) | same | 3 |
-# | MGS (`MGS`, AdamW, `mgs_samples` candidates, the reference code's α = 0.01, σ = 1 relative, λ = ½, clipping at norm 1, the package's true mixture density) | the surrogate's forward + backward, then K candidate forwards (l(θ) cancels and is not computed) | 3 + K |
+# | MGS (`MGS`, AdamW, `mgs_samples` candidates, the reference code's α = 0.01, σ = 1 relative, λ = ½, clipping at norm 1, the flat density of §6, MGS's default) | the surrogate's forward + backward, then K candidate forwards (l(θ) cancels and is not computed) | 3 + K |
 #
 # So at equal compute REINFORCE takes (3 + K)/3 times as many steps as MGS. Classification favours policy
 # gradient: for a sequence model each sampled output is a decoded sequence that costs forwards of its own.
@@ -740,7 +922,7 @@ def make_step(method, m, lr, s):
     """A function batch → MGS's ESS (or None) doing one optimizer step of `method` on the model m."""
     if method == "MGS":
         mgs = MGS(m, torch.optim.AdamW(m.parameters(), lr=lr), zero_one, n_samples=mgs_samples, alpha=0.01,
-                  sigma=1.0, mix=0.5, seed=s)
+                  sigma=1.0, mix=0.5, density="flat", seed=s)      # a bounded task loss, P in the thousands: §6
 
         def mgs_step(b):
             def closure():
@@ -909,6 +1091,12 @@ _ = run.say(
     "{sweep/error_best_sigma_Kmax_over_surrogate_step:.2f}× the plain step's. With θ at the task minimum and the "
     "surrogate pulling, λ = ½ is {lam_b}. With a right surrogate, λ = ½ is {lam_a}.\n"
     "* **Dimension.** A proposal only 20 % wider than the target keeps ESS/K = {ess_over_K/d512:.4f} at d = 512. "
+    "The exact mixture density's −log q spreads by √(P/2) nats whatever σ is (measured within "
+    "{dimension/sd_log_q_over_sqrt_half_P_max_dev:.0%} of it from P = 100 on), so with a bounded task loss its "
+    "weights collapse: median ESS {dimension/ess_exact_P1000:.2f} of 8 at P = 1000, where the task term alone "
+    "keeps {dimension/ess_task_term:.2f}. MGS's default, the flat density, weights by the task term: it estimates "
+    "the mean of the proposal tilted by the task loss (closed form matched within {dimension/tilted_mean_rel_error:.1%}, "
+    "its Monte Carlo error). "
     "Notebook 03 measures the collapse on a 2 410-parameter classifier.\n"
     "* **When surrogate and task loss disagree, MGS follows the task loss.** On the 2-D staircase, gradient "
     "descent on l̃ ends at task loss {toy/gd_final_task_loss:.2f}. MGS ends at {toy/mgs_final_task_loss_mean:.2f} "

@@ -152,8 +152,8 @@ _ = run.claim("metric/flat_under_small_steps", "a random 1e-5 step of the parame
 # $$\log w_k = \underbrace{-\frac{l(\theta+\Delta\theta_k)-l(\theta)}{\alpha}}_{\text{task term}}
 #   \;\underbrace{-\,\log q(\Delta\theta_k)}_{\text{density term}} + \text{const}.$$
 #
-# Two densities are in use. The **true mixture density** (`density="mixture"`, the package default) is the
-# density the candidates were drawn from. For a draw Δθ_k = μ + σz_k from one Gaussian component,
+# Two densities are compared here, and each run below names its own. The **true mixture density**
+# (`density="mixture"`) is the density the candidates were drawn from. For a draw Δθ_k = μ + σz_k from one Gaussian component,
 # −log q(Δθ_k) = ½‖z_k‖² + const. Its spread between candidates is that of a χ²_d/2: standard deviation
 # √(d/2), 35 at the default width, *whatever σ and λ are*. The task term moves in steps of 1/(Nα) per flipped
 # example. So the density term should decide, and the winner should be the candidate with the *largest* noise
@@ -162,6 +162,10 @@ _ = run.claim("metric/flat_under_small_steps", "a random 1e-5 step of the parame
 # The **reference code's density** (`density="unit_sigma"`) evaluates the two Gaussians at unit variance. The
 # noise is tiny (σ_t = σ·mean|g_t|), so this density term is nearly constant and the task term decides. It is
 # not the density of the draws (notebook 02 §4 shows the bias), but it lets the metric steer.
+#
+# MGS's default, the **flat density** (`density="flat"`, log q ≡ 0), is the exact form of what the unit-σ
+# formula does here: its weights are softmax(−l_k/α), the self-normalized weights of the proposal tilted by the
+# task loss (notebook 02 §6 derives it and why the true density cannot steer once d is in the hundreds).
 #
 # All MGS runs below use `mgs_alpha`, `mgs_sigma` (relative) and `mgs_mix` — by default the reference code's
 # α = 0.01, σ = 1, λ = ½ — and norm-1 clipping, unless a probe says otherwise.
@@ -221,7 +225,7 @@ starts = {s: pretrain(s) for s in tqdm(SEEDS, desc="MLE starts")}
 def mgs_step_stats(model, density, sigma_=mgs_sigma, mix=mgs_mix, batch=None, noise_seed=seed, K_=8):
     """Diagnostics of one MGS step that leaves `model` unchanged (SGD with lr = 0 applies no update)."""
     mgs = MGS(model, torch.optim.SGD(model.parameters(), lr=0.0), zero_one, n_samples=K_, alpha=mgs_alpha,
-              sigma=sigma_, mix=mix, density=density, seed=noise_seed)
+              sigma=sigma_, mix=mix, density=density, seed=noise_seed, ess_warning=None)   # the ESS is measured
     mgs.step(ce_closure(model, batch if batch is not None else (Xtr[:batch_size], ytr[:batch_size])))
     return mgs.last_stats
 
@@ -333,7 +337,7 @@ def mgs_stepper(model, metric, lr_, seed_, density):
     logits are scored in a loop (vmap_task_loss=False)."""
     mgs = MGS(model, torch.optim.AdamW(model.parameters(), lr=lr_), TASKS[metric], n_samples=mgs_samples,
               alpha=mgs_alpha, sigma=mgs_sigma, mix=mgs_mix, density=density, vmap_task_loss=(metric == "accuracy"),
-              seed=seed_)
+              seed=seed_, ess_warning=None)      # every step's ESS is measured and reported (section 5)
 
     def step(batch):
         mgs.step(ce_closure(model, batch))
@@ -612,8 +616,8 @@ def verdict_list(setting, metric):
 
 # %%
 _ = run.say(
-    "* **The density decides whether the metric can steer.** With the true mixture density (the package "
-    "default) the density term's spread across candidates is {probe/density_term_spread_mixture:.0f} nats. With "
+    "* **The density decides whether the metric can steer.** With the true mixture density the "
+    "density term's spread across candidates is {probe/density_term_spread_mixture:.0f} nats. With "
     "the reference code's unit-σ density it is {probe/density_term_spread_unit_sigma:.2f}. Over the probe's grid "
     "of σ and λ the true density's median ESS is at most {probe/max_median_ess_mixture:.2f} of {K}.\n"
     "* **In training**, the median ESS was {mgs/median_ess_mixture_density_finetune:.2f} (true density) and "

@@ -71,7 +71,7 @@ mgs_alpha: float = 0.01         # [> 0] temperature α of p(Δθ) ∝ exp(−Δl
 mgs_sigma: float = 1.0          # [> 0] noise scale σ, relative to mean|g| per tensor
 mgs_mix: float = 0.5            # [≥ 0, ≤ 1] λ: weight of the zero-centred proposal component
 mgs_max_grad_norm: float = 0.1  # [> 0] surrogate gradient clipped to this norm (the size of an MLE-centred candidate)
-mgs_density: str = "unit_sigma" # "unit_sigma" (reference code) or "mixture" (true proposal density)
+mgs_density: str = "unit_sigma" # "unit_sigma" (reference code), "flat" (MGS's default) or "mixture" (true density)
 pg_samples: int = 2             # [≥ 2] sampled continuations per prefix (the leave-one-out baseline needs 2)
 pg_mle_weight: float = 1.0      # [≥ 0] policy gradient loss + w · MLE loss
 eval_batch_size: int = 96       # [≥ 1] held-out prefixes per decoding batch
@@ -255,9 +255,13 @@ for scale in (1e-4, 1e-2, 1.0):
 # **Which density $q$?** Two are in use. The *mixture* density is the true density of the draws above.
 # Notebooks 02–03 showed that in $d$ dimensions its $-\log q(\Delta\theta_k)$ differs between candidates by
 # about $\sqrt{d/2}$ — here d ≈ 10⁶, i.e. hundreds of nats — and then decides the weights alone, whatever the
-# task loss says. The reference code's *unit-σ* formula (`density="unit_sigma"`) evaluates the two Gaussians at
-# unit variance on noise of size σ·mean|g| ≪ 1, so its log q is nearly constant and the task term decides. One
-# step with each on the same candidates:
+# task loss says. The reference code's *unit-σ* formula (`density="unit_sigma"`, `perturb` in
+# `seq_level/gpt2/guided/utils.py`) computes q = ½·exp(−½‖ε‖²) + ½·exp(−½‖ε‖² + εᵀg − ½‖g‖²) with g = −∇l̃:
+# two Gaussians at unit variance, on noise of size σ·mean|g| ≪ 1. So its log q is nearly constant and the task
+# term decides. MGS's default, the *flat* density (`density="flat"`), sets log q ≡ 0: its weights are
+# softmax(−l_k/α), the exact self-normalized weights of the proposal tilted by the task loss (notebook 02 §6
+# derives it). This notebook's runs use `mgs_density`, by default the reference code's formula, as the paper's
+# results did. One step with each of the three on the same candidates:
 
 # %%
 def draw_batch(gen):
@@ -269,7 +273,8 @@ def draw_batch(gen):
 def make_mgs(model, opt, density, seed_, **kw):
     return MGS(model, opt, task.batch_task_loss, forward_fn=task.decode, n_samples=mgs_samples, alpha=mgs_alpha,
                sigma=mgs_sigma, mix=mgs_mix, density=density, max_grad_norm=mgs_max_grad_norm,
-               max_update_norm=2 * mgs_max_grad_norm, vmap_task_loss=False, seed=seed_, **kw)
+               max_update_norm=2 * mgs_max_grad_norm, vmap_task_loss=False, seed=seed_,
+               ess_warning=None, **kw)      # the ESS of every step is measured and reported (section 6)
 
 
 def mgs_closure(model, b):
@@ -285,7 +290,7 @@ def mgs_closure(model, b):
 pb = draw_batch(torch.Generator().manual_seed(seed))
 n_params = count_parameters(base)
 probe = {}
-for dens in ("mixture", "unit_sigma"):
+for dens in ("mixture", "unit_sigma", "flat"):
     m = copy.deepcopy(base).train()
     torch.manual_seed(seed)  # the same dropout mask in the surrogate gradient: the same candidates
     # SGD with lr = 1 applies θ ← θ + Δθ* exactly: lets us check the update below
@@ -300,6 +305,8 @@ for dens, (st, _) in probe.items():
           f"spread of task term {float(task_term.max() - task_term.min()):6.1f}, of −log q "
           f"{float(st.log_q.max() - st.log_q.min()):9.1f}; weights {st.weights.numpy().round(3)}")
 torch.testing.assert_close(probe["mixture"][0].task_losses, probe["unit_sigma"][0].task_losses)
+torch.testing.assert_close(probe["flat"][0].task_losses, probe["unit_sigma"][0].task_losses)
+torch.testing.assert_close(probe["flat"][0].weights, torch.softmax(-probe["flat"][0].task_losses / mgs_alpha, 0))
 spread = {d: float(st.log_q.max() - st.log_q.min()) for d, (st, _) in probe.items()}
 run.record("probe/log_q_spread_mixture", spread["mixture"])
 run.record("probe/log_q_spread_unit_sigma", spread["unit_sigma"])
@@ -307,8 +314,17 @@ tt = -(probe["mixture"][0].task_losses - probe["mixture"][0].base_loss) / mgs_al
 run.record("probe/task_term_spread", float(tt.max() - tt.min()))
 run.record("probe/max_weight_mixture", float(probe["mixture"][0].weights.max()))
 assert spread["mixture"] > 0.1 * math.sqrt(n_params / 2)    # ½χ²_d over K draws: of order √(d/2), whatever σ
+run.record("probe/max_weight_unit_sigma", float(probe["unit_sigma"][0].weights.max()))
+run.record("probe/max_weight_flat", float(probe["flat"][0].weights.max()))
 _ = run.claim("probe/unit_sigma_log_q_flat", "the unit-σ formula's −log q varies by less than 1 nat across the "
               "candidates", spread["unit_sigma"] < 1.0, value=spread["unit_sigma"], bound="< 1")
+
+# %%
+run.say("On this probe step the true density's −log q spreads over {probe/log_q_spread_mixture:.0f} nats between "
+        "candidates (unit-σ formula: {probe/log_q_spread_unit_sigma:.2g}; flat: 0), against "
+        "{probe/task_term_spread:.2g} for the task term. The largest weight is {probe/max_weight_mixture:.3f} with the "
+        "true density, {probe/max_weight_unit_sigma:.3f} with the unit-σ formula and {probe/max_weight_flat:.3f} with "
+        "the flat density. The runs below use `mgs_density = {d!r}`.", d=mgs_density)
 
 # %% [markdown]
 # From scratch, the same step: weights from the candidates' task losses and densities (`mgs_weights` is the
@@ -652,14 +668,10 @@ _ = run.say(
 # %%
 _ = run.say(
     "> **The proposal density.** The paper writes the importance weights with the proposal's density q. Its "
-    "reference code (`perturb` in `seq_level/gpt2/guided/utils.py`, <https://github.com/wellecks/mgs>) computes "
-    "q = ½·exp(−½‖ε‖²) + ½·exp(−½‖ε‖² + εᵀg − ½‖g‖²) with g = −∇l̃: two Gaussians at unit variance, on noise "
-    "of size σ·mean|g| ≪ 1. That is not the density of its draws. With the true density the weights would not follow "
-    "the task loss in a model of this size. On the probe step of section 2 the −log q term spread over "
-    "{probe/log_q_spread_mixture:.0f} nats between candidates (unit-σ formula: {probe/log_q_spread_unit_sigma:.2g}), "
-    "against {probe/task_term_spread:.2g} for the task term; the largest weight was "
-    "{probe/max_weight_mixture:.3f}. This notebook's runs use the reference code's formula (`mgs_density`), as "
-    "the paper's results did; notebooks 02–03 derive why.")
+    "reference code (`perturb` in `seq_level/gpt2/guided/utils.py`, <https://github.com/wellecks/mgs>, commit "
+    "25c41ea) evaluates the two Gaussians at unit variance on noise of size σ·mean|g| ≪ 1, which is not the "
+    "density of its draws. The paper's results come from the code's formula; section 2 shows what each density "
+    "does to the weights.")
 
 # %% [markdown]
 # ## Try this

@@ -48,13 +48,14 @@ seq_len: int = 12            # [≥ 4] tokens per sequence
 train_steps: int = 8         # [≥ 2] AdamW steps of the EMO fine-tune
 lr: float = 0.003            # [> 0] AdamW learning rate of the EMO fine-tune
 mgs_samples: int = 4         # [≥ 1] MGS candidates per step
-mgs_sigma: float = 0.5       # [> 0] MGS noise scale (absolute, per parameter)
+mgs_sigma: float = 1.0       # [> 0] MGS noise scale σ, relative to mean|g_t| per tensor (MGS's default)
 ig_steps: int = 16           # [≥ 1] Gauss–Legendre nodes of integrated gradients
 micro_batch: int = 2         # [≥ 1] sequences per micro-batch of the contrastive accumulation
 
 # %%
 import copy
 import importlib.util
+import math
 import time
 import warnings
 
@@ -278,19 +279,30 @@ def closure_for(model, batch):
     return closure
 
 
+# %% [markdown]
+# The step below is MGS with its defaults (σ relative to each tensor's mean |gradient|, the flat density, whose
+# weights are a softmax of the candidates' task losses, notebook 02 §6); only the forward, the task loss and the
+# seed are ours. `keep_deltas=True` keeps each candidate's Δθ_k so that we can decode what it generates.
+
 # %%
 prefix, _ = token_batch(batch_size, seq_len // 2, offset=1)
 refs, _ = token_batch(batch_size, 3, offset=2)
 mgs_batch = (prefix, refs)
-mgs_model, ref_model = copy.deepcopy(gpt2), copy.deepcopy(gpt2)
-mgs_kw = dict(n_samples=mgs_samples, sigma=mgs_sigma, sigma_mode="absolute", include_mle=True,
-              forward_fn=greedy_continuation)
+mgs_model, ref_model, theta_model = copy.deepcopy(gpt2), copy.deepcopy(gpt2), copy.deepcopy(gpt2)
+mgs_kw = dict(n_samples=mgs_samples, sigma=mgs_sigma, forward_fn=greedy_continuation)
 mgs = MGS(mgs_model, torch.optim.SGD(mgs_model.parameters(), lr=1.0), task_loss, seed=seed, parallel=False,
-          **mgs_kw)
+          keep_deltas=True, **mgs_kw)
 mgs.step(closure_for(mgs_model, mgs_batch))
 st = mgs.last_stats
-print("candidate task losses:", [round(x, 3) for x in st.task_losses.tolist()])
-print("weights:", [round(x, 3) for x in st.weights.tolist()], f"· effective sample size {st.ess:.2f}")
+print(f"density {mgs.density!r}, effective sample size {st.ess:.2f} of {len(st.weights)}")
+print("reference continuations:", refs.tolist())
+for k, delta in enumerate(st.deltas):            # what each candidate θ + Δθ_k generates, its loss and weight
+    cand = copy.deepcopy(theta_model)
+    with torch.no_grad():
+        for n, p_ in cand.named_parameters():
+            p_.add_(delta[n])
+    print(f"candidate {k}: task loss {float(st.task_losses[k]):.3f}, weight {float(st.weights[k]):.3f}, "
+          f"generates {greedy_continuation(cand, mgs_batch).tolist()}")
 
 # %% [markdown]
 # The check is the same step written plainly, `mgs_step_reference` (about thirty lines on self-normalized
@@ -300,34 +312,70 @@ print("weights:", [round(x, 3) for x in st.weights.tolist()], f"· effective sam
 ref_opt = torch.optim.SGD(ref_model.parameters(), lr=1.0)
 _, res = mgs_step_reference(ref_model, ref_opt, closure_for(ref_model, mgs_batch), task_loss, seed=seed, **mgs_kw)
 torch.testing.assert_close(st.weights, res.weights, rtol=1e-5, atol=1e-7)
+torch.testing.assert_close(st.weights, torch.softmax(-st.task_losses / mgs.param_groups[0]["alpha"], 0))  # flat
 mgs_gap = max_abs_diff(mgs_model.parameters(), ref_model.parameters())
 parity("mgs/vs_reference_max_param_diff", mgs_gap, 1e-5)
 run.record("mgs/ess", st.ess, headline=True)
-run.claim("mgs/candidates_differ", "the candidates' decoded continuations give more than one task-loss value",
-          len(set(st.task_losses.tolist())) > 1, value=len(set(st.task_losses.tolist())), bound="> 1")
+_ = run.claim("mgs/candidates_differ", "the candidates' decoded continuations give more than one task-loss value",
+              len(set(st.task_losses.tolist())) > 1, value=len(set(st.task_losses.tolist())), bound="> 1")
 
 # %% [markdown]
 # What decides the weights? The log-weight of candidate $k$ has two terms, the task loss and the proposal density:
 #
 # $$\log w_k = -\frac{l(\theta+\Delta\theta_k) - l(\theta)}{\alpha} - \log q(\Delta\theta_k).$$
 #
-# The cell below compares how much each term varies across the candidates.
+# The default sets $\log q \equiv 0$. The exact mixture density (`density="mixture"`) keeps it. Across
+# candidates its $-\log q$ varies by about $\sqrt{P/2}$ nats whatever σ is (notebook 02 §6), against at most
+# $1/\alpha$ for a task loss in [0, 1]. The cell below runs three steps with each density from the same seed on
+# copies of the model, and compares the two terms' spreads on the first step's candidates.
 
 # %%
-task_term = (st.task_losses / mgs.param_groups[0]["alpha"]).tolist()
-density_term = (-st.log_q).tolist()
+def mgs_three_steps(density):
+    """Three MGS steps on a copy of the GPT-2 with ``density``; their stats."""
+    m = copy.deepcopy(theta_model)
+    opt = MGS(m, torch.optim.SGD(m.parameters(), lr=1.0), task_loss, seed=seed, parallel=False, density=density,
+              ess_warning=None, **mgs_kw)
+    out = []
+    for _ in range(3):
+        opt.step(closure_for(m, mgs_batch))
+        out.append(opt.last_stats)
+    return out, opt
+
+
+three = {d: mgs_three_steps(d) for d in ("flat", "mixture")}
+torch.testing.assert_close(three["flat"][0][0].task_losses, three["mixture"][0][0].task_losses)  # same candidates
+torch.testing.assert_close(three["flat"][0][0].weights, st.weights)                              # = the step above
+for d, (stats_, _) in three.items():
+    print(f"{d:8s}: ESS per step {[round(x.ess, 2) for x in stats_]}, first step's weights "
+          f"{[round(x, 3) for x in stats_[0].weights.tolist()]}")
+ex = three["mixture"][0][0]
+alpha_mgs = mgs.param_groups[0]["alpha"]
 spread = lambda v: max(v) - min(v)                                                  # noqa: E731
-run.record("mgs/task_term_spread", spread(task_term))
-run.record("mgs/density_term_spread", spread(density_term))
-top = int(st.weights.argmax())
-lowest = float(st.task_losses.min())
-run.say("The largest weight, {w:.2f}, goes to candidate {k}, whose task loss {l:.3f} is "
-        + ("the lowest" if float(st.task_losses[top]) == lowest else "not the lowest ({lo:.3f})") + ". "
-        "Across candidates the task term varies by {mgs/task_term_spread:.3g} and the density term by "
-        "{mgs/density_term_spread:.3g}: with {P:,} searched parameters the "
-        + ("proposal density" if spread(density_term) > spread(task_term) else "task loss")
-        + " dominates the weights.", w=float(st.weights[top]), k=top, l=float(st.task_losses[top]), lo=lowest,
-        P=sum(p.numel() for p in mgs_model.parameters()))
+run.record("mgs/task_term_spread", spread((ex.task_losses / alpha_mgs).tolist()))
+run.record("mgs/density_term_spread_mixture", spread((-ex.log_q).tolist()))
+run.record("mgs/ess_steps_flat", [x.ess for x in three["flat"][0]])
+run.record("mgs/ess_steps_mixture", [x.ess for x in three["mixture"][0]])
+run.record("mgs/min_ess_flat", min(x.ess for x in three["flat"][0]))
+run.record("mgs/max_ess_mixture", max(x.ess for x in three["mixture"][0]))
+_ = run.claim("mgs/default_keeps_ess", "with MGS's default (flat) density the ESS stays above 1 on each of 3 steps",
+              min(x.ess for x in three["flat"][0]) > 1.0, value=min(x.ess for x in three["flat"][0]), bound="> 1")
+
+# %%
+P_gpt2 = sum(p_.numel() for p_ in mgs_model.parameters())
+lowest = float(ex.task_losses.min())
+top_m, top_f = int(ex.weights.argmax()), int(st.weights.argmax())
+run.say("With the exact mixture density, −log q varies by {mgs/density_term_spread_mixture:.3g} nats across the "
+        "first step's candidates (√(P/2) = {half:.0f} for P = {P:,}), the task term by {mgs/task_term_spread:.3g}. "
+        "The " + ("proposal density" if spread((-ex.log_q).tolist()) > spread((ex.task_losses / alpha_mgs).tolist())
+                  else "task loss") + " decides: the ESS is at most {mgs/max_ess_mixture:.2f} over three steps, and "
+        "the largest weight ({wm:.2f}) goes to a candidate whose task loss {lm:.3f} is "
+        + ("the lowest" if float(ex.task_losses[top_m]) == lowest else "not the lowest ({lo:.3f})") + ". "
+        "With the default flat density the ESS is at least {mgs/min_ess_flat:.2f} on each step, and the largest "
+        "weight ({wf:.2f}) goes to a candidate with task loss {lf:.3f}"
+        + (" (the lowest)" if float(st.task_losses[top_f]) == lowest else "") + ". A step whose ESS falls below "
+        "1.5 warns once, naming the term that collapsed it and the remedy.",
+        half=math.sqrt(P_gpt2 / 2), P=P_gpt2, wm=float(ex.weights[top_m]), lm=float(ex.task_losses[top_m]),
+        lo=lowest, wf=float(st.weights[top_f]), lf=float(st.task_losses[top_f]))
 
 # %% [markdown]
 # ## 3 · K-FAC on a Llama and on a GPT-2, with its coverage
@@ -538,6 +586,6 @@ run.say(
 # %% [markdown]
 # **Try this.**
 # * Wider models and longer sequences: `python -m taskloss.runner run 17 -p width 64 -p seq_len 32`
-# * More MGS candidates and noise: `python -m taskloss.runner run 17 -p mgs_samples 16 -p mgs_sigma 0.1`
+# * More MGS candidates and noise: `python -m taskloss.runner run 17 -p mgs_samples 16 -p mgs_sigma 4`
 # * Seconds, not minutes: `python -m taskloss.runner run 17 --set smoke`
 # * Your own model: replace `tiny(...)` by `transformers.AutoModelForCausalLM.from_pretrained(folder)`.

@@ -10,9 +10,28 @@ with the proposal q = λ·N(0, σ²I) + (1−λ)·N(−∇l̃, σ²I) built from
     Δθ_k ~ q,   log w_k = −[l(θ+Δθ_k) − l(θ)]/α − log q(Δθ_k),   Δθ* = Σ_k softmax(log w)_k Δθ_k.
 
 σ is per tensor t: ``sigma_mode="absolute"`` uses σ_t = σ, ``"relative"`` σ_t = σ·mean|g_t| (the reference's
-"uniform" noise scale). ``density="mixture"`` (default) evaluates the true mixture density with its σ_t;
-``density="unit_sigma"`` reproduces the reference code, which evaluates the two Gaussians as if σ were 1 and
-drops their normalizing constants: log q = log(λ e^{−½‖Δθ‖²} + (1−λ) e^{−½‖Δθ+g‖²}).
+"uniform" noise scale). Which log q enters the weights is ``density``:
+
+- ``"flat"`` (default): log q ≡ 0, so w = softmax(−l(θ+Δθ_k)/α). This is self-normalized importance sampling,
+  exact in its own terms, for the target p̃(Δθ) ∝ q(Δθ)·e^{−[l(θ+Δθ) − l(θ)]/α} — the proposal tilted by the task
+  loss, the minimizer of E_p[l(θ+Δθ)] + α·KL(p‖q) (the Gibbs variational principle, Donsker & Varadhan 1975).
+  The weights follow the task loss whatever P and σ are.
+- ``"mixture"``: the true density of the draws, with its σ_t. Across candidates drawn from one component,
+  −log q = ½‖z_k‖² + const with z_k ~ N(0, I_P), so it spreads by √(P/2) nats (standard deviation), and the
+  exact step −g (``include_mle``) sits ≈ P/2 nats apart. Against a task term (l_j − l_k)/α that a bounded
+  task loss keeps below (max l − min l)/α, the weights collapse to one candidate (ESS ≈ 1) once P reaches the
+  tens (notebook 02_importance_sampling_and_mgs §6 derives and measures it). It is the right choice only where
+  the target e^{−Δl/α} is itself a proper density (a loss that grows without bound, as a quadratic) and P is
+  small enough that √(P/2) stays below the task term's spread — the toy problems of notebooks 01 and 02.
+- ``"unit_sigma"``: the reference code's formula, which evaluates the two Gaussians as if σ were 1 and drops
+  their normalizing constants: log q = log(λ e^{−½‖Δθ‖²} + (1−λ) e^{−½‖Δθ+g‖²}). Under ``sigma_mode="relative"``
+  its spread across candidates, √(Σ_t σ_t⁴·n_t/2), is tiny, so it acts like ``"flat"``; with an absolute σ it is
+  σ²√(P/2) and collapses the weights too.
+
+``MGS.last_stats.ess`` (:class:`~taskloss.search.mgs_stats.MGSStats`) is the effective sample size 1/Σ w_k² of the
+last step; the first step whose ESS falls below ``ess_warning`` (1.5 by default: with two candidates, one holds
+more than 79 % of the weight) emits one ``UserWarning`` that says whether the density term or the task term made
+it collapse and what to change.
 
 Where each piece lives: the density, the weights and the candidate seeds in :mod:`taskloss.search.mgs_density`
 (the weights on :func:`taskloss.sampling.update.normalized_log_weights`); the candidates and the statistics of their
@@ -38,6 +57,9 @@ step, the K forwards and the K·P normal draws); the figures and the tuning hist
 from __future__ import annotations
 
 import math
+import os
+import sys
+import warnings
 from typing import Any, Callable
 
 import torch
@@ -53,7 +75,7 @@ from taskloss.search.mgs_density import (
 )
 from taskloss.search.mgs_noise import CandidateDraws, DrawPlan, build_proposal
 from taskloss.search.mgs_scoring import MODES, CandidateScorer, default_forward
-from taskloss.search.mgs_stats import MGSStats
+from taskloss.search.mgs_stats import ESS_WARNING, MGSStats, collapse_message
 from taskloss.utils import check_bool, check_choice, check_int, check_not_meta, check_positive, check_probability
 
 __all__ = ["MGS", "SIGMA_MODES", "ASSIGNMENTS", "GRAD_NORM_EPS"]
@@ -62,6 +84,17 @@ SIGMA_MODES = ("absolute", "relative")
 ASSIGNMENTS = ("random", "stratified")
 #: the numerical floor added to a norm before dividing by it when clipping (as ``clip_grad_norm_`` does)
 GRAD_NORM_EPS = 1e-6
+
+
+def _caller_stacklevel() -> int:
+    """The ``stacklevel`` that points a warning raised in :meth:`MGS.step` at the line that called the step (past
+    torch's ``no_grad`` and optimizer-hook wrappers)."""
+    torch_dir = os.path.dirname(torch.__file__)
+    frame, level = sys._getframe(1), 1
+    while frame is not None and (frame.f_code.co_filename.startswith(torch_dir) or
+                                 frame.f_code.co_filename == __file__):
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 # ------------------------------------------------------------------------------------------------ the step
@@ -102,7 +135,10 @@ class MGS(torch.optim.Optimizer):
         sigma_mode: ``"relative"`` (σ_t = σ·mean|g_t|, the reference's default) or ``"absolute"``.
         mix: λ ∈ [0, 1], the weight of the zero-centred component.
         include_mle: add the exact step −g as candidate 0.
-        density: ``"mixture"`` or ``"unit_sigma"`` (module docstring).
+        density: ``"flat"`` (default: the weights are a softmax of the task term; checked to keep ESS > 1 on a
+            tiny GPT-2 scored by edit distance through ``generate`` — notebook 17 — and on the harness MLP of
+            :mod:`taskloss.harness`), ``"mixture"`` (the exact proposal density: only for small P) or
+            ``"unit_sigma"`` (the reference code's formula); the module docstring says when each is right.
         assignment: ``"random"`` (each candidate's component drawn with P(zero) = λ) or ``"stratified"`` (a fixed
             pattern with ⌈j(1−λ)⌉ MLE-centred among the first j candidates — for λ = ½ the reference's alternation
             MLE, zero, MLE, …; the mixture density is still the right weight: it is the balance heuristic of
@@ -133,6 +169,9 @@ class MGS(torch.optim.Optimizer):
         eager_base_loss: compute l(θ) inside the step (one more forward) and raise if it is not finite;
             otherwise :attr:`MGSStats.base_loss` computes it when read.
         keep_deltas: keep every Δθ_k in ``last_stats.deltas``.
+        ess_warning: emit a ``UserWarning`` when a step's effective sample size falls below it (steps with at least
+            two candidates; ``None``: never), once per MGS; ``collapsed_steps`` counts every such step. Default
+            :data:`~taskloss.search.mgs_stats.ESS_WARNING`.
         seed: base seed of the candidate noise (``None``: drawn from torch's global RNG). Under an initialized
             ``torch.distributed`` process group (or ``process_group``) rank 0's seed is broadcast once, rank r
             scores candidates r, r+W, …, the losses are all-gathered and every rank computes the same weights and
@@ -152,12 +191,13 @@ class MGS(torch.optim.Optimizer):
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, task_loss_fn: Callable, *,
                  n_samples: int = 4, alpha: float = 0.01, sigma: float = 1.0, sigma_mode: str = "relative",
-                 mix: float = 0.5, include_mle: bool = False, density: str = "mixture",
+                 mix: float = 0.5, include_mle: bool = False, density: str = "flat",
                  assignment: str = "random", max_grad_norm: float | None = 1.0,
                  max_update_norm: float | None = 1.0, lr: float = 1.0, forward_fn: Callable | None = None,
                  parallel: bool | str = "auto", vmap_task_loss: bool | str = "auto", chunk_size: int | None = None,
                  low_memory: bool = False, eval_mode: bool = True, eager_base_loss: bool = False,
-                 keep_deltas: bool = False, seed: int | None = None, process_group=None):
+                 keep_deltas: bool = False, seed: int | None = None, process_group=None,
+                 ess_warning: float | None = ESS_WARNING):
         if not isinstance(model, nn.Module):
             raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
         if not isinstance(optimizer, torch.optim.Optimizer):
@@ -180,6 +220,7 @@ class MGS(torch.optim.Optimizer):
         self.eval_mode = check_bool("eval_mode", eval_mode)
         self.eager_base_loss = check_bool("eager_base_loss", eager_base_loss)
         self.keep_deltas = check_bool("keep_deltas", keep_deltas)
+        self.ess_warning = None if ess_warning is None else check_positive("ess_warning", ess_warning)
         self.model, self.optimizer, self.process_group = model, optimizer, process_group
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         if not named:
@@ -203,6 +244,7 @@ class MGS(torch.optim.Optimizer):
         self._seed = int(torch.randint(0, 2 ** 62, (1,)).item()) if seed is None else int(seed)
         self._seed_synced = False
         self.steps_done = 0
+        self.collapsed_steps = 0     # steps whose ESS fell below ess_warning (the first one warned)
         self.last_stats: MGSStats | None = None
 
     def _check_optimizer(self, optimizer: torch.optim.Optimizer) -> None:
@@ -428,6 +470,8 @@ class MGS(torch.optim.Optimizer):
         lq = log_q.tolist()
         lw = log_weights_floats(L, lq, h["alpha"], checked_shift_floats(L, lq))
         w = [math.exp(v) for v in lw]
+        tw = [math.exp(v) for v in (log_weights_floats(L, [0.0] * n, h["alpha"], checked_shift_floats(L, [0.0] * n))
+                                    if self.density != "flat" else lw)]
         update, kept = self._weighted_sum(w, draws, rows, theta, self.keep_deltas)
         update_norm = self._apply(update, h["lr"], h["max_update_norm"])
         self.steps_done += 1
@@ -440,5 +484,11 @@ class MGS(torch.optim.Optimizer):
             mle_weight=math.fsum(x for x, m in zip(w, draws.mle) if m),
             surrogate_loss=surrogate, grad_norm=grad_norm, update_norm=update_norm, sigmas=proposal.sigma.tolist(),
             seeds=seeds, evaluation=self.mode, deltas=kept,
-            base=float(base) if base is not None else lambda: self.scorer.loss_at(theta0, batch))
+            base=float(base) if base is not None else lambda: self.scorer.loss_at(theta0, batch),
+            task_ess=1.0 / math.fsum(x * x for x in tw))
+        if self.ess_warning is not None and n > 1 and self.last_stats.ess < self.ess_warning:
+            self.collapsed_steps += 1
+            if self.collapsed_steps == 1:        # once per MGS: a training loop would repeat it every step
+                warnings.warn(collapse_message(self.last_stats, h["alpha"], self.density, self.ess_warning),
+                              UserWarning, stacklevel=_caller_stacklevel())
         return loss

@@ -4,7 +4,9 @@ effective sample size, and the per-candidate seeds every rank agrees on.
 Derived in notebook 02_importance_sampling_and_mgs. Source: *MLE-guided parameter search for task loss
 minimization in neural sequence modeling* (Welleck & Cho, AAAI 2021). The proposal is
 q = λ·N(0, σ_t²I) + (1−λ)·N(−g, σ_t²I) per parameter tensor t (``density="mixture"``: the true density;
-``"unit_sigma"``: the reference code's formula, σ taken as 1 and constants dropped); the weights are
+``"unit_sigma"``: the reference code's formula, σ taken as 1 and constants dropped; ``"flat"``, MGS's default:
+log q ≡ 0, the weights of the proposal tilted by the task loss — :mod:`taskloss.search.mgs` says when each is
+right); the weights are
 w_k ∝ exp(−[l(θ+Δθ_k) − l(θ)]/α) / q(Δθ_k), normalized in log space by
 :func:`taskloss.sampling.update.normalized_log_weights` (the self-normalized weights of notebook
 01_optimization_as_sampling; their effective sample size is :func:`taskloss.sampling.update.effective_sample_size`).
@@ -25,7 +27,8 @@ from taskloss.utils import all_finite, check_bool, check_choice, check_positive,
 __all__ = ["mixture_log_density", "mgs_weights", "DENSITIES", "log_q_from_sq", "log_q_floats", "checked_shift_floats",
            "log_weights_floats", "candidate_seeds", "uniform_from_seed", "mle_components"]
 
-DENSITIES = ("mixture", "unit_sigma")
+#: the log-densities the weights can use (:func:`log_q_from_sq`); ``"flat"`` is :class:`~taskloss.search.mgs.MGS`'s default
+DENSITIES = ("flat", "mixture", "unit_sigma")
 _LOG_2PI = math.log(2 * math.pi)
 _STRATIFIED_EPS = 1e-9       # ⌈x⌉ of a product that should be an integer, robust to its rounding
 
@@ -46,11 +49,14 @@ def log_q_from_sq(d0: Tensor, d1: Tensor, sigma: Tensor, numel: Tensor, mix: flo
         sigma: float64 ``[T]``, σ_t.
         numel: float64 ``[T]``, the number of entries of each tensor.
         mix: λ, the weight of the zero-centred component.
-        density: ``"mixture"`` or ``"unit_sigma"``.
+        density: ``"flat"`` (log q taken as 0: the weights are a softmax of the task term alone, the estimator of
+            the proposal tilted by the task loss, q·e^{−Δl/α}), ``"mixture"`` or ``"unit_sigma"``.
 
     Returns:
         float64 ``[...]`` log q.
     """
+    if density == "flat":
+        return torch.zeros(d0.shape[:-1], dtype=torch.float64, device=d0.device)
     lm0, lm1 = math.log(mix) if mix > 0 else -math.inf, math.log1p(-mix) if mix < 1 else -math.inf
     sig = sigma.tolist()
     if density == "unit_sigma":
@@ -93,12 +99,14 @@ def log_q_floats(d0: list[list[float]], d1: list[list[float]], sig: list[float],
         sig: σ_t per tensor.
         numel: entries per tensor.
         mix: λ.
-        density: ``"mixture"`` or ``"unit_sigma"``.
+        density: ``"flat"``, ``"mixture"`` or ``"unit_sigma"``.
 
     Returns:
         log q per candidate, or ``None`` when some σ_t = 0 under ``density="mixture"`` (the atoms of
         :func:`~taskloss.search.mgs_density.log_q_from_sq`, which handles them).
     """
+    if density == "flat":
+        return [0.0] * len(d0)
     lm0, lm1 = math.log(mix) if mix > 0 else -math.inf, math.log1p(-mix) if mix < 1 else -math.inf
     if density == "unit_sigma":
         return [_logaddexp(-0.5 * math.fsum(a) + lm0, -0.5 * math.fsum(b) + lm1) for a, b in zip(d0, d1)]
@@ -131,7 +139,8 @@ def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = 
     :func:`~taskloss.search.mgs_density.log_q_from_sq`. This is the density MGS uses, where σ_t = 0 happens only with g_t = 0 and Δθ_t = 0.
     ``mix`` = λ, the weight of the zero-centred component. ``density="mixture"``: the true density with σ_t
     (normalizing constants included); ``"unit_sigma"``: the reference code's formula (σ taken as 1, constants
-    dropped) — see the module docstring. Computed in float64 through ``logsumexp`` (no underflow).
+    dropped); ``"flat"``: 0 for every candidate (the weights then target q tilted by the task loss) — see the
+    module docstring of :mod:`taskloss.search.mgs`. Computed in float64 through ``logsumexp`` (no underflow).
     Derived in notebook 02_importance_sampling_and_mgs.
     """
     check_choice("density", density, DENSITIES)

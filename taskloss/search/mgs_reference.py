@@ -28,7 +28,7 @@ __all__ = ["mgs_step_reference"]
 def mgs_step_reference(model: nn.Module, optimizer: torch.optim.Optimizer, closure, task_loss_fn, *, seed: int,
                        step: int = 0, n_samples: int = 4, alpha: float = 0.01, sigma: float = 1.0,
                        sigma_mode: str = "relative", mix: float = 0.5, include_mle: bool = False,
-                       density: str = "mixture", assignment: str = "random", max_grad_norm: float | None = 1.0,
+                       density: str = "flat", assignment: str = "random", max_grad_norm: float | None = 1.0,
                        max_update_norm: float | None = 1.0, lr: float = 1.0, forward_fn=default_forward,
                        scoring_eval_mode: bool = True) -> tuple[torch.Tensor, SNISResult]:
     """Step ``step`` of :class:`~taskloss.search.mgs.MGS` with base seed ``seed``, written plainly (inputs trusted).

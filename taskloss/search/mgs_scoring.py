@@ -35,7 +35,8 @@ from taskloss.search.mgs_noise import CandidateDraws
 from taskloss.utils import eval_mode as _eval_mode
 from taskloss.utils import flatten
 
-__all__ = ["default_forward", "CandidateScorer", "stack_losses", "MODES"]
+__all__ = ["default_forward", "CandidateScorer", "stack_losses", "MODES", "ModelOutputError", "is_model_output",
+           "model_output_message"]
 
 #: the scoring modes, in the order of the ``"auto"`` fallback
 MODES = ("vmap", "vmap_forward", "loop")
@@ -106,6 +107,37 @@ _REACH = ("reach the parameters through the model forward_fn is given (model_k.l
           "...), or pass parallel=False (the loop writes θ + Δθ_k into the module itself)")
 
 
+class ModelOutputError(TypeError):
+    """``task_loss_fn`` failed on a Hugging Face ``ModelOutput`` that ``forward_fn`` passed on (issue 41)."""
+
+
+def is_model_output(value) -> bool:
+    """Whether ``value`` is a ``transformers`` ``ModelOutput`` (read from its classes: no import of transformers).
+
+    Args:
+        value: what ``forward_fn`` returned.
+
+    Returns:
+        True for a ``ModelOutput`` (``CausalLMOutputWithCrossAttentions``, ``SequenceClassifierOutput``, ...).
+    """
+    return any(c.__name__ == "ModelOutput" for c in type(value).__mro__)
+
+
+def model_output_message(value) -> str:
+    """The refusal of a ``ModelOutput`` where the task loss needed a tensor, with the one-line fix.
+
+    Args:
+        value: the ``ModelOutput`` ``forward_fn`` returned.
+
+    Returns:
+        The message.
+    """
+    return (f"task_loss_fn failed on a {type(value).__name__}, a transformers ModelOutput (fields "
+            f"{list(value.keys())}): MGS hands task_loss_fn what forward_fn returns, and the default forward_fn "
+            "returns model(batch[0]) as it is. Pass a forward_fn that returns the tensor the task loss needs, e.g. "
+            "MGS(model, optimizer, task_loss_fn, forward_fn=lambda model, batch: model(batch[0]).logits)")
+
+
 class CandidateScorer:
     """Scores MGS candidates: the task loss of θ + Δθ_k in one of the three modes of the module docstring.
 
@@ -171,9 +203,18 @@ class CandidateScorer:
             with self.loaded(flat, now) as model:
                 return float(self.score_one(model, batch))
 
+    def task_of(self, outputs, batch):
+        """``task_loss_fn(outputs, batch)``; a failure on a ``ModelOutput`` raises :class:`ModelOutputError`."""
+        try:
+            return self.task_loss_fn(outputs, batch)
+        except (AttributeError, TypeError) as e:
+            if is_model_output(outputs):
+                raise ModelOutputError(model_output_message(outputs)) from e
+            raise
+
     def task_value(self, model_k, batch):
         """``task_loss_fn(forward_fn(model_k, batch), batch)`` as returned (checked by :func:`stack_losses`)."""
-        return self.task_loss_fn(self.forward_fn(model_k, batch), batch)
+        return self.task_of(self.forward_fn(model_k, batch), batch)
 
     def score_one(self, model_k, batch) -> Tensor:
         """The task loss of ``model_k`` on ``batch`` as a float64 scalar."""
@@ -190,7 +231,7 @@ class CandidateScorer:
         def run(model):
             with guard if guard is not None else contextlib.nullcontext():
                 out = self.forward_fn(model, batch)
-                return self.task_loss_fn(out, batch) if with_loss else out
+                return self.task_of(out, batch) if with_loss else out
 
         value = call_with_parameters(self.model, params, run)
         if any(isinstance(v, Tensor) for v in tree_leaves(value)) and not depends_on_vmap(value):
@@ -217,11 +258,13 @@ class CandidateScorer:
                     res = out.detach().to(torch.float64)
                 else:
                     outs = vmap(lambda p: self._at(p, batch, False), randomness="different")(stacked)
-                    res = stack_losses([self.task_loss_fn(tree_map(lambda o, j=j: o[j], outs), batch)
+                    res = stack_losses([self.task_of(tree_map(lambda o, j=j: o[j], outs), batch)
                                         for j in range(c)], "vmap_forward")
                 self.confirmed = self.guarded = True
                 return res
             except Exception as e:  # noqa: BLE001 — a genuine error re-raises in the fallback below
+                if isinstance(e, ModelOutputError):
+                    raise
                 if not self.auto or self.confirmed:
                     if hasattr(e, "add_note"):      # Python ≥ 3.11
                         e.add_note(f"MGS scored the candidates in mode {self.mode!r} (one torch.func.vmap over "

@@ -142,7 +142,7 @@ def _lm_surrogate(m, b):
 def _lm_step(model, forward_fn, task, return_deltas=False, batch=None, **kw):
     batch = _lm_batch() if batch is None else batch
     model = copy.deepcopy(model)
-    kw = {"n_samples": 4, "seed": 5, "sigma": 0.3, "sigma_mode": "absolute", **kw}
+    kw = {"n_samples": 4, "seed": 5, "sigma": 0.3, "sigma_mode": "absolute", "ess_warning": None, **kw}
     mgs = with_surrogate(MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), task, forward_fn=forward_fn, **kw),
                          _lm_surrogate)
     with warnings.catch_warnings():

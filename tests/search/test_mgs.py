@@ -114,7 +114,7 @@ def test_mixture_log_density_unperturbed_tensor_is_an_atom():
     model.unused = nn.Parameter(torch.ones(3, dtype=torch.float64))       # no gradient reaches it
     names = [n for n, _ in model.named_parameters()]
     grads = torch.autograd.grad(ce_surrogate(model, batch), list(model.parameters()), allow_unused=True)
-    st = mgs_step(make(model, n_samples=4, max_grad_norm=None), batch, return_deltas=True)
+    st = mgs_step(make(model, n_samples=4, max_grad_norm=None, density="mixture"), batch, return_deltas=True)
     assert st.sigmas[names.index("unused")] == 0.0 and all(bool((d["unused"] == 0).all()) for d in st.deltas)
     assert all(math.isfinite(v) for v in st.log_q.tolist())
     want = mixture_log_density([torch.stack([d[n] for d in st.deltas]) for n in names],
