@@ -51,7 +51,7 @@
 seed: int = 0                # [≥ 0] seed of every random draw
 device: str = "auto"         # "auto" (cuda when available), "cpu" or "cuda"
 output_dir: str = ""         # run folder; empty: the runner's, or runs/interactive/<notebook>
-n_seeds: int = 5             # [≥ 3] independent runs (initialization and minibatch order) per method
+n_seeds: int = 10            # [≥ 3] independent runs (initialization and minibatch order) per method
 hidden: int = 32             # [≥ 1] MLP width
 batch_size: int = 128        # [≥ 1] training digits per minibatch
 lr: float = 0.003            # [> 0] Adam(W) learning rate for MLE and for MGS from scratch

@@ -308,10 +308,25 @@ def _read_results(folder: Path) -> dict[str, Any]:
 
 
 def _headline(res: dict[str, Any]) -> str:
+    """The headline results; a recorded comparison shows its family-corrected verdict where the run corrected it
+    (``results.json``'s ``adjusted``), marked "uncorrected" where it did not."""
     try:
         results, keys = res.get("results", {}), res.get("headline", [])
-        return "<br>".join(f"{k} = {_fmt(results[k])}" for k in keys if k in results)
-    except (AttributeError, TypeError):
+        adjusted = res.get("adjusted", {}) or {}
+        out = []
+        for k in keys:
+            if k not in results:
+                continue
+            v = results[k]
+            if isinstance(v, dict) and "effect" in v and "verdict" in v:
+                adj = adjusted.get(k) if isinstance(adjusted, dict) else None
+                verdict = (f"{adj['verdict_adjusted']} after {adj.get('correction', 'correction')}"
+                           if isinstance(adj, dict) and adj.get("verdict_adjusted") else f"{v['verdict']} (uncorrected)")
+                out.append(f"{k} = {verdict} ({_fmt(v['effect'])})")
+            else:
+                out.append(f"{k} = {_fmt(v)}")
+        return "<br>".join(out)
+    except (AttributeError, TypeError, KeyError):
         return ""
 
 

@@ -306,3 +306,17 @@ def test_threads_per_run_splits_the_cores_and_respects_a_caller_omp_setting(monk
     for bad in (0, -1, 1.5, True):
         with pytest.raises(ValueError, match="threads"):
             threads_per_run(1, {}, threads=bad)
+
+
+def test_summary_shows_the_corrected_verdict_of_a_headline_comparison():
+    """SUMMARY.md reads a headline comparison's family-corrected verdict (issue 39: it showed the uncorrected one,
+    'worse' where the notebook said 'inconclusive' after Holm), and marks an uncorrected one as such."""
+    from taskloss.runner.store import _headline
+
+    comp = {"effect": 3.475, "verdict": "worse", "a": [1.0], "b": [0.0]}
+    res = {"results": {"x/cmp": comp, "x/plain": 0.5}, "headline": ["x/cmp", "x/plain"],
+           "adjusted": {"x/cmp": {"verdict_adjusted": "inconclusive", "correction": "holm"}}}
+    text = _headline(res)
+    assert "x/cmp = inconclusive after holm (3.475)" in text and "worse" not in text and "x/plain = 0.5" in text
+    del res["adjusted"]
+    assert "x/cmp = worse (uncorrected) (3.475)" in _headline(res)
