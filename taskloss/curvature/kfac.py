@@ -67,7 +67,9 @@ A Hugging Face causal LM (keyword batch, ``-100`` labels; ``model.eval()``: drop
 """
 from __future__ import annotations
 
+import math
 import sys
+import warnings
 import weakref
 from typing import Mapping
 
@@ -160,6 +162,15 @@ class KFAC:
             checkpoints).
         skip_unsupported: see ``model``.
         ignore_index: the categorical label of a loss term that does not count (``update_statistics``' targets).
+        masked_rows: the ``-100`` convention, for a position whose label is ``ignore_index`` inside real tokens.
+            ``"drop"`` (default): its row leaves a layer's ``A`` (and ``G``) where no gradient flows through it in
+            that layer (the output layer and the last block there), and stays where gradient does flow (lower
+            layers, through attention to later positions). The factors then average over the rows that shape the
+            gradient being preconditioned: a row whose ``g`` is exactly zero adds nothing to the Fisher block
+            ``E[a aᵀ ⊗ g gᵀ]``, and putting its ``a aᵀ`` into ``A`` would only dilute ``A`` with inputs the
+            gradient never sees. ``"keep"``: every computed position is a row of ``A`` — curvlinops' convention (its
+            K-FAC equals this one to float rounding then); use it to compare with curvlinops. ``G`` is normalized by
+            the loss terms that count in both. Padding (the attention mask) leaves both factors in both modes.
         process_group: the ``torch.distributed`` ranks whose batches make one batch (``None``: the default group
             when ``torch.distributed`` is initialized, else this process alone). See "Across ranks" below.
 
@@ -192,6 +203,7 @@ class KFAC:
     """
 
     FISHER_TYPES = ("mc", "empirical", "exact")
+    MASKED_ROWS = ("drop", "keep")
     DAMPING_MODES = DAMPING_MODES
 
     def __init__(self, model: nn.Module, *, damping: float = 1e-3, fisher_type: str = "mc",
@@ -201,13 +213,16 @@ class KFAC:
                  trust_region: float | None = DEFAULT_TRUST_REGION,
                  optimizer: torch.optim.Optimizer | None = None, n_samples: int = 1,
                  generator: torch.Generator | None = None, skip_unsupported: bool = False,
-                 ignore_index: int = IGNORE_INDEX, process_group=None):
+                 ignore_index: int = IGNORE_INDEX, masked_rows: str = "drop", process_group=None):
         if not isinstance(model, nn.Module):
             raise TypeError("model must be an nn.Module")
         check_not_meta("the model", model)
         refuse_sharded(model, "KFAC")
         self.process_group = check_process_group(process_group)
         self.ignore_index = check_int("ignore_index", ignore_index)
+        if masked_rows not in self.MASKED_ROWS:
+            raise ValueError(f"masked_rows must be one of {self.MASKED_ROWS}, got {masked_rows!r}")
+        self.masked_rows = masked_rows
         if fisher_type not in self.FISHER_TYPES:
             raise ValueError(f"fisher_type must be one of {self.FISHER_TYPES}, got {fisher_type!r}")
         if likelihood not in LIKELIHOODS:
@@ -241,9 +256,15 @@ class KFAC:
         self.layers, self._coverage = find_layers(self._module, skip_unsupported)
         self.modules = {layer.name: layer.module for layer in self.layers}
         self.skipped = list(self._coverage.skipped)
+        if self._coverage.unable:
+            warnings.warn("K-FAC cannot precondition " + "; ".join(f"{n!r} ({r})" for n, r in
+                                                                   self._coverage.unable.items())
+                          + ". print(kfac.coverage) lists every module and what happens to it", stacklevel=2)
         self._random = random_modules(self._module)   # Dropout / BatchNorm: refused in train mode, as everywhere
         self._forward_error: str | None = None
         self._checked: tuple | None = None
+        self._flattened: set[str] = set()
+        self._lead: tuple = ()
         if optimizer is not None:
             owned = {id(p) for g in optimizer.param_groups for p in g["params"]}
             missing = [layer.name for layer in self.layers for p in layer.params if id(p) not in owned]
@@ -413,10 +434,8 @@ class KFAC:
             raise RuntimeError(f"each K-FAC layer must be called exactly once per update (calls: {counts}); pass the "
                                "outputs of one forward pass of the model with grad enabled, or none")
         n = outputs.shape[0]
-        for name in self.modules:
-            seen = self._outputs[name][0].shape[0]
-            if seen != n:
-                raise ValueError(f"layer {name!r} saw batch size {seen}, but outputs have batch size {n}")
+        self._flattened = self._flattened_layers(outputs)
+        self._lead = tuple(outputs.shape[:-1])
         pad = padding_mask(mask, inputs, n)
         flat, flat_targets, valid = loss_terms(outputs, targets, pad, self.likelihood, self.ignore_index)
         names = list(self.modules)
@@ -434,6 +453,27 @@ class KFAC:
         term_mask = None if valid is None else valid.reshape(outputs.shape[:-1])
         self._fold_factors(names, grads, n_terms, term_mask, pad)
         self._n_updates += 1  # counted once the factors are folded in (a call that raised changes nothing)
+
+    def _flattened_layers(self, outputs: Tensor) -> set[str]:
+        """The layers whose recorded tensors do not lead with the batch dimension but hold the outputs' positions
+        flattened or reshaped (OPT's ``fc1`` / ``fc2`` see ``[N·T, D]``): their rows are read back in the outputs'
+        layout ``[N, T, …]``. The batch structure is read from the tensors each layer saw, not assumed.
+
+        Raises:
+            ValueError: a layer whose rows match neither the outputs' batch nor their positions."""
+        lead, flattened = tuple(outputs.shape[:-1]), set()
+        for layer in self.layers:
+            s = self._outputs[layer.name][0]
+            if s.shape[0] == lead[0]:
+                continue
+            if not isinstance(layer.module, nn.Conv2d) and len(lead) > 1 and math.prod(s.shape[:-1]) == math.prod(lead):
+                flattened.add(layer.name)
+                continue
+            raise ValueError(f"layer {layer.name!r} saw outputs of shape {tuple(s.shape)}: neither the batch size "
+                             f"{lead[0]} nor the {math.prod(lead)} positions of the model's outputs {tuple(lead)} "
+                             "lead them, so K-FAC cannot tell which example each row belongs to. Freeze that layer "
+                             "(requires_grad_(False)) or pass the outputs of the forward pass the hooks recorded")
+        return flattened
 
     @torch.no_grad()
     def _fold_factors(self, names: list[str], grads, n_terms: int, terms: Tensor | None,
@@ -456,10 +496,12 @@ class KFAC:
         rows = []
         for layer, g in zip(self.layers, grads):
             a = self._inputs[layer.name][0]
+            if layer.name in self._flattened:     # rows of the outputs' positions, flattened: back in their layout
+                a, g = a.reshape(*self._lead, a.shape[-1]), g.reshape(g.shape[0], *self._lead, g.shape[-1])
             if isinstance(layer.module, nn.Conv2d):
                 g = g.movedim(2, -1)                                                   # [K, N, H, W, C_out]
             elif terms is not None or pad is not None:
-                keep = factor_rows(a, g, terms, pad)
+                keep = factor_rows(a, g, terms, pad, self.masked_rows)
                 if keep is not None:
                     if not bool(keep.any()):
                         raise ValueError(f"layer {layer.name!r}: no row is left after masking")
@@ -538,7 +580,7 @@ class KFAC:
         return {
             "layers": list(self.modules),
             "config": {"fisher_type": self.fisher_type, "likelihood": self.likelihood,
-                       "damping_mode": self.damping_mode},
+                       "damping_mode": self.damping_mode, "masked_rows": self.masked_rows},
             "A": factors["A"], "G": factors["G"], "inv": factors["inv"],
             "damping": self._damping, "inv_damping": factors["inv_damping"],
             "n_updates": self._n_updates, "n_steps": self._n_steps,
@@ -557,7 +599,10 @@ class KFAC:
         """
         if not isinstance(state, dict) or not {"A", "G", "inv", "config", "layers"} <= state.keys():
             raise ValueError("not a KFAC state_dict")
-        mine = {"fisher_type": self.fisher_type, "likelihood": self.likelihood, "damping_mode": self.damping_mode}
+        mine = {"fisher_type": self.fisher_type, "likelihood": self.likelihood, "damping_mode": self.damping_mode,
+                "masked_rows": self.masked_rows}
+        if "masked_rows" not in state["config"]:   # saved before the option existed: the default then
+            state = {**state, "config": {**state["config"], "masked_rows": "drop"}}
         if state["config"] != mine:
             raise ValueError(f"state_dict was saved with {state['config']}, this KFAC has {mine}")
         if set(state["layers"]) != set(self.modules):
