@@ -75,6 +75,14 @@ def model_logits(out, what: str = "the model") -> Tensor:
         raise OutputTypeError(f"{what} returned a {type(out).__name__}: the curvature functions take a tensor [N, C] / "
                         "[N, T, C] or an object with .logits (a transformers ModelOutput); call the model with "
                         "return_dict=True or pass a function fn(params, inputs) that returns the logits tensor")
+    fields = [k for k, v in out.items() if isinstance(v, Tensor)] if isinstance(out, Mapping) else []
+    if fields:   # a ModelOutput without logits (a base model's last_hidden_state, a loss)
+        raise OutputTypeError(
+            f"{what} returned a {type(out).__name__} without a .logits tensor (tensor fields: {', '.join(fields)}): "
+            "the curvature code needs the output tensor [N, C] / [N, T, C] the likelihood is over. Pass a function "
+            "that returns it in place of the model (model_or_fn, the forward_fn of this package), e.g. "
+            f"fn = lambda params, inputs: torch.func.functional_call(model, params, inputs).{fields[0]}; K-FAC's "
+            f"update_statistics takes outputs=out.{fields[0]}")
     raise OutputTypeError(f"{what} must return a tensor or an object with a .logits tensor (a transformers ModelOutput), "
                     f"got {type(out).__name__}")
 
