@@ -79,6 +79,7 @@ from torch import Tensor, nn
 from taskloss.curvature.distributed import (
     all_reduce_sum,
     check_process_group,
+    failing_fast,
     pack_symmetric,
     refuse_sharded,
     unpack_symmetric,
@@ -185,7 +186,10 @@ class KFAC:
     drawn by each rank's own generator (seed them differently per rank, or the ranks draw correlated labels).
     Sharded parameters (FSDP, ``fully_shard``) are refused with ``ValueError``: a factor needs a layer's whole
     weight gradient. ``update_statistics`` is then a collective: every rank calls it in every step, and every rank
-    needs at least one loss term per factor update (a rank whose batch is all padding raises while the others wait).
+    needs at least one loss term per factor update. A rank that cannot form its statistics (no loss term left, NaN /
+    inf, shapes that do not match) does not leave the others waiting in the all-reduce: the ranks agree on a status
+    first (:func:`~taskloss.curvature.distributed.failing_fast`) and every rank raises the same
+    :class:`~taskloss.curvature.distributed.RankFailure` naming it.
 
     The state is composed, not inherited: ``factors`` (:class:`~taskloss.curvature.kfac_factors.KroneckerFactors`:
     ``factors.A``, ``factors.G``, ``factors.inverses``) and ``gradients``
@@ -398,28 +402,29 @@ class KFAC:
             RuntimeError: the hooks were removed, or a layer did not run exactly once on the batch.
         """
         try:
-            if not (isinstance(inputs, (Tensor, Mapping)) or (inputs is None and outputs is not None)):
-                raise TypeError(f"inputs must be a torch.Tensor or a mapping of keyword tensors (or None with "
-                                f"outputs=), got {type(inputs).__name__}")
-            if self._removed:
-                raise RuntimeError("this KFAC's hooks were removed (remove() or the end of its with-block); create a "
-                                   "new one to record")
-            if self._n_updates % self.factor_update_interval != 0:  # no factors this call: nothing was recorded
-                self._n_updates += 1
-                return
-            n = None if inputs is None else check_inputs(inputs, half=True, finite=False)
-            if outputs is None:
-                error = train_mode_error(self._random, type(self._module).__name__)
-                if error is not None:
-                    raise ValueError(error)
-                with torch.enable_grad():
-                    outputs = self.model(**inputs) if isinstance(inputs, Mapping) else self.model(inputs)
-            elif self._forward_error is not None:
-                raise ValueError(self._forward_error)
-            outputs = model_logits(outputs, "outputs")
-            if n is not None and outputs.ndim >= 1 and outputs.shape[0] != n:
-                raise ValueError(f"outputs have batch size {outputs.shape[0]}, inputs {n}")
-            self._update(outputs, targets, mask, inputs)
+            with failing_fast("KFAC.update_statistics", self.process_group):
+                if not (isinstance(inputs, (Tensor, Mapping)) or (inputs is None and outputs is not None)):
+                    raise TypeError(f"inputs must be a torch.Tensor or a mapping of keyword tensors (or None with "
+                                    f"outputs=), got {type(inputs).__name__}")
+                if self._removed:
+                    raise RuntimeError("this KFAC's hooks were removed (remove() or the end of its with-block); create a "
+                                       "new one to record")
+                if self._n_updates % self.factor_update_interval != 0:  # no factors this call: nothing was recorded
+                    self._n_updates += 1
+                    return
+                n = None if inputs is None else check_inputs(inputs, half=True, finite=False)
+                if outputs is None:
+                    error = train_mode_error(self._random, type(self._module).__name__)
+                    if error is not None:
+                        raise ValueError(error)
+                    with torch.enable_grad():
+                        outputs = self.model(**inputs) if isinstance(inputs, Mapping) else self.model(inputs)
+                elif self._forward_error is not None:
+                    raise ValueError(self._forward_error)
+                outputs = model_logits(outputs, "outputs")
+                if n is not None and outputs.ndim >= 1 and outputs.shape[0] != n:
+                    raise ValueError(f"outputs have batch size {outputs.shape[0]}, inputs {n}")
+                self._update(outputs, targets, mask, inputs)
         finally:
             self._clear()  # drop the recorded activations (and their graph) whatever happened
             self._sync_hooks()
@@ -524,7 +529,7 @@ class KFAC:
                 counts.append(float(g.shape[1]))           # A's rows: one per location (R of the K·R rows of g)
         total = all_reduce_sum([pack_symmetric(m) for m in sums] + [sums[0].new_tensor(counts)], self.process_group)
         counts = total[-1].tolist()
-        if counts[0] <= 0:
+        if counts[0] <= 0:  # (unreachable: a rank without terms fails fast before the all-reduce)
             raise ValueError("no loss term on any rank (every label is ignore_index or padding)")
         moments, c = iter(unpack_symmetric(t, m.shape[0]) for t, m in zip(total[:-1], sums)), 1
         for layer in self.layers:
