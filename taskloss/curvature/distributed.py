@@ -68,7 +68,7 @@ class RankFailure(ValueError):
 #: The failures the ranks agree on, by code (0: this rank is fine), and the words that classify a rank's error.
 _FAILURES = {1: ("has no loss term left (every label is ignore_index or padding)", ("no loss term", "no row is left")),
              2: ("holds NaN or inf", ("nan", "inf")),
-             3: ("has inputs, outputs or targets of shapes that do not match", ("shape", "batch size")),
+             3: ("has inputs, outputs or targets of shapes that do not match", ("shape", "batch size", "batch_size")),
              4: ("raised an error", ())}
 _STATE = threading.local()
 

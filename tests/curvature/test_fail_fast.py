@@ -1,18 +1,20 @@
 """Failing fast across ranks (issue 41): one of 3 gloo ranks cannot form its statistics — every label ignored, a NaN
 input, targets of the wrong shape, a NaN loss — and every rank raises the same ``RankFailure`` naming that rank within
-seconds (the ranks agree on a status before the all-reduce), for K-FAC, the Fisher family and Hessian-free; the
-group still works afterwards. The processes are those of :mod:`curvature.gloo_ranks` (one spawn for every module)."""
+seconds (the ranks agree on a status before the all-reduce), for K-FAC, the Fisher family, Hessian-free, MeZO and
+MGS; the group still works afterwards. The processes are those of :mod:`curvature.gloo_ranks` (one spawn for every module)."""
 from __future__ import annotations
 
 import time
 
 import pytest
 import torch
+import torch.nn.functional as F
+from curvature.gloo_ranks import TIMEOUT, rank_results
 from torch import nn
 
-from curvature.gloo_ranks import TIMEOUT, rank_results
 from taskloss.curvature import KFAC, HessianFree, empirical_fisher, ggn_diagonal, nll_loss
 from taskloss.curvature.distributed import RankFailure
+from taskloss.search import MGS, MeZO
 
 BAD = 1                       # the rank that fails
 
@@ -55,6 +57,26 @@ def _hessian_free_step(X, y, nan):
     opt.step(closure)
 
 
+def _mezo_step(X, y):
+    model = _model()
+    opt = MeZO(model.parameters(), lr=0.1, sigma=1e-3, seed=0)
+    opt.step(lambda: F.cross_entropy(model(X.reshape(-1, 4)), y.reshape(-1)))
+
+
+def _mgs_step(X, y, bad):
+    model = _model()
+    task = (lambda out, b: F.cross_entropy(out, b[1][:-1])) if bad else (lambda out, b: F.cross_entropy(out, b[1]))
+    mgs = MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), task, seed=1)
+    batch = (X.reshape(-1, 4), y.reshape(-1))
+
+    def closure():
+        mgs.zero_grad()
+        loss = F.cross_entropy(model(batch[0]), batch[1])
+        loss.backward()
+        return loss, batch
+    mgs.step(closure)
+
+
 def _cases(rank: int) -> dict:
     X, y = _batch(rank)
     bad = rank == BAD
@@ -70,6 +92,8 @@ def _cases(rank: int) -> dict:
                                                           mask=torch.zeros_like(y, dtype=torch.bool) if bad else None),
         "empirical_fisher all ignored": lambda: empirical_fisher(_model(), None, X, masked),
         "hessian_free nan loss": lambda: _hessian_free_step(X, y, bad),
+        "mezo closure error": lambda: _mezo_step(X, y[:, :-1] if bad else y),
+        "mgs task loss error": lambda: _mgs_step(X, y, bad),
         "kfac afterwards": lambda: _kfac_update(X, y),
     }
 
@@ -86,7 +110,9 @@ def rank_case(rank: int, world: int) -> dict:
                                          ("kfac wrong target shape", "shapes that do not match"),
                                          ("ggn_diagonal nothing left", "no loss term left"),
                                          ("empirical_fisher all ignored", "no loss term left"),
-                                         ("hessian_free nan loss", "NaN or inf")])
+                                         ("hessian_free nan loss", "NaN or inf"),
+                                         ("mezo closure error", "shapes that do not match"),
+                                         ("mgs task loss error", "shapes that do not match")])
 def test_one_failing_rank_makes_every_rank_raise_the_same_error_in_seconds(case, reason):
     ranks = [r[case] for r in rank_results(3, "curvature.test_fail_fast")]
     messages = {r["message"] for r in ranks if r["error"] is not None}
