@@ -245,3 +245,96 @@ def test_an_encoder_bert_runs_kfac_ggn_and_ig():
     with sdpa_kernel(SDPBackend.MATH):
         _ig_against_captum(model, lambda i, a: model(input_ids=i, attention_mask=a).logits.log_softmax(-1), ids,
                            (mask,))
+
+
+# --------------------------------------------------------------------------------------------- LoRA adapters
+def _lora_gpt2():
+    """A tiny GPT-2 with PEFT LoRA adapters (rank 2) on its attention and MLP input projections; ``lora_B`` drawn
+    at random (PEFT starts it at zero) so that both adapter matrices carry gradient."""
+    peft = pytest.importorskip("peft")
+    from hf_models import tiny_gpt2
+
+    model = peft.get_peft_model(tiny_gpt2().double(), peft.LoraConfig(
+        r=2, lora_alpha=4, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True, lora_dropout=0.0))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_B" in n:
+                p.copy_(0.1 * torch.randn(p.shape, generator=g, dtype=D))
+    return model
+
+
+def _snapshot(model):
+    return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def _only_adapters_moved(model, before):
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen and all("lora_" not in n for n in frozen)
+    for n, p in model.named_parameters():
+        if n in frozen:
+            assert torch.equal(p, before[n]), n                      # the base, bit-identical
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if n not in frozen)
+
+
+def _lm_loss(model, ids, labels):
+    return model(input_ids=ids, labels=labels).loss
+
+
+def test_lora_emo_fine_tune_moves_only_the_adapters():
+    model, (ids, _, labels) = _lora_gpt2(), _batch()
+    before = _snapshot(model)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    cost = model.get_output_embeddings().weight.detach()
+    emo_loss(model(input_ids=ids).logits[:, :-1], labels[:, 1:], cost).backward()
+    opt.step()
+    _only_adapters_moved(model, before)
+
+
+def test_lora_mgs_and_mezo_move_only_the_adapters():
+    model, (ids, _, labels) = _lora_gpt2(), _batch()
+    before = _snapshot(model)
+    task = lambda out, b: F.cross_entropy(out[:, :-1].reshape(-1, VOCAB), b[1][:, 1:].reshape(-1))  # noqa: E731
+    mgs = MGS(model, torch.optim.SGD(model.parameters(), lr=1.0), task, n_samples=3, sigma=0.5, seed=0,
+              forward_fn=lambda mod, b: mod(input_ids=b[0]).logits, parallel=False)
+    n_searched = sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+    def closure():
+        mgs.zero_grad()
+        loss = _lm_loss(model, ids, labels)
+        loss.backward()
+        return loss, (ids, labels)
+    mgs.step(closure)
+    assert sum(p.numel() for p in mgs.params) == n_searched                     # the adapters, nothing else
+    _only_adapters_moved(model, before)
+    before = _snapshot(model)
+    opt = MeZO(model.parameters(), lr=1e-2, sigma=1e-3, seed=0)
+    with torch.no_grad():
+        opt.step(lambda: _lm_loss(model, ids, labels))
+    _only_adapters_moved(model, before)
+
+
+def test_lora_kfac_preconditions_both_adapter_matrices():
+    model, (ids, mask, labels) = _lora_gpt2(), _batch()
+    k = C.KFAC(model, fisher_type="empirical", decay=0.0, damping=1e-2, trust_region=None)
+    adapters = {n.rsplit(".", 1)[0] for n, p in model.named_parameters() if p.requires_grad}
+    assert set(k.coverage.preconditioned) == adapters and k.coverage.fraction == 1.0
+    assert {n.split(".")[-2] for n in adapters} == {"lora_A", "lora_B"}
+    out = model(input_ids=ids, attention_mask=mask)
+    k.update_statistics({"input_ids": ids, "attention_mask": mask}, labels, outputs=out)
+    C.nll_loss(out.logits, labels).backward()
+    grads = {layer.name: _matrix(layer) for layer in k.layers}
+    want = kfac_precondition_reference(k.factors.A, k.factors.G, grads, 1e-2)
+    before = _snapshot(model)
+    k.precondition_()
+    for layer in k.layers:
+        torch.testing.assert_close(_matrix(layer), want[layer.name], rtol=1e-7, atol=1e-10, msg=layer.name)
+    torch.optim.SGD(model.parameters(), lr=0.1).step()
+    _only_adapters_moved(model, before)
+
+
+def test_lora_integrated_gradients_equal_captum():
+    model = _lora_gpt2()
+    ids, _, _ = token_batch(2, 6)
+    with sdpa_kernel(SDPBackend.MATH):
+        _ig_against_captum(model, lambda i: model(input_ids=i).logits[:, -1].log_softmax(-1), ids)
