@@ -158,8 +158,8 @@ class KFAC:
             so it works without ``optimizer=``. It is what keeps the default damping from exploding the step where
             the curvature is tiny (``λ = 1e-3`` divides the gradient by up to 1000 there): on notebook 17's digits
             MLP the unclipped defaults diverge at SGD's usual rates 0.01–0.1, with it they beat plain SGD at 0.1.
-            ``None`` turns it off (the plain K-FAC step, as curvlinops computes it); with ``kl_clip`` as well the
-            smaller ν applies.
+            ``None`` turns it off (the plain K-FAC step, as curvlinops computes it). A ``kl_clip``, which reads
+            the learning rate, replaces it.
         optimizer: the ``torch.optim`` optimizer that applies the gradients (needed by ``kl_clip``).
         n_samples: MC labels per example.
         generator: the generator drawing them (checkpointed; without one the global RNG is used, which the caller
@@ -579,7 +579,8 @@ class KFAC:
             self.factors.set_damping(self._damping)
         self._n_steps += 1
         groups = self.optimizer.param_groups if self.kl_clip is not None else None
-        return self.gradients.precondition_(self.factors, self.kl_clip, groups, self.trust_region)
+        trust = self.trust_region if self.kl_clip is None else None   # a KL clip (it knows the lr) replaces it
+        return self.gradients.precondition_(self.factors, self.kl_clip, groups, trust)
 
     # ------------------------------------------------------------------------------------------ checkpoints
     def state_dict(self) -> dict:
