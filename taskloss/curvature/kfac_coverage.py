@@ -81,8 +81,8 @@ class KFACCoverage:
 
     @property
     def unable(self) -> dict[str, str]:
-        """The layers K-FAC cannot precondition (tied, unsupported), with the reason: :class:`~taskloss.curvature.kfac.KFAC`
-        warns about each when it is built."""
+        """Names of the layers K-FAC cannot precondition (a tied weight, an unsupported module) with the reason;
+        :class:`~taskloss.curvature.kfac.KFAC` warns about each when it is built."""
         return {r.name: r.reason for r in self.rows if r.unable}
 
     @property
