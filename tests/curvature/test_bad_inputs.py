@@ -347,6 +347,7 @@ CASES = [
 EXEMPT = {
     "LIKELIHOODS": "a constant tuple of names, not a callable",
     "MCEstimate": "a NamedTuple container (mean, stderr) without behaviour",
+    "RankFailure": "an exception class (raised on every rank; tests/curvature/test_fail_fast.py)",
 }
 
 
