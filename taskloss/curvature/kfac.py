@@ -24,7 +24,10 @@ Models no one here wrote (Hugging Face GPT-2, Llama, BERT): which modules are co
 gradients and why — embeddings, normalization scales, and a tied weight, whose gradient sums its uses and is never
 rewritten with one use's factors — is :mod:`taskloss.curvature.kfac_coverage` (``print(kfac.coverage)``). Inputs
 may be a mapping of keyword tensors, outputs a ``ModelOutput`` (``.logits``); labels equal to ``ignore_index`` and
-padding (the attention mask) leave the factors as :mod:`taskloss.curvature.kfac_terms` states. A train-mode
+padding (the attention mask) leave the factors as :mod:`taskloss.curvature.kfac_terms` states (``masked_rows``
+chooses the ``-100`` convention). The batch structure is read from the tensors each layer sees: a layer whose rows
+are the outputs' positions flattened (OPT's ``fc1`` / ``fc2`` see ``[N·T, D]``) has them read back as ``[N, T, D]``,
+and one whose rows match neither the batch nor the positions is refused with its shapes. A train-mode
 Dropout / BatchNorm in the forward the statistics come from is refused, as by the Fisher functions. Float16 /
 bfloat16 models get float32 factors, inverses and preconditioning (the gradients are cast back). Under
 ``torch.compile`` the hooks run eagerly (a graph break per layer on the forward passes that compute factors), so
