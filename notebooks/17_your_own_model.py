@@ -51,6 +51,9 @@ mgs_samples: int = 4         # [≥ 1] MGS candidates per step
 mgs_sigma: float = 1.0       # [> 0] MGS noise scale σ, relative to mean|g_t| per tensor (MGS's default)
 ig_steps: int = 16           # [≥ 1] Gauss–Legendre nodes of integrated gradients
 micro_batch: int = 2         # [≥ 1] sequences per micro-batch of the contrastive accumulation
+kfac_lm_seeds: int = 10      # [≥ 6] paired seeds of the K-FAC / AdamW / SGD comparison on three LM families
+kfac_lm_steps: int = 12      # [≥ 2] optimizer steps per run of that comparison
+kfac_lm_dampings: str = "0.1"     # comma-separated K-FAC dampings tuned with its learning rate (full: 3 values)
 
 # %%
 import copy
@@ -61,6 +64,7 @@ import warnings
 
 import curvlinops
 import matplotlib.pyplot as plt
+import numpy as np
 import torch
 import transformers
 from captum.attr import LayerIntegratedGradients
@@ -74,7 +78,7 @@ from taskloss.contrastive import accumulated_backward, info_nce
 from taskloss.curvature import KFAC, nll_loss
 from taskloss.curvature.kfac_math import kfac_precondition_reference
 from taskloss.losses import EMOLoss, edit_distance, emo_loss, emo_loss_reference
-from taskloss.search import MGS, mgs_step_reference
+from taskloss.search import MGS, MeZO, mgs_step_reference
 
 # %%
 if width % 2:
@@ -394,7 +398,7 @@ def kfac_step(model: nn.Module, ids: torch.Tensor, mask: torch.Tensor) -> tuple[
     targets = torch.cat([ids[:, 1:], torch.zeros_like(ids[:, :1])], 1).masked_fill(
         torch.cat([mask[:, 1:], torch.zeros_like(mask[:, :1])], 1) == 0, -100)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    with KFAC(model, damping=1e-3, fisher_type="empirical", decay=0.0) as kfac:
+    with KFAC(model, damping=1e-3, fisher_type="empirical", decay=0.0, trust_region=None) as kfac:  # the plain step
         out = model(**batch)
         kfac.update_statistics(batch, targets, outputs=out)
         opt.zero_grad()
@@ -544,6 +548,184 @@ parity("contrastive/bert_vs_full_batch_max_abs_diff", acc_gap, 1e-10 * max(1.0, 
 run.record("contrastive/loss", acc.loss.item(), headline=True)
 print(f"InfoNCE {acc.loss.item():.4f}; largest gradient difference from the full batch {acc_gap:.1e} "
       f"(largest gradient entry {scale:.2e}), micro-batches of {micro_batch}")
+
+# %% [markdown]
+# ## 6 · Second pass: K-FAC on language models, the `-100` convention, LoRA adapters
+#
+# **The `-100` convention.** A label `-100` inside the real tokens is not a loss term, and K-FAC's output factor
+# `G` ignores it. Its input factor `A` could still count the position, since the model computes it.
+# `KFAC(masked_rows="drop")`, the default, leaves the row out of a layer's `A` wherever no gradient flows through
+# it in that layer: the output layer and the last block. Where gradient does flow through it (lower layers,
+# through attention to later positions) it stays. The factors then average over the rows that shape the gradient
+# being preconditioned. `masked_rows="keep"` counts every computed position, as curvlinops does; the two are
+# tested equal to curvlinops in their own setting (`tests/curvature/test_hf_kfac.py`). Padding leaves both factors
+# in both modes.
+#
+# **Does K-FAC help a language model?** Three families (GPT-2, Qwen2, Mistral), each built tiny from its config.
+# Each learns a noisy bigram language: every token follows the one before through a fixed permutation, except for
+# one token in five, drawn at random. Every method gets the same number of steps on the same batches. The
+# score is the cross-entropy on held-out sequences. Each method's learning rate is tuned on a three-point grid,
+# by the median over the seeds. K-FAC's damping is `kfac_lm_dampings`: 0.1 here; the `full` run tunes 1e-3 (its
+# default, which beats SGD on the digits MLP), 1e-2 and 0.1 with the learning rate. K-FAC runs at its other
+# defaults: the trust region, MC Fisher, inverses every 10 steps. The same seeds then give the paired comparison
+# (the tuning used them too, which favours every method alike).
+
+# %%
+LM_GRIDS = {"SGD": (0.1, 0.3, 1.0), "AdamW": (0.003, 0.01, 0.03), "K-FAC + SGD": (0.03, 0.1, 0.3)}
+LM_DAMPINGS = tuple(float(v) for v in kfac_lm_dampings.split(","))
+LM_BATCH, LM_LEN, LM_HELD = 8, 16, 64
+
+
+def lm_family(family: str, s: int) -> nn.Module:
+    """A 2-layer, 2-head causal LM of ``family`` and width ``width`` from its config, seed ``s``, in eval mode."""
+    torch.manual_seed(s)
+    common = dict(num_hidden_layers=2, num_attention_heads=2, hidden_size=width, intermediate_size=2 * width,
+                  vocab_size=VOCAB, max_position_embeddings=64)
+    if family == "gpt2":
+        return transformers.GPT2LMHeadModel(transformers.GPT2Config(
+            n_layer=2, n_head=2, n_embd=width, vocab_size=VOCAB, n_positions=64, bos_token_id=VOCAB - 1,
+            eos_token_id=VOCAB - 1, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)).to(dev).eval()
+    if family == "qwen2":
+        return transformers.Qwen2ForCausalLM(transformers.Qwen2Config(num_key_value_heads=2, **common)).to(dev).eval()
+    return transformers.MistralForCausalLM(transformers.MistralConfig(num_key_value_heads=1, head_dim=width // 2,
+                                                                      **common)).to(dev).eval()
+
+
+def bigram_batches(s: int, steps: int) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """``steps`` training batches and one held-out batch of the noisy bigram language (seed ``s``)."""
+    g = torch.Generator().manual_seed(10_000 + s)
+    perm = torch.randperm(VOCAB, generator=torch.Generator().manual_seed(seed))
+
+    def draw(n):
+        ids = torch.empty(n, LM_LEN, dtype=torch.long)
+        ids[:, 0] = torch.randint(0, VOCAB, (n,), generator=g)
+        for t in range(1, LM_LEN):
+            noise = torch.rand(n, generator=g) < 0.2
+            ids[:, t] = torch.where(noise, torch.randint(0, VOCAB, (n,), generator=g), perm[ids[:, t - 1]])
+        return ids.to(dev)
+    return [draw(LM_BATCH) for _ in range(steps)], draw(LM_HELD)
+
+
+def next_token_loss(logits: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    return nn.functional.cross_entropy(logits[:, :-1].reshape(-1, VOCAB), ids[:, 1:].reshape(-1))
+
+
+def lm_run(family: str, s: int, method: str, lr_: float, damping: float = 1e-3) -> float:
+    """The held-out loss after ``kfac_lm_steps`` steps of ``method`` (inf if it diverged)."""
+    model = lm_family(family, s)
+    train, held = bigram_batches(s, kfac_lm_steps)
+    opt = (torch.optim.AdamW(model.parameters(), lr=lr_, weight_decay=0.0) if method == "AdamW"
+           else torch.optim.SGD(model.parameters(), lr=lr_))
+    kfac = None
+    if method == "K-FAC + SGD":
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")          # (the tied lm_head is named; it keeps its plain gradient)
+            kfac = KFAC(model, damping=damping, generator=torch.Generator().manual_seed(s))
+    for ids in train:
+        out = model(input_ids=ids).logits
+        loss = next_token_loss(out, ids)
+        if not torch.isfinite(loss):
+            return float("inf")
+        if kfac is not None:
+            labels = torch.cat([ids[:, 1:], torch.full_like(ids[:, :1], -100)], 1)   # position t predicts t+1
+            kfac.update_statistics(ids, labels, outputs=out)
+        opt.zero_grad()
+        loss.backward()
+        if kfac is not None:
+            kfac.precondition_()
+        opt.step()
+    with torch.no_grad():
+        v = float(next_token_loss(model(input_ids=held).logits, held))
+    return v if v == v else float("inf")
+
+
+t_lm = time.time()
+lm_scores: dict = {}                                  # family → method → (lr, damping) → per-seed held-out loss
+for family in ("gpt2", "qwen2", "mistral"):
+    for method, grid in LM_GRIDS.items():
+        configs = [(lr_, d) for lr_ in grid for d in (LM_DAMPINGS if method == "K-FAC + SGD" else (1e-3,))]
+        lm_scores.setdefault(family, {})[method] = {
+            c: [lm_run(family, s, method, *c) for s in range(seed, seed + kfac_lm_seeds)] for c in configs}
+run.record("kfac_lm/runtime_s", time.time() - t_lm)
+lm_best = {f: {m: min(cfgs, key=lambda c: float(np.median(cfgs[c]))) for m, cfgs in ms.items()}
+           for f, ms in lm_scores.items()}
+for family, methods in lm_best.items():
+    print(family, " · ".join(f"{m}: lr {c[0]:g}" + (f", damping {c[1]:g}" if m.startswith("K-FAC") else "")
+                             + f" → median {np.median(lm_scores[family][m][c]):.3f}" for m, c in methods.items()))
+
+# %%
+lm_keys = []
+for family in lm_best:
+    best = {m: lm_scores[family][m][c] for m, c in lm_best[family].items()}
+    for other in ("AdamW", "SGD"):
+        key = f"kfac_lm/{family}/kfac_vs_{other.lower()}"
+        run.compare(key, best["K-FAC + SGD"], best[other], name=f"K-FAC + SGD ({family})", baseline=other,
+                    metric="held-out loss", lower_is_better=True)
+        lm_keys.append(key)
+_ = run.comparison_table(lm_keys)
+lm_wins = {k: run.comparisons[k].verdict_adjusted == "better" for k in lm_keys}
+vs_adamw = [k for k in lm_keys if k.endswith("adamw")]
+vs_sgd = [k for k in lm_keys if k.endswith("sgd")]
+lm_losses = {k: run.comparisons[k].verdict_adjusted == "worse" for k in lm_keys}
+run.claim("kfac_lm/never_worse_than_sgd", "tuned K-FAC + SGD is worse than tuned SGD on none of the three families "
+          "(paired seeds, family-corrected)", not any(lm_losses[k] for k in vs_sgd),
+          value=sum(lm_losses[k] for k in vs_sgd), bound="= 0")
+run.claim("kfac_lm/does_not_beat_adamw", "tuned K-FAC + SGD beats tuned AdamW on none of the three families (paired "
+          "seeds, family-corrected)", not any(lm_wins[k] for k in vs_adamw),
+          value=sum(lm_wins[k] for k in vs_adamw), bound="= 0")
+run.say("On {n} paired seeds and {steps} steps, tuned K-FAC + SGD beats tuned AdamW on {wa} of 3 families and "
+        "tuned SGD on {ws} of 3 (family-corrected verdicts: "
+        + "; ".join(f"{k.split('/')[1]} vs {k.rsplit('_', 1)[1]}: {{{k}.verdict_adjusted}}" for k in lm_keys)
+        + "). " + ("K-FAC helps these language models at this budget." if any(lm_wins[k] for k in vs_adamw) else
+                   "K-FAC does not beat AdamW on these language models at this budget. A likely reason: AdamW's "
+                   "per-parameter scales reach the embeddings and the tied output layer, which K-FAC leaves to "
+                   "plain SGD."),
+        n=kfac_lm_seeds, steps=kfac_lm_steps, wa=sum(lm_wins[k] for k in vs_adamw),
+        ws=sum(lm_wins[k] for k in vs_sgd))
+
+# %% [markdown]
+# **LoRA adapters.** Most fine-tunes train adapters only: PEFT's LoRA adds trainable low-rank matrices `A`
+# (`lora_A`) and `B` (`lora_B`) beside each frozen projection. Each is an `nn.Linear`, so K-FAC preconditions
+# both. MeZO perturbs only what trains. Below, one MeZO step and one K-FAC step on a GPT-2 with adapters. The
+# frozen base must come out bit-identical (`tests/test_families.py` also runs EMO, MGS and integrated gradients
+# this way; `benchmarks/bench_lora.py` measures MeZO's memory with and without adapters).
+
+# %%
+import peft  # noqa: E402
+
+lora = peft.get_peft_model(tiny("gpt2", resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0), peft.LoraConfig(
+    r=2, lora_alpha=4, target_modules=["c_attn", "c_fc"], fan_in_fan_out=True, lora_dropout=0.0))
+with torch.no_grad():                                 # PEFT starts B at zero; a random B gives A a gradient too
+    for name_, p in lora.named_parameters():
+        if "lora_B" in name_:
+            p.normal_(0.0, 0.1, generator=torch.Generator(device=p.device).manual_seed(seed))
+base_before = {n: p.detach().clone() for n, p in lora.named_parameters() if not p.requires_grad}
+adapters_before = {n: p.detach().clone() for n, p in lora.named_parameters() if p.requires_grad}
+lora_ids, lora_mask = token_batch(batch_size, seq_len, offset=7)
+lora_labels = lora_ids.masked_fill(lora_mask == 0, -100)
+mezo = MeZO(lora.parameters(), lr=1e-2, sigma=1e-3, seed=seed)
+with torch.no_grad():
+    mezo.step(lambda: lora(input_ids=lora_ids, attention_mask=lora_mask, labels=lora_labels).loss)
+lora_opt = torch.optim.SGD(lora.parameters(), lr=0.1)
+k_lora = KFAC(lora, fisher_type="empirical")
+out = lora(input_ids=lora_ids, attention_mask=lora_mask)
+k_lora.update_statistics({"input_ids": lora_ids, "attention_mask": lora_mask}, lora_labels, outputs=out)
+lora_opt.zero_grad()
+nll_loss(out.logits, lora_labels).backward()
+k_lora.precondition_()
+lora_opt.step()
+base_gap = max(float((p - base_before[n]).abs().max()) for n, p in lora.named_parameters() if not p.requires_grad)
+adapter_move = max(float((p - adapters_before[n]).abs().max()) for n, p in lora.named_parameters()
+                   if p.requires_grad)
+parity("lora/frozen_base_max_abs_change", base_gap, 1e-30)
+run.record("lora/adapter_max_abs_change", adapter_move)
+run.record("lora/kfac_coverage", k_lora.coverage.fraction)
+run.record("lora/adapter_params", sum(p.numel() for p in lora.parameters() if p.requires_grad))
+run.claim("lora/kfac_preconditions_every_adapter", "K-FAC preconditions every lora_A and lora_B matrix",
+          k_lora.coverage.fraction == 1.0, value=k_lora.coverage.fraction, bound="= 1")
+run.say("MeZO and K-FAC + SGD moved the {lora/adapter_params:,} adapter parameters by up to "
+        "{lora/adapter_max_abs_change:.1e}; the frozen base changed by {lora/frozen_base_max_abs_change:.0e}, and "
+        "K-FAC preconditions {lora/kfac_coverage:.0%} of what trains.")
 
 # %% [markdown]
 # ## Results

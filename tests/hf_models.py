@@ -66,3 +66,50 @@ def token_batch(batch: int = 3, length: int = 8, seed: int = 1, *, lengths: list
     ids = ids.masked_fill(mask == 0, 0)
     labels = ids.masked_fill(mask == 0, -100)
     return ids, mask, labels
+
+
+#: The causal-LM families of ``tiny_causal_lm``: config class, model class and the config's size arguments
+#: (2 layers, 2 heads, width 32, vocabulary 97; tied embeddings where the family ties them by default).
+_FAMILIES = {
+    "gpt2": ("GPT2Config", "GPT2LMHeadModel", {"n_layer": 2, "n_head": 2, "n_embd": 32, "n_positions": SEQ,
+                                               "bos_token_id": VOCAB - 1, "eos_token_id": VOCAB - 1}),
+    "gpt_neox": ("GPTNeoXConfig", "GPTNeoXForCausalLM", {"num_hidden_layers": 2, "num_attention_heads": 2,
+                                                         "hidden_size": 32, "intermediate_size": 64,
+                                                         "max_position_embeddings": SEQ}),
+    "opt": ("OPTConfig", "OPTForCausalLM", {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 32,
+                                            "ffn_dim": 64, "word_embed_proj_dim": 32, "max_position_embeddings": SEQ,
+                                            "pad_token_id": 0}),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", {"num_hidden_layers": 2, "num_attention_heads": 2,
+                                                  "num_key_value_heads": 2, "hidden_size": 32,
+                                                  "intermediate_size": 64, "max_position_embeddings": SEQ,
+                                                  "tie_word_embeddings": True}),
+    "mistral": ("MistralConfig", "MistralForCausalLM", {"num_hidden_layers": 2, "num_attention_heads": 2,
+                                                        "num_key_value_heads": 1, "hidden_size": 32, "head_dim": 16,
+                                                        "intermediate_size": 64, "max_position_embeddings": SEQ}),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", {"num_hidden_layers": 2, "num_attention_heads": 2,
+                                                  "num_key_value_heads": 2, "hidden_size": 32,
+                                                  "intermediate_size": 64, "max_position_embeddings": SEQ}),
+    "gemma": ("GemmaConfig", "GemmaForCausalLM", {"num_hidden_layers": 2, "num_attention_heads": 2,
+                                                  "num_key_value_heads": 1, "hidden_size": 32, "head_dim": 16,
+                                                  "intermediate_size": 64, "max_position_embeddings": SEQ}),
+    "phi": ("PhiConfig", "PhiForCausalLM", {"num_hidden_layers": 2, "num_attention_heads": 2, "hidden_size": 32,
+                                            "intermediate_size": 64, "max_position_embeddings": SEQ}),
+    "bloom": ("BloomConfig", "BloomForCausalLM", {"n_layer": 2, "n_head": 2, "hidden_size": 32}),
+    "falcon": ("FalconConfig", "FalconForCausalLM", {"num_hidden_layers": 2, "num_attention_heads": 2,
+                                                     "hidden_size": 32, "max_position_embeddings": SEQ}),
+}
+FAMILIES = tuple(_FAMILIES)
+
+
+def tiny_causal_lm(family: str, seed: int = 0, *, dtype: torch.dtype = torch.float32, **kw):
+    """A tiny ``…ForCausalLM`` of ``family`` (one of :data:`FAMILIES`): 2 layers, 2 heads, width 32, vocabulary
+    97, dropout off, eval mode (≈ 10–40K parameters)."""
+    import transformers
+
+    cfg_name, model_name, size = _FAMILIES[family]
+    cfg = getattr(transformers, cfg_name)(**{"vocab_size": VOCAB, **size, **kw})
+    for attr in ("dropout", "attention_dropout", "hidden_dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop",
+                 "activation_dropout", "attention_probs_dropout_prob", "hidden_dropout_prob"):
+        if isinstance(getattr(cfg, attr, None), float):
+            setattr(cfg, attr, 0.0)
+    return _build(getattr(transformers, model_name), cfg, seed, None, dtype)

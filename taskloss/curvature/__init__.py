@@ -26,6 +26,7 @@ Modules:
 - :mod:`~taskloss.curvature.gaussian_family`     — Gaussian natural/expectation parameters, Bonnet/Price, natural-gradient VI
 """
 from taskloss.curvature.diagonal import FisherDiagonalPreconditioner
+from taskloss.curvature.distributed import RankFailure
 from taskloss.curvature.fisher import (
     LIKELIHOODS,
     curvature_scale,
@@ -77,7 +78,7 @@ __all__ = [
     "fisher_matrix", "mc_fisher", "empirical_fisher", "ggn_diagonal", "mc_fisher_diagonal",
     "empirical_fisher_diagonal", "ggn_vector_product", "ggn_operator", "curvature_scale",
     "conjugate_gradient",
-    "hessian_free_direction", "HessianFree", "FisherDiagonalPreconditioner", "KFAC", "natural_gradient",
+    "hessian_free_direction", "HessianFree", "FisherDiagonalPreconditioner", "KFAC", "RankFailure", "natural_gradient",
     "trust_region_step", "NaturalGradientDescent", "gaussian_kl", "gaussian_fisher", "CoupledGaussian",
     "sym_to_vec", "vec_to_sym", "gaussian_to_natural", "gaussian_from_natural", "gaussian_to_expectation",
     "gaussian_from_expectation", "gaussian_log_partition", "gaussian_natural_fisher", "MCEstimate",

@@ -55,7 +55,7 @@ import torch
 from torch import Tensor, nn
 from torch.func import jvp, vjp
 
-from taskloss.curvature.distributed import all_reduce_sum, check_process_group, world_size
+from taskloss.curvature.distributed import all_reduce_sum, check_process_group, fails_fast, world_size
 from taskloss.curvature.model_io import (
     batch_size,
     call_model,
@@ -396,6 +396,7 @@ def _term_mean(reduce, fn, params, inputs, factors, lead, flat, valid, process_g
     return _global_mean(reduce(jt_factors(fn, params, inputs, factors, lead, valid), n), n, process_group)
 
 
+@fails_fast
 def ggn_matrix(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None, process_group=None) -> Tensor:
     """Exact GGN = exact Fisher ``(1/n) Σ_i J_iᵀ H_i J_i`` over the loss terms, a dense ``[P, P]`` matrix (small
     models only; ``mask`` keeps the terms that count, see the module docstring)."""
@@ -408,6 +409,7 @@ def ggn_matrix(model_or_fn, params, inputs, likelihood: Likelihood = "categorica
 fisher_matrix = ggn_matrix  # the Fisher of a categorical / unit-variance Gaussian likelihood is the GGN
 
 
+@fails_fast
 def mc_fisher(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", n_samples: int = 1,
               generator: torch.Generator | None = None, *, mask=None, process_group=None) -> Tensor:
     """Monte-Carlo Fisher ``[P, P]``: ``(1/nS) Σ_{i,s} g_{is} g_{is}ᵀ`` with ``g_{is} = ∇_θ ℓ(f_i, ŷ_{is})`` and
@@ -420,6 +422,7 @@ def mc_fisher(model_or_fn, params, inputs, likelihood: Likelihood = "categorical
     return _term_mean(dense_sum, fn, params, inputs, factors, out.shape[:-1], flat, valid, process_group)
 
 
+@fails_fast
 def empirical_fisher(model_or_fn, params, inputs, targets: Tensor, likelihood: Likelihood = "categorical", *,
                      mask=None, process_group=None, ignore_index: int = IGNORE_INDEX) -> Tensor:
     """Empirical Fisher ``[P, P]``: ``(1/n) Σ_i g_i g_iᵀ`` with per-term gradients at the observed labels (terms
@@ -429,6 +432,7 @@ def empirical_fisher(model_or_fn, params, inputs, targets: Tensor, likelihood: L
     return _term_mean(dense_sum, fn, params, inputs, factors, lead, flat, valid, process_group)
 
 
+@fails_fast
 def ggn_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None, process_group=None) -> Tensor:
     """Exact diagonal of the GGN/Fisher, flat ``[P]`` (C vjps per loss term through ``H_i = L_i L_iᵀ``)."""
     fn, params = prepare(model_or_fn, params, inputs)
@@ -437,6 +441,7 @@ def ggn_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categori
     return _term_mean(diagonal_sum, fn, params, inputs, factors, out.shape[:-1], flat, valid, process_group)
 
 
+@fails_fast
 def mc_fisher_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "categorical",
                        n_samples: int = 1, generator: torch.Generator | None = None, *, mask=None, process_group=None) -> Tensor:
     """Diagonal of :func:`mc_fisher`, flat ``[P]``."""
@@ -447,6 +452,7 @@ def mc_fisher_diagonal(model_or_fn, params, inputs, likelihood: Likelihood = "ca
     return _term_mean(diagonal_sum, fn, params, inputs, factors, out.shape[:-1], flat, valid, process_group)
 
 
+@fails_fast
 def empirical_fisher_diagonal(model_or_fn, params, inputs, targets: Tensor,
                               likelihood: Likelihood = "categorical", *, mask=None, process_group=None,
                               ignore_index: int = IGNORE_INDEX) -> Tensor:
@@ -457,6 +463,7 @@ def empirical_fisher_diagonal(model_or_fn, params, inputs, targets: Tensor,
 
 
 # ---------------------------------------------------------------------------------------- matrix-free GGN
+@fails_fast
 def ggn_operator(model_or_fn, params, inputs, likelihood: Likelihood = "categorical", *, mask=None,
                  process_group=None) -> Callable:
     """A matvec ``v ↦ G v`` (flat ``[P]`` or dict) at fixed params: one forward now, then jvp → H → vjp per call.
@@ -517,6 +524,7 @@ def ggn_operator(model_or_fn, params, inputs, likelihood: Likelihood = "categori
     return matvec
 
 
+@fails_fast
 def ggn_vector_product(model_or_fn, params, inputs, v, likelihood: Likelihood = "categorical", *, mask=None,
                        process_group=None):
     """``G v`` without forming ``G`` (jvp → output Hessian → vjp). ``v`` flat ``[P]`` or dict (finite, same dtype as the

@@ -14,7 +14,13 @@ import torch
 from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
-from taskloss.curvature.distributed import all_reduce_sum, check_process_group, refuse_sharded, world_size
+from taskloss.curvature.distributed import (
+    all_reduce_sum,
+    check_process_group,
+    failing_fast,
+    refuse_sharded,
+    world_size,
+)
 from taskloss.curvature.fisher import Likelihood, check_likelihood, ggn_operator
 from taskloss.curvature.model_io import HALF, check_precision
 from taskloss.utils import (
@@ -361,7 +367,12 @@ class HessianFree(torch.optim.Optimizer):
         Raises:
             ValueError: no closure, a bad closure result, bad hyperparameters in ``param_groups``.
             FloatingPointError: a non-finite loss before the step.
+            RankFailure: across ranks, any rank's failure before the first all-reduce (raised on every rank).
         """
+        with failing_fast("HessianFree.step", self.process_group):
+            return self._step(closure)
+
+    def _step(self, closure):
         if not callable(closure):
             raise ValueError("HessianFree.step needs closure() (zeroes grads, computes the loss, calls backward, "
                              "returns (loss, inputs))")

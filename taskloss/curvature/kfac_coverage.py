@@ -44,13 +44,17 @@ def conv1d_class() -> type | None:
 
 @dataclass(frozen=True)
 class CoverageRow:
-    """One module with trainable parameters: its name, type, trainable scalars, status and the reason."""
+    """One module with trainable parameters: its name, type, trainable scalars, status and the reason.
+
+    ``unable``: a layer K-FAC would precondition but cannot (a tied weight, an unsupported module or convolution),
+    as opposed to what it leaves alone by design (embeddings, norms)."""
 
     name: str
     kind: str
     n_params: int
     status: str
     reason: str
+    unable: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +78,12 @@ class KFACCoverage:
     def preconditioned(self) -> list[str]:
         """Names of the modules K-FAC preconditions (fully or in part)."""
         return [r.name for r in self.rows if r.status == PRECONDITIONED]
+
+    @property
+    def unable(self) -> dict[str, str]:
+        """Names of the layers K-FAC cannot precondition (a tied weight, an unsupported module) with the reason;
+        :class:`~taskloss.curvature.kfac.KFAC` warns about each when it is built."""
+        return {r.name: r.reason for r in self.rows if r.unable}
 
     @property
     def skipped(self) -> dict[str, str]:
@@ -170,16 +180,19 @@ def find_layers(model: nn.Module, skip_unsupported: bool) -> tuple[list[KFACLaye
             what = "weight" if id(getattr(mod, "weight", None)) in shared else "a parameter"
             note = f"{what} shared with {with_} (tied): left as the plain gradient of all its uses"
             reason = note if kind is not None else f"{reason}; {note}"
+        unable = (kind is not None and any(p.ndim > 1 and id(p) in shared for p in own)) or reason.startswith(
+            ("Conv2d with", "unsupported"))
         if kind is None:
-            rows.append(CoverageRow(name, kind_name, n_own, SKIPPED, reason))
+            rows.append(CoverageRow(name, kind_name, n_own, SKIPPED, reason, unable))
             continue
         w = mod.weight if mod.weight.requires_grad and id(mod.weight) not in shared else None
         b = mod.bias if mod.bias is not None and mod.bias.requires_grad and id(mod.bias) not in shared else None
         if w is None and b is None:
-            rows.append(CoverageRow(name, kind_name, n_own, SKIPPED, reason))
+            rows.append(CoverageRow(name, kind_name, n_own, SKIPPED, reason, unable))
             continue
         layers.append(_layer(name, mod, kind, w, b))
-        rows.append(CoverageRow(name, kind_name, n_own, PRECONDITIONED, f"bias only: {reason}" if shared else "A ⊗ G"))
+        rows.append(CoverageRow(name, kind_name, n_own, PRECONDITIONED, f"bias only: {reason}" if shared else "A ⊗ G",
+                                unable))
     if not layers:
         raise ValueError("model has no trainable nn.Linear / nn.Conv2d / Conv1D layer (tied or shared weights are "
                          "not preconditioned)")

@@ -54,13 +54,16 @@ class LayerGradients:
         return g if g.dtype not in HALF else g.float()   # (float16 / bfloat16: preconditioned in float32)
 
     @torch.no_grad()
-    def precondition_(self, factors: KroneckerFactors, kl_clip: float | None, param_groups: list | None) -> float:
-        """Rewrite every layer's ``.grad`` with its preconditioned gradient (times the KL-clip factor ν).
+    def precondition_(self, factors: KroneckerFactors, kl_clip: float | None, param_groups: list | None,
+                      trust_region: float | None = None) -> float:
+        """Rewrite every layer's ``.grad`` with its preconditioned gradient (times the clip factor ν of
+        :meth:`kl_scale`).
 
         Args:
             factors: the factors and their current inverses.
             kl_clip: the KL bound (``None``: no clip).
             param_groups: the optimizer's groups, whose current learning rates the KL clip reads.
+            trust_region: the bound on ``Σ vᵀg`` (``None``: none).
 
         Returns:
             ν (1 without a clip).
@@ -70,7 +73,7 @@ class LayerGradients:
         """
         grads = self._flat_grads()
         if grads is not None:
-            return self._precondition_flat(grads, factors, kl_clip, param_groups)
+            return self._precondition_flat(grads, factors, kl_clip, param_groups, trust_region)
         ms: dict[str, Tensor] = {}
         for layer in self.layers:
             m = self.matrix(layer)
@@ -80,25 +83,29 @@ class LayerGradients:
             if m.shape != (factors.G[k].shape[0], factors.A[k].shape[0]):
                 raise ValueError(f"layer {k!r}: gradient shape {tuple(m.shape)} does not match the factors")
             ms[k] = m
-        if kl_clip is None and nonfinite_keys({k: (m,) for k, m in ms.items()}):
+        clip = kl_clip is not None or trust_region is not None
+        if not clip and nonfinite_keys({k: (m,) for k, m in ms.items()}):
             self._raise_nonfinite(ms)
         new = {k: factors.precondition(k, m) for k, m in ms.items()}
-        nu = self.kl_scale(new, ms, kl_clip, param_groups) if kl_clip is not None and new else 1.0
+        nu = self.kl_scale(new, ms, kl_clip, param_groups, trust_region=trust_region) if clip and new else 1.0
         by_name = {layer.name: layer for layer in self.layers}
         for k, p in new.items():
             self._write_grad(by_name[k], p, nu)
         return nu
 
-    def kl_scale(self, new: dict[str, Tensor], ms: dict[str, Tensor], kl_clip: float, param_groups: list,
-                 flat: tuple[Tensor, Tensor] | None = None) -> float:
-        """``ν = min(1, sqrt(kl_clip / Σ lr² vᵀg))`` with each parameter's current learning rate.
+    def kl_scale(self, new: dict[str, Tensor], ms: dict[str, Tensor], kl_clip: float | None, param_groups: list | None,
+                 flat: tuple[Tensor, Tensor] | None = None, trust_region: float | None = None) -> float:
+        """``ν = min(1, sqrt(kl_clip / Σ lr² vᵀg), sqrt(trust_region / Σ vᵀg))`` with each parameter's current
+        learning rate (each bound only when given).
 
         Args:
             new: the preconditioned gradient matrices v per layer.
             ms: the gradient matrices g per layer.
-            kl_clip: the bound.
-            param_groups: the optimizer's groups (their ``lr``).
+            kl_clip: the KL bound (``None``: none).
+            param_groups: the optimizer's groups (their ``lr``; needed by ``kl_clip``).
             flat: all layers' ``v`` and ``g`` as two flat buffers, for one dot product.
+            trust_region: the bound on ``Σ vᵀg`` itself, the squared length of ``v`` in the damped K-FAC metric
+                (``None``: none).
 
         Returns:
             ν.
@@ -106,7 +113,20 @@ class LayerGradients:
         Raises:
             ValueError: a non-positive learning rate, or a non-finite ``Σ lr² vᵀg``.
         """
-        lrs = [check_positive("optimizer learning rate (for kl_clip)", g["lr"]) for g in param_groups]
+        nu = 1.0
+        if trust_region is not None:
+            total = self._lr_weighted_dot(new, ms, None, flat)
+            nu = min(nu, math.sqrt(trust_region / total)) if total > 0 else nu
+        if kl_clip is not None:
+            total = self._lr_weighted_dot(new, ms, param_groups, flat)
+            nu = min(nu, math.sqrt(kl_clip / total)) if total > 0 else nu
+        return nu
+
+    def _lr_weighted_dot(self, new: dict[str, Tensor], ms: dict[str, Tensor], param_groups: list | None,
+                         flat: tuple[Tensor, Tensor] | None) -> float:
+        """``Σ lr² vᵀg`` over the layers (``param_groups=None``: every ``lr = 1``); raises when it is not finite."""
+        lrs = [1.0] if param_groups is None else [
+            check_positive("optimizer learning rate (for kl_clip)", g["lr"]) for g in param_groups]
         if len(set(lrs)) == 1 and flat is not None:
             total = float(torch.dot(*flat)) * lrs[0]**2
         elif len(set(lrs)) == 1:  # one learning rate: lr² Σ vᵀg
@@ -125,7 +145,7 @@ class LayerGradients:
             total = float(torch.stack(terms).sum())
         if not math.isfinite(total):
             self._raise_nonfinite(ms)
-        return min(1.0, math.sqrt(kl_clip / total)) if total > 0 else 1.0
+        return total
 
     @staticmethod
     def _raise_nonfinite(ms: dict[str, Tensor]) -> None:
@@ -173,18 +193,20 @@ class LayerGradients:
         return (key, bufs[0], bufs[1], *mats, *blocks, work)
 
     def _precondition_flat(self, grads: list[Tensor], factors: KroneckerFactors, kl_clip: float | None,
-                           param_groups: list | None) -> float:
+                           param_groups: list | None, trust_region: float | None = None) -> float:
         _, m_flat, p_flat, ms, ps, m_blocks, p_blocks, work = self._flat
         names = [layer.name for layer in self.layers]
         torch._foreach_copy_(m_blocks, grads)
-        if kl_clip is None and not math.isfinite(float(m_flat.sum())) and nonfinite_keys(
+        clip = kl_clip is not None or trust_region is not None
+        if not clip and not math.isfinite(float(m_flat.sum())) and nonfinite_keys(
                 {k: (m,) for k, m in zip(names, ms)}):  # (a finite sum proves every entry finite)
             self._raise_nonfinite(dict(zip(names, ms)))
         for k, m, p, w in zip(names, ms, ps, work):
             factors.precondition(k, m, out=p, work=w)
         nu = 1.0
-        if kl_clip is not None:
-            nu = self.kl_scale(dict(zip(names, ps)), dict(zip(names, ms)), kl_clip, param_groups, (p_flat, m_flat))
+        if clip:
+            nu = self.kl_scale(dict(zip(names, ps)), dict(zip(names, ms)), kl_clip, param_groups, (p_flat, m_flat),
+                               trust_region)
             if nu != 1.0:
                 p_flat.mul_(nu)
         torch._foreach_copy_(grads, p_blocks)

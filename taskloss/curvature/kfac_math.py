@@ -185,7 +185,7 @@ def nonfinite_keys(groups: dict[str, tuple[Tensor, ...]]) -> list[str]:
 
 def kfac_precondition_reference(A: dict[str, Tensor], G: dict[str, Tensor], grads: dict[str, Tensor],
                                 damping: float, damping_mode: str = "eigen", kl_clip: float | None = None,
-                                lr: float | None = None) -> dict[str, Tensor]:
+                                lr: float | None = None, trust_region: float | None = None) -> dict[str, Tensor]:
     """The K-FAC step written plainly: every layer's preconditioned gradient matrix, KL-clipped.
 
     The readable reference beside :meth:`taskloss.curvature.kfac.KFAC.precondition_` (which keeps inverses between
@@ -194,7 +194,8 @@ def kfac_precondition_reference(A: dict[str, Tensor], G: dict[str, Tensor], grad
     ``[out·cols]²`` matrix (on the row-major ``vec(M)`` it acts as ``G ⊗ A``); ``"pi"``: the factored damping of
     Martens & Grosse (ICML 2015, §6.3), ``(G + √λ/π I)⁻¹ M (A + π√λ I)⁻¹`` with
     ``π = sqrt((tr A / dim A) / (tr G / dim G))``. With ``kl_clip``: the whole step scaled by
-    ``ν = min(1, sqrt(kl_clip / (lr² Σ vᵀg)))``. Derived in notebook 07_fisher_approximations.
+    ``ν = min(1, sqrt(kl_clip / (lr² Σ vᵀg)))``; with ``trust_region``: by ``min(1, sqrt(trust_region / Σ vᵀg))``
+    (both: the smaller factor). Derived in notebook 07_fisher_approximations.
 
     Args:
         A: per layer, the input factor ``[cols, cols]``.
@@ -204,6 +205,7 @@ def kfac_precondition_reference(A: dict[str, Tensor], G: dict[str, Tensor], grad
         damping_mode: ``"eigen"`` or ``"pi"``.
         kl_clip: the KL bound (``None``: no clip).
         lr: the (one) learning rate the clip assumes.
+        trust_region: the bound on ``Σ vᵀg`` (``None``: none).
 
     Returns:
         Per layer, the preconditioned matrix ``[out, cols]``.
@@ -218,8 +220,10 @@ def kfac_precondition_reference(A: dict[str, Tensor], G: dict[str, Tensor], grad
             eye_g, eye_a = torch.eye(G[k].shape[0], dtype=M.dtype), torch.eye(A[k].shape[0], dtype=M.dtype)
             left = torch.linalg.solve(G[k] + math.sqrt(damping) / pi * eye_g, M)
             new[k] = torch.linalg.solve(A[k] + pi * math.sqrt(damping) * eye_a, left.T).T   # A symmetric
-    if kl_clip is not None:
-        total = lr ** 2 * sum(float((v * grads[k]).sum()) for k, v in new.items())
-        nu = min(1.0, math.sqrt(kl_clip / total)) if total > 0 else 1.0
-        new = {k: nu * v for k, v in new.items()}
-    return new
+    vg = sum(float((v * grads[k]).sum()) for k, v in new.items())
+    nu = 1.0
+    if kl_clip is not None and vg > 0:
+        nu = min(nu, math.sqrt(kl_clip / (lr ** 2 * vg)))
+    if trust_region is not None and vg > 0:
+        nu = min(nu, math.sqrt(trust_region / vg))
+    return {k: nu * v for k, v in new.items()} if nu != 1.0 else new

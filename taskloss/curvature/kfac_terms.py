@@ -8,7 +8,8 @@ padding (the padding mask ``[N, T]`` of a per-token model). A term that does not
 out like the terms or the padding (``[N, T, D]``) drops from both factors the rows at padded positions, and the rows
 at positions without a loss term through which no gradient flows in that layer (the output layer there); a position
 without a loss term that still carries gradient (a causal LM's prompt in the lower layers) stays, as it appears in
-the gradient.
+the gradient. ``masked_rows="keep"`` (curvlinops' convention) keeps the rows at positions without a loss term in
+every layer; padding leaves the factors either way.
 """
 from __future__ import annotations
 
@@ -149,7 +150,8 @@ def loss_terms(outputs: Tensor, targets: Tensor | None, pad: Tensor | None, like
     return flat, flat_targets, valid
 
 
-def factor_rows(a: Tensor, g: Tensor, terms: Tensor | None, pad: Tensor | None) -> Tensor | None:
+def factor_rows(a: Tensor, g: Tensor, terms: Tensor | None, pad: Tensor | None,
+                masked_rows: str = "drop") -> Tensor | None:
     """The rows of a Linear / Conv1D layer that enter its factors (see the module docstring).
 
     Args:
@@ -157,6 +159,9 @@ def factor_rows(a: Tensor, g: Tensor, terms: Tensor | None, pad: Tensor | None) 
         g: its output gradients ``[K, *L, out]``.
         terms: the loss terms that count, shaped like the outputs' leading dimensions, or None.
         pad: the padding mask, or None.
+        masked_rows: ``"drop"``: a row at a position without a loss term leaves both factors where no gradient flows
+            through it in this layer; ``"keep"``: it stays (curvlinops' convention: every position the model
+            computes is a row of ``A``, its zero output gradient adds nothing to ``G``). Padding leaves either way.
 
     Returns:
         A bool mask over the ``prod(L)`` rows, or None when every row enters.
@@ -164,7 +169,7 @@ def factor_rows(a: Tensor, g: Tensor, terms: Tensor | None, pad: Tensor | None) 
     lead, keep = tuple(a.shape[:-1]), None
     if pad is not None and tuple(pad.shape) == lead:
         keep = pad.reshape(-1)
-    if terms is not None and tuple(terms.shape) == lead:
+    if masked_rows == "drop" and terms is not None and tuple(terms.shape) == lead:
         flows = (g != 0).any(-1).any(0)                                                 # [*L]
         t = terms.reshape(-1) | flows.reshape(-1)
         keep = t if keep is None else keep & t

@@ -75,6 +75,14 @@ def model_logits(out, what: str = "the model") -> Tensor:
         raise OutputTypeError(f"{what} returned a {type(out).__name__}: the curvature functions take a tensor [N, C] / "
                         "[N, T, C] or an object with .logits (a transformers ModelOutput); call the model with "
                         "return_dict=True or pass a function fn(params, inputs) that returns the logits tensor")
+    fields = [k for k, v in out.items() if isinstance(v, Tensor)] if isinstance(out, Mapping) else []
+    if fields:   # a ModelOutput without logits (a base model's last_hidden_state, a loss)
+        raise OutputTypeError(
+            f"{what} returned a {type(out).__name__} without a .logits tensor (tensor fields: {', '.join(fields)}): "
+            "the curvature code needs the output tensor [N, C] / [N, T, C] the likelihood is over. Pass a function "
+            "that returns it in place of the model (model_or_fn, the forward_fn of this package), e.g. "
+            f"fn = lambda params, inputs: torch.func.functional_call(model, params, inputs).{fields[0]}; K-FAC's "
+            f"update_statistics takes outputs=out.{fields[0]}")
     raise OutputTypeError(f"{what} must return a tensor or an object with a .logits tensor (a transformers ModelOutput), "
                     f"got {type(out).__name__}")
 
@@ -191,7 +199,15 @@ def check_precision(name: str, t: Tensor) -> Tensor:
 
 def transform_error(e: Exception) -> Exception:
     """A ``ValueError`` naming the fix for an operation without forward-mode AD or a second derivative inside a
-    ``torch.func`` transform (fused attention kernels); ``e`` itself otherwise."""
+    ``torch.func`` transform (fused attention kernels), or for an ``autograd.Function`` that cannot be transformed
+    (BLOOM's GeLU); ``e`` itself otherwise.
+
+    Args:
+        e: the error raised inside the transform.
+
+    Returns:
+        The error to raise.
+    """
     msg = str(e)
     if isinstance(e, (RuntimeError, NotImplementedError)) and any(
             k in msg for k in ("forward AD", "forward mode AD", "forward-mode AD", "derivative for")):
@@ -200,6 +216,12 @@ def transform_error(e: Exception) -> Exception:
             "kernels are the usual cause; the curvature functions already run scaled_dot_product_attention under "
             "its math kernel): build the model with attn_implementation=\"eager\" (transformers), or replace the "
             f"operation. Original error: {msg}")
+    if isinstance(e, RuntimeError) and "setup_context" in msg:
+        return ValueError(
+            "the model calls a torch.autograd.Function that torch.func cannot transform (it has no setup_context; "
+            "BLOOM's GeLUFunction is one): replace the module that calls it with a plain one computing the same "
+            "function (for BLOOM: every BloomGelu by nn.GELU(approximate=\"tanh\")), or use a method that needs no "
+            "torch.func transform (K-FAC; MGS with parallel=False). Original error: " + msg)
     return e
 
 

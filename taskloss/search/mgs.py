@@ -66,6 +66,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor, nn
 
+from taskloss.curvature.distributed import agree_status
 from taskloss.search.mgs_density import (
     DENSITIES,
     candidate_seeds,
@@ -425,6 +426,25 @@ class MGS(torch.optim.Optimizer):
         self.optimizer.step()
         return update_norm
 
+    def _local_step(self, closure, h: dict, world: int, rank: int, base_seed: int):
+        """This rank's part of a step before the ranks exchange their candidates' losses: the surrogate, its
+        gradient, the candidates and the task losses of those this rank scores."""
+        loss, surrogate, batch = self._surrogate(closure)
+        g, g64, grad_norm = self._gradient(h["max_grad_norm"])
+        plan = self._plan
+        proposal = build_proposal(g, self._numels, h["sigma"], self.sigma_mode, g64, plan)      # phase 2
+        seeds = candidate_seeds(base_seed, self.steps_done, h["n_samples"] + int(self.include_mle))
+        draws = CandidateDraws(proposal, seeds, mle_components(seeds, h["mix"], self.assignment, self.include_mle),
+                               self.include_mle, plan)
+        theta = plan.buffer("theta", g.shape, g.dtype)      # θ, kept across steps (the loop restores from it)
+        torch._foreach_copy_(plan.views("theta", theta, self._shapes), self.params)
+        n = len(seeds)
+        own = list(range(rank, n, world))
+        local, rows, base = self.scorer.score_candidates(draws, theta, batch, own, low_memory=self.low_memory,
+                                                         eager_base_loss=self.eager_base_loss,
+                                                         chunk_size=self.chunk_size)
+        return loss, surrogate, batch, (g, grad_norm, proposal, seeds, draws, theta, n, own, local, rows, base)
+
     # -- the step ------------------------------------------------------------------------------------------
     @torch.no_grad()
     def step(self, closure: Callable):  # type: ignore[override]
@@ -446,20 +466,15 @@ class MGS(torch.optim.Optimizer):
         h = self._hyper(self.param_groups[0])
         world, rank = self.world()
         base_seed = self._base_seed(world)
-        loss, surrogate, batch = self._surrogate(closure)
-        g, g64, grad_norm = self._gradient(h["max_grad_norm"])
-        plan = self._plan
-        proposal = build_proposal(g, self._numels, h["sigma"], self.sigma_mode, g64, plan)      # phase 2
-        seeds = candidate_seeds(base_seed, self.steps_done, h["n_samples"] + int(self.include_mle))
-        draws = CandidateDraws(proposal, seeds, mle_components(seeds, h["mix"], self.assignment, self.include_mle),
-                               self.include_mle, plan)
-        theta = plan.buffer("theta", g.shape, g.dtype)      # θ, kept across steps (the loop restores from it)
-        torch._foreach_copy_(plan.views("theta", theta, self._shapes), self.params)
-        n = len(seeds)
-        own = list(range(rank, n, world))
-        local, rows, base = self.scorer.score_candidates(draws, theta, batch, own, low_memory=self.low_memory,
-                                                         eager_base_loss=self.eager_base_loss,
-                                                         chunk_size=self.chunk_size)
+        try:
+            loss, surrogate, batch, rest = self._local_step(closure, h, world, rank, base_seed)
+        except (ValueError, TypeError, RuntimeError, ArithmeticError) as e:
+            if world > 1:   # the others must not wait in the all-gather: every rank raises the same error
+                agree_status(e, "MGS.step", self.process_group)
+            raise
+        if world > 1:       # every rank is ready (one small all-reduce of the ranks' status)
+            agree_status(None, "MGS.step", self.process_group)
+        g, grad_norm, proposal, seeds, draws, theta, n, own, local, rows, base = rest
         losses = self._gather(own, local, surrogate, n, world)
         L = losses.tolist()
         if any(x != x for x in L):

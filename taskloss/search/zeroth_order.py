@@ -29,6 +29,7 @@ from typing import Callable
 import torch
 from torch.func import vmap
 
+from taskloss.curvature.distributed import agree_status
 from taskloss.search.functional import depends_on_vmap
 from taskloss.search.ranks import check_n_examples, combine_across_ranks, fingerprint, share_generator_, world_of
 from taskloss.utils import (
@@ -447,6 +448,34 @@ class MeZO(torch.optim.Optimizer):
             raise ValueError(f"MeZO needs one {name} shared by all parameter groups, got {sorted(values)}")
         return check(name, values.pop())
 
+    def _perturbed_losses(self, closure, n: int, world: int) -> tuple[list, list, list, torch.Tensor]:
+        """The seeds, the losses at θ ± σz, their weights and the first loss of one step (θ restored on return and
+        before any error propagates)."""
+        seeds, values, weights, first = [], [], [], None
+        for _ in range(n):
+            s = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
+            self._add_z(s, lambda gr: gr["sigma"])              # θ + σz
+            try:
+                lp, wp = self._loss(closure)
+            except BaseException:
+                self._add_z(s, lambda gr: -gr["sigma"])         # back to θ before the error propagates
+                raise
+            self._add_z(s, lambda gr: -2 * gr["sigma"])         # θ - σz
+            try:
+                lm, wm = self._loss(closure)
+            finally:
+                self._add_z(s, lambda gr: gr["sigma"])          # θ
+            if world == 1 and not (bool(torch.isfinite(lp)) and bool(torch.isfinite(lm))):
+                raise ValueError("closure returned NaN or inf; parameters restored, no update made")
+            seeds.append(s)
+            values += [float(lp), float(lm)]
+            weights += [wp, wm]
+            first = lp if first is None else first
+        if len(set(weights)) != 1:
+            raise ValueError(f"MeZO closure returned different n_examples within one step "
+                             f"({sorted(set(weights), key=str)}): each call must weigh the loss of the same batch")
+        return seeds, values, weights, first
+
     @torch.no_grad()
     def step(self, closure: Callable[[], torch.Tensor | float]) -> torch.Tensor:  # type: ignore[override]
         """One MeZO update (see the class docstring).
@@ -475,29 +504,14 @@ class MeZO(torch.optim.Optimizer):
         if world > 1 and not self._seeds_shared:            # every rank draws rank 0's perturbations
             share_generator_(self._seeds, self.process_group, device)
         self._seeds_shared = True
-        seeds, values, weights, first = [], [], [], None
-        for _ in range(n):
-            s = int(torch.randint(0, 2**62, (1,), generator=self._seeds))
-            self._add_z(s, lambda gr: gr["sigma"])              # θ + σz
-            try:
-                lp, wp = self._loss(closure)
-            except BaseException:
-                self._add_z(s, lambda gr: -gr["sigma"])         # back to θ before the error propagates
-                raise
-            self._add_z(s, lambda gr: -2 * gr["sigma"])         # θ - σz
-            try:
-                lm, wm = self._loss(closure)
-            finally:
-                self._add_z(s, lambda gr: gr["sigma"])          # θ
-            if world == 1 and not (bool(torch.isfinite(lp)) and bool(torch.isfinite(lm))):
-                raise ValueError("closure returned NaN or inf; parameters restored, no update made")
-            seeds.append(s)
-            values += [float(lp), float(lm)]
-            weights += [wp, wm]
-            first = lp if first is None else first
-        if len(set(weights)) != 1:
-            raise ValueError(f"MeZO closure returned different n_examples within one step "
-                             f"({sorted(set(weights), key=str)}): each call must weigh the loss of the same batch")
+        try:
+            seeds, values, weights, first = self._perturbed_losses(closure, n, world)
+        except (ValueError, TypeError, RuntimeError, ArithmeticError) as e:
+            if world > 1:   # the others must not wait in the all-gather below: every rank raises the same error
+                agree_status(e, "MeZO.step", self.process_group)
+            raise
+        if world > 1:       # every rank is ready (one small all-reduce of the ranks' status)
+            agree_status(None, "MeZO.step", self.process_group)
         if world > 1:                                       # the losses of the whole batch, on every rank
             total = combine_across_ranks(torch.tensor(values, dtype=torch.float64), weights[0], fingerprint(trained),
                                          self.process_group, device, "MeZO")

@@ -4,6 +4,7 @@ same processes. Each case is a function ``rank_case(rank, world) -> dict`` of a 
 ``init_process_group``; the results come back per rank, keyed by module."""
 from __future__ import annotations
 
+import datetime
 import importlib
 import os
 import tempfile
@@ -12,14 +13,18 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-CASES = ("curvature.test_kfac_distributed", "curvature.test_fisher_distributed")
+CASES = ("curvature.test_kfac_distributed", "curvature.test_fisher_distributed", "curvature.test_fail_fast")
+#: A collective that waits longer than this fails (gloo's default is 30 minutes): a rank left waiting by another's
+#: failure makes the test fail within it instead of hanging the suite.
+TIMEOUT = datetime.timedelta(seconds=60)
 
 _RESULTS: dict[int, list[dict]] = {}
 
 
 def _worker(rank: int, world: int, init_file: str, out_dir: str):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=world,
+                            timeout=TIMEOUT)
     try:
         res = {name: importlib.import_module(name).rank_case(rank, world) for name in CASES}
         torch.save(res, os.path.join(out_dir, f"rank{rank}.pt"))

@@ -367,6 +367,7 @@ CASES = [
 EXEMPT = {
     "LIKELIHOODS": "a constant tuple of names, not a callable",
     "MCEstimate": "a NamedTuple container (mean, stderr) without behaviour",
+    "RankFailure": "an exception class (raised on every rank; tests/curvature/test_fail_fast.py)",
 }
 
 
@@ -448,3 +449,22 @@ def test_a_cpu_generator_still_draws_for_cuda_tensors():
                        C.sample_targets(LOGITS, generator=torch.Generator().manual_seed(0)))
     z = C.gaussian_samples(V2.cuda(), EYE2.cuda(), 3, torch.Generator().manual_seed(1))
     torch.testing.assert_close(z.cpu(), C.gaussian_samples(V2, EYE2, 3, torch.Generator().manual_seed(1)))
+
+
+def test_a_model_output_without_logits_is_refused_naming_the_function_to_pass():
+    """Issue 41 item 6: a base model's ``ModelOutput`` (no ``.logits``) is refused by the Fisher functions,
+    Hessian-free and K-FAC with the one-line fix (a function returning the tensor; K-FAC's ``outputs=``)."""
+    import transformers
+    from hf_models import tiny_gpt2, token_batch
+
+    base = transformers.GPT2Model(tiny_gpt2().config).eval()
+    ids, _, _ = token_batch(2, 5)
+    bias = {"h.0.mlp.c_fc.bias": base.h[0].mlp.c_fc.bias}
+    fix = r"without a \.logits tensor \(tensor fields: last_hidden_state\).*functional_call\(model, params, inputs\)"
+    with pytest.raises(TypeError, match=fix):
+        C.ggn_matrix(base, bias, ids)
+    with pytest.raises(TypeError, match=fix):
+        C.hessian_free_direction(base, bias, ids, {k: torch.ones_like(v) for k, v in bias.items()})
+    k = C.KFAC(base, skip_unsupported=True)
+    with pytest.raises(TypeError, match=r"outputs=out\.last_hidden_state"):
+        k.update_statistics(ids, None)

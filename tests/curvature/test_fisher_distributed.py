@@ -163,7 +163,8 @@ def test_gloo_processes_equal_one_process_on_the_whole_batch(world):
         for key in single:
             _compare(res[key], single[key], exact=False)                          # = one process, to round-off
             _compare(res[key], ranks[0][key], exact=True)                         # bit-identical ranks
-        assert res["operator_calls"] == [1] + [sum(p.numel() for p in _mlp().parameters())] * 3  # count, products
+        # the ranks' status (one number per rank), the term count, the products
+        assert res["operator_calls"] == [world, 1] + [sum(p.numel() for p in _mlp().parameters())] * 3
     n = torch.tensor([len(p) for p in parts], dtype=torch.float64)
     per_part = [mc_fisher_diagonal(_mlp(), None, X[p], generator=torch.Generator().manual_seed(10 + r))
                 for r, p in enumerate(parts)]

@@ -442,3 +442,159 @@ def test_meta_device_model():
         net = nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 2))
     with pytest.raises(ValueError, match="meta device"):
         KFAC(net)
+
+
+# ------------------------------------------------------------------------------- the -100 convention
+def _gpt2_with_labels_masked_inside():
+    model = tiny_gpt2().double()
+    ids, _, labels = token_batch(3, 7)
+    labels[0, 2] = -100
+    labels[1, 4:6] = -100
+    labels[2, 0] = -100
+    return model, ids, labels
+
+
+def _curvlinops_empirical(model, names, ids, labels):
+    """curvlinops' empirical K-FAC of the ``nn.Linear`` twin; its ``G`` rescaled from its normalization (every
+    position, ignored ones included, counts as a term of the mean) to the terms that count."""
+    twin = _Logits(linearized(model))
+    params = [p for n in names for p in twin.m.get_submodule(n).parameters()]
+    op = curvlinops.KFACLinearOperator(twin, nn.CrossEntropyLoss(), params, [(ids, labels)], fisher_type="empirical",
+                                       separate_weight_and_bias=False, check_deterministic=False)
+    op.compute_kronecker_factors()
+    ref, share = op.state_dict(), int((labels != -100).sum()) / labels.numel()
+    return ({n: ref["input_covariances"][f"m.{n}"] for n in names},
+            {n: ref["gradient_covariances"][f"m.{n}"] * share for n in names})
+
+
+def test_keep_convention_equals_curvlinops_with_labels_masked_inside_the_tokens():
+    """``masked_rows="keep"``: every computed position is a row of A, as in curvlinops, in every layer."""
+    model, ids, labels = _gpt2_with_labels_masked_inside()
+    k = KFAC(model, fisher_type="empirical", decay=0.0, masked_rows="keep")
+    k.update_statistics(ids, labels)
+    _assert_factors_close(_factors(k), _curvlinops_empirical(model, list(k.modules), ids, labels), k.modules)
+
+
+def test_drop_convention_leaves_rows_without_gradient_out_of_a():
+    """``masked_rows="drop"`` (default): where gradient flows through every position (the first block) the factors
+    equal curvlinops'; in the last block's MLP, whose masked positions carry no gradient, A is the mean of ``a aᵀ``
+    over the labelled positions alone (recorded by a hook of our own) and differs from curvlinops'."""
+    model, ids, labels = _gpt2_with_labels_masked_inside()
+    seen = {}
+    fc = model.transformer.h[1].mlp.c_fc
+
+    def record(mod, inputs, output):
+        seen["a"] = inputs[0].detach()
+
+    handle = fc.register_forward_hook(record)
+    k = KFAC(model, fisher_type="empirical", decay=0.0)
+    assert k.masked_rows == "drop"
+    k.update_statistics(ids, labels)
+    handle.remove()
+    ref = _curvlinops_empirical(model, list(k.modules), ids, labels)
+    first = [n for n in k.modules if n.startswith("transformer.h.0.")]
+    _assert_factors_close(_factors(k), ref, first)
+    for n in k.modules:  # G: the zero rows add nothing to the sum, and both divide by the terms that count
+        torch.testing.assert_close(k.factors.G[n], ref[1][n], rtol=1e-10, atol=1e-13)
+    name = "transformer.h.1.mlp.c_fc"
+    rows = seen["a"][labels != -100]
+    rows = torch.cat([rows, rows.new_ones(rows.shape[0], 1)], 1)
+    torch.testing.assert_close(k.factors.A[name], rows.T @ rows / rows.shape[0], rtol=1e-10, atol=1e-13)
+    assert not torch.allclose(k.factors.A[name], ref[0][name], rtol=1e-3)
+
+
+def test_masked_rows_is_checked_and_checkpointed():
+    model = tiny_gpt2()
+    with pytest.raises(ValueError, match="masked_rows"):
+        KFAC(model, masked_rows="curvlinops")
+    state = KFAC(model, masked_rows="keep").state_dict()
+    with pytest.raises(ValueError, match="masked_rows"):
+        KFAC(model).load_state_dict(state)
+
+
+# ------------------------------------------------------------------------- layers that flatten the tokens
+def _recorded_rows(model, names, ids, labels):
+    """Every named layer's input rows ``a`` and output gradients ``g = ∂(Σ_terms ℓ)/∂s`` from one plain backward of
+    the summed loss (hooks of our own), both ``[N·T, ·]``: the expand-convention empirical factors are
+    ``A = mean a aᵀ`` and ``G = Σ g gᵀ / n_terms``."""
+    rows, handles = {}, []
+
+    def hook(name):
+        def record(mod, inputs, output):
+            rows[name] = [inputs[0].detach().reshape(-1, inputs[0].shape[-1])]
+            output.register_hook(lambda g: rows[name].append(g.reshape(-1, g.shape[-1])))
+        return record
+
+    for n in names:
+        handles.append(model.get_submodule(n).register_forward_hook(hook(n)))
+    logits = model(input_ids=ids).logits
+    nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), reduction="sum").backward()
+    for h in handles:
+        h.remove()
+    model.zero_grad()
+    return rows
+
+
+def test_opt_layers_that_see_flattened_tokens_get_the_factors_of_their_rows():
+    """OPT's decoder flattens the tokens to ``[N·T, D]`` before ``fc1`` / ``fc2`` (issue 41: K-FAC raised there):
+    K-FAC reads the rows back in the outputs' layout ``[N, T, D]``. Every layer's factors equal the expand-convention
+    formula on rows recorded by hooks of our own (curvlinops is no reference here: it reads the leading dimension of
+    ``[N·T, D]`` as the batch and normalizes by the ``N`` sequences, giving ``T·A`` and ``T²·G`` for those layers)."""
+    from hf_models import tiny_causal_lm
+
+    model = tiny_causal_lm("opt").double()
+    ids, _, labels = token_batch(3, 7)
+    k = KFAC(model, fisher_type="empirical", decay=0.0)
+    k.update_statistics(ids, labels)
+    assert {"model.decoder.layers.0.fc1", "model.decoder.layers.1.fc2"} <= set(k.modules)
+    rows = _recorded_rows(model, list(k.modules), ids, labels)
+    for n, (a, g) in rows.items():
+        a = torch.cat([a, a.new_ones(a.shape[0], 1)], 1)
+        torch.testing.assert_close(k.factors.A[n], a.T @ a / a.shape[0], rtol=1e-10, atol=1e-13, msg=n)
+        torch.testing.assert_close(k.factors.G[n], g.T @ g / labels.numel(), rtol=1e-10, atol=1e-13, msg=n)
+    # -100 labels: the flattened layers' rows at masked positions of the last layer leave A (drop), as for any
+    # [N, T, D] layer, and stay with masked_rows="keep"
+    labels[1, 3:] = -100
+    factors = {}
+    for mode in KFAC.MASKED_ROWS:
+        km = KFAC(model, fisher_type="empirical", decay=0.0, masked_rows=mode)
+        km.update_statistics(ids, labels)
+        factors[mode] = km.factors.A["model.decoder.layers.1.fc2"]
+    a = _recorded_rows(model, ["model.decoder.layers.1.fc2"], ids, labels)["model.decoder.layers.1.fc2"][0]
+    a = torch.cat([a, a.new_ones(a.shape[0], 1)], 1)
+    kept = a[(labels != -100).reshape(-1)]
+    torch.testing.assert_close(factors["keep"], a.T @ a / a.shape[0], rtol=1e-10, atol=1e-13)
+    torch.testing.assert_close(factors["drop"], kept.T @ kept / kept.shape[0], rtol=1e-10, atol=1e-13)
+
+
+def test_a_layer_whose_rows_match_no_batch_layout_is_refused_with_the_reason():
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(4, 6), nn.Linear(12, 3)
+
+        def forward(self, x):                                  # [N, 4] → pairs of examples glued: [N/2, 12]
+            h = self.a(x).reshape(x.shape[0] // 2, 12)
+            return self.b(h).repeat_interleave(2, 0)
+
+    net = Odd().double()
+    X, y = torch.randn(6, 4, dtype=D), torch.randint(0, 3, (6,))
+    k = KFAC(net, fisher_type="empirical")
+    with pytest.raises(ValueError, match="'b' saw outputs of shape"):
+        k.update_statistics(X, y)
+
+
+def test_kfac_warns_about_every_layer_it_cannot_precondition():
+    """A tied output layer and an unsupported module are named, with the reason, when K-FAC is built; what is left
+    alone by design (embeddings, norms) is only listed in the coverage table."""
+    with pytest.warns(UserWarning, match=r"cannot precondition 'lm_head' \(weight shared with") as record:
+        k = KFAC(tiny_gpt2())
+    assert len(record) == 1 and set(k.coverage.unable) == {"lm_head"}
+    lstm = nn.Sequential(nn.Linear(3, 4), nn.LSTM(4, 4))
+    with pytest.warns(UserWarning, match=r"'1' \(unsupported module"):
+        KFAC(lstm, skip_unsupported=True)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        KFAC(tiny_llama(tie_word_embeddings=False))          # nothing it cannot precondition: no warning

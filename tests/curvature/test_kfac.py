@@ -89,7 +89,7 @@ def test_step_applies_damped_inverse(mode):
     net, X = _cnn(), torch.randn(5, 2, 8, 8, dtype=torch.float64)
     y = torch.randint(0, 4, (5,))
     lam = 0.05
-    k = KFAC(net, damping=lam, damping_mode=mode, fisher_type="empirical", decay=0.0)
+    k = KFAC(net, damping=lam, damping_mode=mode, fisher_type="empirical", decay=0.0, trust_region=None)
     out = net(X)
     k.update_statistics(outputs=out, targets=y)
     C.nll_loss(out, y).backward()
@@ -133,9 +133,9 @@ def test_kl_clip_running_average_and_intervals():
     assert all(torch.equal(k2.factors.A[n], A1[n]) for n in A1)
     # KL clipping: ν = min(1, sqrt(kl_clip / (lr² Σ gᵀF⁻¹g)))
     lr, clip = 0.5, 1e-4
-    kc = KFAC(net, fisher_type="empirical", decay=0.0, kl_clip=clip,
+    kc = KFAC(net, fisher_type="empirical", decay=0.0, kl_clip=clip, trust_region=None,
               optimizer=torch.optim.SGD(net.parameters(), lr=lr))
-    ku = KFAC(net, fisher_type="empirical", decay=0.0)
+    ku = KFAC(net, fisher_type="empirical", decay=0.0, trust_region=None)
     out = net(X)
     kc.update_statistics(outputs=out, targets=y)
     ku.update_statistics(outputs=net(X), targets=y)

@@ -185,9 +185,10 @@ def test_gloo_processes_equal_one_process_on_the_whole_batch(world):
         for case in ("empirical", "exact", "tokens"):
             _same_state(res[case], single[case], exact=False)                     # = one process, to round-off
             _same_state(res[case], ranks[0][case], exact=True)                    # ranks bit-identical
-    # one all-reduce per factor update (3 updates × 2 Fisher types), whatever the number of layers
+    # one all-reduce per factor update (3 updates × 2 Fisher types), whatever the number of layers, after the ranks'
+    # status (one int64 per rank: every rank is ready, none is left waiting if one fails)
     per_update = (15 + 15) + (6 + 21) + 3          # Σ_layers the triangles of G [out, out] and A [cols, cols], 3 counts
-    assert ranks[0]["calls_mlp"] == [per_update * 8] * 6        # float64
+    assert ranks[0]["calls_mlp"] == [world * 8, per_update * 8] * 6        # int64 status, float64 moments
     # MC labels: each rank draws its own; the factors are the count-weighted mean of each part's one-process factors
     n = torch.tensor([len(p) for p in parts], dtype=torch.float64)
     per_part = [_mc_factors(X[p], y[p], seed=10 + r) for r, p in enumerate(parts)]

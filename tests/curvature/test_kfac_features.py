@@ -131,7 +131,7 @@ def test_frozen_weight_trainable_bias_gets_the_bias_block(arch):
         X = torch.randn(6, 5, dtype=D)
     y = torch.randint(0, 4, (6,))
     net[0].weight.requires_grad_(False)
-    k = KFAC(net, fisher_type="empirical", decay=0.0)
+    k = KFAC(net, fisher_type="empirical", decay=0.0, trust_region=None)
     k.update_statistics(outputs=net(X), targets=y)
     params = [p for p in net.parameters() if p.requires_grad]
     op = curvlinops.KFACLinearOperator(net, nn.CrossEntropyLoss(), params, [(X, y)], fisher_type="empirical",
@@ -274,8 +274,8 @@ def test_kl_clip_reads_the_current_learning_rate_under_a_schedule():
     opt = torch.optim.SGD(net.parameters(), lr=0.5)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.1)
     clip = 1e-4
-    k = KFAC(net, fisher_type="empirical", decay=0.0, kl_clip=clip, optimizer=opt)
-    free = KFAC(net, fisher_type="empirical", decay=0.0)
+    k = KFAC(net, fisher_type="empirical", decay=0.0, kl_clip=clip, trust_region=None, optimizer=opt)
+    free = KFAC(net, fisher_type="empirical", decay=0.0, trust_region=None)
     for lr in (0.5, 0.05):
         assert opt.param_groups[0]["lr"] == pytest.approx(lr)
         out = net(X)
@@ -298,8 +298,8 @@ def test_kl_clip_with_one_learning_rate_per_parameter():
     net, (X, y) = _mlp(), _batch()
     lrs = {"0.weight": 0.3, "0.bias": 0.2, "2.weight": 0.1, "2.bias": 0.05}
     opt = torch.optim.SGD([{"params": [p], "lr": lrs[n]} for n, p in net.named_parameters()])
-    k = KFAC(net, fisher_type="empirical", decay=0.0, kl_clip=1e-6, optimizer=opt)
-    free = KFAC(net, fisher_type="empirical", decay=0.0)
+    k = KFAC(net, fisher_type="empirical", decay=0.0, kl_clip=1e-6, trust_region=None, optimizer=opt)
+    free = KFAC(net, fisher_type="empirical", decay=0.0, trust_region=None)
     k.update_statistics(outputs=net(X), targets=y)
     free.update_statistics(outputs=net(X), targets=y)
     net.zero_grad()
@@ -369,7 +369,7 @@ def test_eigenbasis_reuse_keeps_bases_and_rescales_eigenvalues():
 def test_preconditioned_gradient_equals_curvlinops_inverse(mode):
     net, (X, y) = _mlp(), _batch()
     lam = 1e-2
-    k = KFAC(net, fisher_type="empirical", decay=0.0, damping=lam, damping_mode=mode)
+    k = KFAC(net, fisher_type="empirical", decay=0.0, damping=lam, damping_mode=mode, trust_region=None)
     _ready(net, k, X, y)
     grads = [p.grad.clone() for p in net.parameters()]
     k.precondition_()

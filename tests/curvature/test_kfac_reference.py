@@ -28,13 +28,13 @@ def _matrix(layer):
 
 
 @pytest.mark.parametrize("mode", ["eigen", "pi"])
-@pytest.mark.parametrize("kl_clip", [None, 1e-4])
+@pytest.mark.parametrize("kl_clip,trust_region", [(None, None), (1e-4, None), (None, 1e-3), (1e-4, 1e-3)])
 @pytest.mark.parametrize("flat", [True, False])
-def test_reference_step_equals_the_fast_step(mode, kl_clip, flat):
+def test_reference_step_equals_the_fast_step(mode, kl_clip, trust_region, flat):
     net, X, y = _setup()
     opt = torch.optim.SGD(net.parameters(), lr=0.3)
     k = KFAC(net, damping=1e-2, fisher_type="mc", damping_mode=mode, decay=0.5, inverse_update_interval=1,
-             kl_clip=kl_clip, optimizer=opt, generator=torch.Generator().manual_seed(3))
+             kl_clip=kl_clip, trust_region=trust_region, optimizer=opt, generator=torch.Generator().manual_seed(3))
     k.use_flat_buffers = flat
     for it in range(3):
         out = net(X[10 * it:10 * it + 20])
@@ -43,8 +43,11 @@ def test_reference_step_equals_the_fast_step(mode, kl_clip, flat):
         opt.zero_grad()
         loss.backward()
         grads = {"0": _matrix(net[0]), "2": _matrix(net[2])}
-        want = kfac_precondition_reference(k.factors.A, k.factors.G, grads, 1e-2, mode, kl_clip=kl_clip, lr=0.3)
-        k.precondition_()
+        # a KL clip replaces the trust region (KFAC); the reference applies what it is given
+        want = kfac_precondition_reference(k.factors.A, k.factors.G, grads, 1e-2, mode, kl_clip=kl_clip, lr=0.3,
+                                           trust_region=trust_region if kl_clip is None else None)
+        nu = k.precondition_()
+        assert (nu < 1) == (kl_clip is not None or trust_region is not None)   # the bounds bind here
         for name, layer in (("0", net[0]), ("2", net[2])):
             torch.testing.assert_close(_matrix(layer), want[name], rtol=1e-8, atol=1e-10)
         opt.step()
