@@ -41,7 +41,7 @@ exactly what its subpackages import):
 - ``contrastive``, ``losses``: ``datasets``, ``utils``
 - ``lm``: ``datasets``, ``losses``, ``models``, ``utils``
 - ``gradflow``: ``lm``, ``models``, ``utils``
-- ``search``: ``lm``, ``losses``, ``sampling``, ``utils``
+- ``search``: ``curvature``, ``lm``, ``losses``, ``sampling``, ``utils``
 - ``harness``: ``curvature``, ``dynamics``, ``lm``, ``sampling``, ``search``, ``utils``
 - ``runner``: ``results``, ``utils``
 """
