@@ -66,7 +66,7 @@ __all__ = [
     "is_transformed", "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids",
     "count_parameters",
     "resolve_name", "unique_tensors", "distinct_param_group", "flatten", "unflatten", "flat_gradient",
-    "named_tensors", "functional_loss", "check_not_meta",
+    "named_tensors", "functional_loss", "check_not_meta", "random_modules", "train_mode_error", "check_eval_mode",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -130,7 +130,7 @@ def check_device(name: str, device, *, allow_none: bool = False) -> torch.device
         ValueError: an unknown device string, or a device this machine does not have (``cuda`` without CUDA, a
             CUDA index beyond ``torch.cuda.device_count()``, ``mps`` without MPS).
     """
-    if device is None and allow_none:
+    if check_bool("allow_none", allow_none) and device is None:
         return None
     if isinstance(device, torch.device):
         dev = device
@@ -211,6 +211,7 @@ def check_dtype(name: str, tensor, allowed=LINALG_DTYPES, what: str | None = Non
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    _refuse_meta(name, tensor)
     names = _dtype_names(allowed)
     if str(tensor.dtype).removeprefix("torch.") not in names:
         if what:
@@ -285,7 +286,13 @@ def check_allocation(what: str, n_bytes: float, device=None, limit: int | None =
 
 def check_steps(name: str, value, *, bytes_per_step: float, what: str | None = None, device=None,
                 minimum: int = 1, limit: int | None = None) -> int:
-    """A step or sample count (an int ≥ ``minimum``) whose memory, ``value × bytes_per_step``, fits the device.
+    """A count or size (an int ≥ ``minimum``: steps, samples, classes, a padded width) whose memory,
+    ``value × bytes_per_step``, fits the device — estimated and refused before anything is allocated.
+
+    The one estimate-then-allocate check of the package: a function whose buffers grow with an argument passes
+    that argument through it with the bytes one unit costs (``macro_f1``'s ``num_classes``, ``pad_sequences``'
+    ``width``, the divergence frontier's ``n_lambda``, the attribution rules' ``n_steps``), so ``10**12`` ends in
+    a ``ValueError`` naming the argument, not in the allocator's error or a ``MemoryError``.
 
     Args:
         name: the argument's name.
@@ -302,7 +309,10 @@ def check_steps(name: str, value, *, bytes_per_step: float, what: str | None = N
     Raises:
         TypeError, ValueError: as :func:`check_int`; ValueError from :func:`check_allocation` with the estimate.
     """
-    n = check_int(name, value, minimum=minimum)
+    n = check_int(name, value, minimum=check_int("minimum", minimum))
+    if isinstance(bytes_per_step, bool) or not isinstance(bytes_per_step, (int, float, np.integer, np.floating)) \
+            or not bytes_per_step >= 0:
+        raise ValueError(f"bytes_per_step must be a number >= 0, got {bytes_per_step!r}")
     check_allocation(what or f"{name}={n}", float(n) * float(bytes_per_step), device, limit)
     return n
 
@@ -322,8 +332,15 @@ def _is_number(x) -> bool:
 
 
 def check_positive(name: str, value, *, allow_inf: bool = False) -> float:
-    """Raise ``ValueError`` unless ``value`` is a finite number > 0."""
+    """``float(value)`` when it is a finite number > 0 (``+inf`` too when ``allow_inf``, a bool flag).
+
+    Raises:
+        TypeError: not a number (or a one-element tensor of one); ``allow_inf`` not a bool.
+        ValueError: NaN, ≤ 0, or infinite without ``allow_inf``.
+    """
+    allow_inf = check_bool("allow_inf", allow_inf)
     if isinstance(value, torch.Tensor) and value.numel() == 1:
+        _refuse_meta(name, value)
         value = value.item()
     if not _is_number(value):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -354,7 +371,10 @@ def check_probability(name: str, value) -> float:
 
 
 def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """Raise unless ``value`` is an integer within ``[minimum, maximum]``."""
+    """Raise unless ``value`` is an integer within ``[minimum, maximum]`` (bounds: ints or ``None``)."""
+    for bound, b in (("minimum", minimum), ("maximum", maximum)):
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, np.integer))):
+            raise TypeError(f"check_int's {bound} must be an int or None, got {type(b).__name__} {b!r}")
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if minimum is not None and value < minimum:
@@ -420,6 +440,7 @@ def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
     """Raise ``ValueError`` if a floating tensor holds NaN or ±inf (:func:`all_finite`)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    _refuse_meta(name, tensor)
     if not all_finite(tensor):
         raise ValueError(f"{name} contains NaN or inf")
     return tensor
@@ -427,6 +448,9 @@ def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
 
 def check_no_nan(name: str, tensor: torch.Tensor) -> None:
     """Raise ``ValueError`` if ``tensor`` holds NaN (±inf allowed: a log density may be −inf)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    _refuse_meta(name, tensor)
     if bool(torch.isnan(tensor).any()):
         raise ValueError(f"{name} contains NaN")
 
@@ -467,6 +491,7 @@ def check_floating(name: str, tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` after checking it is a floating-point tensor (``TypeError`` otherwise)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    _refuse_meta(name, tensor)
     if not tensor.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")
     return tensor
@@ -476,6 +501,7 @@ def check_ndim(name: str, tensor: torch.Tensor, ndim: int | Iterable[int]) -> to
     """Raise ``ValueError`` unless ``tensor.ndim`` is (one of) ``ndim``."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    _refuse_meta(name, tensor)
     allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
     if tensor.ndim not in allowed:
         raise ValueError(f"{name} must have ndim in {allowed}, got shape {tuple(tensor.shape)}")
@@ -511,6 +537,7 @@ def check_token_ids(name: str, idx, vocab_size: int, max_len: int | None = None)
     """
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"{name} must be a torch.LongTensor, got {type(idx).__name__}")
+    _refuse_meta(name, idx)
     if idx.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{name} must hold integer token ids (int64 or int32), got dtype {idx.dtype}")
     if idx.ndim != 2:
@@ -767,3 +794,53 @@ def check_not_meta(name: str, obj) -> None:
         raise ValueError(f"{name} is on the meta device (shapes without data): materialize it first, e.g. "
                          "model.to_empty(device='cpu') and load its weights (load_state_dict(..., assign=True)), or "
                          "build it outside `with torch.device('meta')`")
+
+
+def _refuse_meta(name: str, tensor) -> None:
+    """The tensor validators' entry check: a meta tensor has no data to check or compute with."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+        check_not_meta(name, tensor)
+
+
+# ------------------------------------------------------------------------- a deterministic forward
+def random_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The ``Dropout`` (``p > 0``) and ``BatchNorm`` submodules of ``model``: random or batch-coupled in train mode."""
+    kinds = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds) and not (
+        isinstance(m, kinds[0]) and m.p == 0)]
+
+
+def train_mode_error(modules: list[tuple[str, nn.Module]], model_name: str = "model",
+                     purpose: str = "the per-example curvature is undefined",
+                     fix: str = "computing curvature") -> str | None:
+    """The refusal message for the first of ``modules`` (from :func:`random_modules`) in train mode, else None."""
+    for name, m in modules:
+        if m.training:
+            return (f"module {name or model_name!r} ({type(m).__name__}) is in training mode: its outputs are random "
+                    f"or couple the examples, so {purpose}; call model.eval() before {fix} (train mode again "
+                    "afterwards)")
+    return None
+
+
+def check_eval_mode(module: nn.Module, *, purpose: str = "the per-example curvature is undefined",
+                    fix: str = "computing curvature") -> None:
+    """Raise ``ValueError`` if ``module`` holds a train-mode Dropout or BatchNorm (random / batch-coupled outputs).
+
+    One policy for every method that needs a deterministic, row-wise forward: the Fisher / GGN functions, the
+    diagonal preconditioner, Hessian-free and K-FAC (:mod:`taskloss.curvature.model_io`), integrated gradients
+    (:class:`taskloss.attribution.IntegratedGradients`) and the harness's dense Hessian
+    (:meth:`taskloss.harness.Problem.grad_hessian`) refuse them with this message.
+
+    Args:
+        module: the model (any other object is left alone: a plain function has no modes).
+        purpose: what the random forward would spoil, for the message.
+        fix: what to call ``model.eval()`` before, for the message.
+
+    Raises:
+        ValueError: a train-mode Dropout (``p > 0``) or BatchNorm; the message names the submodule.
+    """
+    if not isinstance(module, nn.Module):
+        return
+    msg = train_mode_error(random_modules(module), type(module).__name__, purpose, fix)
+    if msg is not None:
+        raise ValueError(msg)
