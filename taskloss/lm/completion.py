@@ -38,6 +38,7 @@ from taskloss.utils import (
     check_dtype,
     check_int,
     check_nonempty,
+    check_steps,
     eval_mode,
     is_transformed,
 )
@@ -121,7 +122,8 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, width: int | None 
                 not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in row):
             raise TypeError(f"seqs[{k}] must be a sequence of int token ids")
     lens = [len(s) for s in seqs]
-    width = max(lens) if width is None else check_int("width", width, minimum=max(lens))
+    width = max(lens) if width is None else check_steps("width", width, bytes_per_step=8.0 * len(seqs),
+                                                        minimum=max(lens), what=f"pad_sequences(width={width!r})")
     out = torch.full((len(seqs), max(width, 1)), pad_id, dtype=torch.long)
     for i, s in enumerate(seqs):
         out[i, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)

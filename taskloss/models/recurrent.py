@@ -28,9 +28,9 @@ class RNNLM(nn.Module):
                  cell: str = "lstm", tie_weights: bool = False, dropout: float = 0.0):
         tie_weights = check_bool("tie_weights", tie_weights)
         super().__init__()
-        for name, val in (("vocab_size", vocab_size), ("d_model", d_model), ("hidden", hidden),
-                          ("n_layers", n_layers)):
-            check_int(name, val, minimum=1)
+        vocab_size, d_model, hidden, n_layers = (     # numpy integers become Python ints for torch's layers
+            check_int(name, val, minimum=1) for name, val in (
+                ("vocab_size", vocab_size), ("d_model", d_model), ("hidden", hidden), ("n_layers", n_layers)))
         if cell not in ("lstm", "rnn"):
             raise ValueError(f"cell must be 'lstm' or 'rnn', got {cell!r}")
         check_probability("dropout", dropout)

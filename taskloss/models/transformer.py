@@ -121,9 +121,10 @@ class TransformerLM(nn.Module):
                  tie_weights: bool = True):
         tie_weights = check_bool("tie_weights", tie_weights)
         super().__init__()
-        for name, val in (("vocab_size", vocab_size), ("d_model", d_model), ("n_layers", n_layers),
-                          ("n_heads", n_heads), ("max_len", max_len)):
-            check_int(name, val, minimum=1)
+        vocab_size, d_model, n_layers, n_heads, max_len = (     # numpy integers become Python ints for torch
+            check_int(name, val, minimum=1) for name, val in (
+                ("vocab_size", vocab_size), ("d_model", d_model), ("n_layers", n_layers), ("n_heads", n_heads),
+                ("max_len", max_len)))
         d_ff = 4 * d_model if d_ff is None else check_int("d_ff", d_ff, minimum=1)
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
