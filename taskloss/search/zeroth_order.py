@@ -379,8 +379,12 @@ class MeZO(torch.optim.Optimizer):
         Loading it into a fresh MeZO over the same parameters continues the same perturbation sequence bit for bit.
         """
         out = super().state_dict()
-        out["mezo"] = {"seed_generator": self._seeds.get_state().clone()}
+        out["mezo"] = {"seed_generator": self._seeds.get_state().clone(), "shapes": self._shapes()}
         return out
+
+    def _shapes(self) -> list[list[tuple[int, ...]]]:
+        """The shapes of every group's parameters (MeZO keeps no per-parameter state that torch could compare)."""
+        return [[tuple(p.shape) for p in g["params"]] for g in self.param_groups]
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Inverse of :meth:`state_dict`.
@@ -389,7 +393,8 @@ class MeZO(torch.optim.Optimizer):
             state_dict: what :meth:`state_dict` returned.
 
         Raises:
-            ValueError: a state without MeZO's generator state.
+            ValueError: a state without MeZO's generator state, or one saved over parameters of other shapes (the
+                perturbation sequence would continue over other tensors).
         """
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("mezo"), dict):
             raise ValueError("not a MeZO state_dict: the 'mezo' entry (seed generator state) is missing")
@@ -398,6 +403,12 @@ class MeZO(torch.optim.Optimizer):
         gen_state = extra.get("seed_generator")
         if not isinstance(gen_state, torch.Tensor) or gen_state.dtype != torch.uint8:
             raise ValueError("MeZO state_dict: 'seed_generator' must be a uint8 tensor from Generator.get_state()")
+        shapes = extra.get("shapes")
+        if shapes is not None:
+            saved = [[tuple(s) for s in g] for g in shapes]
+            if saved != self._shapes():
+                raise ValueError(f"MeZO state_dict was saved over parameters of shapes {saved}, but this optimizer "
+                                 f"holds {self._shapes()}")
         super().load_state_dict(state_dict)
         self._seeds.set_state(gen_state.clone())
         self._seeds_shared = False
