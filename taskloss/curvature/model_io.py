@@ -28,10 +28,12 @@ from typing import Mapping
 import torch
 from torch import Tensor, nn
 
-from taskloss.utils import check_eval_mode, check_finite, check_not_meta, random_modules, train_mode_error
+# the eval-mode policy lives in taskloss.utils (one helper for every deterministic-forward method); K-FAC reads
+# random_modules and train_mode_error through this module
+from taskloss.utils import check_eval_mode, check_finite, check_not_meta, random_modules, train_mode_error  # noqa: F401
 
 __all__ = ["math_attention", "model_logits", "batch_size", "check_inputs", "take", "example", "call_module",
-           "check_eval_mode", "train_mode_error", "random_modules", "check_precision", "HALF", "transform_error",
+           "check_precision", "HALF", "transform_error",
            "loss_term_mask", "default_mask", "prepare", "call_model", "describe"]
 
 HALF = (torch.float16, torch.bfloat16)
