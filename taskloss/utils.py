@@ -67,6 +67,7 @@ __all__ = [
     "count_parameters",
     "resolve_name", "unique_tensors", "distinct_param_group", "flatten", "unflatten", "flat_gradient",
     "named_tensors", "functional_loss", "check_not_meta", "random_modules", "train_mode_error", "check_eval_mode",
+    "check_iterable", "check_tensors", "check_module", "check_param_list",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +91,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     The file gets the mode an ordinary ``open(path, "w")`` would give (0644 under the usual umask 022), not the
     0600 of the temporary file.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or path, got {type(path).__name__}")
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -248,6 +253,8 @@ def check_same_dtype(allowed=LINALG_DTYPES, **tensors) -> torch.dtype:
 
 def format_bytes(n: float) -> str:
     """``n`` bytes in binary units, e.g. ``'7.28 TiB'``."""
+    if not _is_number(n) or not math.isfinite(n):
+        raise TypeError(f"n must be a finite number of bytes, got {type(n).__name__} {n!r}")
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
@@ -277,7 +284,11 @@ def check_allocation(what: str, n_bytes: float, device=None, limit: int | None =
     Raises:
         ValueError: ``n_bytes`` > the limit; the message gives both.
     """
-    bound = _memory_of(device) if limit is None else int(limit)
+    if not _is_number(n_bytes) or math.isnan(n_bytes):
+        raise TypeError(f"n_bytes must be a number, got {type(n_bytes).__name__} {n_bytes!r}")
+    if limit is not None:
+        check_int("limit", limit, minimum=0)
+    bound = _memory_of(check_device("device", device, allow_none=True)) if limit is None else int(limit)
     if n_bytes > bound:
         where = "this machine's memory" if limit is None else "the limit"
         raise ValueError(f"{what} would allocate about {format_bytes(n_bytes)}, more than {where} "
@@ -402,6 +413,15 @@ def check_bool(name: str, value) -> bool:
     raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
 
 
+def _equal(a, b) -> bool:
+    """``a == b`` as a plain bool; False where the comparison is elementwise (a tensor, an array) or fails."""
+    try:
+        eq = a is b or a == b
+    except Exception:  # noqa: BLE001 — an object whose comparison raises is not one of the choices
+        return False
+    return isinstance(eq, (bool, np.bool_)) and bool(eq)
+
+
 def check_choice(name: str, value, choices):
     """``value`` when it is one of ``choices``.
 
@@ -416,8 +436,10 @@ def check_choice(name: str, value, choices):
     Raises:
         ValueError: ``value`` is not one of ``choices``.
     """
-    if isinstance(value, bool) or value not in choices:   # True == 1 would otherwise match a choice 1
-        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    choices = tuple(check_iterable("choices", choices))
+    found = not isinstance(value, bool) and any(_equal(value, c) for c in choices)
+    if not found:   # True == 1 would otherwise match a choice 1; an unhashable value is simply not an option
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value
 
 
@@ -428,6 +450,10 @@ def all_finite(tensor: torch.Tensor) -> bool:
     at the cost of one reduction (on a CPU ``torch.isfinite(t).all()`` is 10-40× slower: several passes and a
     temporary). A non-finite sum — a bad entry, or finite entries whose sum overflows — is settled by the
     entrywise test. One host synchronization on a GPU, as before."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"all_finite expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.is_meta:
+        raise ValueError("all_finite: the tensor is on the meta device (shapes without data)")
     if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.numel() == 0:
         return True
     s = tensor.detach().sum()
@@ -455,14 +481,20 @@ def check_no_nan(name: str, tensor: torch.Tensor) -> None:
         raise ValueError(f"{name} contains NaN")
 
 
-@contextlib.contextmanager
 def eval_mode(model: nn.Module, enabled: bool = True):
     """``model.eval()`` inside the block (when ``enabled``), and every submodule's own ``training`` flag restored
     after it, also on error: a frozen, eval-mode submodule of a training model stays frozen (a plain
     ``model.train(was_training)`` switches it back on). Modules that do not override ``train``/``eval`` get their
     flags written directly (``Module.train`` walks the tree through ``Module.__setattr__``: ≈ 14 µs for a 4-module
     MLP, a third of its forward); a model already in eval mode throughout is left alone."""
-    enabled = check_bool("enabled", enabled)
+    enabled = check_bool("enabled", enabled)        # checked at the call, not when the block is entered
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    return _eval_mode(model, enabled)
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module, enabled: bool):
     mods = list(model.modules()) if enabled else []
     flags = [m.training for m in mods]
     if not any(flags):              # disabled, or already in eval mode throughout: nothing to switch or restore
@@ -502,14 +534,20 @@ def check_ndim(name: str, tensor: torch.Tensor, ndim: int | Iterable[int]) -> to
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
     _refuse_meta(name, tensor)
-    allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    allowed = (ndim,) if isinstance(ndim, (int, np.integer)) else tuple(check_iterable("ndim", ndim))
+    if not allowed or not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in allowed):
+        raise TypeError(f"ndim must be an int or a collection of ints, got {ndim!r}")
     if tensor.ndim not in allowed:
         raise ValueError(f"{name} must have ndim in {allowed}, got shape {tuple(tensor.shape)}")
     return tensor
 
 
 def check_nonempty(name: str, obj) -> None:
-    """Raise ``ValueError`` on an empty batch (tensor with a zero dimension, or empty sequence)."""
+    """Raise ``ValueError`` on an empty batch (tensor with a zero dimension, or empty sequence); ``TypeError`` for
+    something without a length (a number, a 0-d tensor)."""
+    if isinstance(obj, torch.Tensor) and obj.ndim == 0 or not hasattr(obj, "__len__"):
+        raise TypeError(f"{name} must be a batch (a tensor with a batch dimension or a sequence), got "
+                        f"{type(obj).__name__}{' of shape ()' if isinstance(obj, torch.Tensor) else ''}")
     n = obj.shape[0] if isinstance(obj, torch.Tensor) and obj.ndim > 0 else len(obj)
     if n == 0 or (isinstance(obj, torch.Tensor) and obj.numel() == 0):
         raise ValueError(f"{name} is empty (batch size 0)")
@@ -517,6 +555,12 @@ def check_nonempty(name: str, obj) -> None:
 
 def check_same_length(**named) -> int:
     """Raise ``ValueError`` unless all arguments have the same leading length; return it."""
+    if not named:
+        raise ValueError("check_same_length needs at least one named batch")
+    for k, v in named.items():
+        if isinstance(v, torch.Tensor) and v.ndim == 0 or not isinstance(v, torch.Tensor) and not hasattr(v, "__len__"):
+            raise TypeError(f"{k} must be a batch (a tensor with a batch dimension or a sequence), got "
+                            f"{type(v).__name__}")
     lengths = {k: (v.shape[0] if isinstance(v, torch.Tensor) else len(v)) for k, v in named.items()}
     if len(set(lengths.values())) > 1:
         raise ValueError(f"batch sizes differ: {lengths}")
@@ -526,6 +570,8 @@ def check_same_length(**named) -> int:
 def is_transformed(t: torch.Tensor) -> bool:
     """Whether ``t`` is wrapped by a ``torch.func`` transform (vmap/grad), where data-dependent checks (``.item()``)
     are impossible."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"is_transformed expects a torch.Tensor, got {type(t).__name__}")
     fn = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
     return bool(fn(t)) if fn is not None else False
 
@@ -603,6 +649,7 @@ def unique_tensors(tensors, *, trainable_only: bool = False) -> list[Tensor]:
     trainable_only = check_bool("trainable_only", trainable_only)
     if isinstance(tensors, Tensor):
         tensors = [tensors]
+    tensors = check_iterable("tensors", tensors)
     out, seen = [], set()
     for t in tensors:
         if not isinstance(t, Tensor):
@@ -652,8 +699,10 @@ def flatten(tensors: Tensor | Mapping[str, Tensor] | Iterable[Tensor]) -> Tensor
         ValueError: nothing to flatten.
     """
     if isinstance(tensors, Tensor):
+        check_not_meta("tensors", tensors)
         return tensors.reshape(-1)
-    values = list(tensors.values()) if isinstance(tensors, Mapping) else list(tensors)
+    values = check_tensors("tensors", tensors)
+    check_not_meta("tensors", values)
     if not values:
         raise ValueError("expected a non-empty dict or sequence of tensors")
     return torch.cat([t.reshape(-1) for t in values])
@@ -673,6 +722,7 @@ def unflatten(flat: Tensor, like: Mapping[str, Tensor] | Iterable[Tensor]):
         ValueError: ``flat`` is not a flat tensor of the right length.
     """
     as_dict = isinstance(like, Mapping)
+    check_tensors("like", like)
     items = list(like.items()) if as_dict else list(enumerate(like))
     total = sum(t.numel() for _, t in items)
     if not isinstance(flat, Tensor) or flat.ndim != 1 or flat.numel() != total:
@@ -695,7 +745,7 @@ def flat_gradient(params: Iterable[Tensor]) -> Tensor:
     Raises:
         ValueError: ``params`` is empty.
     """
-    params = list(params)
+    params = check_tensors("params", params)
     if not params:
         raise ValueError("params is empty: no gradient to flatten")
     return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad.detach()).reshape(-1) for p in params])
@@ -718,7 +768,7 @@ def named_tensors(params, model_fn) -> tuple[list[str], list[Tensor]]:
     if isinstance(params, Mapping):
         items = list(params.items())
     else:
-        items = list(params)
+        items = list(check_iterable("params", params))
         if items and isinstance(items[0], tuple):
             items = [(str(k), p) for k, p in items]
         elif isinstance(model_fn, nn.Module):
@@ -789,7 +839,7 @@ def check_not_meta(name: str, obj) -> None:
     elif isinstance(obj, Mapping):
         tensors = list(obj.values())
     else:
-        tensors = list(obj)
+        tensors = list(check_iterable(name, obj))
     if any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):
         raise ValueError(f"{name} is on the meta device (shapes without data): materialize it first, e.g. "
                          "model.to_empty(device='cpu') and load its weights (load_state_dict(..., assign=True)), or "
@@ -805,6 +855,7 @@ def _refuse_meta(name: str, tensor) -> None:
 # ------------------------------------------------------------------------- a deterministic forward
 def random_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
     """The ``Dropout`` (``p > 0``) and ``BatchNorm`` submodules of ``model``: random or batch-coupled in train mode."""
+    check_module("model", model)
     kinds = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
     return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds) and not (
         isinstance(m, kinds[0]) and m.p == 0)]
@@ -814,6 +865,9 @@ def train_mode_error(modules: list[tuple[str, nn.Module]], model_name: str = "mo
                      purpose: str = "the per-example curvature is undefined",
                      fix: str = "computing curvature") -> str | None:
     """The refusal message for the first of ``modules`` (from :func:`random_modules`) in train mode, else None."""
+    modules = list(check_iterable("modules", modules))
+    if not all(isinstance(e, tuple) and len(e) == 2 and isinstance(e[1], nn.Module) for e in modules):
+        raise TypeError("modules must be (name, module) pairs, as random_modules returns")
     for name, m in modules:
         if m.training:
             return (f"module {name or model_name!r} ({type(m).__name__}) is in training mode: its outputs are random "
@@ -844,3 +898,85 @@ def check_eval_mode(module: nn.Module, *, purpose: str = "the per-example curvat
     msg = train_mode_error(random_modules(module), type(module).__name__, purpose, fix)
     if msg is not None:
         raise ValueError(msg)
+
+
+# ------------------------------------------------------------------------- containers of inputs
+def check_iterable(name: str, obj) -> Iterable:
+    """``obj`` when it is a collection to iterate over (a list, tuple, generator, dict…), not a string, a number,
+    a 0-d tensor or an array of objects whose truth value is ambiguous.
+
+    Args:
+        name: the argument's name, for the message.
+        obj: the collection.
+
+    Returns:
+        ``obj``.
+
+    Raises:
+        TypeError: anything else.
+    """
+    if isinstance(obj, (str, bytes)) or (isinstance(obj, torch.Tensor) and obj.ndim == 0) or \
+            (isinstance(obj, np.ndarray) and (obj.ndim == 0 or obj.dtype == object)) or not isinstance(obj, Iterable):
+        raise TypeError(f"{name} must be a collection (list, tuple, …), got {type(obj).__name__}")
+    return obj
+
+
+def check_tensors(name: str, obj) -> list:
+    """The tensors of a dict (its values) or of an iterable, as a list; ``TypeError`` for anything else or an
+    element that is not a tensor.
+
+    Args:
+        name: the argument's name, for the message.
+        obj: a mapping name → tensor or an iterable of tensors.
+
+    Returns:
+        The tensors as a list.
+
+    Raises:
+        TypeError: not a collection, or an element that is not a tensor.
+    """
+    values = list(obj.values()) if isinstance(obj, Mapping) else list(check_iterable(name, obj))
+    for i, t in enumerate(values):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}[{i}] must be a torch.Tensor, got {type(t).__name__}")
+    return values
+
+
+def check_param_list(params) -> None:
+    """An optimizer's ``params``: an iterable of tensors or parameter groups, not a single tensor, a number or a
+    string (``TypeError``, before ``torch.optim.Optimizer`` says the same from inside torch).
+
+    Args:
+        params: what the optimizer was given.
+
+    Raises:
+        TypeError: a tensor, a non-iterable, a string or a dict (a dict is one parameter group: pass a list).
+    """
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params must be an iterable of tensors or parameter groups, got a single Tensor (wrap it in "
+                        "a list)")
+    if isinstance(params, Mapping):
+        raise TypeError("params must be an iterable of tensors or parameter groups, got a dict (a parameter group: "
+                        "pass [group])")
+    check_iterable("params", params)
+
+
+def check_module(name: str, obj) -> nn.Module:
+    """``obj`` when it is an ``nn.Module`` (``TypeError`` otherwise), with no parameter or buffer on the meta
+    device (``ValueError``).
+
+    Args:
+        name: the argument's name, for the message.
+        obj: the module.
+
+    Returns:
+        ``obj``.
+
+    Raises:
+        TypeError: not a module.
+        ValueError: meta parameters or buffers.
+    """
+    if not isinstance(obj, nn.Module):
+        raise TypeError(f"{name} must be an nn.Module, got {type(obj).__name__}")
+    check_not_meta(name, obj)
+    return obj

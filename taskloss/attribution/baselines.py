@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from taskloss.utils import check_finite, check_generator, check_int, check_positive
+from taskloss.utils import check_finite, check_generator, check_int, check_not_meta, check_positive
 
 __all__ = ["blurred_baseline", "gaussian_noise_baseline", "uniform_noise_baseline", "baseline_set"]
 
@@ -89,6 +89,7 @@ def uniform_noise_baseline(inputs: Tensor, low: float = 0.0, high: float = 1.0,
     """
     if not isinstance(inputs, Tensor) or not inputs.is_floating_point() or inputs.numel() == 0:
         raise TypeError("inputs must be a non-empty floating-point tensor")
+    check_not_meta("inputs", inputs)
     check_generator("generator", generator, inputs.device)
     if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) or not (
             math.isfinite(low) and math.isfinite(high) and low < high):

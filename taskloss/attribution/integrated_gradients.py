@@ -180,9 +180,12 @@ def integrate_gradients(scalar_fn: ScalarFn, starts: Tensor, ends: Tensor, alpha
 def select_target(output: Tensor, target: Any, example_index: Tensor) -> Tensor:
     """One scalar per row of ``output [n, ...]``: the entry picked by ``target`` (see
     :meth:`IntegratedGradients.attribute`), for rows belonging to examples ``example_index [n]``."""
-    if not isinstance(output, Tensor) or output.ndim == 0:
-        raise ValueError(f"forward_fn must return a tensor with a leading batch dimension, got "
+    if not isinstance(output, Tensor) or output.ndim == 0 or output.numel() == 0:
+        raise ValueError(f"forward_fn must return a non-empty tensor with a leading batch dimension, got "
                          f"{tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__}")
+    check_not_meta("forward_fn's output", output)
+    if output.is_complex():
+        raise TypeError(f"forward_fn must return real values, got dtype {output.dtype}")
     n = output.shape[0]
     if callable(target):
         out = target(output)
@@ -200,6 +203,14 @@ def select_target(output: Tensor, target: Any, example_index: Tensor) -> Tensor:
     if output.ndim < 1 + len(index):
         raise ValueError(f"target {target!r} indexes {len(index)} output dimension(s) but forward_fn returns "
                          f"shape {tuple(output.shape)}")
+    for t in index:
+        if isinstance(t, Tensor):
+            check_not_meta("target", t)
+            if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.numel() == 0:
+                raise TypeError(f"a target tensor must hold integer indices, got dtype {t.dtype} {tuple(t.shape)}")
+        elif isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"target must be an int index, a tuple of them, an integer tensor or a function, got "
+                            f"{type(t).__name__} {t!r}")
     for dim, t in enumerate(index, start=1):
         top = int(t.max()) if isinstance(t, Tensor) else t
         if top >= output.shape[dim]:

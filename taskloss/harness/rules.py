@@ -553,7 +553,7 @@ def register(name: str, cls, defaults: dict | None = None, description: str = ""
 def make_rule(name: str, problem: Problem, **hp):
     """Build the registered rule ``name`` on ``problem`` (``hp`` overrides its defaults). Raises ``ValueError`` for an
     unknown rule or one that does not apply to ``problem`` (the reason named)."""
-    if name not in RULES:
+    if not isinstance(name, str) or name not in RULES:
         raise ValueError(f"unknown rule {name!r}; registered: {sorted(RULES)}")
     spec = RULES[name]
     reason = spec.unsupported(problem)

@@ -142,7 +142,8 @@ class CompletionBatch:
     def __post_init__(self):
         for name in ("prefixes", "refs") + (("blocks",) if self.blocks is not None else ()):
             t = getattr(self, name)
-            if not isinstance(t, torch.Tensor) or t.ndim != 2 or t.is_floating_point() or t.dtype == torch.bool:
+            if not isinstance(t, torch.Tensor) or t.ndim != 2 or t.is_floating_point() or t.is_complex() \
+                    or t.dtype == torch.bool or t.is_meta:
                 raise ValueError(f"{name} must be a [B, T] LongTensor")
             check_nonempty(name, t)
         if self.prefixes.shape[0] != self.refs.shape[0]:

@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taskloss.utils import check_bool, check_finite, check_int, check_not_meta, is_transformed
+from taskloss.utils import check_allocation, check_bool, check_finite, check_int, check_not_meta, is_transformed
 
 __all__ = ["MLP", "SmallCNN"]
 
@@ -55,6 +55,8 @@ class MLP(nn.Sequential):
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {tuple(_ACTIVATIONS)}, got {activation!r}")
         dims = (in_dim, *hidden, out_dim)
+        check_allocation(f"MLP(in_dim={in_dim}, hidden={hidden}, out_dim={out_dim})",
+                         4.0 * sum(a * b + b for a, b in zip(dims[:-1], dims[1:])))   # float32 weights, before any
         layers: list[nn.Module] = []
         for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
             layers.append(nn.Linear(a, b, bias=bias))
@@ -85,6 +87,8 @@ class SmallCNN(nn.Module):
         in_channels = check_int("in_channels", in_channels, minimum=1)
         n_classes = check_int("n_classes", n_classes, minimum=2)
         width = check_int("width", width, minimum=1)
+        check_allocation(f"SmallCNN(in_channels={in_channels}, n_classes={n_classes}, width={width})",
+                         4.0 * (9 * in_channels * width + 18 * width * width + 32 * width * n_classes))
         self.in_channels, self.n_classes, self.width = in_channels, n_classes, width
         self.validate_inputs = True   # False skips the NaN/inf check of the input (a GPU synchronization)
         self.conv1 = nn.Conv2d(in_channels, width, 3, padding=1)

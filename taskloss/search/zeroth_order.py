@@ -38,6 +38,7 @@ from taskloss.utils import (
     check_int,
     check_nonnegative,
     check_not_meta,
+    check_param_list,
     check_positive,
     distinct_param_group,
 )
@@ -362,6 +363,7 @@ class MeZO(torch.optim.Optimizer):
         defaults = dict(lr=check_positive("lr", lr), sigma=check_positive("sigma", sigma),
                         weight_decay=check_nonnegative("weight_decay", weight_decay),
                         n_samples=check_int("n_samples", n_samples, minimum=1))
+        check_param_list(params)
         super().__init__(params, defaults)
         self._seeds = torch.Generator().manual_seed(seed)
         self.process_group, self._seeds_shared = process_group, False
