@@ -1484,7 +1484,47 @@ def models_dtypes(draw) -> Case:
     return Case("models", which, lambda: model(x), bad, check, f"weights {w_dt}, input {x_dt}")
 
 
-for _sub, _fam in (("attribution", attribution_deterministic), ("contrastive", contrastive_rows),
+@_covers(("search", "spsa_grad"), ("search", "gaussian_smoothing_grad"), ("contrastive", "embedding_gradients"),
+         ("curvature", "conjugate_gradient"))
+@st.composite
+def callbacks_nonfinite(draw) -> Case:
+    """Callbacks returning NaN / ±inf (a loss, a matrix-vector product, a contrastive loss) are refused; finite
+    ones give the reference: a constant loss has a zero gradient estimate, CG solves a diagonal system, the cached
+    gradient of Σ c·e is c everywhere."""
+    from taskloss import contrastive as C
+    from taskloss import curvature as CV
+    from taskloss import search as S
+    bad_value = draw(st.sampled_from([None, None, math.nan, math.inf, -math.inf]))
+    c = 2.5 if bad_value is None else bad_value
+    which = draw(st.sampled_from(["spsa_grad", "gaussian_smoothing_grad", "embedding_gradients",
+                                  "conjugate_gradient"]))
+    note = f"{which} callback value {c!r}"
+    if which in ("spsa_grad", "gaussian_smoothing_grad"):
+        theta = {"w": torch.zeros(3, dtype=torch.float64)}
+
+        def check(r):
+            est = r[0] if isinstance(r, tuple) else r
+            assert torch.equal(est["w"], torch.zeros(3, dtype=torch.float64)), est
+        return Case("search", which, lambda: getattr(S, which)(lambda t: t["w"].sum() * 0 + c, theta, 0.1, 2,
+                                                              generator=torch.Generator().manual_seed(0)),
+                    bad_value is not None, check, note)
+    if which == "embedding_gradients":
+        e = torch.randn(2, 3, generator=torch.Generator().manual_seed(draw(st.integers(0, 9))))
+
+        def check(r):
+            _close(r[1][0], torch.full((2, 3), c))
+        return Case("contrastive", which, lambda: C.embedding_gradients(lambda z: (z * c).sum(), [e]),
+                    bad_value is not None, check, note)
+    d = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
+    b = torch.ones(3, dtype=torch.float64)
+
+    def check(r):
+        _close(r[0] if isinstance(r, tuple) else r, b / (d * c), rtol=1e-8, atol=1e-10)
+    return Case("curvature", which, lambda: CV.conjugate_gradient(lambda u: u * d * c, b), bad_value is not None,
+                check, note)
+
+
+for _sub, _fam in (("attribution", attribution_deterministic), ("search", callbacks_nonfinite), ("contrastive", contrastive_rows),
                    ("losses", losses_reference_twins), ("losses", sizes_before_allocation),
                    ("search", search_mezo_state), ("results", results_paths), ("harness", harness_registry),
                    ("models", models_dtypes)):

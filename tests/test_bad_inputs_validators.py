@@ -69,3 +69,41 @@ def test_curvature_uses_the_same_helper():
     from taskloss.curvature import model_io
     assert model_io.check_eval_mode is U.check_eval_mode
     assert model_io.random_modules is U.random_modules and model_io.train_mode_error is U.train_mode_error
+
+
+@pytest.mark.parametrize("bad", [torch.tensor(1.0), 3, "abc", None, np.array([object()], dtype=object)])
+def test_container_validators_refuse_non_collections(bad):
+    with pytest.raises(TypeError, match="xs must be a collection"):
+        U.check_iterable("xs", bad)
+    with pytest.raises(TypeError):
+        U.check_tensors("xs", bad)
+    with pytest.raises(TypeError, match="params must be (an iterable|a collection)"):
+        U.check_param_list(bad)
+
+
+def test_container_validators_accept_collections():
+    t = torch.ones(2)
+    assert U.check_tensors("xs", {"a": t}) == [t] and U.check_tensors("xs", (t,)) == [t]
+    with pytest.raises(TypeError, match=r"xs\[1\] must be a torch.Tensor"):
+        U.check_tensors("xs", [t, 1.0])
+    with pytest.raises(TypeError, match="m must be an nn.Module"):
+        U.check_module("m", t)
+    with pytest.raises(ValueError, match="m is on the meta device"):
+        U.check_module("m", nn.Linear(2, 2, device="meta"))
+
+
+def test_check_choice_refuses_unhashable_and_elementwise_values():
+    for bad in ([1], {"a": 1}, torch.tensor([1, 2]), np.array([1, 2])):
+        with pytest.raises(ValueError, match="mode must be one of"):
+            U.check_choice("mode", bad, ("a", "b"))
+    assert U.check_choice("mode", "a", ("a", "b")) == "a"
+    assert U.check_choice("k", np.int64(2), (1, 2)) == 2
+    with pytest.raises(ValueError):
+        U.check_choice("k", True, (1, 2))
+
+
+def test_eval_mode_checks_at_the_call():
+    with pytest.raises(TypeError, match="enabled must be a bool"):
+        U.eval_mode(nn.Linear(2, 2), "no")
+    with pytest.raises(TypeError, match="model must be an nn.Module"):
+        U.eval_mode(torch.ones(2))
