@@ -488,7 +488,7 @@ def eval_mode(model: nn.Module, enabled: bool = True):
     flags written directly (``Module.train`` walks the tree through ``Module.__setattr__``: ≈ 14 µs for a 4-module
     MLP, a third of its forward); a model already in eval mode throughout is left alone."""
     enabled = check_bool("enabled", enabled)        # checked at the call, not when the block is entered
-    if not isinstance(model, nn.Module):
+    if enabled and not isinstance(model, nn.Module):     # disabled: a no-op for any model (a function too)
         raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
     return _eval_mode(model, enabled)
 
