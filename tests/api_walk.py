@@ -1098,7 +1098,7 @@ _ACCEPT_SPECS: list[tuple[str, str, tuple[str, ...], Callable[[str], Callable[[A
      _same_as_input),
     ("contrastive", "batch_size", TENSORS[1:] + ("meta tensor", "ModelOutput", "list with NaN"),
      lambda k: _is(int)),
-    ("contrastive", "gather_with_grad", TENSORS + ("meta tensor",), _same_as_input),
+    ("contrastive", "gather_with_grad", TENSORS, _same_as_input),      # one process: x itself
     ("utils", "all_finite", TENSORS, lambda k: lambda r: None if r == bool(torch.isfinite(POISONS[k]()).all())
      else (_ for _ in ()).throw(AssertionError(f"all_finite returned {r}"))),
     ("utils", "check_dtype", ("0-d NaN tensor", "empty tensor", "non-contiguous NaN tensor"), _same_as_input),

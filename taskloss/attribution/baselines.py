@@ -69,8 +69,8 @@ def gaussian_noise_baseline(inputs: Tensor, std: float, generator: torch.Generat
         generator: a ``torch.Generator`` on the inputs' device for reproducible noise (another device, or a seed in
             place of a generator, is refused: ``ValueError`` / ``TypeError``).
     """
-    if not isinstance(inputs, Tensor) or not inputs.is_floating_point() or inputs.numel() == 0:
-        raise TypeError("inputs must be a non-empty floating-point tensor")
+    if not isinstance(inputs, Tensor) or not inputs.is_floating_point() or inputs.numel() == 0 or inputs.ndim == 0:
+        raise TypeError("inputs must be a non-empty floating-point tensor [B, *feat]")
     check_finite("inputs", inputs)
     std = check_positive("std", std)
     check_generator("generator", generator, inputs.device)
@@ -87,8 +87,8 @@ def uniform_noise_baseline(inputs: Tensor, low: float = 0.0, high: float = 1.0,
         low, high: the range, ``low < high``.
         generator: a ``torch.Generator`` on the inputs' device (as in :func:`gaussian_noise_baseline`).
     """
-    if not isinstance(inputs, Tensor) or not inputs.is_floating_point() or inputs.numel() == 0:
-        raise TypeError("inputs must be a non-empty floating-point tensor")
+    if not isinstance(inputs, Tensor) or not inputs.is_floating_point() or inputs.numel() == 0 or inputs.ndim == 0:
+        raise TypeError("inputs must be a non-empty floating-point tensor [B, *feat]")
     check_not_meta("inputs", inputs)
     check_generator("generator", generator, inputs.device)
     if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) or not (

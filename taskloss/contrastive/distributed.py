@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from taskloss.contrastive.losses import REDUCTIONS, check_pair_embeddings, info_nce_rows
-from taskloss.utils import check_bool, check_positive
+from taskloss.utils import check_bool, check_not_meta, check_positive
 
 __all__ = ["world", "gather_with_grad", "distributed_info_nce"]
 
@@ -75,6 +75,7 @@ def gather_with_grad(x: Tensor, group=None) -> Tensor:
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    check_not_meta("x", x)
     if world(group)[0] == 1:
         return x
     return _GatherWithGrad.apply(x, group)

@@ -40,6 +40,7 @@ from taskloss.utils import (
     check_not_meta,
     check_param_list,
     check_positive,
+    check_steps,
     distinct_param_group,
 )
 
@@ -59,6 +60,12 @@ def _as_dict(theta) -> tuple[dict[str, torch.Tensor], bool]:
     if isinstance(theta, dict) and theta and all(isinstance(v, torch.Tensor) for v in theta.values()):
         return dict(theta), False
     raise TypeError("theta must be a tensor or a non-empty dict of tensors")
+
+
+def _check_draws(theta: dict[str, torch.Tensor], n: int) -> None:
+    """The ``n`` directions (and the points built from them) held at once, estimated before they are drawn."""
+    per = sum(v.numel() * v.element_size() for v in theta.values())
+    check_steps("n_samples", n, bytes_per_step=3.0 * per, device=next(iter(theta.values())).device)
 
 
 def _check_theta(theta: dict[str, torch.Tensor]) -> None:
@@ -246,6 +253,7 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, n_samples: int, *,
     check_bool("return_samples", return_samples)
     th, single = _as_dict(theta)
     _check_theta(th)
+    _check_draws(th, n)
     if baseline not in ("none", "value", "loo", "antithetic"):
         raise ValueError(f"baseline must be 'none', 'value', 'loo' or 'antithetic', got {baseline!r}")
     if baseline == "loo" and n < 2:
@@ -303,6 +311,7 @@ def spsa_grad(f: Callable, theta, sigma: float, n_samples: int = 1, *, generator
     sigma, n = _validate(f, sigma, n_samples, generator, chunk_size, vectorize)
     th, single = _as_dict(theta)
     _check_theta(th)
+    _check_draws(th, n)
     ranks = _Ranks(th, n_examples, process_group)
     d = _draw(th, n, "rademacher", ranks.generator(generator))
     plus = _evaluate(f, {k: th[k] + sigma * z for k, z in d.items()}, single, vectorize, chunk_size, ranks.local)

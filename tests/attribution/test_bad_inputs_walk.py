@@ -90,3 +90,11 @@ def test_integrate_gradients_linear_closed_form(ibs):
     total, values = A.integrate_gradients(_linear(w), x0, x1, a, wt, internal_batch_size=ibs)
     torch.testing.assert_close(total, w.expand(3, 4) * wt.sum(), rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(values, (x0 + a[:, None, None] * (x1 - x0)) @ w, rtol=1e-12, atol=1e-12)
+
+
+def test_noise_baselines_need_a_batch_and_data():
+    for fn in (A.uniform_noise_baseline, A.gaussian_noise_baseline):
+        with pytest.raises(TypeError, match=r"\[B, \*feat\]"):
+            fn(torch.tensor(0.5), *(() if fn is A.uniform_noise_baseline else (0.1,)))
+        with pytest.raises(ValueError, match="inputs is on the meta device"):
+            fn(torch.ones(2, 3, device="meta"), *(() if fn is A.uniform_noise_baseline else (0.1,)))

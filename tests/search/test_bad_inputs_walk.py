@@ -48,3 +48,14 @@ def test_closure_count_whole_float_accepted():
     m, opt = _opt((3, 1))
     x = torch.randn(4, 3, dtype=torch.float64)
     opt.step(lambda: (m(x).pow(2).mean(), 4.0))
+
+
+@pytest.mark.parametrize("fn", ["gaussian_smoothing_grad", "spsa_grad"])
+def test_sample_count_beyond_memory_refused_before_drawing(fn):
+    from taskloss import search as S
+    theta = {"w": torch.zeros(3, dtype=torch.float64)}
+    with pytest.raises(ValueError, match="n_samples=1000000000000 would allocate"):
+        getattr(S, fn)(lambda t: t["w"].sum(), theta, 0.1, 10**12)
+    est = getattr(S, fn)(lambda t: t["w"].sum() * 0 + 1.0, theta, 0.1, 4)
+    est = est[0] if isinstance(est, tuple) else est
+    assert torch.equal(est["w"], torch.zeros(3, dtype=torch.float64))
