@@ -1529,3 +1529,103 @@ for _sub, _fam in (("attribution", attribution_deterministic), ("search", callba
                    ("search", search_mezo_state), ("results", results_paths), ("harness", harness_registry),
                    ("models", models_dtypes)):
     FAMILIES.setdefault(_sub, []).append(_fam)
+
+
+# ------------------------------------------------------------------------------------------------ one poisoned argument
+# The entry families poison every required argument at once, so a function's first check answers. The *argument*
+# families below keep the other arguments valid (VALID_ARGS, by parameter name) and poison one, for every public
+# callable whose required arguments all have a valid value here and whose unpoisoned call succeeds.
+def _small_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 5)).double().eval()
+
+
+def _f64(*shape):
+    return lambda: torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+
+VALID_ARGS: dict[str, Callable[[], Any]] = {
+    "logits": _f64(4, 5), "targets": lambda: torch.tensor([0, 4, 2, 1]), "target": lambda: torch.tensor([0, 4, 2, 1]),
+    "pred": lambda: torch.tensor([0, 3, 2, 1]), "inputs": _f64(4, 3), "x": _f64(4, 3), "model": _small_model,
+    "model_or_fn": _small_model, "module": _small_model, "params": lambda: list(_small_model().parameters()),
+    "theta": lambda: {"w": torch.zeros(3, dtype=torch.float64)}, "tensor": _f64(4, 3), "queries": _f64(4, 3),
+    "positives": _f64(4, 3), "candidates": _f64(4, 3), "grad": _f64(3), "g": _f64(3),
+    "H": lambda: 2 * torch.eye(3, dtype=torch.float64), "mean": lambda: torch.zeros(3, dtype=torch.float64),
+    "cov": lambda: torch.eye(3, dtype=torch.float64), "scores": _f64(5), "tokens": lambda: list("abcde"),
+    "idx": lambda: torch.tensor([[1, 2, 3, 4], [0, 1, 2, 3]]), "blocks": lambda: torch.tensor([[1, 2, 3, 4, 0]] * 2),
+    "weights": lambda: torch.full((4,), 0.25, dtype=torch.float64), "log_weights": _f64(4), "values": _f64(4),
+    "a": _f64(4), "b": _f64(4), "v": _f64(3), "alpha": lambda: 0.5, "sigma": lambda: 0.1, "gamma": lambda: 1.0,
+    "lr": lambda: 0.1, "n_samples": lambda: 4, "temperature": lambda: 0.1, "dim": lambda: 3, "d": lambda: 3,
+    "radius": lambda: 1.0, "n": lambda: 4, "c": lambda: 5, "seqs": lambda: [[1, 2], [3]], "pad_id": lambda: 0,
+    "eos_id": lambda: 3, "hyps": lambda: [[1, 2], [3]], "refs": lambda: [[1, 2], [3, 4]],
+    "y": lambda: np.array([0, 1, 0, 1, 1, 0]), "p": lambda: [1.0, 2.0], "q": lambda: [2.0, 1.0],
+    "vocab_size": lambda: 5, "num_classes": lambda: 5, "hidden": lambda: 4, "in_dim": lambda: 3,
+    "loss_fn": lambda: (lambda out: out.pow(2).mean()), "fn": lambda: (lambda t: (t ** 2).sum()),
+    "f": lambda: (lambda t: sum((v ** 2).sum() for v in t.values()) if isinstance(t, dict) else (t ** 2).sum()),
+}
+ARG_POISONS = ("meta tensor", "complex tensor", "empty tensor", "0-d NaN tensor", "non-contiguous NaN tensor",
+               "string", "None", "opaque object", "ModelOutput", "list with NaN", "huge size")
+# (subpackage, name, argument) → poisons the contract admits there (checked to return)
+ARG_ACCEPTS = {
+    ("attribution", "average_ranks", "x"): {"empty tensor"},                  # a batch of no rows
+    ("attribution", "uniform_noise_baseline", "inputs"): {"non-contiguous NaN tensor"},   # its shape only
+    ("attribution", "gaussian_noise_baseline", "inputs"): {"non-contiguous NaN tensor"},
+    ("contrastive", "gather_with_grad", "x"): {"complex tensor", "empty tensor", "0-d NaN tensor",
+                                               "non-contiguous NaN tensor"},  # one process: x itself
+    ("dynamics", "ClippedSGD", "lr"): {"huge size"},
+    ("lm", "pad_sequences", "pad_id"): {"huge size"},
+    ("losses", "non_termination", "eos_id"): {"huge size"},
+    ("sampling", "ball_expected_update", "g"): {"empty tensor"},
+    ("sampling", "ball_expected_update", "alpha"): {"empty tensor", "huge size"},
+    ("sampling", "ball_expected_update", "radius"): {"huge size"},
+    ("sampling", "log_ball_volume", "dim"): {"huge size"},
+    ("sampling", "log_ball_volume", "radius"): {"huge size"},
+    ("search", "gaussian_smoothing_grad", "sigma"): {"huge size"},
+    ("search", "spsa_grad", "sigma"): {"huge size"},
+}
+
+
+@functools.lru_cache(maxsize=1)
+def argument_targets() -> dict[str, list[tuple[str, tuple[str, ...]]]]:
+    """subpackage → [(name, required argument names)] of the callables whose valid call succeeds."""
+    out: dict[str, list] = {}
+    for (sub, name), obj in sorted(public_callables().items()):
+        if (sub, name) in EXEMPT or (sub, name) in OWNED_ELSEWHERE or sub == "utils":
+            continue
+        try:
+            sig = inspect.signature(obj)
+        except (TypeError, ValueError):
+            continue
+        req = tuple(p.name for p in sig.parameters.values()
+                    if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+        if not req or any(r not in VALID_ARGS for r in req):
+            continue
+        try:
+            with _sandbox():
+                obj(**{r: VALID_ARGS[r]() for r in req})
+        except Exception:  # noqa: BLE001 — no valid call from these values: the entry family walks it
+            continue
+        out.setdefault(sub, []).append((name, req))
+    return out
+
+
+def _argument_family(sub: str):
+    @st.composite
+    def family(draw) -> Case:
+        name, req = draw(st.sampled_from(argument_targets()[sub]))
+        arg = draw(st.sampled_from(req))
+        kind = draw(st.sampled_from(ARG_POISONS))
+        obj = public_callables()[sub, name]
+
+        def call():
+            with _sandbox():
+                return obj(**{r: (POISONS[kind]() if r == arg else VALID_ARGS[r]()) for r in req})
+        return Case(sub, name, call, kind not in ARG_ACCEPTS.get((sub, name, arg), set()), lambda r: None,
+                    f"{kind} for {arg}, the others valid", DOCUMENTED.get((sub, name), ()))
+    family.__name__ = f"{sub}_argument_entry"
+    family.covers = {(sub, n) for n, _ in argument_targets().get(sub, [])}
+    return family
+
+
+for _sub in sorted(argument_targets()):
+    FAMILIES.setdefault(_sub, []).append(_argument_family(_sub))

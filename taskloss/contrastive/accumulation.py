@@ -196,6 +196,8 @@ def embedding_gradients(loss_fn: Callable[..., Tensor], embeddings: Sequence[Ten
     """
     if not callable(loss_fn):
         raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+    if isinstance(embeddings, Tensor):
+        raise TypeError("embeddings must be a sequence of tensors (one [B_j, d] tensor per input), got a Tensor")
     embeddings = check_tensors("embeddings", embeddings)
     for k, e in enumerate(embeddings):
         check_floating(f"embeddings[{k}]", e)
