@@ -1562,7 +1562,53 @@ VALID_ARGS: dict[str, Callable[[], Any]] = {
     "vocab_size": lambda: 5, "num_classes": lambda: 5, "hidden": lambda: 4, "in_dim": lambda: 3,
     "loss_fn": lambda: (lambda out: out.pow(2).mean()), "fn": lambda: (lambda t: (t ** 2).sum()),
     "f": lambda: (lambda t: sum((v ** 2).sum() for v in t.values()) if isinstance(t, dict) else (t ** 2).sum()),
+    # the Gaussian family: N(m, V), its natural (l1, l2) and expectation (mu1, mu2) parameters
+    "m": lambda: torch.tensor([0.5, -1.0], dtype=torch.float64),
+    "V": lambda: torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64),
+    "m0": lambda: torch.zeros(2, dtype=torch.float64), "m1": lambda: torch.ones(2, dtype=torch.float64),
+    "V0": lambda: torch.eye(2, dtype=torch.float64), "V1": lambda: 2 * torch.eye(2, dtype=torch.float64),
+    "l1": lambda: torch.tensor([0.5, -1.0], dtype=torch.float64), "l2": lambda: -0.5 * torch.eye(2, dtype=torch.float64),
+    "mu1": lambda: torch.zeros(2, dtype=torch.float64), "mu2": lambda: 2 * torch.eye(2, dtype=torch.float64),
+    "S": lambda: torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64),
+    "fisher": lambda: 2 * torch.eye(3, dtype=torch.float64), "max_kl": lambda: 0.1,
+    "precision": lambda: torch.eye(2, dtype=torch.float64), "prior_precision": lambda: torch.eye(2, dtype=torch.float64),
+    "prior_mean": lambda: torch.zeros(2, dtype=torch.float64), "grad_mean": lambda: torch.ones(2, dtype=torch.float64),
+    "hess_mean": lambda: -torch.eye(2, dtype=torch.float64), "log_lik": lambda: (lambda z: -(z ** 2).sum()),
+    # dynamics: a loss of a parameter list
+    "params_next": lambda: [torch.full((3,), 0.1, dtype=torch.float64)], "h": lambda: 0.1, "T": lambda: 0.5,
+    "y0": lambda: torch.ones(2, dtype=torch.float64), "field": lambda: (lambda y: -y),
+    "theta0": lambda: [torch.ones(2, dtype=torch.float64)], "norm": lambda: 2.0,
+    "loss": lambda: (torch.ones(3, dtype=torch.float64, requires_grad=True) ** 2).sum(),
+    "vector": lambda: [torch.ones(3, dtype=torch.float64)],
+    "grad_norms": lambda: [1.0, 2.0, 3.0], "smoothness": lambda: [1.5, 2.0, 3.5],
+    # attribution, lm, gradflow, harness
+    "n_steps": lambda: 8, "method": lambda: "gausslegendre", "images": _f64(2, 1, 8, 8), "std": lambda: 0.1,
+    "data": _f64(5, 3), "k": lambda: 2, "jac": lambda: torch.eye(3, dtype=torch.float64).expand(2, 3, 3),
+    "prefix": lambda: torch.tensor([[1, 2], [3, 4]]), "continuation": lambda: torch.tensor([[2, 3], [4, 1]]),
+    "max_new_tokens": lambda: 3, "hyp": lambda: torch.tensor([[1, 2, 3], [2, 3, 0]]), "spec": lambda: "edit_distance",
+    "delta": _f64(3), "reference": lambda: torch.ones(3, dtype=torch.float64), "split": lambda: "train",
 }
+# arguments that must refer to one another (the parameters of *the* model, the model of *the* problem)
+JOINT_ARGS: dict[str, Callable[[dict], Any]] = {
+    "params": lambda ctx: (dict(ctx["model"].named_parameters()) if "model_or_fn" in ctx["req"]
+                           else [torch.zeros(3, dtype=torch.float64, requires_grad=True)]
+                           if "loss_fn" in ctx["req"] else list(ctx["model"].parameters())),
+    "loss_fn": lambda ctx: ((lambda ps: sum((p ** 2).sum() for p in (ps if isinstance(ps, (list, tuple))
+                                                                       else ps.values())))
+                            if "params" in ctx["req"] or "theta0" in ctx["req"] else (lambda out: out.pow(2).mean())),
+    "model_or_fn": lambda ctx: ctx["model"], "model": lambda ctx: ctx["model"],
+    "problem": lambda ctx: __import__("taskloss.harness", fromlist=["Problem"]).Problem(
+        ctx["model"], VALID_ARGS["inputs"](), VALID_ARGS["targets"]()),
+    "name": lambda ctx: "sgd",
+}
+
+
+def _valid_call_args(req: tuple[str, ...]) -> dict[str, Any]:
+    """Valid values of the required arguments ``req``, one model shared by those that refer to it."""
+    ctx = {"req": req, "model": _small_model()}
+    return {r: JOINT_ARGS[r](ctx) if r in JOINT_ARGS else VALID_ARGS[r]() for r in req}
+
+
 ARG_POISONS = ("meta tensor", "complex tensor", "empty tensor", "0-d NaN tensor", "non-contiguous NaN tensor",
                "string", "None", "opaque object", "ModelOutput", "list with NaN", "huge size")
 # (subpackage, name, argument) → poisons the contract admits there (checked to return)
@@ -1582,6 +1628,17 @@ ARG_ACCEPTS = {
     ("sampling", "log_ball_volume", "radius"): {"huge size"},
     ("search", "gaussian_smoothing_grad", "sigma"): {"huge size"},
     ("search", "spsa_grad", "sigma"): {"huge size"},
+    ("attribution", "captum_trapezoid_factor", "n_steps"): {"huge size"},    # a formula of n
+    ("attribution", "gaussian_noise_baseline", "std"): {"huge size"},
+    ("curvature", "trust_region_step", "max_kl"): {"huge size"},
+    ("dynamics", "clip_coefficient", "norm"): {"empty tensor", "huge size"},  # batched over norms
+    ("dynamics", "clip_coefficient", "gamma"): {"huge size"},
+    ("lm", "task_loss_terms", "eos_id"): {"huge size"},
+    ("lm", "task_loss_terms", "pad_id"): {"huge size"},
+    ("results", "start", "name"): {"string"},                                # "no" names a notebook
+    **{("curvature", n, "params"): {"None"} for n in (                       # None: every trainable parameter
+        "empirical_fisher", "empirical_fisher_diagonal", "fisher_matrix", "ggn_diagonal", "ggn_matrix",
+        "ggn_operator", "mc_fisher", "mc_fisher_diagonal")},
 }
 
 
@@ -1598,11 +1655,11 @@ def argument_targets() -> dict[str, list[tuple[str, tuple[str, ...]]]]:
             continue
         req = tuple(p.name for p in sig.parameters.values()
                     if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
-        if not req or any(r not in VALID_ARGS for r in req):
+        if not req or any(r not in VALID_ARGS and r not in JOINT_ARGS for r in req):
             continue
         try:
             with _sandbox():
-                obj(**{r: VALID_ARGS[r]() for r in req})
+                obj(**_valid_call_args(req))
         except Exception:  # noqa: BLE001 — no valid call from these values: the entry family walks it
             continue
         out.setdefault(sub, []).append((name, req))
@@ -1619,7 +1676,7 @@ def _argument_family(sub: str):
 
         def call():
             with _sandbox():
-                return obj(**{r: (POISONS[kind]() if r == arg else VALID_ARGS[r]()) for r in req})
+                return obj(**{**_valid_call_args(req), arg: POISONS[kind]()})
         return Case(sub, name, call, kind not in ARG_ACCEPTS.get((sub, name, arg), set()), lambda r: None,
                     f"{kind} for {arg}, the others valid", DOCUMENTED.get((sub, name), ()))
     family.__name__ = f"{sub}_argument_entry"

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from taskloss.utils import check_finite, check_generator, check_int, check_not_meta, check_positive
+from taskloss.utils import check_finite, check_generator, check_int, check_not_meta, check_positive, check_steps
 
 __all__ = ["blurred_baseline", "gaussian_noise_baseline", "uniform_noise_baseline", "baseline_set"]
 
@@ -44,6 +44,9 @@ def blurred_baseline(images: Tensor, sigma: float) -> Tensor:
     """
     images = _check_images("images", images)
     sigma = check_positive("sigma", sigma)
+    # the kernel's 2·⌈3σ⌉ + 1 taps (and the padded rows they meet), refused before a σ of 10**12 is allocated
+    check_steps("sigma", math.ceil(3 * sigma), bytes_per_step=2.0 * images.element_size() * max(images.shape[-2:]),
+                what=f"blurred_baseline(sigma={sigma!r})")
     B, C, H, W = images.shape
     radius = max(1, math.ceil(3 * sigma))
     t = torch.arange(-radius, radius + 1, dtype=images.dtype, device=images.device)

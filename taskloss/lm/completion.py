@@ -89,7 +89,13 @@ def task_loss_terms(hyp: torch.Tensor, refs, *, eos_id: int, pad_id: int,
         if n not in TASK_LOSSES:
             raise ValueError(f"unknown task loss {n!r}; choose from {TASK_LOSSES}")
     out: dict[str, torch.Tensor] = {}
+    check_int("eos_id", eos_id, minimum=0)
+    check_int("pad_id", pad_id, minimum=0)
     if "edit_distance" in names:
+        if isinstance(refs, torch.Tensor) and refs.ndim != 2 or isinstance(refs, (str, bytes)) or \
+                not isinstance(refs, (torch.Tensor, Sequence)):
+            raise TypeError(f"refs must be a [B, C] tensor or a list of token lists, got "
+                            f"{type(refs).__name__}{f' of shape {tuple(refs.shape)}' if isinstance(refs, torch.Tensor) else ''}")
         nref = refs.shape[0] if isinstance(refs, torch.Tensor) else len(refs)
         if nref != hyp.shape[0]:
             raise ValueError(f"batch sizes differ: {hyp.shape[0]} continuations, {nref} references")

@@ -98,3 +98,11 @@ def test_noise_baselines_need_a_batch_and_data():
             fn(torch.tensor(0.5), *(() if fn is A.uniform_noise_baseline else (0.1,)))
         with pytest.raises(ValueError, match="inputs is on the meta device"):
             fn(torch.ones(2, 3, device="meta"), *(() if fn is A.uniform_noise_baseline else (0.1,)))
+
+
+def test_blur_width_beyond_memory_refused_before_the_kernel():
+    x = torch.rand(1, 1, 8, 8, dtype=torch.float64)
+    with pytest.raises(ValueError, match=r"blurred_baseline\(sigma=1000000000000.0\) would allocate"):
+        A.blurred_baseline(x, 1e12)
+    b = A.blurred_baseline(x, 1e3)                  # a wide blur: convex combinations of the pixels
+    assert b.shape == x.shape and bool((b >= x.min() - 1e-12).all() & (b <= x.max() + 1e-12).all())

@@ -18,3 +18,18 @@ def test_pad_sequences_width_valid():
     assert torch.equal(out, torch.tensor([[1, 2, 0, 0], [3, 0, 0, 0]]))
     with pytest.raises(ValueError, match="width must be >= 2"):
         pad_sequences([[1, 2], [3]], 0, width=1)
+
+
+@pytest.mark.parametrize("refs", [object(), 3, torch.tensor(1.0), "ab"])
+def test_task_loss_terms_refuses_refs_that_are_not_token_lists(refs):
+    from taskloss.lm import task_loss_terms
+    with pytest.raises(TypeError, match="refs must be"):
+        task_loss_terms(torch.tensor([[1, 2, 3]]), refs, eos_id=3, pad_id=0)
+
+
+def test_task_loss_terms_ids_checked_and_value():
+    from taskloss.lm import task_loss_terms
+    with pytest.raises(TypeError, match="pad_id must be an int"):
+        task_loss_terms(torch.tensor([[1, 2, 3]]), [[1, 2]], eos_id=3, pad_id=None)
+    out = task_loss_terms(torch.tensor([[1, 2, 3]]), [[1, 4]], eos_id=3, pad_id=0)
+    assert float(out["edit_distance"][0]) == pytest.approx(0.5)      # [1, 2] vs [1, 4]: one substitution of two
