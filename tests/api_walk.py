@@ -1047,8 +1047,9 @@ _ACCEPT_SPECS: list[tuple[str, str, tuple[str, ...], Callable[[str], Callable[[A
     # no arguments, or an optional one the function documents as ignored
     ("datasets", "minilm_path", EVERY, lambda k: _is(Path)),
     ("dynamics", "native_kernels", EVERY, lambda k: lambda r: None),
-    ("contrastive", "world", EVERY, lambda k: _is(tuple)),         # the group is ignored without a process group
-    ("contrastive", "check_batch_independent", EVERY, lambda k: lambda r: None),   # only BatchNorm couples rows
+    ("contrastive", "world", ("None",), lambda k: _is(tuple)),     # None: the default group
+    ("contrastive", "check_batch_independent", ("train-mode Dropout model",),
+     lambda k: lambda r: None),                                      # only BatchNorm couples rows, not Dropout
     ("utils", "check_eval_mode", tuple(k for k in EVERY if k != "train-mode Dropout model"),
      lambda k: lambda r: None),                                                   # a non-module has no mode
     # defaults: None is the documented default, a count without an upper bound

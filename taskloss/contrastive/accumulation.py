@@ -133,7 +133,11 @@ def check_batch_independent(encoder: Any, where: str = "encoder") -> None:
 
     Raises:
         ValueError: a batch-statistics BatchNorm inside ``encoder``, named with its path.
+        TypeError: an ``encoder`` that is not callable.
     """
+    if not callable(encoder):
+        raise TypeError(f"encoder must be callable (a module or a function of a micro-batch), got "
+                        f"{type(encoder).__name__}")
     if not isinstance(encoder, nn.Module):
         return
     for name, m in encoder.named_modules():

@@ -33,7 +33,10 @@ __all__ = ["world", "gather_with_grad", "distributed_info_nce"]
 
 
 def world(group=None) -> tuple[int, int]:
-    """(world size, rank) of ``group`` (default group), or (1, 0) without an initialized process group."""
+    """(world size, rank) of ``group`` (default group), or (1, 0) without an initialized process group; a
+    ``group`` that is neither ``None`` nor a ``torch.distributed.ProcessGroup`` is a ``TypeError`` either way."""
+    if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        raise TypeError(f"group must be None or a torch.distributed.ProcessGroup, got {type(group).__name__}")
     if not (dist.is_available() and dist.is_initialized()):
         return 1, 0
     return dist.get_world_size(group), dist.get_rank(group)
