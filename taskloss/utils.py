@@ -66,7 +66,8 @@ __all__ = [
     "is_transformed", "check_ndim", "check_nonempty", "check_same_length", "check_floating", "check_token_ids",
     "count_parameters",
     "resolve_name", "unique_tensors", "distinct_param_group", "flatten", "unflatten", "flat_gradient",
-    "named_tensors", "functional_loss", "check_not_meta",
+    "named_tensors", "functional_loss", "check_not_meta", "random_modules", "train_mode_error", "check_eval_mode",
+    "check_iterable", "check_tensors", "check_module", "check_param_list",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -90,6 +91,10 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     The file gets the mode an ordinary ``open(path, "w")`` would give (0644 under the usual umask 022), not the
     0600 of the temporary file.
     """
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"path must be a str or path, got {type(path).__name__}")
+    if not isinstance(text, str):
+        raise TypeError(f"text must be a str, got {type(text).__name__}")
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -130,7 +135,7 @@ def check_device(name: str, device, *, allow_none: bool = False) -> torch.device
         ValueError: an unknown device string, or a device this machine does not have (``cuda`` without CUDA, a
             CUDA index beyond ``torch.cuda.device_count()``, ``mps`` without MPS).
     """
-    if device is None and allow_none:
+    if check_bool("allow_none", allow_none) and device is None:
         return None
     if isinstance(device, torch.device):
         dev = device
@@ -211,6 +216,7 @@ def check_dtype(name: str, tensor, allowed=LINALG_DTYPES, what: str | None = Non
     """
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    _refuse_meta(name, tensor)
     names = _dtype_names(allowed)
     if str(tensor.dtype).removeprefix("torch.") not in names:
         if what:
@@ -247,6 +253,8 @@ def check_same_dtype(allowed=LINALG_DTYPES, **tensors) -> torch.dtype:
 
 def format_bytes(n: float) -> str:
     """``n`` bytes in binary units, e.g. ``'7.28 TiB'``."""
+    if not _is_number(n) or not math.isfinite(n):
+        raise TypeError(f"n must be a finite number of bytes, got {type(n).__name__} {n!r}")
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
@@ -276,7 +284,11 @@ def check_allocation(what: str, n_bytes: float, device=None, limit: int | None =
     Raises:
         ValueError: ``n_bytes`` > the limit; the message gives both.
     """
-    bound = _memory_of(device) if limit is None else int(limit)
+    if not _is_number(n_bytes) or math.isnan(n_bytes):
+        raise TypeError(f"n_bytes must be a number, got {type(n_bytes).__name__} {n_bytes!r}")
+    if limit is not None:
+        check_int("limit", limit, minimum=0)
+    bound = _memory_of(check_device("device", device, allow_none=True)) if limit is None else int(limit)
     if n_bytes > bound:
         where = "this machine's memory" if limit is None else "the limit"
         raise ValueError(f"{what} would allocate about {format_bytes(n_bytes)}, more than {where} "
@@ -285,7 +297,13 @@ def check_allocation(what: str, n_bytes: float, device=None, limit: int | None =
 
 def check_steps(name: str, value, *, bytes_per_step: float, what: str | None = None, device=None,
                 minimum: int = 1, limit: int | None = None) -> int:
-    """A step or sample count (an int ≥ ``minimum``) whose memory, ``value × bytes_per_step``, fits the device.
+    """A count or size (an int ≥ ``minimum``: steps, samples, classes, a padded width) whose memory,
+    ``value × bytes_per_step``, fits the device — estimated and refused before anything is allocated.
+
+    The one estimate-then-allocate check of the package: a function whose buffers grow with an argument passes
+    that argument through it with the bytes one unit costs (``macro_f1``'s ``num_classes``, ``pad_sequences``'
+    ``width``, the divergence frontier's ``n_lambda``, the attribution rules' ``n_steps``), so ``10**12`` ends in
+    a ``ValueError`` naming the argument, not in the allocator's error or a ``MemoryError``.
 
     Args:
         name: the argument's name.
@@ -302,7 +320,10 @@ def check_steps(name: str, value, *, bytes_per_step: float, what: str | None = N
     Raises:
         TypeError, ValueError: as :func:`check_int`; ValueError from :func:`check_allocation` with the estimate.
     """
-    n = check_int(name, value, minimum=minimum)
+    n = check_int(name, value, minimum=check_int("minimum", minimum))
+    if isinstance(bytes_per_step, bool) or not isinstance(bytes_per_step, (int, float, np.integer, np.floating)) \
+            or not bytes_per_step >= 0:
+        raise ValueError(f"bytes_per_step must be a number >= 0, got {bytes_per_step!r}")
     check_allocation(what or f"{name}={n}", float(n) * float(bytes_per_step), device, limit)
     return n
 
@@ -322,8 +343,15 @@ def _is_number(x) -> bool:
 
 
 def check_positive(name: str, value, *, allow_inf: bool = False) -> float:
-    """Raise ``ValueError`` unless ``value`` is a finite number > 0."""
+    """``float(value)`` when it is a finite number > 0 (``+inf`` too when ``allow_inf``, a bool flag).
+
+    Raises:
+        TypeError: not a number (or a one-element tensor of one); ``allow_inf`` not a bool.
+        ValueError: NaN, ≤ 0, or infinite without ``allow_inf``.
+    """
+    allow_inf = check_bool("allow_inf", allow_inf)
     if isinstance(value, torch.Tensor) and value.numel() == 1:
+        _refuse_meta(name, value)
         value = value.item()
     if not _is_number(value):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
@@ -354,7 +382,10 @@ def check_probability(name: str, value) -> float:
 
 
 def check_int(name: str, value, *, minimum: int | None = None, maximum: int | None = None) -> int:
-    """Raise unless ``value`` is an integer within ``[minimum, maximum]``."""
+    """Raise unless ``value`` is an integer within ``[minimum, maximum]`` (bounds: ints or ``None``)."""
+    for bound, b in (("minimum", minimum), ("maximum", maximum)):
+        if b is not None and (isinstance(b, bool) or not isinstance(b, (int, np.integer))):
+            raise TypeError(f"check_int's {bound} must be an int or None, got {type(b).__name__} {b!r}")
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     if minimum is not None and value < minimum:
@@ -382,6 +413,15 @@ def check_bool(name: str, value) -> bool:
     raise TypeError(f"{name} must be a bool (True or False), got {type(value).__name__} {value!r}")
 
 
+def _equal(a, b) -> bool:
+    """``a == b`` as a plain bool; False where the comparison is elementwise (a tensor, an array) or fails."""
+    try:
+        eq = a is b or a == b
+    except Exception:  # noqa: BLE001 — an object whose comparison raises is not one of the choices
+        return False
+    return isinstance(eq, (bool, np.bool_)) and bool(eq)
+
+
 def check_choice(name: str, value, choices):
     """``value`` when it is one of ``choices``.
 
@@ -396,8 +436,10 @@ def check_choice(name: str, value, choices):
     Raises:
         ValueError: ``value`` is not one of ``choices``.
     """
-    if isinstance(value, bool) or value not in choices:   # True == 1 would otherwise match a choice 1
-        raise ValueError(f"{name} must be one of {tuple(choices)}, got {value!r}")
+    choices = tuple(check_iterable("choices", choices))
+    found = not isinstance(value, bool) and any(_equal(value, c) for c in choices)
+    if not found:   # True == 1 would otherwise match a choice 1; an unhashable value is simply not an option
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
     return value
 
 
@@ -408,6 +450,10 @@ def all_finite(tensor: torch.Tensor) -> bool:
     at the cost of one reduction (on a CPU ``torch.isfinite(t).all()`` is 10-40× slower: several passes and a
     temporary). A non-finite sum — a bad entry, or finite entries whose sum overflows — is settled by the
     entrywise test. One host synchronization on a GPU, as before."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"all_finite expects a torch.Tensor, got {type(tensor).__name__}")
+    if tensor.is_meta:
+        raise ValueError("all_finite: the tensor is on the meta device (shapes without data)")
     if not (tensor.is_floating_point() or tensor.is_complex()) or tensor.numel() == 0:
         return True
     s = tensor.detach().sum()
@@ -420,6 +466,7 @@ def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
     """Raise ``ValueError`` if a floating tensor holds NaN or ±inf (:func:`all_finite`)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    _refuse_meta(name, tensor)
     if not all_finite(tensor):
         raise ValueError(f"{name} contains NaN or inf")
     return tensor
@@ -427,18 +474,27 @@ def check_finite(name: str, tensor: torch.Tensor) -> torch.Tensor:
 
 def check_no_nan(name: str, tensor: torch.Tensor) -> None:
     """Raise ``ValueError`` if ``tensor`` holds NaN (±inf allowed: a log density may be −inf)."""
+    if not isinstance(tensor, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    _refuse_meta(name, tensor)
     if bool(torch.isnan(tensor).any()):
         raise ValueError(f"{name} contains NaN")
 
 
-@contextlib.contextmanager
 def eval_mode(model: nn.Module, enabled: bool = True):
     """``model.eval()`` inside the block (when ``enabled``), and every submodule's own ``training`` flag restored
     after it, also on error: a frozen, eval-mode submodule of a training model stays frozen (a plain
     ``model.train(was_training)`` switches it back on). Modules that do not override ``train``/``eval`` get their
     flags written directly (``Module.train`` walks the tree through ``Module.__setattr__``: ≈ 14 µs for a 4-module
     MLP, a third of its forward); a model already in eval mode throughout is left alone."""
-    enabled = check_bool("enabled", enabled)
+    enabled = check_bool("enabled", enabled)        # checked at the call, not when the block is entered
+    if enabled and not isinstance(model, nn.Module):     # disabled: a no-op for any model (a function too)
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    return _eval_mode(model, enabled)
+
+
+@contextlib.contextmanager
+def _eval_mode(model: nn.Module, enabled: bool):
     mods = list(model.modules()) if enabled else []
     flags = [m.training for m in mods]
     if not any(flags):              # disabled, or already in eval mode throughout: nothing to switch or restore
@@ -467,6 +523,7 @@ def check_floating(name: str, tensor: torch.Tensor) -> torch.Tensor:
     """``tensor`` after checking it is a floating-point tensor (``TypeError`` otherwise)."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
+    _refuse_meta(name, tensor)
     if not tensor.is_floating_point():
         raise TypeError(f"{name} must be a floating-point tensor, got dtype {tensor.dtype}")
     return tensor
@@ -476,14 +533,21 @@ def check_ndim(name: str, tensor: torch.Tensor, ndim: int | Iterable[int]) -> to
     """Raise ``ValueError`` unless ``tensor.ndim`` is (one of) ``ndim``."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(tensor).__name__}")
-    allowed = (ndim,) if isinstance(ndim, int) else tuple(ndim)
+    _refuse_meta(name, tensor)
+    allowed = (ndim,) if isinstance(ndim, (int, np.integer)) else tuple(check_iterable("ndim", ndim))
+    if not allowed or not all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in allowed):
+        raise TypeError(f"ndim must be an int or a collection of ints, got {ndim!r}")
     if tensor.ndim not in allowed:
         raise ValueError(f"{name} must have ndim in {allowed}, got shape {tuple(tensor.shape)}")
     return tensor
 
 
 def check_nonempty(name: str, obj) -> None:
-    """Raise ``ValueError`` on an empty batch (tensor with a zero dimension, or empty sequence)."""
+    """Raise ``ValueError`` on an empty batch (tensor with a zero dimension, or empty sequence); ``TypeError`` for
+    something without a length (a number, a 0-d tensor)."""
+    if isinstance(obj, torch.Tensor) and obj.ndim == 0 or not hasattr(obj, "__len__"):
+        raise TypeError(f"{name} must be a batch (a tensor with a batch dimension or a sequence), got "
+                        f"{type(obj).__name__}{' of shape ()' if isinstance(obj, torch.Tensor) else ''}")
     n = obj.shape[0] if isinstance(obj, torch.Tensor) and obj.ndim > 0 else len(obj)
     if n == 0 or (isinstance(obj, torch.Tensor) and obj.numel() == 0):
         raise ValueError(f"{name} is empty (batch size 0)")
@@ -491,6 +555,12 @@ def check_nonempty(name: str, obj) -> None:
 
 def check_same_length(**named) -> int:
     """Raise ``ValueError`` unless all arguments have the same leading length; return it."""
+    if not named:
+        raise ValueError("check_same_length needs at least one named batch")
+    for k, v in named.items():
+        if isinstance(v, torch.Tensor) and v.ndim == 0 or not isinstance(v, torch.Tensor) and not hasattr(v, "__len__"):
+            raise TypeError(f"{k} must be a batch (a tensor with a batch dimension or a sequence), got "
+                            f"{type(v).__name__}")
     lengths = {k: (v.shape[0] if isinstance(v, torch.Tensor) else len(v)) for k, v in named.items()}
     if len(set(lengths.values())) > 1:
         raise ValueError(f"batch sizes differ: {lengths}")
@@ -500,6 +570,8 @@ def check_same_length(**named) -> int:
 def is_transformed(t: torch.Tensor) -> bool:
     """Whether ``t`` is wrapped by a ``torch.func`` transform (vmap/grad), where data-dependent checks (``.item()``)
     are impossible."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"is_transformed expects a torch.Tensor, got {type(t).__name__}")
     fn = getattr(torch._C._functorch, "is_functorch_wrapped_tensor", None)
     return bool(fn(t)) if fn is not None else False
 
@@ -511,6 +583,7 @@ def check_token_ids(name: str, idx, vocab_size: int, max_len: int | None = None)
     """
     if not isinstance(idx, torch.Tensor):
         raise TypeError(f"{name} must be a torch.LongTensor, got {type(idx).__name__}")
+    _refuse_meta(name, idx)
     if idx.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"{name} must hold integer token ids (int64 or int32), got dtype {idx.dtype}")
     if idx.ndim != 2:
@@ -576,6 +649,7 @@ def unique_tensors(tensors, *, trainable_only: bool = False) -> list[Tensor]:
     trainable_only = check_bool("trainable_only", trainable_only)
     if isinstance(tensors, Tensor):
         tensors = [tensors]
+    tensors = check_iterable("tensors", tensors)
     out, seen = [], set()
     for t in tensors:
         if not isinstance(t, Tensor):
@@ -625,8 +699,10 @@ def flatten(tensors: Tensor | Mapping[str, Tensor] | Iterable[Tensor]) -> Tensor
         ValueError: nothing to flatten.
     """
     if isinstance(tensors, Tensor):
+        check_not_meta("tensors", tensors)
         return tensors.reshape(-1)
-    values = list(tensors.values()) if isinstance(tensors, Mapping) else list(tensors)
+    values = check_tensors("tensors", tensors)
+    check_not_meta("tensors", values)
     if not values:
         raise ValueError("expected a non-empty dict or sequence of tensors")
     return torch.cat([t.reshape(-1) for t in values])
@@ -646,6 +722,7 @@ def unflatten(flat: Tensor, like: Mapping[str, Tensor] | Iterable[Tensor]):
         ValueError: ``flat`` is not a flat tensor of the right length.
     """
     as_dict = isinstance(like, Mapping)
+    check_tensors("like", like)
     items = list(like.items()) if as_dict else list(enumerate(like))
     total = sum(t.numel() for _, t in items)
     if not isinstance(flat, Tensor) or flat.ndim != 1 or flat.numel() != total:
@@ -668,7 +745,7 @@ def flat_gradient(params: Iterable[Tensor]) -> Tensor:
     Raises:
         ValueError: ``params`` is empty.
     """
-    params = list(params)
+    params = check_tensors("params", params)
     if not params:
         raise ValueError("params is empty: no gradient to flatten")
     return torch.cat([(torch.zeros_like(p) if p.grad is None else p.grad.detach()).reshape(-1) for p in params])
@@ -691,7 +768,7 @@ def named_tensors(params, model_fn) -> tuple[list[str], list[Tensor]]:
     if isinstance(params, Mapping):
         items = list(params.items())
     else:
-        items = list(params)
+        items = list(check_iterable("params", params))
         if items and isinstance(items[0], tuple):
             items = [(str(k), p) for k, p in items]
         elif isinstance(model_fn, nn.Module):
@@ -762,8 +839,144 @@ def check_not_meta(name: str, obj) -> None:
     elif isinstance(obj, Mapping):
         tensors = list(obj.values())
     else:
-        tensors = list(obj)
+        tensors = list(check_iterable(name, obj))
     if any(isinstance(t, torch.Tensor) and t.is_meta for t in tensors):
         raise ValueError(f"{name} is on the meta device (shapes without data): materialize it first, e.g. "
                          "model.to_empty(device='cpu') and load its weights (load_state_dict(..., assign=True)), or "
                          "build it outside `with torch.device('meta')`")
+
+
+def _refuse_meta(name: str, tensor) -> None:
+    """The tensor validators' entry check: a meta tensor has no data to check or compute with."""
+    if isinstance(tensor, torch.Tensor) and tensor.is_meta:
+        check_not_meta(name, tensor)
+
+
+# ------------------------------------------------------------------------- a deterministic forward
+def random_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    """The ``Dropout`` (``p > 0``) and ``BatchNorm`` submodules of ``model``: random or batch-coupled in train mode."""
+    check_module("model", model)
+    kinds = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
+    return [(name, m) for name, m in model.named_modules() if isinstance(m, kinds) and not (
+        isinstance(m, kinds[0]) and m.p == 0)]
+
+
+def train_mode_error(modules: list[tuple[str, nn.Module]], model_name: str = "model",
+                     purpose: str = "the per-example curvature is undefined",
+                     fix: str = "computing curvature") -> str | None:
+    """The refusal message for the first of ``modules`` (from :func:`random_modules`) in train mode, else None."""
+    modules = list(check_iterable("modules", modules))
+    if not all(isinstance(e, tuple) and len(e) == 2 and isinstance(e[1], nn.Module) for e in modules):
+        raise TypeError("modules must be (name, module) pairs, as random_modules returns")
+    for name, m in modules:
+        if m.training:
+            return (f"module {name or model_name!r} ({type(m).__name__}) is in training mode: its outputs are random "
+                    f"or couple the examples, so {purpose}; call model.eval() before {fix} (train mode again "
+                    "afterwards)")
+    return None
+
+
+def check_eval_mode(module: nn.Module, *, purpose: str = "the per-example curvature is undefined",
+                    fix: str = "computing curvature") -> None:
+    """Raise ``ValueError`` if ``module`` holds a train-mode Dropout or BatchNorm (random / batch-coupled outputs).
+
+    One policy for every method that needs a deterministic, row-wise forward: the Fisher / GGN functions, the
+    diagonal preconditioner, Hessian-free and K-FAC (:mod:`taskloss.curvature.model_io`), integrated gradients
+    (:class:`taskloss.attribution.IntegratedGradients`) and the harness's dense Hessian
+    (:meth:`taskloss.harness.Problem.grad_hessian`) refuse them with this message.
+
+    Args:
+        module: the model (any other object is left alone: a plain function has no modes).
+        purpose: what the random forward would spoil, for the message.
+        fix: what to call ``model.eval()`` before, for the message.
+
+    Raises:
+        ValueError: a train-mode Dropout (``p > 0``) or BatchNorm; the message names the submodule.
+    """
+    if not isinstance(module, nn.Module):
+        return
+    msg = train_mode_error(random_modules(module), type(module).__name__, purpose, fix)
+    if msg is not None:
+        raise ValueError(msg)
+
+
+# ------------------------------------------------------------------------- containers of inputs
+def check_iterable(name: str, obj) -> Iterable:
+    """``obj`` when it is a collection to iterate over (a list, tuple, generator, dict…), not a string, a number,
+    a 0-d tensor or an array of objects whose truth value is ambiguous.
+
+    Args:
+        name: the argument's name, for the message.
+        obj: the collection.
+
+    Returns:
+        ``obj``.
+
+    Raises:
+        TypeError: anything else.
+    """
+    if isinstance(obj, (str, bytes)) or (isinstance(obj, torch.Tensor) and obj.ndim == 0) or \
+            (isinstance(obj, np.ndarray) and (obj.ndim == 0 or obj.dtype == object)) or not isinstance(obj, Iterable):
+        raise TypeError(f"{name} must be a collection (list, tuple, …), got {type(obj).__name__}")
+    return obj
+
+
+def check_tensors(name: str, obj) -> list:
+    """The tensors of a dict (its values) or of an iterable, as a list; ``TypeError`` for anything else or an
+    element that is not a tensor.
+
+    Args:
+        name: the argument's name, for the message.
+        obj: a mapping name → tensor or an iterable of tensors.
+
+    Returns:
+        The tensors as a list.
+
+    Raises:
+        TypeError: not a collection, or an element that is not a tensor.
+    """
+    values = list(obj.values()) if isinstance(obj, Mapping) else list(check_iterable(name, obj))
+    for i, t in enumerate(values):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name}[{i}] must be a torch.Tensor, got {type(t).__name__}")
+    return values
+
+
+def check_param_list(params) -> None:
+    """An optimizer's ``params``: an iterable of tensors or parameter groups, not a single tensor, a number or a
+    string (``TypeError``, before ``torch.optim.Optimizer`` says the same from inside torch).
+
+    Args:
+        params: what the optimizer was given.
+
+    Raises:
+        TypeError: a tensor, a non-iterable, a string or a dict (a dict is one parameter group: pass a list).
+    """
+    if isinstance(params, torch.Tensor):
+        raise TypeError("params must be an iterable of tensors or parameter groups, got a single Tensor (wrap it in "
+                        "a list)")
+    if isinstance(params, Mapping):
+        raise TypeError("params must be an iterable of tensors or parameter groups, got a dict (a parameter group: "
+                        "pass [group])")
+    check_iterable("params", params)
+
+
+def check_module(name: str, obj) -> nn.Module:
+    """``obj`` when it is an ``nn.Module`` (``TypeError`` otherwise), with no parameter or buffer on the meta
+    device (``ValueError``).
+
+    Args:
+        name: the argument's name, for the message.
+        obj: the module.
+
+    Returns:
+        ``obj``.
+
+    Raises:
+        TypeError: not a module.
+        ValueError: meta parameters or buffers.
+    """
+    if not isinstance(obj, nn.Module):
+        raise TypeError(f"{name} must be an nn.Module, got {type(obj).__name__}")
+    check_not_meta(name, obj)
+    return obj

@@ -16,9 +16,14 @@ to come; none at present).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
+import importlib
+import inspect
 import json
 import math
+import os
+import pkgutil
 import tempfile
 import traceback
 from dataclasses import dataclass
@@ -910,6 +915,289 @@ def attribution_baselines(draw) -> Case:
     return Case("attribution", which, call, bad_gen, check, f"{which} generator={gen!r} k={k}")
 
 
+
+
+# ------------------------------------------------------------------------------------------------ every public name
+# Issue 42: the families are derived from every subpackage's __all__. The hand-written families above check results
+# against references; the *entry* families below reach every public callable of a subpackage with the inputs the
+# issue lists, where a clear refusal is the only right answer: every required argument gets the same poison (an
+# opaque object, a meta / complex / empty / NaN / non-contiguous / half tensor, a string or None for a number, a
+# numpy array of objects, a ModelOutput, a size of 10**12, a train-mode Dropout model), or — for a callable without
+# required arguments — its first optional argument does. ``ACCEPTS`` names the poisons a callable may take (a
+# documented valid input), with the check its result must pass.
+
+SUBPACKAGES = tuple(m.name for m in pkgutil.iter_modules([PACKAGE]) if m.ispkg) + ("utils",)
+
+
+@functools.lru_cache(maxsize=1)
+def public_callables() -> dict[tuple[str, str], Any]:
+    """``(subpackage, name) → object`` for every callable named in a subpackage's (and utils') ``__all__``."""
+    out = {}
+    for sub in SUBPACKAGES:
+        mod = importlib.import_module(f"taskloss.{sub}")
+        for name in mod.__all__:
+            obj = getattr(mod, name)
+            if callable(obj):
+                out[sub, name] = obj
+    return out
+
+
+# Records and signals: a call builds a container (a NamedTuple, a dataclass without validation, an exception or a
+# warning class), no computation to walk. Each is built and read by a function that is walked.
+EXEMPT = {
+    ("attribution", "Attribution"): "NamedTuple returned by IntegratedGradients.attribute",
+    ("contrastive", "RNGState"): "dataclass snapshot of generator states, built by RNGState.capture",
+    ("contrastive", "AccumulationResult"): "NamedTuple returned by accumulated_backward",
+    ("curvature", "MCEstimate"): "NamedTuple returned by bonnet_gradient / price_gradient",
+    ("datasets", "DigitsSplits"): "dataclass returned by load_digits_splits",
+    ("datasets", "Document"): "dataclass returned by load_documents",
+    ("datasets", "UnknownTokenWarning"): "a warning category",
+    ("dynamics", "SmoothnessSample"): "NamedTuple returned by local_smoothness",
+    ("dynamics", "EigenResult"): "NamedTuple returned by top_hessian_eigenvalue",
+    ("dynamics", "SmoothnessFit"): "NamedTuple returned by fit_l0_l1",
+    ("dynamics", "FlowResult"): "NamedTuple returned by integrate_flow",
+    ("gradflow", "LagJacobians"): "NamedTuple returned by lag_jacobians",
+    ("gradflow", "LayerGradients"): "NamedTuple returned by layer_gradient_norms",
+    ("gradflow", "TrainResult"): "NamedTuple returned by train_lm",
+    ("harness", "PassCount"): "dataclass of counters filled by PassCounter",
+    ("harness", "RuleSpec"): "dataclass built and validated by register",
+    ("harness", "IdealUpdate"): "dataclass returned by ideal_update",
+    ("harness", "StepRecord"): "dataclass returned by propose",
+    ("harness", "TrainRecord"): "dataclass returned by train",
+    ("results", "Comparison"): "dataclass returned by paired_comparison",
+    ("sampling", "SNISResult"): "NamedTuple returned by self_normalized_is",
+    ("search", "MGSStats"): "dataclass returned by MGS.step",
+    ("search", "PGResult"): "NamedTuple returned by the REINFORCE functions",
+    ("runner", "main"): "the command line (reads sys.argv, starts kernels); walked by tests/runner",
+    ("results", "Run"): "dataclass of one run's state, built (and its folder made) by start, which is walked",
+}
+
+
+class _ModelOutput(dict):
+    """A ``transformers.ModelOutput`` stand-in (a dict with attribute access) where a tensor goes."""
+
+    def __getattr__(self, k):
+        try:
+            return self[k]
+        except KeyError as err:
+            raise AttributeError(k) from err
+
+
+def _train_mode_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 3), nn.Dropout(0.5), nn.Linear(3, 2)).train()
+
+
+POISONS: dict[str, Callable[[], Any]] = {
+    "opaque object": _Opaque,
+    "meta tensor": lambda: torch.ones(3, 4, device="meta"),
+    "complex tensor": lambda: torch.ones(3, 4, dtype=torch.complex64),
+    "empty tensor": lambda: torch.empty(0, 4),
+    "0-d NaN tensor": lambda: torch.tensor(math.nan),
+    "non-contiguous NaN tensor": lambda: torch.full((4, 3), math.nan).T,
+    "float16 inf tensor": lambda: torch.full((3, 4), math.inf, dtype=torch.float16),
+    "string": lambda: "no",
+    "None": lambda: None,
+    "numpy object array": lambda: np.array([object(), object()], dtype=object),
+    "list with NaN": lambda: [[math.nan, 1.0]],
+    "ModelOutput": lambda: _ModelOutput(logits=torch.ones(3, 4, device="meta")),
+    "huge size": lambda: 10**12,
+    "negative size": lambda: -3,
+    "NaN number": lambda: math.nan,
+    "train-mode Dropout model": _train_mode_model,
+}
+
+# Further exception types a docstring names: a path that does not exist, a partition function beyond float64.
+DOCUMENTED = {("datasets", "corpus_hash"): (FileNotFoundError,), ("datasets", "corpus_stats"): (FileNotFoundError,),
+              ("datasets", "load_documents"): (FileNotFoundError,), ("datasets", "load_corpus"): (FileNotFoundError,),
+              ("lm", "load_causal_lm"): (FileNotFoundError,), ("lm", "load_pretrained_lm"): (FileNotFoundError,),
+              ("sampling", "ball_partition"): (OverflowError,)}
+
+# (subpackage, name) → {poison: check of the result}: a documented valid input among the poisons, and what its
+# result must be. Validators and helpers take the kinds their contract admits (check_dtype looks at the dtype only,
+# check_int has no bounds unless given); a callable without arguments takes no poison at all.
+TENSORS = ("0-d NaN tensor", "non-contiguous NaN tensor", "float16 inf tensor", "empty tensor", "complex tensor")
+EVERY = tuple(POISONS)
+
+
+def _is(kind_type):
+    def check(r):
+        assert isinstance(r, kind_type), f"returned {type(r).__name__}"
+    return check
+
+
+def _refuses_on_use(r):
+    """An object built around a train-mode model refuses when it computes (the constructor only stores it)."""
+    try:
+        r.attribute(torch.randn(3, 3), target=0)
+    except ValueError as err:
+        assert "training mode" in str(err), str(err)
+    else:
+        raise AssertionError("attribute() accepted a train-mode Dropout model")
+
+
+def _same_as_input(kind):
+    def check(r):
+        want = POISONS[kind]()
+        assert isinstance(r, torch.Tensor) and r.shape == want.shape and r.dtype == want.dtype
+    return check
+
+
+_ACCEPT_SPECS: list[tuple[str, str, tuple[str, ...], Callable[[str], Callable[[Any], None]]]] = [
+    # no arguments, or an optional one the function documents as ignored
+    ("datasets", "minilm_path", EVERY, lambda k: _is(Path)),
+    ("dynamics", "native_kernels", EVERY, lambda k: lambda r: None),
+    ("contrastive", "world", ("None",), lambda k: _is(tuple)),     # None: the default group
+    ("contrastive", "check_batch_independent", ("train-mode Dropout model",),
+     lambda k: lambda r: None),                                      # only BatchNorm couples rows, not Dropout
+    ("utils", "check_eval_mode", tuple(k for k in EVERY if k != "train-mode Dropout model"),
+     lambda k: lambda r: None),                                                   # a non-module has no mode
+    # defaults: None is the documented default, a count without an upper bound
+    ("datasets", "corpus_hash", ("None",), lambda k: _is(str)),
+    ("datasets", "corpus_stats", ("None",), lambda k: _is(dict)),
+    ("datasets", "minilm_token_embeddings", ("None",), lambda k: _is(torch.Tensor)),
+    ("datasets", "get_tokenizer", ("huge size",), lambda k: lambda r: None),     # min_count above every count
+    ("datasets", "load_digits_splits", ("huge size",), lambda k: lambda r: None),  # a seed
+    ("utils", "seed_everything", ("huge size",), lambda k: _is(torch.Generator)),
+    ("utils", "check_generator", ("None",), lambda k: lambda r: None),
+    ("utils", "check_int", ("huge size", "negative size"), lambda k: lambda r: None),
+    ("utils", "check_positive", ("huge size",), lambda k: lambda r: None),
+    ("utils", "check_nonnegative", ("huge size",), lambda k: lambda r: None),
+    ("utils", "check_allocation", ("negative size",), lambda k: lambda r: None),
+    ("utils", "format_bytes", ("huge size", "negative size"), lambda k: _is(str)),
+    ("utils", "atomic_write_text", ("string",), lambda k: lambda r: None),          # a relative path, a text
+    ("attribution", "captum_trapezoid_factor", ("huge size",), lambda k: lambda r: None),
+    ("dynamics", "clip_coefficient", ("huge size",), lambda k: lambda r: None),
+    ("sampling", "log_ball_volume", ("huge size",), lambda k: lambda r: None),
+    ("sampling", "ball_log_partition", ("huge size",), lambda k: lambda r: None),
+    ("sampling", "ball_log_partition_derivative", ("huge size",), lambda k: lambda r: None),
+    # a train-mode model is stored, copied or counted; the computation that needs eval mode refuses it
+    ("attribution", "IntegratedGradients", ("train-mode Dropout model",), lambda k: _refuses_on_use),
+    ("attribution", "randomized_copy", ("train-mode Dropout model",), lambda k: _is(nn.Module)),
+    ("attribution", "EmbeddingIntegratedGradients", ("train-mode Dropout model",), lambda k: lambda r: None),
+    ("utils", "eval_mode", ("train-mode Dropout model",), lambda k: lambda r: None),
+    ("results", "start", ("string",), lambda k: lambda r: None),             # "no" is a valid notebook name
+    ("attribution", "cascading_randomization", ("train-mode Dropout model",), lambda k: _is(list)),
+    ("curvature", "KFAC", ("train-mode Dropout model",), lambda k: lambda r: None),
+    ("curvature", "FisherDiagonalPreconditioner", ("train-mode Dropout model",), lambda k: lambda r: None),
+    ("harness", "PassCounter", ("train-mode Dropout model",), lambda k: lambda r: None),
+    ("sampling", "vmap_loss", ("train-mode Dropout model",), lambda k: lambda r: None),
+    ("utils", "count_parameters", ("train-mode Dropout model",), lambda k: lambda r: None),
+    ("utils", "functional_loss", ("train-mode Dropout model",), lambda k: lambda r: None),
+    ("utils", "random_modules", ("train-mode Dropout model",), lambda k: lambda r: None),
+    ("utils", "check_module", ("train-mode Dropout model",), lambda k: lambda r: None),
+    ("utils", "check_param_list", ("list with NaN", "train-mode Dropout model"), lambda k: lambda r: None),
+    ("utils", "check_iterable", TENSORS[1:] + ("meta tensor", "ModelOutput", "list with NaN",
+                                               "train-mode Dropout model"), lambda k: lambda r: None),
+    ("utils", "check_nonempty", TENSORS[1:] + ("meta tensor", "ModelOutput", "list with NaN", "string",
+                                                "numpy object array", "train-mode Dropout model"),
+     lambda k: lambda r: None),
+    # shape-only functions and helpers whose contract is one property of a tensor
+    ("attribution", "average_ranks", ("empty tensor",), lambda k: lambda r: None),
+    ("attribution", "spearman_correlation", ("empty tensor",), lambda k: lambda r: None),
+    ("attribution", "uniform_noise_baseline", ("0-d NaN tensor", "non-contiguous NaN tensor", "float16 inf tensor"),
+     _same_as_input),
+    ("contrastive", "batch_size", TENSORS[1:] + ("meta tensor", "ModelOutput", "list with NaN"),
+     lambda k: _is(int)),
+    ("contrastive", "gather_with_grad", TENSORS, _same_as_input),      # one process: x itself
+    ("utils", "all_finite", TENSORS, lambda k: lambda r: None if r == bool(torch.isfinite(POISONS[k]()).all())
+     else (_ for _ in ()).throw(AssertionError(f"all_finite returned {r}"))),
+    ("utils", "check_dtype", ("0-d NaN tensor", "empty tensor", "non-contiguous NaN tensor"), _same_as_input),
+    ("utils", "check_finite", ("complex tensor", "empty tensor"), _same_as_input),
+    ("utils", "check_floating", ("0-d NaN tensor", "empty tensor", "float16 inf tensor",
+                                 "non-contiguous NaN tensor"), _same_as_input),
+    ("utils", "check_no_nan", ("complex tensor", "empty tensor", "float16 inf tensor"), lambda k: lambda r: None),
+    ("utils", "check_not_meta", TENSORS + ("list with NaN", "train-mode Dropout model"), lambda k: lambda r: None),
+    ("utils", "check_tensors", TENSORS[1:] + ("meta tensor", "ModelOutput"), lambda k: _is(list)),
+    ("utils", "unique_tensors", TENSORS + ("meta tensor",), lambda k: _is(list)),
+    ("utils", "distinct_param_group", TENSORS + ("meta tensor", "ModelOutput"), lambda k: _is(dict)),
+    ("utils", "flat_gradient", TENSORS[1:] + ("meta tensor", "ModelOutput"), lambda k: _is(torch.Tensor)),
+    ("utils", "flatten", TENSORS, lambda k: _is(torch.Tensor)),
+    ("utils", "is_transformed", TENSORS + ("meta tensor",), lambda k: lambda r: None if r is False
+     else (_ for _ in ()).throw(AssertionError("a plain tensor reported as transformed"))),
+    ("utils", "named_tensors", TENSORS[1:] + ("meta tensor", "ModelOutput", "list with NaN"),
+     lambda k: _is(tuple)),
+    ("utils", "train_mode_error", ("empty tensor",), lambda k: lambda r: None),   # no modules: no refusal
+]
+ACCEPTS: dict[tuple[str, str], dict[str, Callable[[Any], None]]] = {}
+for _sub, _name, _kinds, _check in _ACCEPT_SPECS:
+    ACCEPTS.setdefault((_sub, _name), {}).update({k: _check(k) for k in _kinds})
+
+
+@contextlib.contextmanager
+def _sandbox():
+    """Run a poisoned call in a scratch working directory (a string poison may name a file to write)."""
+    old, env = os.getcwd(), os.environ.get("TASKLOSS_OUTPUT_DIR")
+    os.chdir(tempfile.mkdtemp(prefix="entry-", dir=_TMP.name))
+    os.environ["TASKLOSS_OUTPUT_DIR"] = os.getcwd()          # results.start writes here, never into runs/
+    try:
+        yield
+    finally:
+        os.chdir(old)
+        if env is None:
+            os.environ.pop("TASKLOSS_OUTPUT_DIR", None)
+        else:
+            os.environ["TASKLOSS_OUTPUT_DIR"] = env
+
+
+LABELS = ("name", "what")      # a validator's label for its message, not data: given a plain string
+
+
+def _poison_call(obj, kind: str):
+    """A call of ``obj`` with every required argument poisoned by ``kind`` (or its first optional one)."""
+    sig = inspect.signature(obj)
+    params = [p for p in sig.parameters.values() if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    required = [p for p in params if p.default is p.empty]
+    targets = required or params[:1]
+    make = POISONS[kind]
+
+    def call():
+        with _sandbox():
+            return _call()
+
+    def _call():
+        args, kwargs = [], {}
+        for p in targets:
+            value = "x" if p.name in LABELS and getattr(obj, "__module__", "") == "taskloss.utils" else make()
+            if p.kind is p.KEYWORD_ONLY:
+                kwargs[p.name] = value
+            elif p.kind is p.POSITIONAL_ONLY or not kwargs:
+                args.append(value)
+            else:
+                kwargs[p.name] = value
+        return obj(*args, **kwargs)
+    return call, [p.name for p in targets]
+
+
+# Names whose entry checks are owned by another room (search/mgs_*, results/compare.py): walked and counted by
+# walk_counts.py as PENDING, not asserted in make test until their owners add the checks (issue 42's report).
+OWNED_ELSEWHERE = {("search", "mgs_step_reference"), ("search", "default_forward"), ("search", "mixture_log_density"),
+                   ("results", "comparison_table")}
+
+
+def _entry_family(sub: str, pending: bool = False):
+    names = sorted(n for (s, n) in public_callables() if s == sub and (s, n) not in EXEMPT
+                   and ((s, n) in OWNED_ELSEWHERE) == pending)
+
+    @st.composite
+    def family(draw) -> Case:
+        name = draw(st.sampled_from(names))
+        kind = draw(st.sampled_from(sorted(POISONS)))
+        obj = public_callables()[sub, name]
+        call, poisoned = _poison_call(obj, kind)
+        accepted = ACCEPTS.get((sub, name), {})
+        return Case(sub, name, call, kind not in accepted, accepted.get(kind, lambda r: None),
+                    f"{kind} for {', '.join(poisoned) or 'no argument'}", DOCUMENTED.get((sub, name), ()))
+    family.__name__ = f"{sub}_entry{'_pending' if pending else ''}"
+    family.covers = {(sub, n) for n in names}
+    return family
+
+
+ENTRY_FAMILIES = {sub: _entry_family(sub) for sub in SUBPACKAGES
+                  if any(s == sub and (s, n) not in set(EXEMPT) | OWNED_ELSEWHERE for s, n in public_callables())}
+PENDING_ENTRY = {sub: _entry_family(sub, pending=True) for sub in sorted({s for s, _ in OWNED_ELSEWHERE})}
+
+
 FAMILIES = {
     "losses": [losses_macro_f1, losses_edit_distance], "sampling": [sampling_newton, sampling_weights],
     "contrastive": [contrastive_accumulation], "dynamics": [dynamics_clip, dynamics_shared],
@@ -919,4 +1207,483 @@ FAMILIES = {
     "curvature": [curvature_generators, curvature_dtypes, curvature_cg],
     "attribution": [attribution_quadrature, attribution_ig, attribution_baselines],
 }
-PENDING: dict = {}          # rooms whose validators are still to come (walk_counts.py counts them as well)
+for _sub, _fam in ENTRY_FAMILIES.items():       # every public callable of every subpackage (and utils) reached
+    FAMILIES.setdefault(_sub, []).append(_fam)
+PENDING: dict = {_sub: [_fam] for _sub, _fam in PENDING_ENTRY.items()}   # walk_counts.py counts them as well
+
+
+def covered() -> set[tuple[str, str]]:
+    """The public callables some family reaches: the entry families' names and the hand-written families' ones."""
+    out = set()
+    for fams in list(FAMILIES.values()) + list(PENDING.values()):
+        for fam in fams:
+            out |= getattr(fam, "covers", set())
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ issue 42's findings
+def _covers(*names):
+    def mark(fam):
+        fam.covers = set(names)
+        return fam
+    return mark
+
+
+@_covers(("attribution", "IntegratedGradients"), ("attribution", "integrate_gradients"))
+@st.composite
+def attribution_deterministic(draw) -> Case:
+    """IntegratedGradients over models with Dropout / BatchNorm in train or eval mode (train refused, as K-FAC
+    refuses it), and integrate_gradients with internal_batch_size and NaN weights: a linear path integral equals
+    w·Σ weights, the path values (x0 + α(x1 − x0))·w."""
+    from taskloss import attribution as A
+    which = draw(st.sampled_from(["IntegratedGradients", "integrate_gradients"]))
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 99)))
+    if which == "IntegratedGradients":
+        mid = draw(st.sampled_from(["none", "dropout", "batchnorm"]))
+        train = draw(st.booleans())
+        torch.manual_seed(0)
+        layers = {"none": [], "dropout": [nn.Dropout(0.5)], "batchnorm": [nn.BatchNorm1d(4)]}[mid]
+        model = nn.Sequential(nn.Linear(3, 4), *layers, nn.Linear(4, 2)).double().train(train)
+        if mid == "batchnorm":
+            model(torch.randn(8, 3, dtype=torch.float64, generator=gen))          # running statistics
+            model.train(train)
+        x = torch.randn(2, 3, dtype=torch.float64, generator=gen)
+        invalid = train and mid != "none"
+
+        def check(r):                       # a piecewise-affine network: completeness to the rule's accuracy
+            _close(r.completeness_error, torch.zeros(2), rtol=0, atol=0.05)
+        return Case("attribution", which, lambda: A.IntegratedGradients(model).attribute(x, target=1, n_steps=32),
+                    invalid, check, f"{mid} train={train}")
+    w = torch.randn(4, generator=gen, dtype=torch.float64)
+    x0, x1 = (torch.randn(3, 4, generator=gen, dtype=torch.float64) for _ in range(2))
+    a, wt = A.quadrature_rule("gausslegendre", draw(st.integers(1, 6)), dtype=torch.float64)
+    ibs, bad_ibs = pick(draw, [None, 1, 2, 50], [0, -1, 2.5, "4"])
+    bad_w = draw(st.integers(0, 4)) == 4
+    if bad_w:
+        wt = wt.clone()
+        wt[0] = math.nan
+
+    def check(r):
+        total, values = r
+        _close(total, w.expand(3, 4) * wt.sum(), rtol=1e-12, atol=1e-12)
+        _close(values, (x0 + a[:, None, None] * (x1 - x0)) @ w, rtol=1e-12, atol=1e-12)
+    return Case("attribution", which, lambda: A.integrate_gradients(lambda p, i: p @ w, x0, x1, a, wt,
+                                                                    internal_batch_size=ibs),
+                bad_ibs or bad_w, check, f"internal_batch_size={ibs!r} nan_weight={bad_w}")
+
+
+@_covers(("contrastive", "info_nce_rows"))
+@st.composite
+def contrastive_rows(draw) -> Case:
+    """info_nce_rows against a float64 cross-entropy of the scores q·pᵀ/τ; τ = 0, NaN, inf, strings refused."""
+    from taskloss.contrastive import info_nce_rows
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 99)))
+    n = draw(st.integers(1, 4))
+    q, p = (torch.randn(n, 3, generator=gen, dtype=torch.float64) for _ in range(2))
+    tau, bad = pick(draw, [0.05, 0.5, 2.0], [0, 0.0, -0.1, math.nan, math.inf, "0.1", None])
+
+    def check(r):
+        _close(r, torch.nn.functional.cross_entropy(q @ p.T / tau, torch.arange(n), reduction="none"),
+               rtol=1e-10, atol=1e-10)
+    return Case("contrastive", "info_nce_rows", lambda: info_nce_rows(q, p, q, p, tau), bad, check, f"tau={tau!r}")
+
+
+@_covers(("losses", "emo_loss_reference"), ("losses", "frontier_area"), ("losses", "divergence_frontier"))
+@st.composite
+def losses_reference_twins(draw) -> Case:
+    """emo_loss_reference validates like emo_loss (NaN / +inf / complex / meta logits refused) and equals it when
+    valid; frontier_area refuses complex histograms and huge n_lambda, and is 1 for equal histograms."""
+    from taskloss import losses as L
+    gen = torch.Generator().manual_seed(draw(st.integers(0, 99)))
+    if draw(st.booleans()):
+        x = torch.randn(2, 3, 5, generator=gen, dtype=torch.float64)
+        t = torch.randint(0, 5, (2, 3), generator=gen)
+        e = torch.randn(5, 4, generator=gen, dtype=torch.float64)
+        fault = draw(st.sampled_from(["none", "none", "-inf entry", "nan", "+inf", "complex", "meta", "ignored"]))
+        if fault == "-inf entry":
+            x[0, 0, 1] = -math.inf
+        elif fault == "nan":
+            x[1, 1, 1] = math.nan
+        elif fault == "+inf":
+            x[0, 2, 4] = math.inf
+        elif fault == "complex":
+            x = x.to(torch.complex128)
+        elif fault == "meta":
+            x = x.to("meta")
+        elif fault == "ignored":
+            t[0, 0] = -100
+
+        def check(r):
+            _close(r, L.emo_loss(x, t, e), rtol=1e-12, atol=1e-12)
+        return Case("losses", "emo_loss_reference", lambda: L.emo_loss_reference(x, t, e),
+                    fault in ("nan", "+inf", "complex", "meta"), check, f"logits fault={fault}")
+    k = draw(st.integers(1, 5))
+    h = torch.rand(k, generator=gen, dtype=torch.float64) + 0.1
+    kind = draw(st.sampled_from(["tensor", "tensor", "numpy", "list", "complex", "complex numpy"]))
+    p = {"tensor": h, "numpy": h.numpy(), "list": h.tolist(), "complex": h.to(torch.complex128),
+         "complex numpy": h.numpy().astype(np.complex128)}[kind]
+    n_lambda, bad_n = pick(draw, [2, 25], [1, 10**12, 2.5])
+
+    def check(r):
+        assert abs(r - 1.0) < 1e-9, r                        # p = q: the frontier is the unit square's corner
+    return Case("losses", "frontier_area", lambda: L.frontier_area(p, h, n_lambda=n_lambda),
+                kind.startswith("complex") or bad_n, check, f"{kind} k={k} n_lambda={n_lambda!r}")
+
+
+@_covers(("losses", "macro_f1"), ("lm", "pad_sequences"))
+@st.composite
+def sizes_before_allocation(draw) -> Case:
+    """macro_f1's num_classes and pad_sequences' width up to 10**12: beyond memory refused (before allocating),
+    else equal to scikit-learn's f1_score / the padded rows."""
+    from sklearn.metrics import f1_score
+
+    from taskloss.lm import pad_sequences
+    from taskloss.losses import macro_f1
+    if draw(st.booleans()):
+        C, bad = pick(draw, [3, 4, 1000], [10**12, 10**15])
+        p, t = torch.tensor([0, 2, 1, 1]), torch.tensor([0, 1, 1, 2])
+
+        def check(r):
+            _close(r, f1_score(t, p, labels=list(range(C)), average="macro", zero_division=0.0))
+        return Case("losses", "macro_f1", lambda: macro_f1(p, t, C), bad, check, f"num_classes={C}")
+    rows = [[1, 2], [3]]
+    width, bad = pick(draw, [None, 2, 5], [10**12, 1, -1])
+
+    def check_pad(r):
+        w = 2 if width is None else width
+        assert torch.equal(r, torch.tensor([[1, 2] + [0] * (w - 2), [3] + [0] * (w - 1)]))
+    return Case("lm", "pad_sequences", lambda: pad_sequences(rows, 0, width=width), bad, check_pad, f"width={width}")
+
+
+@_covers(("search", "MeZO"))
+@st.composite
+def search_mezo_state(draw) -> Case:
+    """MeZO's load_state_dict over the same or other shapes (other refused), and a closure's n_examples (whole
+    numbers only): a resumed run steps bit-identically to the uninterrupted one."""
+    from taskloss.search import MeZO
+    shape, bad_shape = pick(draw, [(3, 2)], [(4, 2), (3, 1)])
+    n, bad_n = pick(draw, [None, 4, 4.0], [2.5, 0.5, "4"])
+    x = torch.randn(5, 3, dtype=torch.float64, generator=torch.Generator().manual_seed(draw(st.integers(0, 99))))
+
+    def build(sh):
+        torch.manual_seed(0)
+        m = nn.Linear(*sh).double()
+        return m, MeZO(m.parameters(), lr=0.01, sigma=1e-3, seed=1)
+
+    def closure(m):
+        return (lambda: m(x).pow(2).mean()) if n is None else (lambda: (m(x).pow(2).mean(), n))
+
+    def call():
+        m1, a = build((3, 2))
+        a.step(closure(m1))
+        m2, b = build(shape)
+        m2.load_state_dict(m1.state_dict()) if shape == (3, 2) else None
+        b.load_state_dict(a.state_dict())
+        a.step(closure(m1))
+        b.step(closure(m2))
+        return m1, m2
+
+    def check(r):
+        for u, v in zip(r[0].parameters(), r[1].parameters()):
+            assert torch.equal(u, v), "the resumed MeZO took another step"
+    return Case("search", "MeZO", call, bad_shape or bad_n, check, f"shape={shape} n_examples={n!r}")
+
+
+@_covers(("results", "start"))
+@st.composite
+def results_paths(draw) -> Case:
+    """Run.savefig's filename: inside the run folder (subfolders made, .png added) or refused ('..', absolute,
+    results.json)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from taskloss.results import Run
+    name, bad = pick(draw, ["a.png", "sub/b", "c.svg"], ["../escape.png", "../../x", "/tmp/abs.png", "results.json",
+                                                          "", 3])
+    folder = Path(tempfile.mkdtemp(prefix="run-", dir=_TMP.name)) / "run"
+    run = Run(name="walk", dir=folder, device=torch.device("cpu"), seed=0)
+    folder.mkdir()
+
+    def call():
+        fig = plt.figure(figsize=(1, 1))
+        try:
+            return run.savefig(fig, name)
+        finally:
+            plt.close(fig)
+
+    def check(path):
+        assert path.is_relative_to(folder.resolve()) and path.exists(), path
+    return Case("results", "Run.savefig", call, bad, check, f"filename={name!r}")
+
+
+@_covers(("harness", "register"), ("harness", "make_rule"))
+@st.composite
+def harness_registry(draw) -> Case:
+    """register over built-in and new names with replace= flags: a registered name is replaced only with
+    replace=True (a bool); the registry reads back what was registered."""
+    from taskloss import harness as H
+
+    class Rule:
+        def __init__(self, problem, lr=0.1):
+            self.lr = lr
+
+        def step(self):
+            return None
+    name = draw(st.sampled_from(["sgd", "adam", "walk-new"]))
+    replace, bad_flag = pick(draw, [False, True], ["yes", 1, None])
+    clash = name in H.RULES and not replace
+    before = H.RULES.get(name)
+
+    def call():
+        try:
+            return H.register(name, Rule, {"lr": 0.5}, replace=replace)
+        finally:
+            if before is not None:
+                H.RULES[name] = before          # leave the process's registry as it was
+            else:
+                H.RULES.pop(name, None)
+
+    def check(spec):
+        assert spec.cls is Rule and spec.defaults == {"lr": 0.5}
+    return Case("harness", "register", call, bad_flag or clash, check, f"name={name!r} replace={replace!r}")
+
+
+@_covers(("models", "MLP"), ("models", "SmallCNN"), ("models", "RNNLM"))
+@st.composite
+def models_dtypes(draw) -> Case:
+    """MLP / SmallCNN on inputs of their weights' dtype or another (refused), and numpy integer sizes: the output
+    equals the layers applied by hand."""
+    from taskloss.models import MLP, RNNLM, SmallCNN
+    which = draw(st.sampled_from(["MLP", "SmallCNN", "RNNLM"]))
+    torch.manual_seed(0)
+    if which == "RNNLM":
+        d = draw(st.sampled_from([4, np.int64(4), np.int32(6)]))
+        idx = torch.randint(0, 10, (2, 5))
+
+        def check_rnn(r):
+            torch.manual_seed(0)
+            ref = RNNLM(10, d_model=int(d))
+            _close(r(idx), ref(idx))
+        def build():
+            torch.manual_seed(0)
+            return RNNLM(10, d_model=d)
+        return Case("models", which, build, False, check_rnn, f"d_model={d!r}")
+    w_dt = draw(st.sampled_from([torch.float32, torch.float64]))
+    x_dt, bad = pick(draw, [w_dt], [torch.float16, torch.bfloat16, torch.float64 if w_dt == torch.float32
+                                    else torch.float32])
+    model = (MLP(4, (3,), 2) if which == "MLP" else SmallCNN(width=2)).to(w_dt)
+    x = torch.randn(2, 4) if which == "MLP" else torch.randn(2, 1, 8, 8)
+    x = x.to(x_dt)
+
+    def check(r):
+        if which == "MLP":
+            ref = model[2](torch.relu(model[0](x)))
+        else:
+            ref = model.fc(model.pool(torch.relu(model.conv2(torch.relu(model.conv1(x))))).flatten(1))
+        _close(r, ref, rtol=1e-6, atol=1e-6)
+    return Case("models", which, lambda: model(x), bad, check, f"weights {w_dt}, input {x_dt}")
+
+
+@_covers(("search", "spsa_grad"), ("search", "gaussian_smoothing_grad"), ("contrastive", "embedding_gradients"),
+         ("curvature", "conjugate_gradient"))
+@st.composite
+def callbacks_nonfinite(draw) -> Case:
+    """Callbacks returning NaN / ±inf (a loss, a matrix-vector product, a contrastive loss) are refused; finite
+    ones give the reference: a constant loss has a zero gradient estimate, CG solves a diagonal system, the cached
+    gradient of Σ c·e is c everywhere."""
+    from taskloss import contrastive as C
+    from taskloss import curvature as CV
+    from taskloss import search as S
+    bad_value = draw(st.sampled_from([None, None, math.nan, math.inf, -math.inf]))
+    c = 2.5 if bad_value is None else bad_value
+    which = draw(st.sampled_from(["spsa_grad", "gaussian_smoothing_grad", "embedding_gradients",
+                                  "conjugate_gradient"]))
+    note = f"{which} callback value {c!r}"
+    if which in ("spsa_grad", "gaussian_smoothing_grad"):
+        theta = {"w": torch.zeros(3, dtype=torch.float64)}
+
+        def check(r):
+            est = r[0] if isinstance(r, tuple) else r
+            assert torch.equal(est["w"], torch.zeros(3, dtype=torch.float64)), est
+        return Case("search", which, lambda: getattr(S, which)(lambda t: t["w"].sum() * 0 + c, theta, 0.1, 2,
+                                                              generator=torch.Generator().manual_seed(0)),
+                    bad_value is not None, check, note)
+    if which == "embedding_gradients":
+        e = torch.randn(2, 3, generator=torch.Generator().manual_seed(draw(st.integers(0, 9))))
+
+        def check(r):
+            _close(r[1][0], torch.full((2, 3), c))
+        return Case("contrastive", which, lambda: C.embedding_gradients(lambda z: (z * c).sum(), [e]),
+                    bad_value is not None, check, note)
+    d = torch.tensor([1.0, 2.0, 4.0], dtype=torch.float64)
+    b = torch.ones(3, dtype=torch.float64)
+
+    def check(r):
+        _close(r[0] if isinstance(r, tuple) else r, b / (d * c), rtol=1e-8, atol=1e-10)
+    return Case("curvature", which, lambda: CV.conjugate_gradient(lambda u: u * d * c, b), bad_value is not None,
+                check, note)
+
+
+for _sub, _fam in (("attribution", attribution_deterministic), ("search", callbacks_nonfinite), ("contrastive", contrastive_rows),
+                   ("losses", losses_reference_twins), ("losses", sizes_before_allocation),
+                   ("search", search_mezo_state), ("results", results_paths), ("harness", harness_registry),
+                   ("models", models_dtypes)):
+    FAMILIES.setdefault(_sub, []).append(_fam)
+
+
+# ------------------------------------------------------------------------------------------------ one poisoned argument
+# The entry families poison every required argument at once, so a function's first check answers. The *argument*
+# families below keep the other arguments valid (VALID_ARGS, by parameter name) and poison one, for every public
+# callable whose required arguments all have a valid value here and whose unpoisoned call succeeds.
+def _small_model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(3, 4), nn.Tanh(), nn.Linear(4, 5)).double().eval()
+
+
+def _f64(*shape):
+    return lambda: torch.randn(*shape, dtype=torch.float64, generator=torch.Generator().manual_seed(0))
+
+
+VALID_ARGS: dict[str, Callable[[], Any]] = {
+    "logits": _f64(4, 5), "targets": lambda: torch.tensor([0, 4, 2, 1]), "target": lambda: torch.tensor([0, 4, 2, 1]),
+    "pred": lambda: torch.tensor([0, 3, 2, 1]), "inputs": _f64(4, 3), "x": _f64(4, 3), "model": _small_model,
+    "model_or_fn": _small_model, "module": _small_model, "params": lambda: list(_small_model().parameters()),
+    "theta": lambda: {"w": torch.zeros(3, dtype=torch.float64)}, "tensor": _f64(4, 3), "queries": _f64(4, 3),
+    "positives": _f64(4, 3), "candidates": _f64(4, 3), "grad": _f64(3), "g": _f64(3),
+    "H": lambda: 2 * torch.eye(3, dtype=torch.float64), "mean": lambda: torch.zeros(3, dtype=torch.float64),
+    "cov": lambda: torch.eye(3, dtype=torch.float64), "scores": _f64(5), "tokens": lambda: list("abcde"),
+    "idx": lambda: torch.tensor([[1, 2, 3, 4], [0, 1, 2, 3]]), "blocks": lambda: torch.tensor([[1, 2, 3, 4, 0]] * 2),
+    "weights": lambda: torch.full((4,), 0.25, dtype=torch.float64), "log_weights": _f64(4), "values": _f64(4),
+    "a": _f64(4), "b": _f64(4), "v": _f64(3), "alpha": lambda: 0.5, "sigma": lambda: 0.1, "gamma": lambda: 1.0,
+    "lr": lambda: 0.1, "n_samples": lambda: 4, "temperature": lambda: 0.1, "dim": lambda: 3, "d": lambda: 3,
+    "radius": lambda: 1.0, "n": lambda: 4, "c": lambda: 5, "seqs": lambda: [[1, 2], [3]], "pad_id": lambda: 0,
+    "eos_id": lambda: 3, "hyps": lambda: [[1, 2], [3]], "refs": lambda: [[1, 2], [3, 4]],
+    "y": lambda: np.array([0, 1, 0, 1, 1, 0]), "p": lambda: [1.0, 2.0], "q": lambda: [2.0, 1.0],
+    "vocab_size": lambda: 5, "num_classes": lambda: 5, "hidden": lambda: 4, "in_dim": lambda: 3,
+    "loss_fn": lambda: (lambda out: out.pow(2).mean()), "fn": lambda: (lambda t: (t ** 2).sum()),
+    "f": lambda: (lambda t: sum((v ** 2).sum() for v in t.values()) if isinstance(t, dict) else (t ** 2).sum()),
+    # the Gaussian family: N(m, V), its natural (l1, l2) and expectation (mu1, mu2) parameters
+    "m": lambda: torch.tensor([0.5, -1.0], dtype=torch.float64),
+    "V": lambda: torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64),
+    "m0": lambda: torch.zeros(2, dtype=torch.float64), "m1": lambda: torch.ones(2, dtype=torch.float64),
+    "V0": lambda: torch.eye(2, dtype=torch.float64), "V1": lambda: 2 * torch.eye(2, dtype=torch.float64),
+    "l1": lambda: torch.tensor([0.5, -1.0], dtype=torch.float64), "l2": lambda: -0.5 * torch.eye(2, dtype=torch.float64),
+    "mu1": lambda: torch.zeros(2, dtype=torch.float64), "mu2": lambda: 2 * torch.eye(2, dtype=torch.float64),
+    "S": lambda: torch.tensor([[2.0, 0.5], [0.5, 1.0]], dtype=torch.float64),
+    "fisher": lambda: 2 * torch.eye(3, dtype=torch.float64), "max_kl": lambda: 0.1,
+    "precision": lambda: torch.eye(2, dtype=torch.float64), "prior_precision": lambda: torch.eye(2, dtype=torch.float64),
+    "prior_mean": lambda: torch.zeros(2, dtype=torch.float64), "grad_mean": lambda: torch.ones(2, dtype=torch.float64),
+    "hess_mean": lambda: -torch.eye(2, dtype=torch.float64), "log_lik": lambda: (lambda z: -(z ** 2).sum()),
+    # dynamics: a loss of a parameter list
+    "params_next": lambda: [torch.full((3,), 0.1, dtype=torch.float64)], "h": lambda: 0.1, "T": lambda: 0.5,
+    "y0": lambda: torch.ones(2, dtype=torch.float64), "field": lambda: (lambda y: -y),
+    "theta0": lambda: [torch.ones(2, dtype=torch.float64)], "norm": lambda: 2.0,
+    "loss": lambda: (torch.ones(3, dtype=torch.float64, requires_grad=True) ** 2).sum(),
+    "vector": lambda: [torch.ones(3, dtype=torch.float64)],
+    "grad_norms": lambda: [1.0, 2.0, 3.0], "smoothness": lambda: [1.5, 2.0, 3.5],
+    # attribution, lm, gradflow, harness
+    "n_steps": lambda: 8, "method": lambda: "gausslegendre", "images": _f64(2, 1, 8, 8), "std": lambda: 0.1,
+    "data": _f64(5, 3), "k": lambda: 2, "jac": lambda: torch.eye(3, dtype=torch.float64).expand(2, 3, 3),
+    "prefix": lambda: torch.tensor([[1, 2], [3, 4]]), "continuation": lambda: torch.tensor([[2, 3], [4, 1]]),
+    "max_new_tokens": lambda: 3, "hyp": lambda: torch.tensor([[1, 2, 3], [2, 3, 0]]), "spec": lambda: "edit_distance",
+    "delta": _f64(3), "reference": lambda: torch.ones(3, dtype=torch.float64), "split": lambda: "train",
+}
+# arguments that must refer to one another (the parameters of *the* model, the model of *the* problem)
+JOINT_ARGS: dict[str, Callable[[dict], Any]] = {
+    "params": lambda ctx: (dict(ctx["model"].named_parameters()) if "model_or_fn" in ctx["req"]
+                           else [torch.zeros(3, dtype=torch.float64, requires_grad=True)]
+                           if "loss_fn" in ctx["req"] else list(ctx["model"].parameters())),
+    "loss_fn": lambda ctx: ((lambda ps: sum((p ** 2).sum() for p in (ps if isinstance(ps, (list, tuple))
+                                                                       else ps.values())))
+                            if "params" in ctx["req"] or "theta0" in ctx["req"] else (lambda out: out.pow(2).mean())),
+    "model_or_fn": lambda ctx: ctx["model"], "model": lambda ctx: ctx["model"],
+    "problem": lambda ctx: __import__("taskloss.harness", fromlist=["Problem"]).Problem(
+        ctx["model"], VALID_ARGS["inputs"](), VALID_ARGS["targets"]()),
+    "name": lambda ctx: "sgd",
+}
+
+
+def _valid_call_args(req: tuple[str, ...]) -> dict[str, Any]:
+    """Valid values of the required arguments ``req``, one model shared by those that refer to it."""
+    ctx = {"req": req, "model": _small_model()}
+    return {r: JOINT_ARGS[r](ctx) if r in JOINT_ARGS else VALID_ARGS[r]() for r in req}
+
+
+ARG_POISONS = ("meta tensor", "complex tensor", "empty tensor", "0-d NaN tensor", "non-contiguous NaN tensor",
+               "string", "None", "opaque object", "ModelOutput", "list with NaN", "huge size")
+# (subpackage, name, argument) → poisons the contract admits there (checked to return)
+ARG_ACCEPTS = {
+    ("attribution", "average_ranks", "x"): {"empty tensor"},                  # a batch of no rows
+    ("attribution", "uniform_noise_baseline", "inputs"): {"non-contiguous NaN tensor"},   # its shape only
+    ("attribution", "gaussian_noise_baseline", "inputs"): {"non-contiguous NaN tensor"},
+    ("contrastive", "gather_with_grad", "x"): {"complex tensor", "empty tensor", "0-d NaN tensor",
+                                               "non-contiguous NaN tensor"},  # one process: x itself
+    ("dynamics", "ClippedSGD", "lr"): {"huge size"},
+    ("lm", "pad_sequences", "pad_id"): {"huge size"},
+    ("losses", "non_termination", "eos_id"): {"huge size"},
+    ("sampling", "ball_expected_update", "g"): {"empty tensor"},
+    ("sampling", "ball_expected_update", "alpha"): {"empty tensor", "huge size"},
+    ("sampling", "ball_expected_update", "radius"): {"huge size"},
+    ("sampling", "log_ball_volume", "dim"): {"huge size"},
+    ("sampling", "log_ball_volume", "radius"): {"huge size"},
+    ("search", "gaussian_smoothing_grad", "sigma"): {"huge size"},
+    ("search", "spsa_grad", "sigma"): {"huge size"},
+    ("attribution", "captum_trapezoid_factor", "n_steps"): {"huge size"},    # a formula of n
+    ("attribution", "gaussian_noise_baseline", "std"): {"huge size"},
+    ("curvature", "trust_region_step", "max_kl"): {"huge size"},
+    ("dynamics", "clip_coefficient", "norm"): {"empty tensor", "huge size"},  # batched over norms
+    ("dynamics", "clip_coefficient", "gamma"): {"huge size"},
+    ("lm", "task_loss_terms", "eos_id"): {"huge size"},
+    ("lm", "task_loss_terms", "pad_id"): {"huge size"},
+    ("results", "start", "name"): {"string"},                                # "no" names a notebook
+    **{("curvature", n, "params"): {"None"} for n in (                       # None: every trainable parameter
+        "empirical_fisher", "empirical_fisher_diagonal", "fisher_matrix", "ggn_diagonal", "ggn_matrix",
+        "ggn_operator", "mc_fisher", "mc_fisher_diagonal")},
+}
+
+
+@functools.lru_cache(maxsize=1)
+def argument_targets() -> dict[str, list[tuple[str, tuple[str, ...]]]]:
+    """subpackage → [(name, required argument names)] of the callables whose valid call succeeds."""
+    out: dict[str, list] = {}
+    for (sub, name), obj in sorted(public_callables().items()):
+        if (sub, name) in EXEMPT or (sub, name) in OWNED_ELSEWHERE or sub == "utils":
+            continue
+        try:
+            sig = inspect.signature(obj)
+        except (TypeError, ValueError):
+            continue
+        req = tuple(p.name for p in sig.parameters.values()
+                    if p.default is p.empty and p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD))
+        if not req or any(r not in VALID_ARGS and r not in JOINT_ARGS for r in req):
+            continue
+        try:
+            with _sandbox():
+                obj(**_valid_call_args(req))
+        except Exception:  # noqa: BLE001 — no valid call from these values: the entry family walks it
+            continue
+        out.setdefault(sub, []).append((name, req))
+    return out
+
+
+def _argument_family(sub: str):
+    @st.composite
+    def family(draw) -> Case:
+        name, req = draw(st.sampled_from(argument_targets()[sub]))
+        arg = draw(st.sampled_from(req))
+        kind = draw(st.sampled_from(ARG_POISONS))
+        obj = public_callables()[sub, name]
+
+        def call():
+            with _sandbox():
+                return obj(**{**_valid_call_args(req), arg: POISONS[kind]()})
+        return Case(sub, name, call, kind not in ARG_ACCEPTS.get((sub, name, arg), set()), lambda r: None,
+                    f"{kind} for {arg}, the others valid", DOCUMENTED.get((sub, name), ()))
+    family.__name__ = f"{sub}_argument_entry"
+    family.covers = {(sub, n) for n, _ in argument_targets().get(sub, [])}
+    return family
+
+
+for _sub in sorted(argument_targets()):
+    FAMILIES.setdefault(_sub, []).append(_argument_family(_sub))

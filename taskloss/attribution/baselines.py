@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from taskloss.utils import check_finite, check_generator, check_int, check_positive
+from taskloss.utils import check_finite, check_generator, check_int, check_not_meta, check_positive, check_steps
 
 __all__ = ["blurred_baseline", "gaussian_noise_baseline", "uniform_noise_baseline", "baseline_set"]
 
@@ -44,6 +44,9 @@ def blurred_baseline(images: Tensor, sigma: float) -> Tensor:
     """
     images = _check_images("images", images)
     sigma = check_positive("sigma", sigma)
+    # the kernel's 2·⌈3σ⌉ + 1 taps (and the padded rows they meet), refused before a σ of 10**12 is allocated
+    check_steps("sigma", math.ceil(3 * sigma), bytes_per_step=2.0 * images.element_size() * max(images.shape[-2:]),
+                what=f"blurred_baseline(sigma={sigma!r})")
     B, C, H, W = images.shape
     radius = max(1, math.ceil(3 * sigma))
     t = torch.arange(-radius, radius + 1, dtype=images.dtype, device=images.device)
@@ -69,8 +72,8 @@ def gaussian_noise_baseline(inputs: Tensor, std: float, generator: torch.Generat
         generator: a ``torch.Generator`` on the inputs' device for reproducible noise (another device, or a seed in
             place of a generator, is refused: ``ValueError`` / ``TypeError``).
     """
-    if not isinstance(inputs, Tensor) or not inputs.is_floating_point() or inputs.numel() == 0:
-        raise TypeError("inputs must be a non-empty floating-point tensor")
+    if not isinstance(inputs, Tensor) or not inputs.is_floating_point() or inputs.numel() == 0 or inputs.ndim == 0:
+        raise TypeError("inputs must be a non-empty floating-point tensor [B, *feat]")
     check_finite("inputs", inputs)
     std = check_positive("std", std)
     check_generator("generator", generator, inputs.device)
@@ -87,8 +90,9 @@ def uniform_noise_baseline(inputs: Tensor, low: float = 0.0, high: float = 1.0,
         low, high: the range, ``low < high``.
         generator: a ``torch.Generator`` on the inputs' device (as in :func:`gaussian_noise_baseline`).
     """
-    if not isinstance(inputs, Tensor) or not inputs.is_floating_point() or inputs.numel() == 0:
-        raise TypeError("inputs must be a non-empty floating-point tensor")
+    if not isinstance(inputs, Tensor) or not inputs.is_floating_point() or inputs.numel() == 0 or inputs.ndim == 0:
+        raise TypeError("inputs must be a non-empty floating-point tensor [B, *feat]")
+    check_not_meta("inputs", inputs)
     check_generator("generator", generator, inputs.device)
     if not (isinstance(low, (int, float)) and isinstance(high, (int, float))) or not (
             math.isfinite(low) and math.isfinite(high) and low < high):

@@ -27,6 +27,7 @@ from taskloss.attribution.integrated_gradients import (
     Attribution,
     _attribute_pairs,
     _check_batch_size,
+    _check_forward,
     _check_target,
     _expand_args,
     _format_args,
@@ -100,6 +101,7 @@ class EmbeddingIntegratedGradients:
                 does not call ``embedding`` exactly once, NaN/inf outputs.
         """
         sum_embedding = check_bool("sum_embedding", sum_embedding)
+        _check_forward(self.forward_fn)
         if not isinstance(input_ids, Tensor) or input_ids.is_floating_point() or input_ids.dtype == torch.bool:
             raise TypeError("input_ids must be an integer tensor of token ids [B, T]")
         if input_ids.ndim != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:

@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from taskloss.attribution.quadrature import checked_steps, quadrature_rule
-from taskloss.utils import all_finite, check_allocation, check_finite, check_int
+from taskloss.utils import all_finite, check_allocation, check_eval_mode, check_finite, check_int, check_not_meta
 
 __all__ = ["Attribution", "IntegratedGradients", "integrate_gradients", "select_target"]
 
@@ -93,6 +93,32 @@ def _path_bytes(m: int, n_pairs: int, n_feat: int, itemsize: int, cap: int | Non
     return float(itemsize) * (m * n_pairs + 2.0 * rows * n_feat)
 
 
+def _check_path(scalar_fn, starts, ends, alphas, weights) -> None:
+    """:func:`integrate_gradients`' entry checks (the attribution classes call it with checked inputs already)."""
+    if not callable(scalar_fn):
+        raise TypeError(f"scalar_fn must be callable, got {type(scalar_fn).__name__}")
+    for name, t in (("starts", starts), ("ends", ends), ("alphas", alphas), ("weights", weights)):
+        if not isinstance(t, Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        check_not_meta(name, t)
+        if not t.is_floating_point():
+            raise TypeError(f"{name} must be a real floating-point tensor, got dtype {t.dtype}")
+        check_finite(name, t)
+    if starts.dtype != ends.dtype or starts.shape != ends.shape or starts.ndim < 1 or starts.shape[0] == 0:
+        raise ValueError(f"starts and ends must be non-empty [P, *feat] tensors of one shape and dtype, got "
+                         f"{tuple(starts.shape)} {starts.dtype} and {tuple(ends.shape)} {ends.dtype}")
+    if alphas.ndim != 1 or alphas.shape != weights.shape or alphas.numel() == 0:
+        raise ValueError(f"alphas and weights must be 1-D tensors of one length >= 1, got shapes "
+                         f"{tuple(alphas.shape)} and {tuple(weights.shape)}")
+
+
+def _check_forward(forward_fn) -> None:
+    """Integrated gradients integrate one fixed function: a model (or a model's bound method) holding a train-mode
+    Dropout or BatchNorm is refused, as the curvature methods refuse it (:func:`taskloss.utils.check_eval_mode`)."""
+    check_eval_mode(getattr(forward_fn, "__self__", forward_fn),
+                    purpose="the path integral is of a random function and completeness fails", fix="attributing")
+
+
 def integrate_gradients(scalar_fn: ScalarFn, starts: Tensor, ends: Tensor, alphas: Tensor, weights: Tensor,
                         internal_batch_size: int | None = None) -> tuple[Tensor, Tensor]:
     """Σ_k w_k ∇f(γ_p(α_k)) for every pair p of a start and an end point, γ_p(α) = start_p + α(end_p − start_p).
@@ -113,10 +139,16 @@ def integrate_gradients(scalar_fn: ScalarFn, starts: Tensor, ends: Tensor, alpha
         1024 nodes in 128 chunks lost 40 % of a bfloat16 attribution, and ``w_k·∂f`` underflows float16).
 
     Raises:
-        ValueError: ``scalar_fn`` not returning one value per point, or an output that does not depend on the
+        TypeError: ``scalar_fn`` not callable; tensors that are not floating (complex included) or of mixed dtypes.
+        ValueError: ``starts`` / ``ends`` of different or empty shapes, NaN/inf in them or in the nodes and weights,
+            nodes and weights not two 1-D tensors of one length ≥ 1, ``internal_batch_size`` < 1, meta tensors;
+            ``scalar_fn`` not returning one value per point, or an output that does not depend on the
             points; NaN/inf values; a pass whose points and gradients (with the path values) would not fit in the
             device's memory (lower the number of nodes or set ``internal_batch_size``).
     """
+    _check_path(scalar_fn, starts, ends, alphas, weights)
+    if internal_batch_size is not None:
+        internal_batch_size = check_int("internal_batch_size", internal_batch_size, minimum=1)
     m, n_pairs, feat = alphas.shape[0], starts.shape[0], starts.shape[1:]
     check_allocation(f"integrate_gradients over {m} nodes x {n_pairs} paths of {feat.numel()} features "
                      f"(internal_batch_size={internal_batch_size})",
@@ -157,9 +189,12 @@ def integrate_gradients(scalar_fn: ScalarFn, starts: Tensor, ends: Tensor, alpha
 def select_target(output: Tensor, target: Any, example_index: Tensor) -> Tensor:
     """One scalar per row of ``output [n, ...]``: the entry picked by ``target`` (see
     :meth:`IntegratedGradients.attribute`), for rows belonging to examples ``example_index [n]``."""
-    if not isinstance(output, Tensor) or output.ndim == 0:
-        raise ValueError(f"forward_fn must return a tensor with a leading batch dimension, got "
+    if not isinstance(output, Tensor) or output.ndim == 0 or output.numel() == 0:
+        raise ValueError(f"forward_fn must return a non-empty tensor with a leading batch dimension, got "
                          f"{tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__}")
+    check_not_meta("forward_fn's output", output)
+    if output.is_complex():
+        raise TypeError(f"forward_fn must return real values, got dtype {output.dtype}")
     n = output.shape[0]
     if callable(target):
         out = target(output)
@@ -177,6 +212,14 @@ def select_target(output: Tensor, target: Any, example_index: Tensor) -> Tensor:
     if output.ndim < 1 + len(index):
         raise ValueError(f"target {target!r} indexes {len(index)} output dimension(s) but forward_fn returns "
                          f"shape {tuple(output.shape)}")
+    for t in index:
+        if isinstance(t, Tensor):
+            check_not_meta("target", t)
+            if t.is_floating_point() or t.is_complex() or t.dtype == torch.bool or t.numel() == 0:
+                raise TypeError(f"a target tensor must hold integer indices, got dtype {t.dtype} {tuple(t.shape)}")
+        elif isinstance(t, bool) or not isinstance(t, numbers.Integral):
+            raise TypeError(f"target must be an int index, a tuple of them, an integer tensor or a function, got "
+                            f"{type(t).__name__} {t!r}")
     for dim, t in enumerate(index, start=1):
         top = int(t.max()) if isinstance(t, Tensor) else t
         if top >= output.shape[dim]:
@@ -405,6 +448,7 @@ class IntegratedGradients:
         if isinstance(inputs, tuple):
             return self._attribute_tuple(inputs, baselines, target, n_steps, method, internal_batch_size,
                                          additional_forward_args)
+        _check_forward(self.forward_fn)
         inputs = _check_inputs(inputs)
         bases = _format_baselines(baselines, inputs)
         bs = _check_batch_size(internal_batch_size)
@@ -423,6 +467,7 @@ class IntegratedGradients:
                          internal_batch_size: int | None, additional_forward_args) -> Attribution:
         """:meth:`attribute` for a tuple of inputs: one flat path ``[B, Σ n_j]`` through the single-tensor core,
         split back into one attribution per input."""
+        _check_forward(self.forward_fn)
         xs = _check_input_tuple(inputs)
         bases = _format_baseline_tuple(baselines, xs)
         bs = _check_batch_size(internal_batch_size)

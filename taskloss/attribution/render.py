@@ -9,18 +9,33 @@ from __future__ import annotations
 import html
 from typing import Sequence
 
+import numpy as np
 import torch
 
-from taskloss.utils import all_finite
+from taskloss.utils import all_finite, check_not_meta
 
 __all__ = ["token_colors", "tokens_html", "plot_tokens"]
 
 _POS, _NEG = (214, 39, 40), (31, 119, 180)       # matplotlib's tab:red and tab:blue
 
 
+def _scores(scores) -> torch.Tensor:
+    """``scores`` (a real tensor, array or list of numbers) as a flat float64 tensor; clear errors otherwise."""
+    if isinstance(scores, torch.Tensor):
+        check_not_meta("scores", scores)
+        if scores.is_complex():
+            raise TypeError(f"scores must be real, got dtype {scores.dtype}")
+        return scores.detach().to("cpu", torch.float64).reshape(-1)
+    arr = np.asarray(scores) if isinstance(scores, (list, tuple, np.ndarray)) else None
+    if arr is None or arr.dtype.kind not in "fiub":
+        raise TypeError(f"scores must be a real tensor, array or list of numbers, got {type(scores).__name__}"
+                        f"{'' if arr is None else f' of dtype {arr.dtype}'}")
+    return torch.as_tensor(arr.astype(np.float64)).reshape(-1)
+
+
 def token_colors(scores) -> list[tuple[tuple[int, int, int], float]]:
     """``[(rgb, opacity)]`` per score: red for ≥ 0, blue for < 0, opacity ``|s| / max|s|`` (0 when all are 0)."""
-    s = torch.as_tensor(scores, dtype=torch.float64).reshape(-1)
+    s = _scores(scores)
     if s.numel() == 0:
         raise ValueError("scores is empty")
     if not all_finite(s):
@@ -30,7 +45,7 @@ def token_colors(scores) -> list[tuple[tuple[int, int, int], float]]:
 
 
 def _check(tokens: Sequence[str], scores) -> list:
-    if isinstance(tokens, str) or not all(isinstance(t, str) for t in tokens):
+    if isinstance(tokens, str) or not isinstance(tokens, Sequence) or not all(isinstance(t, str) for t in tokens):
         raise TypeError("tokens must be a sequence of strings")
     colors = token_colors(scores)
     if len(colors) != len(tokens):
@@ -41,7 +56,7 @@ def _check(tokens: Sequence[str], scores) -> list:
 def tokens_html(tokens: Sequence[str], scores, title: str | None = None) -> str:
     """An HTML ``<div>`` with one shaded ``<span>`` per token (its score in the hover title)."""
     colors = _check(tokens, scores)
-    vals = torch.as_tensor(scores, dtype=torch.float64).reshape(-1).tolist()
+    vals = _scores(scores).tolist()
     spans = [f'<span title="{v:+.4f}" style="background-color: rgba({r},{g},{b},{a:.3f}); padding: 1px 2px; '
              f'margin: 0 1px; border-radius: 3px">{html.escape(t)}</span>'
              for t, v, ((r, g, b), a) in zip(tokens, vals, colors)]

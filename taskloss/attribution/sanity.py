@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from taskloss.utils import check_bool, check_finite, check_int
+from taskloss.utils import check_bool, check_finite, check_int, check_module, check_not_meta
 
 __all__ = ["average_ranks", "spearman_correlation", "randomized_copy", "cascading_randomization"]
 
@@ -28,6 +28,9 @@ def average_ranks(x: Tensor) -> Tensor:
     """Ranks 1…n of ``x`` along its last dimension, ties given the mean of the ranks they span (float64)."""
     if not isinstance(x, Tensor) or x.ndim == 0 or x.shape[-1] == 0:
         raise ValueError("average_ranks needs a tensor with a non-empty last dimension")
+    check_not_meta("x", x)
+    if x.is_complex():
+        raise TypeError(f"x must be real to be ranked, got dtype {x.dtype}")
     check_finite("x", x)
     n = x.shape[-1]
     flat = x.reshape(-1, n).to(torch.float64)
@@ -109,6 +112,7 @@ def randomized_copy(model: nn.Module, modules: Sequence[str] | None = None, seed
 def cascading_randomization(model: nn.Module, seed: int = 0) -> list[tuple[str, nn.Module]]:
     """Adebayo et al.'s cascade: ``[(name, copy)]`` where the i-th copy has the last i+1 parametrized modules
     (in ``named_modules`` order, output side first) re-initialised with ``seed``."""
+    check_module("model", model)
     names = _parametrized_modules(model)
     if not names:
         raise ValueError("model has no module with parameters and reset_parameters()")

@@ -42,7 +42,15 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from taskloss.contrastive.rng_state import RNGState
-from taskloss.utils import all_finite, check_bool, check_int, check_positive
+from taskloss.utils import (
+    all_finite,
+    check_bool,
+    check_floating,
+    check_int,
+    check_iterable,
+    check_positive,
+    check_tensors,
+)
 
 __all__ = [
     "AccumulationResult", "batch_size", "split_micro_batches", "embed_micro_batches",
@@ -125,7 +133,11 @@ def check_batch_independent(encoder: Any, where: str = "encoder") -> None:
 
     Raises:
         ValueError: a batch-statistics BatchNorm inside ``encoder``, named with its path.
+        TypeError: an ``encoder`` that is not callable.
     """
+    if not callable(encoder):
+        raise TypeError(f"encoder must be callable (a module or a function of a micro-batch), got "
+                        f"{type(encoder).__name__}")
     if not isinstance(encoder, nn.Module):
         return
     for name, m in encoder.named_modules():
@@ -156,6 +168,10 @@ def embed_micro_batches(encoder: Callable[[Any], Tensor], chunks: Sequence[Any])
         TypeError, ValueError: the encoder returned something other than finite ``[n_k, d]`` floats.
         ValueError: the encoder holds a BatchNorm using batch statistics (:func:`check_batch_independent`).
     """
+    if not callable(encoder):
+        raise TypeError(f"encoder must be callable, got {type(encoder).__name__}")
+    for chunk in check_iterable("chunks", chunks):
+        batch_size(chunk)                     # a micro-batch of a supported type (TypeError otherwise)
     check_batch_independent(encoder)
     embeddings, states = [], []
     with torch.no_grad():
@@ -182,6 +198,13 @@ def embedding_gradients(loss_fn: Callable[..., Tensor], embeddings: Sequence[Ten
     Raises:
         ValueError: the loss is not a finite scalar.
     """
+    if not callable(loss_fn):
+        raise TypeError(f"loss_fn must be callable, got {type(loss_fn).__name__}")
+    if isinstance(embeddings, Tensor):
+        raise TypeError("embeddings must be a sequence of tensors (one [B_j, d] tensor per input), got a Tensor")
+    embeddings = check_tensors("embeddings", embeddings)
+    for k, e in enumerate(embeddings):
+        check_floating(f"embeddings[{k}]", e)
     leaves = [e.detach().to(torch.promote_types(e.dtype, torch.float32)).requires_grad_() for e in embeddings]
     with torch.enable_grad():
         loss = loss_fn(*leaves)
@@ -240,6 +263,10 @@ def replay_backward(encoder: Callable[[Any], Tensor], chunks: Sequence[Any], gra
 
 
 def _check_replay_inputs(chunks, grads, states, reference) -> None:
+    for name, v in (("chunks", chunks), ("grads", grads), ("states", states)) + (
+            (("reference", reference),) if reference is not None else ()):
+        if not isinstance(v, Sequence) or isinstance(v, (str, bytes)):
+            raise TypeError(f"{name} must be a sequence (one entry per micro-batch), got {type(v).__name__}")
     lengths = {"chunks": len(chunks), "grads": len(grads), "states": len(states)}
     if reference is not None:
         lengths["reference"] = len(reference)

@@ -27,13 +27,16 @@ import torch.distributed as dist
 from torch import Tensor
 
 from taskloss.contrastive.losses import REDUCTIONS, check_pair_embeddings, info_nce_rows
-from taskloss.utils import check_bool, check_positive
+from taskloss.utils import check_bool, check_not_meta, check_positive
 
 __all__ = ["world", "gather_with_grad", "distributed_info_nce"]
 
 
 def world(group=None) -> tuple[int, int]:
-    """(world size, rank) of ``group`` (default group), or (1, 0) without an initialized process group."""
+    """(world size, rank) of ``group`` (default group), or (1, 0) without an initialized process group; a
+    ``group`` that is neither ``None`` nor a ``torch.distributed.ProcessGroup`` is a ``TypeError`` either way."""
+    if group is not None and not (dist.is_available() and isinstance(group, dist.ProcessGroup)):
+        raise TypeError(f"group must be None or a torch.distributed.ProcessGroup, got {type(group).__name__}")
     if not (dist.is_available() and dist.is_initialized()):
         return 1, 0
     return dist.get_world_size(group), dist.get_rank(group)
@@ -75,6 +78,7 @@ def gather_with_grad(x: Tensor, group=None) -> Tensor:
     """
     if not isinstance(x, Tensor):
         raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    check_not_meta("x", x)
     if world(group)[0] == 1:
         return x
     return _GatherWithGrad.apply(x, group)

@@ -88,6 +88,10 @@ def info_nce_rows(queries: Tensor, positives: Tensor, all_queries: Tensor, candi
         ``[n]`` losses ``ℓ_i`` (or ``½(ℓ_i + ℓ'_i)``), in at least float32.
     """
     symmetric = check_bool("symmetric", symmetric)
+    check_positive("temperature", temperature)       # τ = 0 (or NaN) would divide every score into NaN / inf
+    for name, t in (("queries", queries), ("positives", positives), ("all_queries", all_queries),
+                    ("candidates", candidates)):
+        check_floating(name, t)
     dtype = _score_dtype(queries, candidates)
     with torch.autocast(device_type=queries.device.type, enabled=False):   # autocast would lower the matmuls
         q, p = queries.to(dtype), positives.to(dtype)

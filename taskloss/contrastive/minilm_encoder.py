@@ -53,7 +53,7 @@ def minilm_prefix_states(texts: Sequence[str], n_trainable: int = 1, max_tokens:
     Raises:
         TypeError, ValueError: not a sequence of str, empty, or bad sizes.
     """
-    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+    if isinstance(texts, str) or not isinstance(texts, Sequence) or not all(isinstance(t, str) for t in texts):
         raise TypeError("texts must be a sequence of str")
     check_nonempty("texts", texts)
     check_int("n_trainable", n_trainable, minimum=1, maximum=6)

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from taskloss.datasets.corpus import SPLITS, load_documents
-from taskloss.utils import check_finite, check_floating, check_int
+from taskloss.utils import check_finite, check_floating, check_int, check_iterable
 
 __all__ = ["paragraph_pairs", "retrieval_ranks", "retrieval_metrics"]
 
@@ -43,7 +43,7 @@ def paragraph_pairs(splits: str | Sequence[str], min_words: int = 16, max_pairs:
     Raises:
         ValueError: unknown split, min_words < 2, max_pairs < 1, or no paragraph long enough.
     """
-    splits = (splits,) if isinstance(splits, str) else tuple(splits)
+    splits = (splits,) if isinstance(splits, str) else tuple(check_iterable("splits", splits))
     for s in splits:
         if s not in SPLITS:
             raise ValueError(f"unknown split {s!r}; expected one of {SPLITS}")

@@ -67,7 +67,7 @@ from taskloss.curvature.model_io import (
     prepare,
 )
 from taskloss.curvature.per_term import dense_sum, diagonal_sum, jt_factors
-from taskloss.utils import check_finite, check_generator, check_int, check_not_meta, flatten, unflatten
+from taskloss.utils import check_choice, check_finite, check_generator, check_int, check_not_meta, flatten, unflatten
 
 __all__ = [
     "LIKELIHOODS", "check_likelihood", "check_outputs", "check_targets", "nll_loss", "nll_grad", "sample_targets",
@@ -304,12 +304,9 @@ def curvature_scale(curvature: str, loss: str, reduction: str, n: int, c: int) -
         ``s`` as a float.
     """
     kinds = {"ggn": 2.0, "fisher": 2.0, "exact": 2.0, "mc": 2.0, "empirical": 4.0}
-    if curvature not in kinds:
-        raise ValueError(f"curvature must be one of {tuple(kinds)}, got {curvature!r}")
-    if loss not in ("cross_entropy", "mse"):
-        raise ValueError(f"loss must be 'cross_entropy' or 'mse', got {loss!r}")
-    if reduction not in ("mean", "sum"):
-        raise ValueError(f"reduction must be 'mean' or 'sum', got {reduction!r}")
+    check_choice("curvature", curvature, tuple(kinds))     # an unhashable value is refused, not a TypeError
+    check_choice("loss", loss, ("cross_entropy", "mse"))
+    check_choice("reduction", reduction, ("mean", "sum"))
     n, c = check_int("n", n, minimum=1), check_int("c", c, minimum=1)
     if loss == "cross_entropy":
         return float(n) if reduction == "sum" else 1.0

@@ -26,6 +26,7 @@ from taskloss.utils import (
     check_not_meta,
     check_positive,
     check_same_dtype,
+    check_steps,
 )
 
 __all__ = [
@@ -270,7 +271,8 @@ def gaussian_samples(m: torch.Tensor, V: torch.Tensor, n_samples: int,
     """
     check_generator("generator", generator)
     L = check_mean_cov(m, V)
-    check_int("n_samples", n_samples, minimum=1)
+    # the draws [S, d] and a copy of them, estimated before they are drawn (n_samples=10**12 reached the allocator)
+    check_steps("n_samples", n_samples, bytes_per_step=2.0 * m.shape[0] * m.element_size(), device=m.device)
     if m.ndim != 1:
         raise ValueError("m must be a vector [d]")
     gen_device = generator.device if generator is not None else m.device

@@ -28,14 +28,15 @@ from typing import Mapping
 import torch
 from torch import Tensor, nn
 
-from taskloss.utils import check_finite, check_not_meta
+# the eval-mode policy lives in taskloss.utils (one helper for every deterministic-forward method); K-FAC reads
+# random_modules and train_mode_error through this module
+from taskloss.utils import check_eval_mode, check_finite, check_not_meta, random_modules, train_mode_error  # noqa: F401
 
 __all__ = ["math_attention", "model_logits", "batch_size", "check_inputs", "take", "example", "call_module",
-           "check_eval_mode", "train_mode_error", "random_modules", "check_precision", "HALF", "transform_error",
+           "check_precision", "HALF", "transform_error",
            "loss_term_mask", "default_mask", "prepare", "call_model", "describe"]
 
 HALF = (torch.float16, torch.bfloat16)
-_RANDOM_OR_COUPLED = (nn.modules.dropout._DropoutNd, nn.modules.batchnorm._BatchNorm)
 
 
 def math_attention():
@@ -156,33 +157,6 @@ def call_module(module: nn.Module, params: Mapping[str, Tensor], inputs) -> Tens
     else:
         out = torch.func.functional_call(module, dict(params), (inputs,))
     return model_logits(out, f"the model ({type(module).__name__})")
-
-
-def random_modules(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    """The ``Dropout`` (``p > 0``) and ``BatchNorm`` submodules of ``model``: random or batch-coupled in train mode."""
-    return [(name, m) for name, m in model.named_modules() if isinstance(m, _RANDOM_OR_COUPLED) and not (
-        isinstance(m, nn.modules.dropout._DropoutNd) and m.p == 0)]
-
-
-def train_mode_error(modules: list[tuple[str, nn.Module]], model_name: str = "model") -> str | None:
-    """The refusal message for the first of ``modules`` (from :func:`random_modules`) in train mode, else None."""
-    for name, m in modules:
-        if m.training:
-            return (f"module {name or model_name!r} ({type(m).__name__}) is in training mode: its outputs are random "
-                    "or couple the examples, so the per-example curvature is undefined; call model.eval() before "
-                    "computing curvature (train mode again afterwards)")
-    return None
-
-
-def check_eval_mode(module: nn.Module) -> None:
-    """Raise ``ValueError`` if ``module`` holds a train-mode Dropout or BatchNorm (random / batch-coupled outputs).
-
-    One policy for every curvature method: the Fisher / GGN functions, the diagonal preconditioner, Hessian-free and
-    K-FAC (which checks the forward pass its statistics come from) refuse them with this message.
-    """
-    msg = train_mode_error(random_modules(module), type(module).__name__)
-    if msg is not None:
-        raise ValueError(msg)
 
 
 def check_precision(name: str, t: Tensor) -> Tensor:

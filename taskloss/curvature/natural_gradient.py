@@ -229,7 +229,7 @@ class CoupledGaussian:
     """
 
     def __init__(self, dtype: torch.dtype = torch.float64, device: str | torch.device = "cpu"):
-        if dtype in HALF or not (isinstance(dtype, torch.dtype) and dtype.is_floating_point):
+        if not isinstance(dtype, torch.dtype) or dtype in HALF or not dtype.is_floating_point:
             raise TypeError(f"dtype must be float32 or float64 (the closed forms use an eigendecomposition), got {dtype}")
         self.J = torch.tensor([[3.0, 1.0 / 3.0], [1.0 / 3.0, 0.0]], dtype=dtype, device=device)
 

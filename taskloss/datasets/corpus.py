@@ -65,7 +65,7 @@ class UnknownTokenWarning(UserWarning):
 
 
 def _check_split(split: str) -> str:
-    if split not in SPLITS:
+    if not isinstance(split, str) or split not in SPLITS:     # an array or other non-string is unknown too
         raise ValueError(f"unknown split {split!r}; expected one of {SPLITS}")
     return split
 

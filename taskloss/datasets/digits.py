@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from taskloss.utils import check_finite, check_int, check_ndim
+from taskloss.utils import check_finite, check_int, check_ndim, check_not_meta
 
 __all__ = ["DigitsSplits", "load_digits_splits", "digits_images", "split_indices", "indices_checksum",
            "N_DIGITS", "N_FEATURES", "N_CLASSES", "SPLIT_FRACTIONS"]
@@ -56,11 +56,17 @@ def split_indices(y: np.ndarray, seed: int = 0, fractions=SPLIT_FRACTIONS) -> di
     when both fractions round up (``(0.5, 0.5, 0)`` with ``n_c = 3``: 2 and 1) — and the rest to test.
     """
     check_int("seed", seed, minimum=0)
+    if isinstance(y, torch.Tensor):
+        check_not_meta("y", y)
+        y = y.detach().cpu().numpy()
     y = np.asarray(y)
     if y.ndim != 1 or y.size == 0:
         raise ValueError(f"y must be a non-empty 1-D array, got shape {y.shape}")
     if y.dtype.kind not in "iu":
         raise TypeError(f"y must hold integer class labels, got dtype {y.dtype}")
+    if isinstance(fractions, (str, bytes)) or not isinstance(fractions, (tuple, list, np.ndarray)) or \
+            not all(isinstance(v, (int, float, np.integer, np.floating)) and not isinstance(v, bool) for v in fractions):
+        raise TypeError(f"fractions must be three numbers (train, valid, test), got {fractions!r}")
     f = tuple(float(v) for v in fractions)
     if len(f) != 3 or not all(math.isfinite(v) for v in f) or min(f) < 0 or abs(sum(f) - 1.0) > 1e-9:
         raise ValueError(f"fractions must be three non-negative numbers summing to 1, got {fractions}")

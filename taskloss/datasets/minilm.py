@@ -58,7 +58,7 @@ def sentence_embeddings(texts: Sequence[str], batch_size: int = 64,
                         device: str | torch.device = "cpu") -> torch.Tensor:
     """all-MiniLM-L6-v2 sentence embeddings ``[n, 384]``: attention-mask mean pooling of the last hidden
     states (inputs truncated at 256 WordPiece tokens), L2-normalized — the sentence-transformers recipe."""
-    if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+    if isinstance(texts, str) or not isinstance(texts, Sequence) or not all(isinstance(t, str) for t in texts):
         raise TypeError("texts must be a sequence of str")
     check_nonempty("texts", texts)
     check_int("batch_size", batch_size, minimum=1)

@@ -19,7 +19,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from taskloss.utils import atomic_write_text, check_bool, check_int, check_nonempty
+from taskloss.utils import atomic_write_text, check_bool, check_int, check_nonempty, check_not_meta
 
 __all__ = ["Tokenizer", "minilm_path", "SPECIAL_TOKENS", "DEFAULT_MIN_COUNT"]
 
@@ -70,8 +70,10 @@ class Tokenizer:
 
     def __init__(self, bert_ids: Sequence[int], meta: dict | None = None):
         if isinstance(bert_ids, torch.Tensor):
-            bert_ids = bert_ids.tolist()
-        if isinstance(bert_ids, (str, bytes)) or not all(_is_int(i) for i in bert_ids):
+            check_not_meta("bert_ids", bert_ids)
+            bert_ids = bert_ids.tolist() if bert_ids.ndim == 1 else None
+        if isinstance(bert_ids, (str, bytes)) or not isinstance(bert_ids, (Sequence, np.ndarray)) or \
+                not all(_is_int(i) for i in bert_ids):
             raise TypeError("bert_ids must be a sequence of int WordPiece ids")
         if meta is not None and not isinstance(meta, dict):
             raise TypeError(f"meta must be a dict or None, got {type(meta).__name__}")
@@ -131,7 +133,7 @@ class Tokenizer:
         """Token ids of each text (with ``add_bos`` / ``add_eos`` markers)."""
         add_eos = check_bool("add_eos", add_eos)
         add_bos = check_bool("add_bos", add_bos)
-        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        if isinstance(texts, str) or not isinstance(texts, Sequence) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be a sequence of str")
         out = []
         for enc in _wordpiece().encode_batch(list(texts), add_special_tokens=False):

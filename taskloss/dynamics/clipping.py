@@ -27,8 +27,10 @@ from torch import Tensor
 from taskloss.utils import (
     all_finite,
     check_bool,
+    check_iterable,
     check_nonnegative,
     check_not_meta,
+    check_param_list,
     check_positive,
     distinct_param_group,
     unique_tensors,
@@ -117,7 +119,7 @@ def _scale_(grads: list[Tensor], coefs: list[Tensor]) -> None:
 def _grads(params, name: str = "params") -> list[Tensor]:
     if isinstance(params, Tensor):
         params = [params]
-    params = list(params)
+    params = list(check_iterable(name, params))
     if not params:
         raise ValueError(f"{name} is empty: no parameters to clip")
     for p in params:
@@ -204,6 +206,7 @@ class ClippedSGD(torch.optim.Optimizer):
 
     def __init__(self, params, lr: float, gamma: float = math.inf, mode: str = "hard", per_tensor: bool = False,
                  momentum: float = 0.0):
+        check_param_list(params)
         defaults = dict(lr=check_positive("lr", lr), gamma=_check_gamma(gamma), mode=_check_mode(mode),
                         per_tensor=check_bool("per_tensor", per_tensor), momentum=self._check_momentum(momentum))
         super().__init__(params, defaults)

@@ -52,6 +52,7 @@ from taskloss.dynamics.hessian import (
 )
 from taskloss.utils import (
     check_bool,
+    check_eval_mode,
     check_finite,
     check_int,
     check_nonnegative,
@@ -138,7 +139,9 @@ def per_example_gradient_penalty(model: nn.Module, example_loss: Callable, input
         equal when all per-example gradients coincide.
 
     Raises:
-        ValueError: empty batch, mismatched lengths, a non-scalar per-example loss, NaN gradients.
+        ValueError: empty batch, mismatched lengths, a non-scalar per-example loss, NaN gradients; a model holding a
+            train-mode Dropout or BatchNorm (random or batch-coupled per-example losses;
+            :func:`taskloss.utils.check_eval_mode`).
 
     Derived in notebook 12_implicit_gradient_regularization.
     """
@@ -154,6 +157,8 @@ def per_example_gradient_penalty(model: nn.Module, example_loss: Callable, input
     if inputs.shape[0] != targets.shape[0]:
         raise ValueError(f"inputs and targets differ in batch size: {inputs.shape[0]} vs {targets.shape[0]}")
     check_not_meta("model", model)
+    check_eval_mode(model, purpose="the per-example gradients are of random or batch-coupled losses",
+                    fix="per_example_gradient_penalty")
     check_not_meta("inputs", inputs)
     check_finite("inputs", inputs)
     params = {k: p for k, p in model.named_parameters() if p.requires_grad}

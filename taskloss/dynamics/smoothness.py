@@ -18,14 +18,14 @@ The top Hessian eigenvalue (whose ``|λ|`` is that ``‖∇²f‖``) is
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Mapping, Sequence
 
 import numpy as np
 import torch
 from torch import Tensor
 
 from taskloss.dynamics.hessian import Params, check_params, check_same_structure, checked_loss_fn, loss_gradient
-from taskloss.utils import check_finite, check_not_meta, flatten, unique_tensors
+from taskloss.utils import check_finite, check_iterable, check_not_meta, flatten, unique_tensors
 
 __all__ = ["local_smoothness", "SmoothnessSample", "TrajectorySmoothness", "fit_l0_l1", "SmoothnessFit"]
 
@@ -98,7 +98,7 @@ class TrajectorySmoothness:
     """
 
     def __init__(self, params):
-        params = [params] if isinstance(params, Tensor) else list(params)
+        params = [params] if isinstance(params, Tensor) else list(check_iterable("params", params))
         for p in params:
             if not isinstance(p, Tensor) or not p.is_floating_point():
                 raise TypeError("params must be floating-point tensors")
@@ -161,6 +161,24 @@ class SmoothnessFit:
     n: int
 
 
+def _as_reals(name: str, values) -> np.ndarray:
+    """A flat float64 array of real numbers (a sequence, array or real tensor); ``TypeError`` otherwise."""
+    if isinstance(values, Tensor):
+        check_not_meta(name, values)
+        if values.is_complex():
+            raise TypeError(f"{name} must hold real numbers, got dtype {values.dtype}")
+        values = values.detach().cpu().numpy()
+    if isinstance(values, (str, bytes, Mapping)) or not isinstance(values, (Sequence, np.ndarray)):
+        raise TypeError(f"{name} must be a sequence of numbers, got {type(values).__name__}")
+    try:
+        arr = np.asarray(values)
+    except ValueError as err:
+        raise TypeError(f"{name} must be a sequence of numbers") from err
+    if arr.dtype.kind not in "fiub":
+        raise TypeError(f"{name} must hold real numbers, got dtype {arr.dtype}")
+    return arr.astype(np.float64).reshape(-1)
+
+
 def fit_l0_l1(grad_norms: Sequence[float], smoothness: Sequence[float]) -> SmoothnessFit:
     """Fit ``‖∇²f‖ ≤ L0 + L1·‖∇f‖`` to observed pairs.
 
@@ -178,8 +196,7 @@ def fit_l0_l1(grad_norms: Sequence[float], smoothness: Sequence[float]) -> Smoot
     """
     from scipy.optimize import linprog
 
-    g = np.asarray(grad_norms, dtype=np.float64).reshape(-1)
-    s = np.asarray(smoothness, dtype=np.float64).reshape(-1)
+    g, s = _as_reals("grad_norms", grad_norms), _as_reals("smoothness", smoothness)
     if g.shape != s.shape:
         raise ValueError(f"grad_norms and smoothness must have the same length, got {g.size} and {s.size}")
     if g.size < 2:

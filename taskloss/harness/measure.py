@@ -39,7 +39,10 @@ class StepRecord:
 def propose(name: str, problem: Problem, **hp) -> StepRecord:
     """The step rule ``name`` takes at the current parameters (its first step); the parameters are restored.
 
-    Raises ``ValueError`` when the step produces NaN/inf parameters (they are restored first)."""
+    Raises ``ValueError`` when the step produces NaN/inf parameters (they are restored first), ``TypeError`` when
+    ``problem`` is not a :class:`Problem`."""
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem must be a taskloss.harness.Problem, got {type(problem).__name__}")
     theta = problem.flat_params().clone()
     rule = make_rule(name, problem, **hp)
     before = problem.task_loss()

@@ -39,7 +39,16 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from taskloss.curvature.fisher import LIKELIHOODS, nll_loss
-from taskloss.utils import check_finite, check_nonnegative, check_not_meta, flatten, unflatten
+from taskloss.utils import (
+    check_eval_mode,
+    check_finite,
+    check_floating,
+    check_ndim,
+    check_nonnegative,
+    check_not_meta,
+    flatten,
+    unflatten,
+)
 
 __all__ = ["Problem", "PassCounter", "PassCount", "grad_hessian"]
 
@@ -110,7 +119,12 @@ class Problem:
 
     def grad_hessian(self) -> tuple[Tensor, Tensor]:
         """Gradient ``[P]`` and dense Hessian ``[P, P]`` (symmetrized) of the surrogate at the current parameters,
-        by ``torch.func.grad`` and ``torch.func.jacrev`` twice (P² memory: small models only)."""
+        by ``torch.func.grad`` and ``torch.func.jacrev`` twice (P² memory: small models only).
+
+        Raises ``ValueError`` for a model holding a train-mode Dropout or BatchNorm (each call of the loss would be
+        another random function; :func:`taskloss.utils.check_eval_mode`, as the curvature methods refuse it)."""
+        check_eval_mode(self.model, purpose="the gradient and the Hessian would be of different random functions",
+                        fix="grad_hessian()")
         return grad_hessian(self.flat_loss(), self.flat_params())
 
     @property
@@ -190,7 +204,12 @@ class Problem:
 
 
 def grad_hessian(f: Callable[[Tensor], Tensor], theta: Tensor) -> tuple[Tensor, Tensor]:
-    """``(∇f(θ), ∇²f(θ))`` of a scalar function of a flat vector, both checked finite."""
+    """``(∇f(θ), ∇²f(θ))`` of a scalar function of a flat vector, both checked finite (``TypeError`` for an ``f``
+    that is not callable or a ``θ`` that is not a 1-D floating tensor)."""
+    if not callable(f):
+        raise TypeError(f"f must be callable (a function of the flat parameters), got {type(f).__name__}")
+    check_floating("theta", theta)
+    check_ndim("theta", theta, 1)
     g = check_finite("gradient", torch.func.grad(f)(theta))
     H = torch.func.jacrev(torch.func.jacrev(f))(theta)
     return g, check_finite("Hessian", 0.5 * (H + H.mT))

@@ -77,6 +77,8 @@ def ideal_update(problem: Problem, alpha: float, *, radius: float | None = None,
 
     Raises ``ValueError`` on α ≤ 0, ε ≤ 0, an unknown proposal, a non-definite Hessian or a non-finite gradient.
     """
+    if not isinstance(problem, Problem):
+        raise TypeError(f"problem must be a taskloss.harness.Problem, got {type(problem).__name__}")
     alpha = check_positive("alpha", alpha)
     if radius is not None:
         radius = check_positive("radius", radius)

@@ -552,8 +552,9 @@ DEFAULT_OVERRIDES: dict[str, dict[str, tuple]] = {
 OWN_MEANING = {("natural_exact", "fisher"), ("natural_empirical", "fisher"), ("mgs", "lr")}
 
 
-def register(name: str, cls, defaults: dict | None = None, description: str = "", wraps: tuple = ()) -> RuleSpec:
-    """Add (or replace) a rule in :data:`RULES`.
+def register(name: str, cls, defaults: dict | None = None, description: str = "", wraps: tuple = (), *,
+             replace: bool = False) -> RuleSpec:
+    """Add a rule to :data:`RULES` (replace one already registered, a built-in included, only with ``replace=True``).
 
     Args:
         name: the rule's name.
@@ -561,18 +562,25 @@ def register(name: str, cls, defaults: dict | None = None, description: str = ""
         defaults: hyperparameters that override the class's own defaults.
         description: one line.
         wraps: the classes and functions of the package (or torch) that the rule calls.
+        replace: allow replacing a rule of that name for the whole process (a bool); without it a name already
+            in :data:`RULES` — ``"sgd"``, say — is refused rather than silently redefined for every later table.
 
     Returns:
         The :class:`RuleSpec`.
 
     Raises:
-        ValueError: an empty name, defaults that ``cls`` does not take.
+        ValueError: an empty name, a name already registered without ``replace=True``, defaults that ``cls`` does
+            not take.
         TypeError: ``cls`` is not a class whose instances have a ``step()`` method and whose ``__init__`` takes the
             problem, an ``unsupported`` that is not callable, defaults that are not a dict, a description that is
             not a string, ``wraps`` that holds something not callable.
     """
+    replace = check_bool("replace", replace)
     if not isinstance(name, str) or not name:
         raise ValueError("rule name must be a non-empty string")
+    if name in RULES and not replace:
+        raise ValueError(f"a rule named {name!r} is already registered ({RULES[name].cls.__name__}): pick another "
+                         "name, or pass replace=True to redefine it for the whole process")
     if not inspect.isclass(cls) or not callable(getattr(cls, "step", None)):
         raise TypeError(f"cls must be a class whose instances have a step() method (cls(problem, **hp).step() takes "
                         f"one step), got {type(cls).__name__} {getattr(cls, '__name__', cls)!r}")
@@ -602,7 +610,7 @@ def register(name: str, cls, defaults: dict | None = None, description: str = ""
 def make_rule(name: str, problem: Problem, **hp):
     """Build the registered rule ``name`` on ``problem`` (``hp`` overrides its defaults). Raises ``ValueError`` for an
     unknown rule or one that does not apply to ``problem`` (the reason named)."""
-    if name not in RULES:
+    if not isinstance(name, str) or name not in RULES:
         raise ValueError(f"unknown rule {name!r}; registered: {sorted(RULES)}")
     spec = RULES[name]
     reason = spec.unsupported(problem)

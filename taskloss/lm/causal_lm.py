@@ -206,7 +206,7 @@ class HFTokenizer:
 
     def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
         """Token ids of each text, through the wrapped tokenizer."""
-        if isinstance(texts, str) or not all(isinstance(t, str) for t in texts):
+        if isinstance(texts, str) or not isinstance(texts, Sequence) or not all(isinstance(t, str) for t in texts):
             raise TypeError("texts must be a sequence of str")
         return [list(ids) for ids in self.hf(list(texts), add_special_tokens=False)["input_ids"]]
 

@@ -38,6 +38,7 @@ from taskloss.utils import (
     check_dtype,
     check_int,
     check_nonempty,
+    check_steps,
     eval_mode,
     is_transformed,
 )
@@ -88,7 +89,13 @@ def task_loss_terms(hyp: torch.Tensor, refs, *, eos_id: int, pad_id: int,
         if n not in TASK_LOSSES:
             raise ValueError(f"unknown task loss {n!r}; choose from {TASK_LOSSES}")
     out: dict[str, torch.Tensor] = {}
+    check_int("eos_id", eos_id, minimum=0)
+    check_int("pad_id", pad_id, minimum=0)
     if "edit_distance" in names:
+        if isinstance(refs, torch.Tensor) and refs.ndim != 2 or isinstance(refs, (str, bytes)) or \
+                not isinstance(refs, (torch.Tensor, Sequence)):
+            raise TypeError(f"refs must be a [B, C] tensor or a list of token lists, got "
+                            f"{type(refs).__name__}{f' of shape {tuple(refs.shape)}' if isinstance(refs, torch.Tensor) else ''}")
         nref = refs.shape[0] if isinstance(refs, torch.Tensor) else len(refs)
         if nref != hyp.shape[0]:
             raise ValueError(f"batch sizes differ: {hyp.shape[0]} continuations, {nref} references")
@@ -121,7 +128,8 @@ def pad_sequences(seqs: Sequence[Sequence[int]], pad_id: int, width: int | None 
                 not all(isinstance(v, (int, np.integer)) and not isinstance(v, bool) for v in row):
             raise TypeError(f"seqs[{k}] must be a sequence of int token ids")
     lens = [len(s) for s in seqs]
-    width = max(lens) if width is None else check_int("width", width, minimum=max(lens))
+    width = max(lens) if width is None else check_steps("width", width, bytes_per_step=8.0 * len(seqs),
+                                                        minimum=max(lens), what=f"pad_sequences(width={width!r})")
     out = torch.full((len(seqs), max(width, 1)), pad_id, dtype=torch.long)
     for i, s in enumerate(seqs):
         out[i, :len(s)] = torch.as_tensor(list(s), dtype=torch.long)
@@ -140,7 +148,8 @@ class CompletionBatch:
     def __post_init__(self):
         for name in ("prefixes", "refs") + (("blocks",) if self.blocks is not None else ()):
             t = getattr(self, name)
-            if not isinstance(t, torch.Tensor) or t.ndim != 2 or t.is_floating_point() or t.dtype == torch.bool:
+            if not isinstance(t, torch.Tensor) or t.ndim != 2 or t.is_floating_point() or t.is_complex() \
+                    or t.dtype == torch.bool or t.is_meta:
                 raise ValueError(f"{name} must be a [B, T] LongTensor")
             check_nonempty(name, t)
         if self.prefixes.shape[0] != self.refs.shape[0]:

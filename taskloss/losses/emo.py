@@ -314,7 +314,7 @@ def emo_loss_reference(logits: torch.Tensor, targets: torch.Tensor, cost_embeddi
     The cost matrix ``C = 1 − ê êᵀ`` of the unit embeddings and the expected cost of the prediction under the one-hot
     target, ``EMO = Σ_i p_i C_{i t}``, averaged over the non-ignored tokens — what the reference code computes
     (github.com/DRSY/EMO, ``language_modeling/gpt2.py``, mode ``emo``), at O(V²) memory where :func:`emo_loss`
-    needs O(V·d). Inputs are trusted (:func:`emo_loss` validates). Derived in notebook 09_emo_loss.
+    needs O(V·d). Inputs are validated as :func:`emo_loss` validates them. Derived in notebook 09_emo_loss.
 
     Args:
         logits: ``[N, V]`` or ``[B, T, V]`` raw scores.
@@ -325,13 +325,24 @@ def emo_loss_reference(logits: torch.Tensor, targets: torch.Tensor, cost_embeddi
     Returns:
         The mean EMO over the tokens whose target is not ``ignore_index`` (float32 for half-precision logits, as
         :func:`emo_loss`).
+
+    Raises:
+        TypeError / ValueError: as :func:`emo_loss` — non-floating (complex included) or meta logits, targets
+            that are not integer ids in range, a cost table of another vocabulary, NaN / +inf logits (a loss that
+            would be NaN).
     """
+    check_int("ignore_index", ignore_index)
+    x = _flatten(logits, "targets", targets if isinstance(targets, torch.Tensor) else None)
+    _check_targets(targets, x.shape[1], ignore_index)
+    _prepared_cost(cost_embeddings, x.shape[1], x.device, logits.dtype)
     dt = compute_dtype(logits.dtype)                                                    # float32 for half
     e_hat = F.normalize(cost_embeddings.detach().to(dt), dim=-1)                        # ê, zero rows stay 0
     cost = 1 - e_hat @ e_hat.T                                                          # C_ij = 1 − cos(e_i, e_j)
     x, t = logits.to(dt).reshape(-1, logits.shape[-1]), targets.reshape(-1)
     keep = t != ignore_index
-    return (x[keep].softmax(-1) * cost[t[keep]]).sum(-1).mean()                         # Σ_i p_i C_it
+    per_token = (x[keep].softmax(-1) * cost[t[keep]]).sum(-1)                          # Σ_i p_i C_it
+    _check_finite_result(per_token)
+    return per_token.mean()
 
 
 def emo_soft_upper_bound(logits: torch.Tensor, target_probs: torch.Tensor, cost_embeddings: torch.Tensor, *,

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from taskloss.losses.levenshtein import levenshtein_rapidfuzz, levenshtein_torch
-from taskloss.utils import check_bool, check_device, check_int, check_nonempty
+from taskloss.utils import check_bool, check_device, check_int, check_nonempty, check_steps
 
 __all__ = [
     "cut_at_eos", "to_lists",
@@ -227,6 +227,9 @@ def macro_f1(pred: torch.Tensor, target: torch.Tensor, num_classes: int, *, labe
     if lo < 0 or hi >= num_classes:
         raise ValueError(f"class ids must lie in [0, {num_classes - 1}], got range [{lo}, {hi}]")
     dt = torch.get_default_dtype()
+    # two int64 one-hots [..., N, C] and their float copies: refused before they are allocated
+    check_steps("num_classes", num_classes, bytes_per_step=2.0 * (8 + torch.finfo(dt).bits // 8) * pred.numel(),
+                what=f"macro_f1(num_classes={num_classes}) over {pred.numel()} predictions")
     p1 = torch.nn.functional.one_hot(pred, num_classes).to(dt)     # [..., N, C]
     t1 = torch.nn.functional.one_hot(target, num_classes).to(dt)
     tp = (p1 * t1).sum(-2)

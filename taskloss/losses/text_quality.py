@@ -43,7 +43,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from taskloss.utils import all_finite, check_int, check_positive
+from taskloss.utils import all_finite, check_int, check_not_meta, check_positive, check_steps
 
 __all__ = ["frontier_score", "cluster_histograms", "divergence_frontier", "frontier_area", "mmd2",
            "embed_texts"]
@@ -54,6 +54,7 @@ _LAMBDA_EPS = 1e-6
 def _as_matrix(name: str, x) -> np.ndarray:
     """A real ``[n, d]`` array-like (numpy or torch) → float64 numpy array; clear errors otherwise."""
     if isinstance(x, torch.Tensor):
+        check_not_meta(name, x)
         if x.is_complex() or x.dtype == torch.bool:
             raise TypeError(f"{name} must hold real numbers, got dtype {x.dtype}")
         x = x.detach().to("cpu", torch.float64).numpy()
@@ -116,6 +117,9 @@ def cluster_histograms(ref_emb, gen_emb, n_clusters: int | None = None, seed: in
 
 def _as_histogram(name: str, h) -> np.ndarray:
     if isinstance(h, torch.Tensor):
+        check_not_meta(name, h)
+        if h.is_complex() or h.dtype == torch.bool:    # .to(float64) would drop the imaginary part with a warning
+            raise TypeError(f"{name} must hold real numbers, got dtype {h.dtype}")
         h = h.detach().to("cpu", torch.float64).numpy()
     elif isinstance(h, (list, tuple, np.ndarray)):
         h = np.asarray(h)
@@ -135,6 +139,11 @@ def _as_histogram(name: str, h) -> np.ndarray:
     return h / h.sum()
 
 
+def _check_n_lambda(n_lambda, n_bins: int) -> int:
+    """``n_lambda`` ≥ 2 whose ``[n_lambda, k]`` float64 mixtures (three at once) fit in memory."""
+    return check_steps("n_lambda", n_lambda, bytes_per_step=8.0 * 3 * max(n_bins, 1), minimum=2)
+
+
 def divergence_frontier(p, q, scale: float = 5.0, n_lambda: int = 25) -> tuple[np.ndarray, np.ndarray]:
     """Points ``(x, y)`` of the divergence frontier between histograms ``p`` (reference) and ``q`` (generated).
 
@@ -149,7 +158,7 @@ def divergence_frontier(p, q, scale: float = 5.0, n_lambda: int = 25) -> tuple[n
     if p.shape != q.shape:
         raise ValueError(f"histograms have different numbers of bins: p {p.shape[0]}, q {q.shape[0]}")
     c = check_positive("scale", scale)
-    check_int("n_lambda", n_lambda, minimum=2)
+    _check_n_lambda(n_lambda, p.size)
     lam = np.linspace(_LAMBDA_EPS, 1 - _LAMBDA_EPS, n_lambda)[::-1, None]      # decreasing λ: x rises
     r = lam * p + (1 - lam) * q                                                 # > 0 wherever p or q is
 
@@ -186,7 +195,7 @@ def frontier_score(ref_emb, gen_emb, n_clusters: int | None = None, seed: int = 
     featurizer, scikit-learn k-means, no L2 normalization). Derived in notebook 09_emo_loss.
     """
     check_positive("scale", scale)
-    check_int("n_lambda", n_lambda, minimum=2)
+    _check_n_lambda(n_lambda, 1)          # the bins are known after clustering; refuse a huge grid before it
     p, q = cluster_histograms(ref_emb, gen_emb, n_clusters=n_clusters, seed=seed)
     return frontier_area(p, q, scale=scale, n_lambda=n_lambda)
 

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 from typing import Sequence
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taskloss.utils import check_bool, check_finite, check_int, is_transformed
+from taskloss.utils import check_allocation, check_bool, check_finite, check_int, check_not_meta, is_transformed
 
 __all__ = ["MLP", "SmallCNN"]
 
@@ -19,10 +20,16 @@ _ACTIVATIONS = {"relu": nn.ReLU, "tanh": nn.Tanh, "gelu": nn.GELU}
 
 
 def _check_input(name: str, model: nn.Module, x: torch.Tensor) -> None:
-    """Floating inputs, a non-empty batch, no NaN/inf. The value check is skipped inside ``torch.func``
-    transforms (it needs ``.item()``) and with ``model.validate_inputs = False`` (it synchronizes on a GPU)."""
+    """Floating inputs in the parameters' dtype (outside autocast), a non-empty batch, no NaN/inf, no meta tensor.
+    The value check is skipped inside ``torch.func`` transforms (it needs ``.item()``) and with
+    ``model.validate_inputs = False`` (it synchronizes on a GPU)."""
+    check_not_meta(f"{name} input", x)
     if not x.is_floating_point():
         raise TypeError(f"{name} expects floating-point input (features, not ids), got {x.dtype}")
+    weight = next(model.parameters(), None)
+    if weight is not None and x.dtype != weight.dtype and not torch.is_autocast_enabled(x.device.type):
+        raise TypeError(f"{name} input has dtype {x.dtype} but its parameters are {weight.dtype}: convert one "
+                        f"(x.to({weight.dtype}) or model.to({x.dtype}))")
     if x.ndim > 1 and x.shape[0] == 0:
         raise ValueError(f"{name} input is empty: shape {tuple(x.shape)}")
     if getattr(model, "validate_inputs", True) and not is_transformed(x):
@@ -37,18 +44,19 @@ class MLP(nn.Sequential):
     def __init__(self, in_dim: int, hidden: int | Sequence[int] = (64,), out_dim: int | None = None,
                  activation: str = "relu", bias: bool = True):
         bias = check_bool("bias", bias)
-        check_int("in_dim", in_dim, minimum=1)
+        in_dim = check_int("in_dim", in_dim, minimum=1)        # numpy integers become Python ints for torch
         if out_dim is None:
             raise TypeError("MLP needs out_dim")
-        check_int("out_dim", out_dim, minimum=1)
-        if isinstance(hidden, (bool, float, str)) or not isinstance(hidden, (int, Sequence)):
+        out_dim = check_int("out_dim", out_dim, minimum=1)
+        if isinstance(hidden, (bool, float, str)) or not isinstance(hidden, (int, np.integer, Sequence)):
             raise TypeError(f"hidden must be an int or a sequence of ints, got {type(hidden).__name__}")
-        hidden = (hidden,) if isinstance(hidden, int) else tuple(hidden)
-        for i, h in enumerate(hidden):
-            check_int(f"hidden[{i}]", h, minimum=1)
+        hidden = (hidden,) if isinstance(hidden, (int, np.integer)) else tuple(hidden)
+        hidden = tuple(check_int(f"hidden[{i}]", h, minimum=1) for i, h in enumerate(hidden))
         if activation not in _ACTIVATIONS:
             raise ValueError(f"activation must be one of {tuple(_ACTIVATIONS)}, got {activation!r}")
         dims = (in_dim, *hidden, out_dim)
+        check_allocation(f"MLP(in_dim={in_dim}, hidden={hidden}, out_dim={out_dim})",
+                         4.0 * sum(a * b + b for a, b in zip(dims[:-1], dims[1:])))   # float32 weights, before any
         layers: list[nn.Module] = []
         for i, (a, b) in enumerate(zip(dims[:-1], dims[1:])):
             layers.append(nn.Linear(a, b, bias=bias))
@@ -76,9 +84,11 @@ class SmallCNN(nn.Module):
 
     def __init__(self, in_channels: int = 1, n_classes: int = 10, width: int = 16):
         super().__init__()
-        check_int("in_channels", in_channels, minimum=1)
-        check_int("n_classes", n_classes, minimum=2)
-        check_int("width", width, minimum=1)
+        in_channels = check_int("in_channels", in_channels, minimum=1)
+        n_classes = check_int("n_classes", n_classes, minimum=2)
+        width = check_int("width", width, minimum=1)
+        check_allocation(f"SmallCNN(in_channels={in_channels}, n_classes={n_classes}, width={width})",
+                         4.0 * (9 * in_channels * width + 18 * width * width + 32 * width * n_classes))
         self.in_channels, self.n_classes, self.width = in_channels, n_classes, width
         self.validate_inputs = True   # False skips the NaN/inf check of the input (a GPU synchronization)
         self.conv1 = nn.Conv2d(in_channels, width, 3, padding=1)

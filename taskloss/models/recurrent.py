@@ -8,7 +8,15 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from taskloss.utils import check_bool, check_finite, check_int, check_probability, check_token_ids, is_transformed
+from taskloss.utils import (
+    check_allocation,
+    check_bool,
+    check_finite,
+    check_int,
+    check_probability,
+    check_token_ids,
+    is_transformed,
+)
 
 __all__ = ["RNNLM"]
 
@@ -28,9 +36,13 @@ class RNNLM(nn.Module):
                  cell: str = "lstm", tie_weights: bool = False, dropout: float = 0.0):
         tie_weights = check_bool("tie_weights", tie_weights)
         super().__init__()
-        for name, val in (("vocab_size", vocab_size), ("d_model", d_model), ("hidden", hidden),
-                          ("n_layers", n_layers)):
-            check_int(name, val, minimum=1)
+        vocab_size, d_model, hidden, n_layers = (     # numpy integers become Python ints for torch's layers
+            check_int(name, val, minimum=1) for name, val in (
+                ("vocab_size", vocab_size), ("d_model", d_model), ("hidden", hidden), ("n_layers", n_layers)))
+        gates = 4 if cell == "lstm" else 1
+        n_weights = 2 * vocab_size * max(d_model, hidden) + n_layers * gates * hidden * (max(d_model, hidden) + hidden)
+        check_allocation(f"RNNLM(vocab_size={vocab_size}, d_model={d_model}, hidden={hidden}, n_layers={n_layers})",
+                         4.0 * n_weights)                                   # float32 weights, before any
         if cell not in ("lstm", "rnn"):
             raise ValueError(f"cell must be 'lstm' or 'rnn', got {cell!r}")
         check_probability("dropout", dropout)

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taskloss.utils import check_bool, check_int, check_probability, check_token_ids, is_transformed
+from taskloss.utils import check_allocation, check_bool, check_int, check_probability, check_token_ids, is_transformed
 
 __all__ = ["TransformerLM", "RESIDUAL_MODES"]
 
@@ -121,10 +121,14 @@ class TransformerLM(nn.Module):
                  tie_weights: bool = True):
         tie_weights = check_bool("tie_weights", tie_weights)
         super().__init__()
-        for name, val in (("vocab_size", vocab_size), ("d_model", d_model), ("n_layers", n_layers),
-                          ("n_heads", n_heads), ("max_len", max_len)):
-            check_int(name, val, minimum=1)
+        vocab_size, d_model, n_layers, n_heads, max_len = (     # numpy integers become Python ints for torch
+            check_int(name, val, minimum=1) for name, val in (
+                ("vocab_size", vocab_size), ("d_model", d_model), ("n_layers", n_layers), ("n_heads", n_heads),
+                ("max_len", max_len)))
         d_ff = 4 * d_model if d_ff is None else check_int("d_ff", d_ff, minimum=1)
+        n_weights = (vocab_size + max_len) * d_model + n_layers * (4 * d_model * d_model + 2 * d_model * d_ff)
+        check_allocation(f"TransformerLM(vocab_size={vocab_size}, d_model={d_model}, n_layers={n_layers}, "
+                         f"d_ff={d_ff}, max_len={max_len})", 4.0 * n_weights)     # float32 weights, before any
         if d_model % n_heads:
             raise ValueError(f"d_model={d_model} must be divisible by n_heads={n_heads}")
         if residual not in RESIDUAL_MODES:

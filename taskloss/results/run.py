@@ -295,13 +295,43 @@ class Run:
         raise KeyError(f"say(): no recorded result {field_name!r}; recorded: {sorted(self.results)}")
 
     def savefig(self, fig, filename: str, **kwargs) -> Path:
-        """Save a matplotlib figure into the run folder (PNG by default) and return its path."""
-        path = self.dir / filename
+        """Save a matplotlib figure into the run folder (PNG by default) and return its path.
+
+        Args:
+            fig: a matplotlib figure (anything with ``savefig``).
+            filename: a relative path inside the run folder (``"loss.png"``, ``"figures/loss"``; subfolders are
+                created); ``.png`` is added when it has no suffix.
+            **kwargs: passed to ``fig.savefig`` (``dpi=110``, ``bbox_inches="tight"`` by default).
+
+        Raises:
+            TypeError: ``filename`` not a str / path, or ``fig`` without ``savefig``.
+            ValueError: an absolute path, one that leaves the run folder (``..``, a symlink out of it), or the
+                run's own results file.
+        """
+        if not callable(getattr(fig, "savefig", None)):
+            raise TypeError(f"fig must be a matplotlib figure (with savefig), got {type(fig).__name__}")
+        path = self._inside("filename", filename)
         if path.suffix == "":
             path = path.with_suffix(".png")
+        if path == (self.dir / RESULTS_FILE).resolve():
+            raise ValueError(f"filename {filename!r} would overwrite the run's {RESULTS_FILE}")
+        path.parent.mkdir(parents=True, exist_ok=True)
         kwargs.setdefault("dpi", 110)
         kwargs.setdefault("bbox_inches", "tight")
         fig.savefig(path, **kwargs)
+        return path
+
+    def _inside(self, name: str, filename) -> Path:
+        """``filename`` resolved inside the run folder, or refused: a path argument never writes outside it."""
+        if not isinstance(filename, (str, os.PathLike)):
+            raise TypeError(f"{name} must be a str or path, got {type(filename).__name__}")
+        rel = Path(filename)
+        if not str(filename).strip() or rel.is_absolute():
+            raise ValueError(f"{name} must be a relative path inside the run folder, got {str(filename)!r}")
+        root = Path(self.dir).resolve()
+        path = (root / rel).resolve()
+        if path == root or not path.is_relative_to(root):
+            raise ValueError(f"{name}={str(filename)!r} resolves to {path}, outside the run folder {root}")
         return path
 
     def table(self, keys: list[str] | None = None) -> str:
@@ -351,6 +381,11 @@ def start(name: str, output_dir: str = "", *, device: str = "auto", seed: int = 
     ``runs/interactive/<name>/<UTC time>`` (what a reader running the notebook by hand, or ``papermill`` without
     ``-p output_dir``, gets: each run its own folder, never one overwriting another's).
     """
+    if not isinstance(name, str) or not name.strip() or name in (".", "..") or Path(name).name != name:
+        raise ValueError(f"name must be a notebook's name without folders (it names runs/interactive/<name>), "
+                         f"got {name!r}")
+    if not isinstance(output_dir, (str, os.PathLike)):
+        raise TypeError(f"output_dir must be a str or path, got {type(output_dir).__name__}")
     given = output_dir or os.environ.get("TASKLOSS_OUTPUT_DIR")
     out = Path(given) if given else _fresh_folder(RUNS_DIR / "interactive" / name)
     out.mkdir(parents=True, exist_ok=True)

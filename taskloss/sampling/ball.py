@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from scipy import special
 
-from taskloss.utils import check_finite, check_floating, check_int, check_positive
+from taskloss.utils import check_finite, check_floating, check_int, check_not_meta, check_positive
 
 __all__ = ["log_ball_volume", "ball_log_partition", "ball_partition", "ball_log_partition_derivative",
            "ball_expected_update"]
@@ -84,6 +84,7 @@ def _ball_args(g_norm, alpha, radius: float, dim: int):
     arrays = []
     for name, v in (("g_norm", g_norm), ("alpha", alpha)):
         if isinstance(v, torch.Tensor):
+            check_not_meta(name, v)
             if not (v.is_floating_point() or v.dtype in (torch.int32, torch.int64)):
                 raise TypeError(f"{name} must be a real tensor, got dtype {v.dtype}")
             a = v.detach().to("cpu", torch.float64).numpy()

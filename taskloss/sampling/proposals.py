@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 from typing import Sequence
 
+import numpy as np
 import torch
 
 from taskloss.sampling.ball import log_ball_volume
@@ -22,8 +23,10 @@ from taskloss.utils import (
     check_floating,
     check_generator,
     check_int,
+    check_iterable,
     check_ndim,
     check_no_nan,
+    check_not_meta,
     check_positive,
     check_same_dtype,
 )
@@ -148,11 +151,17 @@ class GaussianMixtureProposal:
     Derived in notebook 01_optimization_as_sampling."""
 
     def __init__(self, components: Sequence[GaussianProposal], weights: Sequence[float] | torch.Tensor):
-        comps = list(components)
+        comps = list(check_iterable("components", components))
         if not comps or not all(isinstance(c, GaussianProposal) for c in comps):
             raise ValueError("components must be a non-empty sequence of GaussianProposal")
         if len({c.dim for c in comps}) != 1:
             raise ValueError("all components must have the same dimension")
+        if isinstance(weights, torch.Tensor):
+            check_not_meta("weights", weights)
+        elif not isinstance(weights, (list, tuple, np.ndarray)) or np.asarray(weights).dtype.kind not in "fiub":
+            raise TypeError(f"weights must be a tensor, array or list of numbers, got {type(weights).__name__}")
+        if isinstance(weights, torch.Tensor) and weights.is_complex():
+            raise TypeError(f"weights must be real, got dtype {weights.dtype}")
         w = torch.as_tensor(weights, dtype=comps[0].mean.dtype).to(comps[0].mean.device).flatten()
         if w.numel() != len(comps) or not all_finite(w) or bool((w < 0).any()) or float(w.sum()) <= 0:
             raise ValueError(f"weights must be {len(comps)} finite non-negative numbers with a positive sum")

@@ -65,7 +65,7 @@ def share_generator_(generator: torch.Generator, process_group, device: torch.de
 
 
 def check_n_examples(n_examples) -> float | None:
-    """``n_examples`` as a float: a positive finite number (or 0-dim tensor), or ``None``.
+    """``n_examples`` as a float: a positive whole number (or 0-dim tensor of one), or ``None``.
 
     Args:
         n_examples: the number of examples this rank's loss averages.
@@ -87,6 +87,8 @@ def check_n_examples(n_examples) -> float | None:
     value = float(n_examples)
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"n_examples must be > 0 and finite, got {n_examples}")
+    if value != int(value):
+        raise ValueError(f"n_examples counts examples: a whole number, got {n_examples}")
     return value
 
 

@@ -39,7 +39,9 @@ from taskloss.utils import (
     check_int,
     check_nonnegative,
     check_not_meta,
+    check_param_list,
     check_positive,
+    check_steps,
     distinct_param_group,
 )
 
@@ -59,6 +61,12 @@ def _as_dict(theta) -> tuple[dict[str, torch.Tensor], bool]:
     if isinstance(theta, dict) and theta and all(isinstance(v, torch.Tensor) for v in theta.values()):
         return dict(theta), False
     raise TypeError("theta must be a tensor or a non-empty dict of tensors")
+
+
+def _check_draws(theta: dict[str, torch.Tensor], n: int) -> None:
+    """The ``n`` directions (and the points built from them) held at once, estimated before they are drawn."""
+    per = sum(v.numel() * v.element_size() for v in theta.values())
+    check_steps("n_samples", n, bytes_per_step=3.0 * per, device=next(iter(theta.values())).device)
 
 
 def _check_theta(theta: dict[str, torch.Tensor]) -> None:
@@ -246,6 +254,7 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, n_samples: int, *,
     check_bool("return_samples", return_samples)
     th, single = _as_dict(theta)
     _check_theta(th)
+    _check_draws(th, n)
     if baseline not in ("none", "value", "loo", "antithetic"):
         raise ValueError(f"baseline must be 'none', 'value', 'loo' or 'antithetic', got {baseline!r}")
     if baseline == "loo" and n < 2:
@@ -303,6 +312,7 @@ def spsa_grad(f: Callable, theta, sigma: float, n_samples: int = 1, *, generator
     sigma, n = _validate(f, sigma, n_samples, generator, chunk_size, vectorize)
     th, single = _as_dict(theta)
     _check_theta(th)
+    _check_draws(th, n)
     ranks = _Ranks(th, n_examples, process_group)
     d = _draw(th, n, "rademacher", ranks.generator(generator))
     plus = _evaluate(f, {k: th[k] + sigma * z for k, z in d.items()}, single, vectorize, chunk_size, ranks.local)
@@ -363,6 +373,7 @@ class MeZO(torch.optim.Optimizer):
         defaults = dict(lr=check_positive("lr", lr), sigma=check_positive("sigma", sigma),
                         weight_decay=check_nonnegative("weight_decay", weight_decay),
                         n_samples=check_int("n_samples", n_samples, minimum=1))
+        check_param_list(params)
         super().__init__(params, defaults)
         self._seeds = torch.Generator().manual_seed(seed)
         self.process_group, self._seeds_shared = process_group, False
@@ -380,8 +391,12 @@ class MeZO(torch.optim.Optimizer):
         Loading it into a fresh MeZO over the same parameters continues the same perturbation sequence bit for bit.
         """
         out = super().state_dict()
-        out["mezo"] = {"seed_generator": self._seeds.get_state().clone()}
+        out["mezo"] = {"seed_generator": self._seeds.get_state().clone(), "shapes": self._shapes()}
         return out
+
+    def _shapes(self) -> list[list[tuple[int, ...]]]:
+        """The shapes of every group's parameters (MeZO keeps no per-parameter state that torch could compare)."""
+        return [[tuple(p.shape) for p in g["params"]] for g in self.param_groups]
 
     def load_state_dict(self, state_dict: dict) -> None:
         """Inverse of :meth:`state_dict`.
@@ -390,7 +405,8 @@ class MeZO(torch.optim.Optimizer):
             state_dict: what :meth:`state_dict` returned.
 
         Raises:
-            ValueError: a state without MeZO's generator state.
+            ValueError: a state without MeZO's generator state, or one saved over parameters of other shapes (the
+                perturbation sequence would continue over other tensors).
         """
         if not isinstance(state_dict, dict) or not isinstance(state_dict.get("mezo"), dict):
             raise ValueError("not a MeZO state_dict: the 'mezo' entry (seed generator state) is missing")
@@ -399,6 +415,12 @@ class MeZO(torch.optim.Optimizer):
         gen_state = extra.get("seed_generator")
         if not isinstance(gen_state, torch.Tensor) or gen_state.dtype != torch.uint8:
             raise ValueError("MeZO state_dict: 'seed_generator' must be a uint8 tensor from Generator.get_state()")
+        shapes = extra.get("shapes")
+        if shapes is not None:
+            saved = [[tuple(s) for s in g] for g in shapes]
+            if saved != self._shapes():
+                raise ValueError(f"MeZO state_dict was saved over parameters of shapes {saved}, but this optimizer "
+                                 f"holds {self._shapes()}")
         super().load_state_dict(state_dict)
         self._seeds.set_state(gen_state.clone())
         self._seeds_shared = False
