@@ -42,6 +42,7 @@ from taskloss.utils import (
     check_int,
     check_nonnegative,
     check_not_meta,
+    check_param_list,
     check_positive,
     distinct_param_group,
 )
@@ -138,6 +139,7 @@ class Shampoo(torch.optim.Optimizer):
                         graft_betas=graft_betas, graft_eps=graft_eps, weight_decay=weight_decay,
                         max_preconditioner_dim=max_preconditioner_dim)
         self._validate_group(defaults)
+        check_param_list(params)
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:

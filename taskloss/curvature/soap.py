@@ -35,6 +35,7 @@ from taskloss.utils import (
     check_int,
     check_nonnegative,
     check_not_meta,
+    check_param_list,
     check_positive,
     check_probability,
     distinct_param_group,
@@ -73,6 +74,7 @@ class SOAP(torch.optim.Optimizer):
                         precondition_frequency=precondition_frequency,
                         max_preconditioner_dim=max_preconditioner_dim, eigenbasis=eigenbasis)
         self._validate_group(defaults)
+        check_param_list(params)
         super().__init__(params, defaults)
 
     def add_param_group(self, param_group: dict) -> None:

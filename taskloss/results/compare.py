@@ -411,10 +411,13 @@ def comparison_table(comparisons: Sequence[Comparison], fmt: str = ".4g", *, cor
         ValueError: no comparisons, a ``fmt`` that does not format floats, an unknown correction.
         TypeError: an element that is not a :class:`Comparison`, a non-string ``fmt``.
     """
-    if not comparisons:
+    if isinstance(comparisons, (str, bytes, dict, Comparison)) or not hasattr(comparisons, "__iter__") \
+            or getattr(comparisons, "ndim", 1) == 0:
+        raise TypeError(f"comparisons must be a sequence of Comparison objects, got {type(comparisons).__name__}")
+    comps = list(comparisons)
+    if not comps:
         raise ValueError("comparison_table needs at least one Comparison")
     _check_fmt(fmt)
-    comps = list(comparisons)
     for c in comps:
         if not isinstance(c, Comparison):
             raise TypeError(f"expected Comparison objects, got {type(c).__name__}")

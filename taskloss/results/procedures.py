@@ -160,7 +160,27 @@ def minimum_detectable_effect(estimand: str, n: int, sd: float, alpha: float, po
 
     Returns:
         The effect size (``inf`` when the test cannot detect any effect at that level with ``n`` seeds).
+
+    Raises:
+        ValueError: an unknown estimand, a negative ``n`` or ``sd``, NaN, ``alpha`` or ``power`` outside (0, 1).
+        TypeError: a non-integer ``n``, a non-number ``sd``/``alpha``/``power``, a non-string estimand.
     """
+    if not isinstance(estimand, str) or estimand not in ("median", "win-rate", "mean"):
+        raise ValueError(f"estimand must be 'median', 'win-rate' or 'mean', got {estimand!r}")
+    if isinstance(n, bool) or not isinstance(n, (int, np.integer)):
+        raise TypeError(f"n must be an int (the seeds the test uses), got {type(n).__name__}")
+    if n < 0:
+        raise ValueError(f"n must be ≥ 0, got {n}")
+    n = int(n)
+    for name, value in (("sd", sd), ("alpha", alpha), ("power", power)):
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{name} must be a real number, got {type(value).__name__}")
+    sd, alpha, power = float(sd), float(alpha), float(power)
+    if not sd >= 0 or math.isinf(sd):
+        raise ValueError(f"sd must be finite and ≥ 0, got {sd}")
+    for name, value in (("alpha", alpha), ("power", power)):
+        if not 0.0 < value < 1.0:
+            raise ValueError(f"{name} must be in (0, 1), got {value}")
     if estimand == "mean":
         return t_test_mde_in_sd(n, alpha, power) * sd
     q = sign_test_mde_win_rate(n, alpha, power)

@@ -80,14 +80,35 @@ def _params(model: nn.Module) -> list[torch.Tensor]:
     return ps
 
 
+def _check_space(model, prompt, seqs, mask, rewards=None) -> None:
+    """The enumerated space's arguments, refused at entry with their names (a clear error instead of torch's)."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    for name, t, ndim in (("prompt", prompt, 1), ("seqs", seqs, 2)):
+        if not isinstance(t, torch.Tensor) or t.is_meta or t.is_complex() or t.dtype.is_floating_point \
+                or t.dtype == torch.bool:
+            raise TypeError(f"{name} must be an integer tensor of token ids, got "
+                            f"{getattr(t, 'dtype', type(t).__name__)}")
+        if t.ndim != ndim:
+            raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
+    if not isinstance(mask, torch.Tensor) or mask.is_meta or mask.is_complex() or mask.shape != seqs.shape:
+        raise ValueError(f"mask must be a real tensor shaped like seqs {tuple(seqs.shape)}, got "
+                         f"{tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__}")
+    if rewards is not None:
+        if not isinstance(rewards, torch.Tensor) or rewards.is_meta or rewards.is_complex() \
+                or rewards.shape != seqs.shape[:1]:
+            raise ValueError(f"rewards must be a real tensor [M={len(seqs)}], one per sequence")
+        if not torch.isfinite(rewards.double()).all():
+            raise ValueError("rewards contain NaN or inf")
+
+
 def sequence_scores(model: nn.Module, prompt: torch.Tensor, seqs: torch.Tensor,
                     mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logps [M, L], jac [M, L, P])``: each token's log-prob and its gradient (flattened parameters), masked.
 
     One backward pass per token position and sequence. Derived in notebook 18_group_policy_gradients.
     """
-    if prompt.ndim != 1:
-        raise ValueError("prompt must be one sequence [P]")
+    _check_space(model, prompt, seqs, mask)
     ps = _params(model)
     logps = completion_logprobs(model, prompt.expand(len(seqs), -1), seqs) * mask
     rows = []
@@ -106,6 +127,7 @@ def exact_objective(model: nn.Module, prompt: torch.Tensor, seqs: torch.Tensor, 
 
     Derived in notebook 18_group_policy_gradients.
     """
+    _check_space(model, prompt, seqs, mask, rewards)
     logp = (completion_logprobs(model, prompt.expand(len(seqs), -1), seqs) * mask).sum(1)
     total = float(logp.detach().exp().sum())
     if abs(total - 1) > 1e-6:
@@ -133,8 +155,7 @@ def _group_grads(estimator: Callable, logps, mask, jac, rewards, idx: torch.Tens
 
 def _prepare(model, prompt, seqs, mask, rewards, group_size):
     G = check_int("group_size", group_size, minimum=1)
-    if not isinstance(rewards, torch.Tensor) or rewards.shape != seqs.shape[:1]:
-        raise ValueError(f"rewards must be a tensor [M={len(seqs)}]")
+    _check_space(model, prompt, seqs, mask, rewards)
     logps, jac = sequence_scores(model, prompt, seqs, mask)
     p = logps.sum(1).exp()
     return G, logps, jac, p, rewards.to(logps.dtype)

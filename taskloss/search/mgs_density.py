@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from taskloss.sampling.update import normalized_log_weights
-from taskloss.utils import all_finite, check_bool, check_choice, check_positive, check_probability
+from taskloss.utils import all_finite, check_bool, check_choice, check_not_meta, check_positive, check_probability
 
 __all__ = ["mixture_log_density", "mgs_weights", "DENSITIES", "log_q_from_sq", "log_q_floats", "checked_shift_floats",
            "log_weights_floats", "candidate_seeds", "uniform_from_seed", "mle_components"]
@@ -145,6 +145,10 @@ def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = 
     """
     check_choice("density", density, DENSITIES)
     mix = check_probability("mix", mix)
+    for name, value in (("delta", delta), ("grad", grad)):
+        if not isinstance(value, (Tensor, list, tuple, dict)):
+            raise TypeError(f"{name} must be a tensor or a sequence of tensors, got {type(value).__name__}")
+        check_not_meta(name, value)
     deltas, grads = _as_list(delta), _as_list(grad)
     if len(deltas) != len(grads) or not deltas:
         raise ValueError(f"delta and grad must hold the same non-zero number of tensors, got "
@@ -152,6 +156,9 @@ def mixture_log_density(delta, grad, sigma, mix: float = 0.5, *, density: str = 
     if isinstance(sigma, bool) or isinstance(sigma, str):
         raise TypeError(f"sigma must be a number or a sequence of numbers, got {type(sigma).__name__}")
     if isinstance(sigma, Tensor):
+        check_not_meta("sigma", sigma)
+        if sigma.is_complex():
+            raise TypeError("sigma must be real, got a complex tensor")
         sigma = sigma.detach().reshape(-1).tolist()
         sigma = sigma[0] if len(sigma) == 1 else sigma
     if isinstance(sigma, (int, float)):

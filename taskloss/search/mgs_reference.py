@@ -20,7 +20,7 @@ from taskloss.search.functional import call_with_parameters
 from taskloss.search.mgs import GRAD_NORM_EPS
 from taskloss.search.mgs_density import candidate_seeds, mixture_log_density, mle_components
 from taskloss.search.mgs_scoring import default_forward
-from taskloss.utils import eval_mode, flatten, unflatten
+from taskloss.utils import check_int, check_not_meta, check_positive, eval_mode, flatten, unflatten
 
 __all__ = ["mgs_step_reference"]
 
@@ -31,7 +31,8 @@ def mgs_step_reference(model: nn.Module, optimizer: torch.optim.Optimizer, closu
                        density: str = "flat", assignment: str = "random", max_grad_norm: float | None = 1.0,
                        max_update_norm: float | None = 1.0, lr: float = 1.0, forward_fn=default_forward,
                        scoring_eval_mode: bool = True) -> tuple[torch.Tensor, SNISResult]:
-    """Step ``step`` of :class:`~taskloss.search.mgs.MGS` with base seed ``seed``, written plainly (inputs trusted).
+    """Step ``step`` of :class:`~taskloss.search.mgs.MGS` with base seed ``seed``, written plainly (its arguments are
+    checked at entry as MGS checks them; the numbers of a valid call are not).
 
     Args:
         model: the model; its trainable parameters are searched.
@@ -58,7 +59,22 @@ def mgs_step_reference(model: nn.Module, optimizer: torch.optim.Optimizer, closu
         ``(loss, res)``: the closure's loss and the SNIS result over the candidates (``res.estimate`` is Δθ*
         before clipping, ``res.samples`` the ``[K', P]`` candidates Δθ_k).
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module, got {type(model).__name__}")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise TypeError(f"optimizer must be a torch.optim.Optimizer, got {type(optimizer).__name__}")
+    for name, fn in (("closure", closure), ("task_loss_fn", task_loss_fn), ("forward_fn", forward_fn)):
+        if not callable(fn):
+            raise TypeError(f"{name} must be callable, got {type(fn).__name__}")
+    check_int("seed", seed, minimum=0)
+    check_int("step", step, minimum=0)
+    check_int("n_samples", n_samples, minimum=1)
+    check_positive("alpha", alpha)
+    check_positive("lr", lr)
+    check_not_meta("model", model)
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    if not params:
+        raise ValueError("model has no trainable parameters")
     for p in params.values():
         p.grad = None
     with torch.enable_grad():                                            # 1. g = ∇l̃(θ), clipped

@@ -58,6 +58,8 @@ def default_forward(model: Callable, batch):
     Raises:
         TypeError: any other batch.
     """
+    if not callable(model):
+        raise TypeError(f"model must be callable (a module or a function of the inputs), got {type(model).__name__}")
     if isinstance(batch, (tuple, list)) and batch:
         return model(batch[0])
     if isinstance(batch, Tensor):
