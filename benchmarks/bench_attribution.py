@@ -40,7 +40,7 @@ from _timing import peak_bytes, quiet_stderr, sync  # noqa: E402
 from taskloss.attribution import METHODS, EmbeddingIntegratedGradients, IntegratedGradients  # noqa: E402
 from taskloss.lm import load_pretrained_lm  # noqa: E402
 from taskloss.models import MLP, SmallCNN  # noqa: E402
-from taskloss.utils import resolve_device  # noqa: E402
+from taskloss.utils import resolve_device
 
 SPEED_TARGET, STEPS_TARGET, TOL = 1.5, 0.5, 1e-3
 

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import peak_bytes, quiet_stderr, sync  # noqa: E402
 
 from taskloss.contrastive import accumulated_backward, info_nce, paragraph_pairs  # noqa: E402
-from taskloss.utils import resolve_device  # noqa: E402
+from taskloss.utils import resolve_device
 
 TIME_TARGET = 1.25
 TAU = 0.05

@@ -64,7 +64,7 @@ from _timing import sync  # noqa: E402
 from taskloss.curvature import KFAC, FisherDiagonalPreconditioner, HessianFree, nll_loss  # noqa: E402
 from taskloss.datasets import digits_images, load_digits_splits  # noqa: E402
 from taskloss.models import MLP, SmallCNN  # noqa: E402
-from taskloss.utils import resolve_device  # noqa: E402
+from taskloss.utils import resolve_device
 
 AE_HIDDEN = (128, 64, 32, 8, 32, 64, 128)  # the K-FAC paper's deep autoencoder shape, scaled to 8×8 digits
 WINDOW = 50                                # steps per timed window: a multiple of every interval below

@@ -48,7 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import peak_bytes, sync  # noqa: E402
 
 from taskloss.losses import EMOLoss  # noqa: E402
-from taskloss.utils import resolve_device  # noqa: E402
+from taskloss.utils import resolve_device
 
 RATIO_TARGET, FLOOR_TARGET = 0.5, 0.6
 

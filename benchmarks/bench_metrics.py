@@ -35,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _timing import add_timing_arguments, interleaved_median_times, peak_bytes  # noqa: E402
 
 from taskloss.losses import edit_distance  # noqa: E402
-from taskloss.utils import resolve_device  # noqa: E402
+from taskloss.utils import resolve_device
 
 EOS, VOCAB = 3, 8000
 

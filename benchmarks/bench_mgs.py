@@ -62,7 +62,7 @@ from _timing import add_timing_arguments, interleaved_median_times, peak_bytes  
 from taskloss.datasets import load_digits_splits  # noqa: E402
 from taskloss.models import MLP  # noqa: E402
 from taskloss.search import MGS  # noqa: E402
-from taskloss.utils import resolve_device  # noqa: E402
+from taskloss.utils import resolve_device
 
 FLOOR_TARGET = 1.2
 VARIANTS = {"default": {}, "parallel": dict(parallel=True), "sequential": dict(parallel=False),

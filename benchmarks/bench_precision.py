@@ -271,7 +271,7 @@ def mezo_step(env, kind):
 def smoothing_gradient(env, kind):
     """:func:`taskloss.search.gaussian_smoothing_grad` of the loss over the parameters (central differences)."""
     from taskloss.search import gaussian_smoothing_grad
-    from taskloss.utils import functional_loss
+    from taskloss.parameter_vectors import functional_loss
     model = env.model(kind)
     xs, y = _data(kind)
     f, theta = functional_loss(model, lambda out: F.cross_entropy(_wide(out), y.to(env.device)), env.cast(xs))

@@ -43,7 +43,7 @@ from _timing import add_timing_arguments, interleaved_median_times, peak_bytes, 
 
 from taskloss.curvature import SOAP, Shampoo, muon_with_adamw  # noqa: E402
 from taskloss.harness import Problem, make_rule  # noqa: E402
-from taskloss.utils import resolve_device  # noqa: E402
+from taskloss.utils import resolve_device
 
 BLOCK = 10
 

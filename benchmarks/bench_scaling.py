@@ -48,7 +48,7 @@ sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 from _timing import peak_bytes, quiet_stderr, sync  # noqa: E402
 
-from taskloss.utils import resolve_device  # noqa: E402
+from taskloss.utils import resolve_device
 
 SLOPE_SLACK = 0.1       # ours is marked ✓ when its median slope is at most the implied one + this
 FAMILIES = ("mgs", "kfac", "emo", "ig", "contrastive", "mezo")

@@ -91,7 +91,7 @@ from taskloss.models import MLP
 from taskloss.results.headlines import Tolerance, seed_spread
 from taskloss.results.plotting import comparison_forest, label_axes, seed_band, show
 from taskloss.search import MGS, classification_reinforce, gaussian_smoothing_grad
-from taskloss.utils import functional_loss
+from taskloss.parameter_vectors import functional_loss
 
 # %%
 run = taskloss.results.start("03_metric_optimization_classification", output_dir, device=device, seed=seed)

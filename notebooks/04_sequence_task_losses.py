@@ -106,7 +106,7 @@ from taskloss.lm import (
 from taskloss.results.headlines import seed_spread
 from taskloss.results.plotting import FRACTION, NONNEGATIVE, comparison_forest, label_axes, seed_band, show
 from taskloss.search import MGS, mgs_weights, sequence_reinforce
-from taskloss.utils import count_parameters
+from taskloss.parameter_vectors import count_parameters
 
 # %%
 run = taskloss.results.start("04_sequence_task_losses", output_dir, device=device, seed=seed)

@@ -97,7 +97,7 @@ from taskloss.results.headlines import seed_spread
 from taskloss.results.plotting import comparison_forest, label_axes, mean_interval, median_band, seed_band, show
 from taskloss.search import policy_gradient as PG
 from taskloss.search import zeroth_order as ZO
-from taskloss.utils import functional_loss
+from taskloss.parameter_vectors import functional_loss
 
 # %%
 run = taskloss.results.start("05_policy_gradient_vs_zeroth_order", output_dir, device=device, seed=seed)

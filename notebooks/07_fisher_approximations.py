@@ -87,7 +87,7 @@ from taskloss.datasets import load_digits_splits
 from taskloss.models import MLP
 from taskloss.results.headlines import seed_spread
 from taskloss.results.plotting import bars_with_interval, comparison_forest, label_axes, median_band, show
-from taskloss.utils import flatten, unflatten
+from taskloss.parameter_vectors import flatten, unflatten
 
 # %%
 run = taskloss.results.start("07_fisher_approximations", output_dir, device=device, seed=seed)

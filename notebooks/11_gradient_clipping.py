@@ -86,7 +86,7 @@ from taskloss.dynamics import (ClippedSGD, TrajectorySmoothness, clip_coefficien
 from taskloss.models import RNNLM, TransformerLM
 from taskloss.results.headlines import correlation_spread
 from taskloss.results.plotting import NONNEGATIVE, label_axes, seed_band, show
-from taskloss.utils import functional_loss
+from taskloss.parameter_vectors import functional_loss
 
 # %%
 for name, radii in (("quartic_radii", quartic_radii), ("cosh_radii", cosh_radii)):

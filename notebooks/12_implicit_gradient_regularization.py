@@ -80,7 +80,7 @@ from taskloss.dynamics import (flooding, gradient_flow, gradient_norm_penalty, l
 from taskloss.models import MLP
 from taskloss.results.headlines import seed_spread
 from taskloss.results.plotting import FRACTION, bars_with_interval, label_axes, seed_band, show
-from taskloss.utils import flatten, functional_loss, unflatten
+from taskloss.parameter_vectors import flatten, functional_loss, unflatten
 
 # %%
 for name, values in (("bea_steps", bea_steps), ("local_steps", local_steps), ("flood_eps", flood_eps),

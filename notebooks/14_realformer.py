@@ -77,7 +77,7 @@ from taskloss.gradflow import attention_entropy, layer_gradient_norms, train_lm,
 from taskloss.models import RESIDUAL_MODES, TransformerLM
 from taskloss.results.headlines import Tolerance, seed_spread
 from taskloss.results.plotting import FRACTION, NONNEGATIVE, label_axes, seed_band, show
-from taskloss.utils import count_parameters
+from taskloss.parameter_vectors import count_parameters
 
 # %%
 if init not in ("xavier", "gpt2"):

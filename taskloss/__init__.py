@@ -30,8 +30,9 @@ numbers after each entry are the notebooks that import it (a test derives them f
 - :mod:`taskloss.results`    — the results API of notebooks: records, paired comparisons, plots, headline checks (01–18)
 - :mod:`taskloss.runner`     — parameters, kernels, run folders, the rerun/sweep runner (it executes the notebooks; none
   imports it)
-- :mod:`taskloss.utils`      — device resolution, seeding, input validation, parameters as flat vectors and pure
-  functions (03–05, 07, 11, 12, 14)
+- :mod:`taskloss.utils`      — paths, device resolution, seeding; with its two rooms :mod:`taskloss.validation`
+  (how inputs are checked) and :mod:`taskloss.parameter_vectors` (parameters as flat vectors and pure functions)
+  (03–05, 07, 11, 12, 14)
 
 Dependencies point one way (a test checks that the import graph has no cycle, and that each line below lists
 exactly what its subpackages import):

@@ -550,7 +550,7 @@ def _expected_json(v):
 @st.composite
 def utils_parameters(draw) -> Case:
     """flatten / unflatten round trip and unique_tensors over shared, repeated and frozen tensors."""
-    from taskloss.utils import flatten, unflatten, unique_tensors
+    from taskloss.parameter_vectors import flatten, unflatten, unique_tensors
     shapes = draw(st.lists(st.lists(st.integers(0, 3), min_size=0, max_size=2), min_size=1, max_size=3))
     ts = [torch.randn(tuple(s), dtype=torch.float64) for s in shapes]
     listed = ts + ([ts[0]] if draw(st.booleans()) else [])
@@ -927,6 +927,7 @@ def attribution_baselines(draw) -> Case:
 # documented valid input), with the check its result must pass.
 
 SUBPACKAGES = tuple(m.name for m in pkgutil.iter_modules([PACKAGE]) if m.ispkg) + ("utils",)
+HELPER_MODULES = ("taskloss.utils", "taskloss.validation", "taskloss.parameter_vectors")
 
 
 @functools.lru_cache(maxsize=1)
@@ -934,11 +935,15 @@ def public_callables() -> dict[tuple[str, str], Any]:
     """``(subpackage, name) → object`` for every callable named in a subpackage's (and utils') ``__all__``."""
     out = {}
     for sub in SUBPACKAGES:
-        mod = importlib.import_module(f"taskloss.{sub}")
-        for name in mod.__all__:
-            obj = getattr(mod, name)
-            if callable(obj):
-                out[sub, name] = obj
+        # "utils" is the shared helpers' room: utils itself, validation (how inputs are checked) and
+        # parameter_vectors (parameters as flat vectors), walked as one family as before they were split
+        modules = (["utils", "validation", "parameter_vectors"] if sub == "utils" else [sub])
+        for m in modules:
+            mod = importlib.import_module(f"taskloss.{m}")
+            for name in mod.__all__:
+                obj = getattr(mod, name)
+                if callable(obj):
+                    out[sub, name] = obj
     return out
 
 
@@ -1160,7 +1165,7 @@ def _poison_call(obj, kind: str):
     def _call():
         args, kwargs = [], {}
         for p in targets:
-            value = "x" if p.name in LABELS and getattr(obj, "__module__", "") == "taskloss.utils" else make()
+            value = "x" if p.name in LABELS and getattr(obj, "__module__", "") in HELPER_MODULES else make()
             if p.kind is p.KEYWORD_ONLY:
                 kwargs[p.name] = value
             elif p.kind is p.POSITIONAL_ONLY or not kwargs:

@@ -60,7 +60,7 @@ def test_the_classifier_tells_the_kinds_apart():
     import torch
     from api_walk import Case
 
-    from taskloss.utils import check_positive
+    from taskloss.validation import check_positive
     assert classify(Case("utils", "x", lambda: check_positive("x", -1.0), True))[0] == "clear"
     assert classify(Case("utils", "x", lambda: torch.randn(2, generator=0), True))[0] == "obscure"
     assert classify(Case("utils", "x", lambda: 1.0, True))[0] == "silent"

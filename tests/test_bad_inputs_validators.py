@@ -1,4 +1,4 @@
-"""Issue 42: the validators of taskloss.utils validate their own flags and bounds, refuse meta tensors with the
+"""Issue 42: the validators of taskloss.validation validate their own flags and bounds, refuse meta tensors with the
 argument's name, and one helper refuses train-mode Dropout / BatchNorm wherever a deterministic forward is needed."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from taskloss import utils as U
+from taskloss import validation as U
 
 
 @pytest.mark.parametrize("flag", ["no", "False", 0, 1, None, 1.0])
@@ -66,9 +66,9 @@ def test_one_eval_mode_helper(module):
 
 
 def test_curvature_uses_the_same_helper():
-    from taskloss.curvature import model_io
+    from taskloss.curvature import kfac, model_io
     assert model_io.check_eval_mode is U.check_eval_mode
-    assert model_io.random_modules is U.random_modules and model_io.train_mode_error is U.train_mode_error
+    assert kfac.random_modules is U.random_modules and kfac.train_mode_error is U.train_mode_error
 
 
 @pytest.mark.parametrize("bad", [torch.tensor(1.0), 3, "abc", None, np.array([object()], dtype=object)])

@@ -16,7 +16,8 @@ from taskloss.lm import load_pretrained_lm
 from taskloss.losses import edit_distance, emo_and_mle_per_token
 from taskloss.models import MLP, RNNLM, TransformerLM
 from taskloss.search import MGS, gaussian_smoothing_grad, mgs_weights, spsa_grad
-from taskloss.utils import count_parameters, eval_mode
+from taskloss.parameter_vectors import count_parameters
+from taskloss.validation import eval_mode
 
 
 def _param():

@@ -1,4 +1,4 @@
-"""``taskloss.utils.eval_mode``: eval mode inside the block, every submodule's own flag restored after it (also on
+"""``taskloss.validation.eval_mode``: eval mode inside the block, every submodule's own flag restored after it (also on
 error, also through a module that overrides ``train``). Used by MGS's candidate scoring, greedy decoding, the
 completion metrics and the held-out NLL of the gradient-flow notebooks."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from torch import nn
 
-from taskloss.utils import eval_mode
+from taskloss.validation import eval_mode
 
 
 class _KeepsDropoutOff(nn.Sequential):

@@ -1,4 +1,4 @@
-"""``taskloss.utils.all_finite`` (behind ``check_finite`` and every input check of the package) decides from the sum
+"""``taskloss.validation.all_finite`` (behind ``check_finite`` and every input check of the package) decides from the sum
 first and falls back to the entrywise test when the sum is not finite. Reference: ``torch.isfinite(t).all()``."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from taskloss.utils import all_finite, check_finite
+from taskloss.validation import all_finite, check_finite
 
 SPECIALS = [float("nan"), float("inf"), -float("inf")]
 

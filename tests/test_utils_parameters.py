@@ -9,17 +9,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taskloss.utils import (
-    check_bool,
-    check_choice,
-    distinct_param_group,
-    flat_gradient,
-    flatten,
-    functional_loss,
-    named_tensors,
-    unflatten,
-    unique_tensors,
-)
+from taskloss.parameter_vectors import (distinct_param_group, flat_gradient, flatten, functional_loss, named_tensors, unflatten, unique_tensors)
+from taskloss.validation import check_bool, check_choice
 
 
 def test_unique_tensors_counts_by_identity_and_drops_frozen_on_request():

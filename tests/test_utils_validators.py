@@ -8,18 +8,8 @@ import math
 import pytest
 import torch
 
-from taskloss.utils import (
-    INDEX_DTYPES,
-    LINALG_DTYPES,
-    check_allocation,
-    check_device,
-    check_dtype,
-    check_generator,
-    check_same_dtype,
-    check_steps,
-    format_bytes,
-    resolve_device,
-)
+from taskloss.utils import resolve_device
+from taskloss.validation import (INDEX_DTYPES, LINALG_DTYPES, check_allocation, check_device, check_dtype, check_generator, check_same_dtype, check_steps, format_bytes)
 
 no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from taskloss.utils import check_finite, check_generator, check_int, check_not_meta, check_positive, check_steps
+from taskloss.validation import check_finite, check_generator, check_int, check_not_meta, check_positive, check_steps
 
 __all__ = ["blurred_baseline", "gaussian_noise_baseline", "uniform_noise_baseline", "baseline_set"]
 

@@ -34,7 +34,7 @@ from taskloss.attribution.integrated_gradients import (
     _format_baselines,
     select_target,
 )
-from taskloss.utils import check_bool, check_int
+from taskloss.validation import check_bool, check_int
 
 __all__ = ["EmbeddingIntegratedGradients"]
 

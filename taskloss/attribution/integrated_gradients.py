@@ -45,7 +45,7 @@ import torch
 from torch import Tensor
 
 from taskloss.attribution.quadrature import checked_steps, quadrature_rule
-from taskloss.utils import all_finite, check_allocation, check_eval_mode, check_finite, check_int, check_not_meta
+from taskloss.validation import all_finite, check_allocation, check_eval_mode, check_finite, check_int, check_not_meta
 
 __all__ = ["Attribution", "IntegratedGradients", "integrate_gradients", "select_target"]
 
@@ -114,7 +114,7 @@ def _check_path(scalar_fn, starts, ends, alphas, weights) -> None:
 
 def _check_forward(forward_fn) -> None:
     """Integrated gradients integrate one fixed function: a model (or a model's bound method) holding a train-mode
-    Dropout or BatchNorm is refused, as the curvature methods refuse it (:func:`taskloss.utils.check_eval_mode`)."""
+    Dropout or BatchNorm is refused, as the curvature methods refuse it (:func:`taskloss.validation.check_eval_mode`)."""
     check_eval_mode(getattr(forward_fn, "__self__", forward_fn),
                     purpose="the path integral is of a random function and completeness fails", fix="attributing")
 

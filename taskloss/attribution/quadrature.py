@@ -33,7 +33,7 @@ from typing import Callable
 import numpy as np
 import torch
 
-from taskloss.utils import check_device, check_int, check_steps
+from taskloss.validation import check_device, check_int, check_steps
 
 __all__ = ["METHODS", "quadrature_rule", "captum_trapezoid_factor", "convergence_order"]
 

@@ -12,7 +12,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from taskloss.utils import all_finite, check_not_meta
+from taskloss.validation import all_finite, check_not_meta
 
 __all__ = ["token_colors", "tokens_html", "plot_tokens"]
 

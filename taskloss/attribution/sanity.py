@@ -19,7 +19,7 @@ from typing import Sequence
 import torch
 from torch import Tensor, nn
 
-from taskloss.utils import check_bool, check_finite, check_int, check_module, check_not_meta
+from taskloss.validation import check_bool, check_finite, check_int, check_module, check_not_meta
 
 __all__ = ["average_ranks", "spearman_correlation", "randomized_copy", "cascading_randomization"]
 

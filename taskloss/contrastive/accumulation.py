@@ -42,7 +42,7 @@ from torch import Tensor, nn
 from torch.nn.parallel import DistributedDataParallel
 
 from taskloss.contrastive.rng_state import RNGState
-from taskloss.utils import (
+from taskloss.validation import (
     all_finite,
     check_bool,
     check_floating,

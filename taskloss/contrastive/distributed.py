@@ -27,7 +27,7 @@ import torch.distributed as dist
 from torch import Tensor
 
 from taskloss.contrastive.losses import REDUCTIONS, check_pair_embeddings, info_nce_rows
-from taskloss.utils import check_bool, check_not_meta, check_positive
+from taskloss.validation import check_bool, check_not_meta, check_positive
 
 __all__ = ["world", "gather_with_grad", "distributed_info_nce"]
 

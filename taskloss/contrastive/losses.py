@@ -29,7 +29,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from taskloss.utils import check_bool, check_finite, check_floating, check_positive
+from taskloss.validation import check_bool, check_finite, check_floating, check_positive
 
 __all__ = ["REDUCTIONS", "info_nce", "info_nce_rows", "check_pair_embeddings"]
 

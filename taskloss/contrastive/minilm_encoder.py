@@ -16,7 +16,8 @@ import torch
 from torch import Tensor, nn
 
 from taskloss.datasets.minilm import load_minilm
-from taskloss.utils import check_int, check_nonempty, resolve_device
+from taskloss.utils import resolve_device
+from taskloss.validation import check_int, check_nonempty
 
 __all__ = ["MiniLMTop", "minilm_prefix_states"]
 

@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from taskloss.datasets.corpus import SPLITS, load_documents
-from taskloss.utils import check_finite, check_floating, check_int, check_iterable
+from taskloss.validation import check_finite, check_floating, check_int, check_iterable
 
 __all__ = ["paragraph_pairs", "retrieval_ranks", "retrieval_metrics"]
 

@@ -20,7 +20,14 @@ from taskloss.curvature.fisher import (
     unflatten,
 )
 from taskloss.curvature.model_io import check_precision
-from taskloss.utils import all_finite, check_generator, check_int, check_not_meta, check_positive, check_probability
+from taskloss.validation import (
+    all_finite,
+    check_generator,
+    check_int,
+    check_not_meta,
+    check_positive,
+    check_probability,
+)
 
 __all__ = ["FisherDiagonalPreconditioner"]
 

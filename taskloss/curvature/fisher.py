@@ -67,7 +67,8 @@ from taskloss.curvature.model_io import (
     prepare,
 )
 from taskloss.curvature.per_term import dense_sum, diagonal_sum, jt_factors
-from taskloss.utils import check_choice, check_finite, check_generator, check_int, check_not_meta, flatten, unflatten
+from taskloss.parameter_vectors import flatten, unflatten
+from taskloss.validation import check_choice, check_finite, check_generator, check_int, check_not_meta
 
 __all__ = [
     "LIKELIHOODS", "check_likelihood", "check_outputs", "check_targets", "nll_loss", "nll_grad", "sample_targets",

@@ -18,7 +18,7 @@ from typing import Callable, NamedTuple
 import torch
 from torch.func import grad, hessian, vmap
 
-from taskloss.utils import (
+from taskloss.validation import (
     check_finite,
     check_floating,
     check_generator,

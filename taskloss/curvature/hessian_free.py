@@ -23,7 +23,8 @@ from taskloss.curvature.distributed import (
 )
 from taskloss.curvature.fisher import Likelihood, check_likelihood, ggn_operator
 from taskloss.curvature.model_io import HALF, check_precision
-from taskloss.utils import (
+from taskloss.parameter_vectors import flat_gradient, flatten, named_tensors, unflatten
+from taskloss.validation import (
     all_finite,
     check_bool,
     check_finite,
@@ -32,10 +33,6 @@ from taskloss.utils import (
     check_not_meta,
     check_positive,
     check_probability,
-    flat_gradient,
-    flatten,
-    named_tensors,
-    unflatten,
 )
 
 __all__ = ["conjugate_gradient", "hessian_free_direction", "HessianFree"]

@@ -98,10 +98,17 @@ from taskloss.curvature.model_io import (
     HALF,
     check_inputs,
     model_logits,
+)
+from taskloss.validation import (
+    check_bool,
+    check_generator,
+    check_int,
+    check_not_meta,
+    check_positive,
+    check_probability,
     random_modules,
     train_mode_error,
 )
-from taskloss.utils import check_bool, check_generator, check_int, check_not_meta, check_positive, check_probability
 
 __all__ = ["KFAC"]
 

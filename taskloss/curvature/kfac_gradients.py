@@ -20,7 +20,7 @@ from torch import Tensor
 from taskloss.curvature.kfac_factors import KFACLayer, KroneckerFactors
 from taskloss.curvature.kfac_math import nonfinite_keys
 from taskloss.curvature.model_io import HALF
-from taskloss.utils import all_finite, check_positive
+from taskloss.validation import all_finite, check_positive
 
 __all__ = ["LayerGradients"]
 

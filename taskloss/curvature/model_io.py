@@ -28,9 +28,8 @@ from typing import Mapping
 import torch
 from torch import Tensor, nn
 
-# the eval-mode policy lives in taskloss.utils (one helper for every deterministic-forward method); K-FAC reads
-# random_modules and train_mode_error through this module
-from taskloss.utils import check_eval_mode, check_finite, check_not_meta, random_modules, train_mode_error  # noqa: F401
+# the eval-mode policy lives in taskloss.validation (one helper for every deterministic-forward method)
+from taskloss.validation import check_eval_mode, check_finite, check_not_meta
 
 __all__ = ["math_attention", "model_logits", "batch_size", "check_inputs", "take", "example", "call_module",
            "check_precision", "HALF", "transform_error",

@@ -23,15 +23,14 @@ from torch.func import jacfwd
 
 from taskloss.curvature.gaussian_family import check_mean_cov, check_square, check_tensor, checked_cholesky
 from taskloss.curvature.model_io import HALF
-from taskloss.utils import (
+from taskloss.parameter_vectors import distinct_param_group, flatten
+from taskloss.validation import (
     all_finite,
     check_bool,
     check_nonnegative,
     check_not_meta,
     check_positive,
     check_same_dtype,
-    distinct_param_group,
-    flatten,
 )
 
 __all__ = ["natural_gradient", "trust_region_step", "NaturalGradientDescent", "gaussian_kl", "gaussian_fisher",

@@ -13,7 +13,7 @@ from torch import Tensor
 from torch.func import vjp, vmap
 
 from taskloss.curvature.model_io import example, math_attention, take, transform_error
-from taskloss.utils import flatten
+from taskloss.parameter_vectors import flatten
 
 __all__ = ["jt_factors", "dense_sum", "diagonal_sum"]
 

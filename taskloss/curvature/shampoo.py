@@ -37,14 +37,14 @@ import torch
 from torch import Tensor, nn
 
 from taskloss.curvature.kfac_math import fold_moment
-from taskloss.utils import (
+from taskloss.parameter_vectors import distinct_param_group
+from taskloss.validation import (
     check_choice,
     check_int,
     check_nonnegative,
     check_not_meta,
     check_param_list,
     check_positive,
-    distinct_param_group,
 )
 
 __all__ = ["Shampoo", "matrix_power", "muon_with_adamw", "GRAFTINGS"]
@@ -115,7 +115,7 @@ class Shampoo(torch.optim.Optimizer):
         precondition_interval: the roots are recomputed every this many steps (≥ 1).
         start_preconditioning_step: the first step that uses Shampoo's direction; before it the base optimizer's
             step is taken (≥ 1; ``1``: from the start).
-        grafting: ``"adam"``, ``"sgd"`` or ``"none"`` (see :data:`GRAFTINGS`); with ``"none"`` the steps before
+        grafting: ``"adam"``, ``"sgd"`` or ``"none"`` (see :data:`~taskloss.curvature.shampoo.GRAFTINGS`); with ``"none"`` the steps before
             ``start_preconditioning_step`` are SGD's on ``M``.
         graft_betas: Adam's ``(β₁, β₂)`` for ``grafting="adam"``.
         graft_eps: Adam's ``eps``.

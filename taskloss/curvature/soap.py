@@ -30,7 +30,8 @@ from torch import Tensor
 
 from taskloss.curvature.kfac_math import fold_moment
 from taskloss.curvature.shampoo import _check_betas
-from taskloss.utils import (
+from taskloss.parameter_vectors import distinct_param_group
+from taskloss.validation import (
     check_choice,
     check_int,
     check_nonnegative,
@@ -38,7 +39,6 @@ from taskloss.utils import (
     check_param_list,
     check_positive,
     check_probability,
-    distinct_param_group,
 )
 
 __all__ = ["SOAP", "EIGENBASIS_METHODS"]
@@ -59,7 +59,7 @@ class SOAP(torch.optim.Optimizer):
         weight_decay: decoupled weight decay ``λ ≥ 0``.
         precondition_frequency: the eigenbasis is refreshed after every this many updates (≥ 1).
         max_preconditioner_dim: a side longer than this is not rotated.
-        eigenbasis: ``"qr"`` or ``"eigh"`` (see :data:`EIGENBASIS_METHODS`).
+        eigenbasis: ``"qr"`` or ``"eigh"`` (see :data:`~taskloss.curvature.soap.EIGENBASIS_METHODS`).
 
     ``state[p]``: ``step`` (Adam updates taken), ``exp_avg``, ``exp_avg_sq``, ``factors`` and ``Q`` (``None`` per
     side not rotated). ``step(closure)`` follows torch.optim; schedulers work; frozen parameters and those without a

@@ -45,7 +45,8 @@ import torch
 from taskloss.datasets import stdlib_corpus
 from taskloss.datasets.stdlib_corpus import split_of
 from taskloss.datasets.tokenizer import DEFAULT_MIN_COUNT, SPECIAL_TOKENS, Tokenizer
-from taskloss.utils import DATA_DIR, atomic_write_text, check_bool, check_int
+from taskloss.utils import DATA_DIR, atomic_write_text
+from taskloss.validation import check_bool, check_int
 
 __all__ = [
     "SPLITS", "CACHE_DIR", "MAX_UNK_RATE", "UnknownTokenWarning", "Document", "load_documents", "load_corpus",

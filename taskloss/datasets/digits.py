@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from taskloss.utils import check_finite, check_int, check_ndim, check_not_meta
+from taskloss.validation import check_finite, check_int, check_ndim, check_not_meta
 
 __all__ = ["DigitsSplits", "load_digits_splits", "digits_images", "split_indices", "indices_checksum",
            "N_DIGITS", "N_FEATURES", "N_CLASSES", "SPLIT_FRACTIONS"]

@@ -14,7 +14,8 @@ from typing import Sequence
 import torch
 
 from taskloss.datasets.tokenizer import Tokenizer, minilm_path
-from taskloss.utils import check_int, check_nonempty, resolve_device
+from taskloss.utils import resolve_device
+from taskloss.validation import check_int, check_nonempty
 
 __all__ = ["load_minilm", "minilm_token_embeddings", "sentence_embeddings"]
 

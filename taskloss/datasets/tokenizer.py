@@ -19,7 +19,8 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from taskloss.utils import atomic_write_text, check_bool, check_int, check_nonempty, check_not_meta
+from taskloss.utils import atomic_write_text
+from taskloss.validation import check_bool, check_int, check_nonempty, check_not_meta
 
 __all__ = ["Tokenizer", "minilm_path", "SPECIAL_TOKENS", "DEFAULT_MIN_COUNT"]
 

@@ -24,7 +24,8 @@ from typing import Callable, Iterable
 import torch
 from torch import Tensor
 
-from taskloss.utils import (
+from taskloss.parameter_vectors import distinct_param_group, unique_tensors
+from taskloss.validation import (
     all_finite,
     check_bool,
     check_iterable,
@@ -32,8 +33,6 @@ from taskloss.utils import (
     check_not_meta,
     check_param_list,
     check_positive,
-    distinct_param_group,
-    unique_tensors,
 )
 
 __all__ = ["CLIP_MODES", "clip_coefficient", "clip_grad_", "ClippedSGD"]

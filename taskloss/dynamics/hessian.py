@@ -3,7 +3,7 @@ top Hessian eigenvalue by power iteration.
 
 Derived in notebook 11_gradient_clipping (sharpness in 12_implicit_gradient_regularization). A *loss function* is
 a pure function ``loss_fn(params) → 0-d tensor`` of a tensor or a dict of tensors; for an ``nn.Module``,
-:func:`taskloss.utils.functional_loss` (``functional_loss(model, criterion, inputs)``) builds one with
+:func:`taskloss.parameter_vectors.functional_loss` (``functional_loss(model, criterion, inputs)``) builds one with
 ``torch.func.functional_call``.
 Gradients use autograd on detached copies of θ (the caller's tensors are never touched); Hessian-vector products
 are double backward, ``∇⟨∇f(θ), v⟩`` (about the cost of two gradients), never the Hessian itself. Fused kernels
@@ -21,7 +21,8 @@ from typing import Callable, Mapping, Sequence
 import torch
 from torch import Tensor
 
-from taskloss.utils import check_finite, check_generator, check_int, check_not_meta, check_positive, flatten
+from taskloss.parameter_vectors import flatten
+from taskloss.validation import check_finite, check_generator, check_int, check_not_meta, check_positive
 
 __all__ = ["native_kernels", "loss_gradient", "hessian_vector_product", "top_hessian_eigenvalue", "EigenResult",
            "Params", "check_params", "checked_loss_fn", "map_params", "params_dot", "param_leaves", "rebuild_params",

@@ -50,7 +50,8 @@ from taskloss.dynamics.hessian import (
     rebuild_params,
     value_and_gradient,
 )
-from taskloss.utils import (
+from taskloss.parameter_vectors import flatten, unflatten, unique_tensors
+from taskloss.validation import (
     check_bool,
     check_eval_mode,
     check_finite,
@@ -58,10 +59,7 @@ from taskloss.utils import (
     check_nonnegative,
     check_not_meta,
     check_positive,
-    flatten,
     is_transformed,
-    unflatten,
-    unique_tensors,
 )
 
 __all__ = [
@@ -141,7 +139,7 @@ def per_example_gradient_penalty(model: nn.Module, example_loss: Callable, input
     Raises:
         ValueError: empty batch, mismatched lengths, a non-scalar per-example loss, NaN gradients; a model holding a
             train-mode Dropout or BatchNorm (random or batch-coupled per-example losses;
-            :func:`taskloss.utils.check_eval_mode`).
+            :func:`taskloss.validation.check_eval_mode`).
 
     Derived in notebook 12_implicit_gradient_regularization.
     """

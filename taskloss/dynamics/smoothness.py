@@ -25,7 +25,8 @@ import torch
 from torch import Tensor
 
 from taskloss.dynamics.hessian import Params, check_params, check_same_structure, checked_loss_fn, loss_gradient
-from taskloss.utils import check_finite, check_iterable, check_not_meta, flatten, unique_tensors
+from taskloss.parameter_vectors import flatten, unique_tensors
+from taskloss.validation import check_finite, check_iterable, check_not_meta
 
 __all__ = ["local_smoothness", "SmoothnessSample", "TrajectorySmoothness", "fit_l0_l1", "SmoothnessFit"]
 

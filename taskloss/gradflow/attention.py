@@ -29,7 +29,7 @@ import torch
 
 from taskloss.lm.completion import block_nll
 from taskloss.models.transformer import TransformerLM
-from taskloss.utils import check_bool, check_token_ids
+from taskloss.validation import check_bool, check_token_ids
 
 __all__ = ["attention_probabilities", "attention_entropy", "LayerGradients", "layer_gradient_norms"]
 

@@ -37,7 +37,7 @@ from torch import nn
 from torch.func import jacrev, vmap
 
 from taskloss.models.recurrent import RNNLM
-from taskloss.utils import check_bool, check_finite, check_generator, check_int, check_positive, check_token_ids
+from taskloss.validation import check_bool, check_finite, check_generator, check_int, check_positive, check_token_ids
 
 __all__ = ["LagJacobians", "lag_jacobians", "jacobian_norms", "gate_product_error", "init_recurrent_"]
 

@@ -26,7 +26,14 @@ from torch import nn
 
 from taskloss.lm.completion import block_nll
 from taskloss.models.transformer import TransformerLM
-from taskloss.utils import check_generator, check_int, check_nonnegative, check_positive, check_token_ids, eval_mode
+from taskloss.validation import (
+    check_generator,
+    check_int,
+    check_nonnegative,
+    check_positive,
+    check_token_ids,
+    eval_mode,
+)
 
 __all__ = ["TrainResult", "train_lm", "evaluate_nll", "xavier_init_"]
 

@@ -13,7 +13,7 @@ from torch import Tensor
 
 from taskloss.harness.problem import PassCount, PassCounter, Problem
 from taskloss.harness.rules import make_rule
-from taskloss.utils import all_finite, check_int
+from taskloss.validation import all_finite, check_int
 
 __all__ = ["StepRecord", "TrainRecord", "propose", "train"]
 

@@ -39,15 +39,14 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from taskloss.curvature.fisher import LIKELIHOODS, nll_loss
-from taskloss.utils import (
+from taskloss.parameter_vectors import flatten, unflatten
+from taskloss.validation import (
     check_eval_mode,
     check_finite,
     check_floating,
     check_ndim,
     check_nonnegative,
     check_not_meta,
-    flatten,
-    unflatten,
 )
 
 __all__ = ["Problem", "PassCounter", "PassCount", "grad_hessian"]
@@ -122,7 +121,7 @@ class Problem:
         by ``torch.func.grad`` and ``torch.func.jacrev`` twice (P² memory: small models only).
 
         Raises ``ValueError`` for a model holding a train-mode Dropout or BatchNorm (each call of the loss would be
-        another random function; :func:`taskloss.utils.check_eval_mode`, as the curvature methods refuse it)."""
+        another random function; :func:`taskloss.validation.check_eval_mode`, as the curvature methods refuse it)."""
         check_eval_mode(self.model, purpose="the gradient and the Hessian would be of different random functions",
                         fix="grad_hessian()")
         return grad_hessian(self.flat_loss(), self.flat_params())

@@ -31,7 +31,7 @@ from torch import Tensor
 from taskloss.harness.problem import Problem, grad_hessian
 from taskloss.sampling.proposals import GaussianProposal, UniformBallProposal
 from taskloss.sampling.update import expected_update, gaussian_update_distribution, newton_direction, vmap_loss
-from taskloss.utils import check_finite, check_generator, check_int, check_positive
+from taskloss.validation import check_finite, check_generator, check_int, check_positive
 
 __all__ = ["IdealUpdate", "ideal_update", "step_agreement"]
 

@@ -53,7 +53,7 @@ from taskloss.search.functional import call_with_parameters
 from taskloss.search.mgs import MGS
 from taskloss.search.policy_gradient import classification_reinforce
 from taskloss.search.zeroth_order import MeZO, gaussian_smoothing_grad, spsa_grad
-from taskloss.utils import check_bool, check_int, check_positive
+from taskloss.validation import check_bool, check_int, check_positive
 
 __all__ = ["RuleSpec", "RULES", "DEFAULT_OVERRIDES", "OWN_MEANING", "DENSE_MAX_PARAMS", "register", "make_rule",
            "applicable_rules", "inapplicable_rules"]

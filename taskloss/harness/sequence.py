@@ -37,7 +37,7 @@ from taskloss.harness.problem import Problem
 from taskloss.lm.causal_lm import CausalLM, greedy_decode
 from taskloss.lm.completion import CompletionBatch, CompletionTask, window_nll
 from taskloss.search.policy_gradient import sequence_reinforce
-from taskloss.utils import check_generator, check_int
+from taskloss.validation import check_generator, check_int
 
 __all__ = ["SequenceProblem"]
 

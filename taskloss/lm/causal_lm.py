@@ -26,7 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from taskloss.lm.pretrained import load_pretrained_lm
-from taskloss.utils import check_bool, check_int, check_token_ids, resolve_device
+from taskloss.utils import resolve_device
+from taskloss.validation import check_bool, check_int, check_token_ids
 
 __all__ = ["CausalLM", "HFTokenizer", "load_causal_lm", "greedy_decode"]
 

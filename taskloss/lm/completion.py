@@ -31,7 +31,7 @@ from taskloss.datasets.corpus import lm_blocks, load_corpus, prefix_continuation
 from taskloss.datasets.tokenizer import Tokenizer
 from taskloss.lm.causal_lm import greedy_decode
 from taskloss.losses import metrics
-from taskloss.utils import (
+from taskloss.validation import (
     INDEX_DTYPES,
     check_bool,
     check_device,
@@ -202,7 +202,7 @@ def window_nll(model: nn.Module, prefixes: torch.Tensor, refs: torch.Tensor, pad
 def block_nll(model: nn.Module, blocks: torch.Tensor) -> torch.Tensor:
     """Mean next-token NLL of LM blocks ``[M, T + 1]`` (the pretraining objective). Scalar, differentiable.
 
-    Token ids may be int64 or int32, as the models take them (:data:`taskloss.utils.INDEX_DTYPES`)."""
+    Token ids may be int64 or int32, as the models take them (:data:`taskloss.validation.INDEX_DTYPES`)."""
     _check_blocks(blocks)
     logits = model(blocks[:, :-1])
     targets = blocks[:, 1:]

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from taskloss.lm.causal_lm import CausalLM
-from taskloss.utils import (
+from taskloss.validation import (
     all_finite,
     check_bool,
     check_generator,

@@ -18,7 +18,8 @@ import torch
 
 from taskloss.datasets.tokenizer import Tokenizer
 from taskloss.models.transformer import TransformerLM
-from taskloss.utils import DATA_DIR, check_bool, resolve_device
+from taskloss.utils import DATA_DIR, resolve_device
+from taskloss.validation import check_bool
 
 __all__ = ["PRETRAINED_DIR", "load_pretrained_lm"]
 

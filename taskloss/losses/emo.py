@@ -74,7 +74,7 @@ from taskloss.losses.emo_kernel import (
     unwrapped,
     use_autograd_path,
 )
-from taskloss.utils import check_bool, check_choice, check_floating, check_int, check_ndim, check_positive
+from taskloss.validation import check_bool, check_choice, check_floating, check_int, check_ndim, check_positive
 
 __all__ = ["VARIANTS", "REDUCTIONS", "emo_and_mle_per_token", "combine_emo_mle", "emo_loss",
            "emo_soft_upper_bound", "EMOLoss", "emo_loss_reference"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from taskloss.losses.emo_kernel import all_true, compute_dtype
-from taskloss.utils import check_floating, check_ndim
+from taskloss.validation import check_floating, check_ndim
 
 __all__ = ["normalize_cost_embeddings", "emo_cost_matrix"]
 

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 
 from taskloss.losses.levenshtein import levenshtein_rapidfuzz, levenshtein_torch
-from taskloss.utils import check_bool, check_device, check_int, check_nonempty, check_steps
+from taskloss.validation import check_bool, check_device, check_int, check_nonempty, check_steps
 
 __all__ = [
     "cut_at_eos", "to_lists",

@@ -43,7 +43,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from taskloss.utils import all_finite, check_int, check_not_meta, check_positive, check_steps
+from taskloss.validation import all_finite, check_int, check_not_meta, check_positive, check_steps
 
 __all__ = ["frontier_score", "cluster_histograms", "divergence_frontier", "frontier_area", "mmd2",
            "embed_texts"]

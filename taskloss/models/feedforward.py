@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taskloss.utils import check_allocation, check_bool, check_finite, check_int, check_not_meta, is_transformed
+from taskloss.validation import check_allocation, check_bool, check_finite, check_int, check_not_meta, is_transformed
 
 __all__ = ["MLP", "SmallCNN"]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from taskloss.utils import (
+from taskloss.validation import (
     check_allocation,
     check_bool,
     check_finite,

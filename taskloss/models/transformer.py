@@ -13,7 +13,14 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from taskloss.utils import check_allocation, check_bool, check_int, check_probability, check_token_ids, is_transformed
+from taskloss.validation import (
+    check_allocation,
+    check_bool,
+    check_int,
+    check_probability,
+    check_token_ids,
+    is_transformed,
+)
 
 __all__ = ["TransformerLM", "RESIDUAL_MODES"]
 

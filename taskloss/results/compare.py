@@ -49,7 +49,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from taskloss.results.procedures import median_interval, minimum_detectable_effect, sign_test, win_rate_interval
-from taskloss.utils import check_probability
+from taskloss.validation import check_probability
 
 __all__ = ["Comparison", "paired_comparison", "comparison_table", "adjust", "VERDICTS", "METHODS", "CORRECTIONS",
            "ESTIMANDS", "MIN_SEEDS", "POWER"]

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from scipy import special
 
-from taskloss.utils import check_finite, check_floating, check_int, check_not_meta, check_positive
+from taskloss.validation import check_finite, check_floating, check_int, check_not_meta, check_positive
 
 __all__ = ["log_ball_volume", "ball_log_partition", "ball_partition", "ball_log_partition_derivative",
            "ball_expected_update"]

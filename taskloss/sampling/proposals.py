@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from taskloss.sampling.ball import log_ball_volume
-from taskloss.utils import (
+from taskloss.validation import (
     LINALG_DTYPES,
     all_finite,
     check_dtype,

@@ -29,7 +29,7 @@ from typing import Callable
 import torch
 
 from taskloss.sampling.proposals import GaussianProposal
-from taskloss.utils import (
+from taskloss.validation import (
     LINALG_DTYPES,
     check_finite,
     check_floating,

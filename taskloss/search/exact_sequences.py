@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from taskloss.search.group_estimators import completion_logprobs
-from taskloss.utils import check_generator, check_int
+from taskloss.validation import check_generator, check_int
 
 __all__ = ["enumerate_sequences", "TabularPolicy", "sequence_scores", "exact_objective", "exact_group_moments",
            "sampled_group_moments", "GroupMoments"]

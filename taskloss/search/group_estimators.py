@@ -50,7 +50,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from taskloss.lm.generation import generate
-from taskloss.utils import (
+from taskloss.validation import (
     check_choice,
     check_finite,
     check_floating,

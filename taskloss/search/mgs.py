@@ -77,7 +77,7 @@ from taskloss.search.mgs_density import (
 from taskloss.search.mgs_noise import CandidateDraws, DrawPlan, build_proposal
 from taskloss.search.mgs_scoring import MODES, CandidateScorer, default_forward
 from taskloss.search.mgs_stats import ESS_WARNING, MGSStats, collapse_message
-from taskloss.utils import check_bool, check_choice, check_int, check_not_meta, check_positive, check_probability
+from taskloss.validation import check_bool, check_choice, check_int, check_not_meta, check_positive, check_probability
 
 __all__ = ["MGS", "SIGMA_MODES", "ASSIGNMENTS", "GRAD_NORM_EPS"]
 

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from taskloss.sampling.update import normalized_log_weights
-from taskloss.utils import all_finite, check_bool, check_choice, check_not_meta, check_positive, check_probability
+from taskloss.validation import all_finite, check_bool, check_choice, check_not_meta, check_positive, check_probability
 
 __all__ = ["mixture_log_density", "mgs_weights", "DENSITIES", "log_q_from_sq", "log_q_floats", "checked_shift_floats",
            "log_weights_floats", "candidate_seeds", "uniform_from_seed", "mle_components"]

@@ -15,12 +15,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from taskloss.parameter_vectors import flatten, unflatten
 from taskloss.sampling.update import SNISResult, self_normalized_is
 from taskloss.search.functional import call_with_parameters
 from taskloss.search.mgs import GRAD_NORM_EPS
 from taskloss.search.mgs_density import candidate_seeds, mixture_log_density, mle_components
 from taskloss.search.mgs_scoring import default_forward
-from taskloss.utils import check_int, check_not_meta, check_positive, eval_mode, flatten, unflatten
+from taskloss.validation import check_int, check_not_meta, check_positive, eval_mode
 
 __all__ = ["mgs_step_reference"]
 

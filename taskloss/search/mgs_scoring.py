@@ -30,10 +30,10 @@ from torch import Tensor, nn
 from torch.func import vmap
 from torch.utils._pytree import tree_leaves, tree_map
 
+from taskloss.parameter_vectors import flatten
 from taskloss.search.functional import ParameterReads, call_with_parameters, depends_on_vmap
 from taskloss.search.mgs_noise import CandidateDraws
-from taskloss.utils import eval_mode as _eval_mode
-from taskloss.utils import flatten
+from taskloss.validation import eval_mode as _eval_mode
 
 __all__ = ["default_forward", "CandidateScorer", "stack_losses", "MODES", "ModelOutputError", "is_model_output",
            "model_output_message"]

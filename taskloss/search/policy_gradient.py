@@ -25,7 +25,7 @@ import torch.nn.functional as F
 
 from taskloss.lm.generation import generate, sequence_logprob
 from taskloss.losses.metrics import accuracy
-from taskloss.utils import (
+from taskloss.validation import (
     check_finite,
     check_floating,
     check_generator,
@@ -101,7 +101,7 @@ def reinforce_loss(logprobs: torch.Tensor, rewards: torch.Tensor, baseline: torc
 
 
 def _finite(name: str, t: torch.Tensor) -> torch.Tensor:
-    """:func:`taskloss.utils.check_finite` after a clear refusal of meta tensors (which have no values to check)."""
+    """:func:`taskloss.validation.check_finite` after a clear refusal of meta tensors (which have no values to check)."""
     check_not_meta(name, t)
     return check_finite(name, t)
 

@@ -15,7 +15,7 @@ with ``torch.func.vmap`` over stacked parameter sets where ``f`` allows it):
 * :class:`MeZO` — the memory-of-one-model optimizer: perturb in place, regenerate the noise from a seed.
 
 ``θ`` may be a tensor or a dict of tensors (e.g. ``dict(model.named_parameters())``);
-:func:`taskloss.utils.functional_loss` turns ``(model, loss_fn, inputs)`` into such an ``f`` via
+:func:`taskloss.parameter_vectors.functional_loss` turns ``(model, loss_fn, inputs)`` into such an ``f`` via
 ``torch.func.functional_call``. ``n_samples`` counts the perturbations, ``sigma`` is their scale (the vocabulary
 of ``docs/vocabulary.md``).
 
@@ -30,9 +30,10 @@ import torch
 from torch.func import vmap
 
 from taskloss.curvature.distributed import agree_status
+from taskloss.parameter_vectors import distinct_param_group
 from taskloss.search.functional import depends_on_vmap
 from taskloss.search.ranks import check_n_examples, combine_across_ranks, fingerprint, share_generator_, world_of
-from taskloss.utils import (
+from taskloss.validation import (
     all_finite,
     check_bool,
     check_generator,
@@ -42,7 +43,6 @@ from taskloss.utils import (
     check_param_list,
     check_positive,
     check_steps,
-    distinct_param_group,
 )
 
 __all__ = ["gaussian_smoothing_grad", "spsa_grad", "MeZO", "NOISE_BLOCK"]
@@ -117,7 +117,7 @@ def _evaluate(f: Callable, stacked: dict[str, torch.Tensor], single: bool, vecto
         if isinstance(v, torch.Tensor) and not depends_on_vmap(v):
             raise ValueError("f returned the same value at every perturbed point under vmap: it does not depend on "
                              "the parameters it is given (a model evaluated with its own parameters instead of "
-                             "through torch.func.functional_call, taskloss.utils.functional_loss or "
+                             "through torch.func.functional_call, taskloss.parameter_vectors.functional_loss or "
                              "taskloss.search.call_with_parameters?); pass vectorize=False for an f that is "
                              "really constant")
         return v

@@ -6,7 +6,7 @@ import torch
 from torch import nn
 
 import taskloss.curvature as C
-from taskloss.utils import flatten
+from taskloss.parameter_vectors import flatten
 
 D = torch.float64
 NAN = float("nan")

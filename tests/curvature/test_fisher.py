@@ -7,7 +7,7 @@ from torch import nn
 from torch.func import functional_call
 
 import taskloss.curvature as C
-from taskloss.utils import flatten, unflatten
+from taskloss.parameter_vectors import flatten, unflatten
 
 curvlinops = pytest.importorskip("curvlinops")
 

@@ -23,7 +23,7 @@ from taskloss.dynamics import (
     per_example_gradient_penalty,
 )
 from taskloss.models import MLP
-from taskloss.utils import flatten, functional_loss
+from taskloss.parameter_vectors import flatten, functional_loss
 
 D = torch.float64
 

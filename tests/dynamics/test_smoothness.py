@@ -22,7 +22,7 @@ from taskloss.dynamics import (
     top_hessian_eigenvalue,
 )
 from taskloss.models import MLP
-from taskloss.utils import flatten, functional_loss
+from taskloss.parameter_vectors import flatten, functional_loss
 
 D = torch.float64
 

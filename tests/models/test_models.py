@@ -12,7 +12,7 @@ from torch import nn
 from torch.func import functional_call, vmap
 
 from taskloss.models import MLP, RNNLM, SmallCNN, TransformerLM
-from taskloss.utils import count_parameters
+from taskloss.parameter_vectors import count_parameters
 
 
 # ----------------------------------------------------------------------------------------------- causality

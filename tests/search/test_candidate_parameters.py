@@ -15,7 +15,7 @@ from torch import nn
 
 from taskloss.losses import edit_distance
 from taskloss.search import MGS, call_with_parameters, gaussian_smoothing_grad, mgs_step_reference
-from taskloss.utils import functional_loss
+from taskloss.parameter_vectors import functional_loss
 from helpers import mgs_closure, mgs_step, with_surrogate
 
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from taskloss.search import MeZO, gaussian_smoothing_grad
-from taskloss.utils import functional_loss
+from taskloss.parameter_vectors import functional_loss
 
 X = torch.randn(32, 8, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
 Y = torch.randint(0, 4, (32,), generator=torch.Generator().manual_seed(2))

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from taskloss.search import policy_gradient as PG
 from taskloss.search import zeroth_order as ZO
-from taskloss.utils import functional_loss
+from taskloss.parameter_vectors import functional_loss
 
 
 def quadratic(d=6, seed=0):

@@ -16,7 +16,7 @@ from torch import nn
 
 from taskloss.harness import Problem, make_rule
 from taskloss.search import MeZO, gaussian_smoothing_grad, spsa_grad
-from taskloss.utils import functional_loss
+from taskloss.parameter_vectors import functional_loss
 
 N = 11          # 2 ranks: 6 + 5 rows; 3 ranks: 4 + 4 + 3
 
