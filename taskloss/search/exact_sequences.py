@@ -90,14 +90,15 @@ def _check_space(model, prompt, seqs, mask, rewards=None) -> None:
             raise TypeError(f"{name} must be an integer tensor of token ids, got "
                             f"{getattr(t, 'dtype', type(t).__name__)}")
         if t.ndim != ndim:
-            raise ValueError(f"{name} must have {ndim} dimension(s), got shape {tuple(t.shape)}")
+            what = "one sequence [P]" if name == "prompt" else "sequences [M, L]"
+            raise ValueError(f"{name} must be {what}, got shape {tuple(t.shape)}")
     if not isinstance(mask, torch.Tensor) or mask.is_meta or mask.is_complex() or mask.shape != seqs.shape:
         raise ValueError(f"mask must be a real tensor shaped like seqs {tuple(seqs.shape)}, got "
                          f"{tuple(mask.shape) if isinstance(mask, torch.Tensor) else type(mask).__name__}")
     if rewards is not None:
         if not isinstance(rewards, torch.Tensor) or rewards.is_meta or rewards.is_complex() \
                 or rewards.shape != seqs.shape[:1]:
-            raise ValueError(f"rewards must be a real tensor [M={len(seqs)}], one per sequence")
+            raise ValueError(f"rewards must be a tensor [M={len(seqs)}] of real values, one per sequence")
         if not torch.isfinite(rewards.double()).all():
             raise ValueError("rewards contain NaN or inf")
 
