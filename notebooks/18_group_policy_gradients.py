@@ -191,7 +191,7 @@ Gmax = group_sizes[-1]
 by = {(r["estimator"], r["G"]): r for r in rows}
 run.record("bias/table", rows)
 run.record("bias/grpo_direction_bias_Gmax", by["GRPO", Gmax]["direction_bias"], headline=True)
-run.record("bias/dapo_direction_bias_Gmax", by["DAPO (token-level)", Gmax]["direction_bias"])
+run.record("bias/dapo_direction_bias_Gmax", by["DAPO (token-level)", Gmax]["direction_bias"], headline=True)
 run.record("bias/rloo_direction_bias_Gmax", by["RLOO", Gmax]["direction_bias"])
 run.record("bias/grpo_scale_Gmax", by["GRPO", Gmax]["scale"])
 run.record("variance/rloo_rel_noise_Gmax", by["RLOO", Gmax]["rel_noise"], headline=True)

@@ -89,6 +89,11 @@ class _Headline(string.Formatter):
         raise KeyError(f"{self.where}: the headline template names {field_name!r}, which the committed notebook does "
                        f"not record; its headline results are {sorted(self.values)}")
 
+    def format_field(self, value, format_spec):
+        if format_spec and isinstance(value, str) and value in ("inf", "-inf", "nan"):    # JSON's non-finite numbers
+            value = float(value)
+        return super().format_field(value, format_spec)
+
 
 def _values(chapter: Chapter) -> dict[str, Any]:
     """The committed headline results, each recorded comparison with its family-corrected fields

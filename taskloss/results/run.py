@@ -60,6 +60,7 @@ __all__ = ["Run", "start", "RESULTS_FILE", "ClaimNotHeld"]
 RESULTS_FILE = "results.json"
 
 
+_NONFINITE = ("inf", "-inf", "nan")
 _FAMILY_FIELDS = ("p_adjusted", "verdict_adjusted", "correction", "family_size", "mde_family")
 
 
@@ -262,6 +263,8 @@ class Run:
             value = self._lookup(field_name, values)
             if conv:
                 value = {"r": repr, "s": str, "a": ascii}[conv](value)
+            elif spec and isinstance(value, str) and value in _NONFINITE:   # recorded as JSON strings
+                value = float(value)                                           # an unbounded interval: "inf"
             out.append(format(value, spec or ""))
         return "".join(out)
 

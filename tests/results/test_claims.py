@@ -101,3 +101,11 @@ def test_comparison_table_is_one_family_with_holm_by_default(tmp_path, capsys):
     with pytest.raises(KeyError, match="no comparison"):
         run.comparison_table(["missing"])
     assert "adjusted p" not in run.comparison_table(correction=None)
+
+
+def test_render_formats_an_unbounded_interval(tmp_path):
+    """A comparison at 3 seeds has the interval (−inf, inf), recorded as JSON strings: a numeric format spec renders
+    them as inf instead of failing (notebook 09's summary did)."""
+    run = _run(tmp_path)
+    run.compare("c", [1.0, 2.0, 3.0], [0.0, 0.5, 1.0])
+    assert run.render("[{c.ci_low:.3f}, {c.ci_high:.3f}]") == "[-inf, inf]"
