@@ -1090,6 +1090,7 @@ _ACCEPT_SPECS: list[tuple[str, str, tuple[str, ...], Callable[[str], Callable[[A
     ("harness", "PassCounter", ("train-mode Dropout model",), lambda k: lambda r: None),
     ("sampling", "vmap_loss", ("train-mode Dropout model",), lambda k: lambda r: None),
     ("utils", "count_parameters", ("train-mode Dropout model",), lambda k: lambda r: None),
+    ("curvature", "muon_with_adamw", ("train-mode Dropout model",), lambda k: lambda r: None),   # an optimizer: any mode
     ("utils", "functional_loss", ("train-mode Dropout model",), lambda k: lambda r: None),
     ("utils", "random_modules", ("train-mode Dropout model",), lambda k: lambda r: None),
     ("utils", "check_module", ("train-mode Dropout model",), lambda k: lambda r: None),
@@ -1620,6 +1621,7 @@ ARG_POISONS = ("meta tensor", "complex tensor", "empty tensor", "0-d NaN tensor"
                "string", "None", "opaque object", "ModelOutput", "list with NaN", "huge size")
 # (subpackage, name, argument) → poisons the contract admits there (checked to return)
 ARG_ACCEPTS = {
+    ("search", "mixture_log_density", "sigma"): {"huge size"},      # a (silly) finite scale has a finite density
     ("attribution", "average_ranks", "x"): {"empty tensor"},                  # a batch of no rows
     ("attribution", "uniform_noise_baseline", "inputs"): {"non-contiguous NaN tensor"},   # its shape only
     ("attribution", "gaussian_noise_baseline", "inputs"): {"non-contiguous NaN tensor"},

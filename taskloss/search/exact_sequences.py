@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from taskloss.search.group_estimators import completion_logprobs
-from taskloss.validation import check_generator, check_int
+from taskloss.validation import check_allocation, check_generator, check_int
 
 __all__ = ["enumerate_sequences", "TabularPolicy", "sequence_scores", "exact_objective", "exact_group_moments",
            "sampled_group_moments", "GroupMoments"]
@@ -60,6 +60,7 @@ class TabularPolicy(nn.Module):
         super().__init__()
         self.vocab_size = check_int("n_tokens", n_tokens, minimum=2)
         self.max_len = check_int("max_length", max_length, minimum=1) + 1           # the prompt token, then L
+        check_allocation("TabularPolicy's logit table", 4.0 * self.max_len * self.vocab_size ** 2)
         g = torch.Generator().manual_seed(check_int("seed", seed, minimum=0))
         self.logits = nn.Parameter(float(init_scale) * torch.randn(self.max_len, n_tokens, n_tokens, generator=g,
                                                                    dtype=torch.float64))

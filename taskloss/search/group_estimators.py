@@ -149,6 +149,13 @@ def sample_groups(model: nn.Module, prompts: torch.Tensor, group_size: int, max_
     For a Hugging Face model, wrap it in :class:`taskloss.lm.CausalLM` or sample with its own ``generate`` and pass
     the completions to the losses directly. Derived in notebook 18_group_policy_gradients.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be an nn.Module with vocab_size and max_len (a taskloss LM, a CausalLM wrapper "
+                        f"or a TabularPolicy), got {type(model).__name__}")
+    if not isinstance(prompts, torch.Tensor) or prompts.dtype.is_floating_point or prompts.is_complex() \
+            or prompts.ndim != 2:
+        raise TypeError(f"prompts must be an integer tensor [N, P] of token ids, got "
+                        f"{getattr(prompts, 'dtype', type(prompts).__name__)} {tuple(getattr(prompts, 'shape', ()))}")
     G = check_int("group_size", group_size, minimum=1)
     check_generator("generator", generator, prompts.device)
     rep = prompts.repeat_interleave(G, dim=0)
