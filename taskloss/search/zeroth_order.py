@@ -166,6 +166,37 @@ def _validate(f, sigma: float, n: int, generator, chunk_size, vectorize) -> tupl
     return check_positive("sigma", sigma), check_int("n_samples", n, minimum=1)
 
 
+_HALF = ("float16", "bfloat16")
+RESOLUTION_SHARE = 0.01          # the share of a half-precision tensor's entries allowed to round σz away
+
+
+def _check_resolution(tensors, sigma: float, what: str) -> None:
+    """Refuse a perturbation scale that half-precision parameters cannot represent (issue 45's precision table).
+
+    θ ± σz is formed in the parameters' dtype. Where σ is below half the spacing of the floats around θ
+    (``finfo.eps · |θ| / 2``), σz rounds away or to a neighbouring float, so the loss differences measure another
+    direction than the ``z`` the estimate multiplies, and MeZO's in-place perturb / restore does not return θ (in
+    bfloat16 at σ = 1e-3 on a small MLP: step cosine 0.90 with float64, a drift of 3 units of resolution). More than
+    ``RESOLUTION_SHARE`` of any tensor's entries in that range is refused, with the σ that would be resolved.
+    float32 and float64 tensors always pass.
+
+    Raises:
+        ValueError: σ below the resolution of too many half-precision entries.
+    """
+    for name, t in tensors:
+        if str(t.dtype).split(".")[-1] not in _HALF or t.numel() == 0:
+            continue
+        spacing = t.detach().abs().float() * (torch.finfo(t.dtype).eps / 2)
+        share = float((spacing > sigma).float().mean())
+        if share > RESOLUTION_SHARE:
+            needed = float(spacing.flatten().kthvalue(max(1, int((1 - RESOLUTION_SHARE) * spacing.numel()))).values)
+            raise ValueError(
+                f"{what}: sigma = {sigma:g} is below half the resolution of the {str(t.dtype).split('.')[-1]} "
+                f"parameter {name} for {share:.0%} of its entries, so θ ± σz rounds the perturbation away and the "
+                f"estimate follows another direction. Use sigma ≥ {needed:.2g} (resolved for all but "
+                f"{RESOLUTION_SHARE:.0%} of the entries), or keep the parameters in float32 (float32 master weights)")
+
+
 class _Ranks:
     """The ranks an estimator combines its values across (see :mod:`taskloss.search.ranks`): built once per call,
     after every rank's generator was given rank 0's state (or a seed from rank 0 when there is none)."""
@@ -255,6 +286,7 @@ def gaussian_smoothing_grad(f: Callable, theta, sigma: float, n_samples: int, *,
     th, single = _as_dict(theta)
     _check_theta(th)
     _check_draws(th, n)
+    _check_resolution(th.items(), sigma, "gaussian_smoothing_grad")
     if baseline not in ("none", "value", "loo", "antithetic"):
         raise ValueError(f"baseline must be 'none', 'value', 'loo' or 'antithetic', got {baseline!r}")
     if baseline == "loo" and n < 2:
@@ -313,6 +345,7 @@ def spsa_grad(f: Callable, theta, sigma: float, n_samples: int = 1, *, generator
     th, single = _as_dict(theta)
     _check_theta(th)
     _check_draws(th, n)
+    _check_resolution(th.items(), sigma, "spsa_grad")
     ranks = _Ranks(th, n_examples, process_group)
     d = _draw(th, n, "rademacher", ranks.generator(generator))
     plus = _evaluate(f, {k: th[k] + sigma * z for k, z in d.items()}, single, vectorize, chunk_size, ranks.local)
@@ -332,6 +365,12 @@ class MeZO(torch.optim.Optimizer):
     parameter by parameter (a temporary of at most one parameter, or ``NOISE_BLOCK`` entries of a larger
     contiguous one, at a time). Derived in notebook
     05_policy_gradient_vs_zeroth_order.
+
+    Half precision: θ ± σz is formed in the parameters' dtype, so a σ below half the resolution of float16/bfloat16
+    parameters is refused with the σ that would be resolved (``benchmarks/bench_precision.py`` found the bfloat16 step
+    0.90–0.96 cosine from float64 at σ = 1e-3). Above it the step follows float64's, but the in-place perturb / restore
+    still rounds θ by a few units of the dtype's resolution per step (exact restoring would need a float32 copy of θ,
+    the memory MeZO saves): keep float32 master weights where that drift matters.
 
     ``step(closure)`` follows torch.optim except that the closure is evaluated at perturbed parameters:
     ``closure()`` must return the loss (no ``backward``; it runs under ``torch.no_grad()``), or ``(loss,
@@ -522,6 +561,7 @@ class MeZO(torch.optim.Optimizer):
             check_nonnegative("weight_decay", group["weight_decay"])
         world, _ = world_of(self.process_group)
         trained = [p for group in self.param_groups for p in self._trained(group)]
+        _check_resolution(((f"#{i}", p) for i, p in enumerate(trained)), sigma, "MeZO")
         device = trained[0].device if trained else torch.device("cpu")
         if world > 1 and not self._seeds_shared:            # every rank draws rank 0's perturbations
             share_generator_(self._seeds, self.process_group, device)
