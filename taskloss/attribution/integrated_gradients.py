@@ -189,6 +189,9 @@ def integrate_gradients(scalar_fn: ScalarFn, starts: Tensor, ends: Tensor, alpha
 def select_target(output: Tensor, target: Any, example_index: Tensor) -> Tensor:
     """One scalar per row of ``output [n, ...]``: the entry picked by ``target`` (see
     :meth:`IntegratedGradients.attribute`), for rows belonging to examples ``example_index [n]``."""
+    if not isinstance(output, Tensor) and isinstance(getattr(output, "logits", None), Tensor):
+        raise TypeError(f"forward_fn returned a {type(output).__name__} (a Hugging Face ModelOutput), not a tensor: "
+                        "return its logits, e.g. forward_fn=lambda x: model(inputs_embeds=x).logits")
     if not isinstance(output, Tensor) or output.ndim == 0 or output.numel() == 0:
         raise ValueError(f"forward_fn must return a non-empty tensor with a leading batch dimension, got "
                          f"{tuple(output.shape) if isinstance(output, Tensor) else type(output).__name__}")

@@ -195,3 +195,19 @@ def test_bad_input_raises_a_clear_error(name, i):
     with pytest.raises(exc) as info:
         call()
     assert message in str(info.value), f"{name} case {i}: {info.value!r}"
+
+
+def test_a_model_output_is_refused_with_the_one_line_fix():
+    """Issue 41 item 6: a Hugging Face forward that returns a ModelOutput is refused naming the fix (it read 'must
+    return a non-empty tensor', with no word on what to return)."""
+    from hf_models import tiny_gpt2
+
+    from taskloss.attribution import EmbeddingIntegratedGradients, IntegratedGradients
+
+    model = tiny_gpt2().eval()
+    ids = torch.randint(0, 50, (2, 6), generator=torch.Generator().manual_seed(0))
+    with pytest.raises(TypeError, match=r"ModelOutput.*\.logits"):
+        EmbeddingIntegratedGradients(model, model.get_input_embeddings()).attribute(ids, target=3)
+    emb = model.get_input_embeddings()(ids).detach()
+    with pytest.raises(TypeError, match=r"ModelOutput.*\.logits"):
+        IntegratedGradients(lambda x: model(inputs_embeds=x)).attribute(emb, target=3)
