@@ -127,53 +127,12 @@ def conjugate_gradient(matvec: Callable, b, damping: float = 0.0, max_iter: int 
     check_int("max_iter", max_iter, minimum=1)
     tol = check_nonnegative("tol", tol)
     bf, mv, x, like = _cg_setup(matvec, b, x0)
-    r = bf - (mv(x, 0) + damping * x) if x0 is not None else bf.clone()
-    p, rs = r.clone(), torch.dot(r, r)
-    b_norm = float(bf.norm())
-    eps = torch.finfo(bf.dtype).eps
-    rayleigh_max, curvature, stop, it = 0.0, None, None, 0
-    if b_norm == 0.0:
-        x.zero_()
-        rs, stop = torch.zeros_like(rs), "converged"
-    while stop is None:
-        if math.sqrt(float(rs)) <= tol * b_norm:
-            stop = "converged"
-            break
-        if it == max_iter:
-            stop = "max_iter"
-            break
-        ap = mv(p, it) + damping * p
-        pap, pp = float(torch.dot(p, ap)), float(torch.dot(p, p))
-        if not math.isfinite(pap):
-            raise ValueError(f"conjugate_gradient: matvec returned NaN or inf at iteration {it} "
-                             f"(pᵀ(A + λI)p = {pap})")
-        if pap <= eps * rayleigh_max * pp:
-            curvature, stop = pap, "nonpositive_curvature"
-            if truncated:
-                break
-            raise ValueError(
-                f"conjugate_gradient: non-positive curvature pᵀ(A + λI)p = {pap:.3e} (‖p‖² = {pp:.3e}) at iteration "
-                f"{it}: the operator is indefinite or singular along the search direction. Add damping, check "
-                "that matvec is symmetric positive semi-definite, or pass truncated=True to stop there and get "
-                "the iterate with its info")
-        rayleigh_max = max(rayleigh_max, pap / pp)
-        alpha = float(rs) / pap
-        x.add_(p, alpha=alpha)
-        r.sub_(ap, alpha=alpha)
-        rs_new = torch.dot(r, r)
-        p = r + (rs_new / rs) * p
-        rs, it = rs_new, it + 1
-    res = math.sqrt(float(rs))
-    if not truncated and b_norm > 0:
-        res = float((bf - (mv(x, it) + damping * x)).norm())     # the true residual, not the recursive one
-    if not math.isfinite(res) or not all_finite(x):
-        raise ValueError("conjugate_gradient produced non-finite values (is the operator PSD and finite?)")
-    rel = res / b_norm if b_norm > 0 else 0.0
-    converged = stop == "converged"
-    if not truncated:  # the recursive residual drifts from the true one by rounding: allow 100·tol (or 1000·ε)
-        converged = rel <= tol or (converged and rel <= max(100 * tol, 1000 * eps))
-        if stop == "converged" and not converged:
-            stop = "inaccurate"  # singular or too ill-conditioned for this dtype
+
+    def A(v, it):                                       # the damped operator (A + λI) v
+        return mv(v, it) + damping * v
+
+    x, rs, it, stop, curvature = _cg_iterate(A, bf, x, x0 is not None, max_iter, tol, truncated)
+    res, rel, converged, stop = _cg_check(A, bf, x, rs, it, stop, tol, truncated)
     info = {"iterations": it, "residual_norm": res, "relative_residual": rel, "converged": converged,
             "stop": stop, "curvature": curvature}
     if not truncated and not converged and not return_info:
@@ -182,6 +141,66 @@ def conjugate_gradient(matvec: Callable, b, damping: float = 0.0, max_iter: int 
                       RuntimeWarning, stacklevel=2)
     out = unflatten(x, like) if like is not None else x
     return (out, info) if (return_info or truncated) else out
+
+
+def _cg_iterate(A: Callable, b: Tensor, x: Tensor, warm: bool, max_iter: int, tol: float, truncated: bool):
+    """The textbook iteration (Hestenes & Stiefel 1952; Nocedal & Wright, *Numerical Optimization*, Alg. 5.2) on the
+    left, its guards on the right. Returns ``(x, rᵀr, iterations, stop, curvature)``."""
+    r = b - A(x, 0) if warm else b.clone()                         # r₀ = b − A x₀
+    p, rs = r.clone(), torch.dot(r, r)                              # p₀ = r₀
+    b_norm, eps, rayleigh_max, it = float(b.norm()), torch.finfo(b.dtype).eps, 0.0, 0
+    if b_norm == 0.0:                                               # guard: b = 0 is solved by x = 0
+        return x.zero_(), torch.zeros_like(rs), 0, "converged", None
+    while True:
+        if math.sqrt(float(rs)) <= tol * b_norm:                    # ‖r‖ ≤ tol · ‖b‖
+            return x, rs, it, "converged", None
+        if it == max_iter:                                          # guard: the budget
+            return x, rs, it, "max_iter", None
+        ap = A(p, it)
+        pap, pp = float(torch.dot(p, ap)), float(torch.dot(p, p))
+        if _nonpositive_curvature(pap, pp, eps * rayleigh_max, it, truncated):   # guard: pᵀAp > 0 needed
+            return x, rs, it, "nonpositive_curvature", pap
+        rayleigh_max = max(rayleigh_max, pap / pp)
+        alpha = float(rs) / pap                                     # α = rᵀr / pᵀAp
+        x.add_(p, alpha=alpha)                                      # x ← x + α p
+        r.sub_(ap, alpha=alpha)                                     # r ← r − α A p
+        rs_new = torch.dot(r, r)
+        p = r + (rs_new / rs) * p                                   # p ← r + β p,  β = r'ᵀr' / rᵀr
+        rs, it = rs_new, it + 1
+
+
+def _nonpositive_curvature(pap: float, pp: float, floor: float, it: int, truncated: bool) -> bool:
+    """``True`` when ``pᵀAp`` is not positive beyond rounding (``≤ ε · ρ_max · ‖p‖²``): truncated CG stops there, a
+    solve raises; NaN/inf from ``matvec`` always raises."""
+    if not math.isfinite(pap):
+        raise ValueError(f"conjugate_gradient: matvec returned NaN or inf at iteration {it} (pᵀ(A + λI)p = {pap})")
+    if pap > floor * pp:
+        return False
+    if truncated:
+        return True
+    raise ValueError(
+        f"conjugate_gradient: non-positive curvature pᵀ(A + λI)p = {pap:.3e} (‖p‖² = {pp:.3e}) at iteration "
+        f"{it}: the operator is indefinite or singular along the search direction. Add damping, check "
+        "that matvec is symmetric positive semi-definite, or pass truncated=True to stop there and get "
+        "the iterate with its info")
+
+
+def _cg_check(A: Callable, b: Tensor, x: Tensor, rs: Tensor, it: int, stop: str, tol: float, truncated: bool):
+    """The solution's residual — for a solve the true one, ``‖b − (A + λI)x‖`` (one extra product), not the
+    recursive one — and whether it met ``tol``: ``(residual, relative residual, converged, stop)``."""
+    b_norm, eps = float(b.norm()), torch.finfo(b.dtype).eps
+    res = math.sqrt(float(rs))
+    if not truncated and b_norm > 0:
+        res = float((b - A(x, it)).norm())
+    if not math.isfinite(res) or not all_finite(x):
+        raise ValueError("conjugate_gradient produced non-finite values (is the operator PSD and finite?)")
+    rel = res / b_norm if b_norm > 0 else 0.0
+    converged = stop == "converged"
+    if not truncated:  # the recursive residual drifts from the true one by rounding: allow 100·tol (or 1000·ε)
+        converged = rel <= tol or (converged and rel <= max(100 * tol, 1000 * eps))
+        if stop == "converged" and not converged:
+            stop = "inaccurate"  # singular or too ill-conditioned for this dtype
+    return res, rel, converged, stop
 
 
 def hessian_free_direction(model_or_fn, params, inputs, grad, likelihood: Likelihood = "categorical",
