@@ -87,6 +87,11 @@ t_start = time.time()
 run = taskloss.results.start("17_your_own_model", output_dir, device=device, seed=seed)
 dev = run.device
 transformers.logging.set_verbosity_error()
+# K-FAC names, when built, every layer it leaves alone; here that is always the tied lm_head (it keeps its plain
+# gradient, as the coverage printed for each model below says). PEFT calls a transformers property that warns of its
+# own future removal. Neither is about this notebook's numbers.
+warnings.filterwarnings("ignore", message="K-FAC cannot precondition 'lm_head'", category=UserWarning)
+warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing", category=FutureWarning)
 print("device:", dev, "· transformers", transformers.__version__)
 
 # %% [markdown]

@@ -127,7 +127,7 @@ p = logps.sum(1).exp()
 scores = jac.sum(1)                                    # ∇ log p(y) = Σ_t ∇ log p(y_t | ·)   [M, P]
 torch.testing.assert_close(p.sum(), torch.tensor(1.0, dtype=torch.float64))
 torch.testing.assert_close((p * R) @ scores, grad_J)
-print(f"{len(seqs)} sequences, {grad_J.numel()} parameters, J = {float(J):.4f}, |∇J| = {float(grad_J.norm()):.4f}")
+print(f"{len(seqs)} sequences, {grad_J.numel()} parameters, J = {J.item():.4f}, |∇J| = {float(grad_J.norm()):.4f}")
 
 # %% [markdown]
 # **Step 2. A baseline costs nothing in expectation.** $\sum_y p(y)\nabla\log p(y) = \nabla \sum_y p(y) = 0$, so
