@@ -27,7 +27,7 @@ from taskloss.validation import all_finite, check_bool, check_choice, check_not_
 __all__ = ["mixture_log_density", "mgs_weights", "DENSITIES", "log_q_from_sq", "log_q_floats", "checked_shift_floats",
            "log_weights_floats", "candidate_seeds", "uniform_from_seed", "mle_components"]
 
-#: the log-densities the weights can use (:func:`log_q_from_sq`); ``"flat"`` is :class:`~taskloss.search.mgs.MGS`'s default
+#: the log-densities the weights can use (:func:`~taskloss.search.mgs_density.log_q_from_sq`); ``"flat"`` is :class:`~taskloss.search.mgs.MGS`'s default
 DENSITIES = ("flat", "mixture", "unit_sigma")
 _LOG_2PI = math.log(2 * math.pi)
 _STRATIFIED_EPS = 1e-9       # ⌈x⌉ of a product that should be an integer, robust to its rounding
