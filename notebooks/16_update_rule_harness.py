@@ -1051,11 +1051,14 @@ run.say(
 # **The verdict family.** One Holm correction runs across the comparisons that answer the notebook's question,
 # built by one rule: *each run enters once, on the task loss it is judged by.* So a gradient rule's runs, which serve
 # both digits task losses, are compared on the error rate only; a search rule, trained separately on each task loss,
-# is compared on each. A rule whose per-seed outcomes are identical to another's is dropped (printed below). The small LM's perplexity is a second metric of the same runs: its comparisons form a family of
-# their own, as do the equal-steps comparisons. The closing text reads the corrected verdicts.
+# is compared on each. A rule whose per-seed outcomes are identical to another's is dropped (printed below). The
+# small LM's perplexity is a second metric of the same runs: its comparisons form a family of their own, as do the
+# equal-steps comparisons and §7's preconditioner race (runs of its own, `race_seeds` seeds, its own question). The
+# closing text reads the corrected verdicts.
 
 # %%
-FAMILY = [k for k in run.comparisons if not k.startswith(("lm_perplexity/", "lm_equal_steps/"))]
+OWN_FAMILIES = ("lm_perplexity/", "lm_equal_steps/", "digits_precond/")
+FAMILY = [k for k in run.comparisons if not k.startswith(OWN_FAMILIES)]
 print("dropped as identical (rule: twin):", run.results["digits_logreg/identical_to"])
 _ = run.comparison_table(FAMILY)
 C = {k: run.comparisons[k] for k in FAMILY}
@@ -1066,6 +1069,14 @@ _ = run.comparison_table([k for k in run.comparisons if k.startswith("lm_perplex
 
 # %%
 _ = run.comparison_table([k for k in run.comparisons if k.startswith("lm_equal_steps/")])
+
+# %%
+PRECOND = [k for k in run.comparisons if k.startswith("digits_precond/")]
+_ = run.comparison_table(PRECOND)             # §7: Shampoo, SOAP, Muon against SGD, Adam and K-FAC, one family
+n_precond = sum(run.comparisons[k].verdict_adjusted != "inconclusive" for k in PRECOND)
+_ = run.say(f"§7's race, Holm-corrected across its own {len(PRECOND)} comparisons: {n_precond} decided — "
+            + "; ".join(f"{run.comparisons[k].name} vs {run.comparisons[k].baseline} "
+                        f"**{run.comparisons[k].verdict_adjusted}**" for k in PRECOND) + ".")
 
 
 def detectable(c, fmt=".3f"):
