@@ -233,6 +233,7 @@ def broken_internal_links(site: Path, links: list[str]) -> list[str]:
 
 
 _NAV = re.compile(r"<nav\b.*?</nav>|<title>.*?</title>", re.S)
+_OWN_TOC = re.compile(r'aria-label="Page"|id="pst-page-toc-nav"|class="page-toc"')
 _RAW_TEX = re.compile(r"\\\(|\\\[|\$[^$<]+\$|\\(?:prod|sum|frac|operatorname|mathcal)\b")
 
 
@@ -243,8 +244,13 @@ def raw_tex_in_navigation(site: Path) -> dict[str, list[str]]:
     for path in sorted(Path(site).rglob("*.html")):
         if "_static" in path.parts or "_sources" in path.parts:
             continue
-        hits = sorted({m.group(0)[:40] for block in _NAV.findall(path.read_text(encoding="utf-8", errors="replace"))
-                       for m in _RAW_TEX.finditer(block)})
+        html = path.read_text(encoding="utf-8", errors="replace")
+        mathjax = bool(re.search(r"<script[^>]*(?:mathjax|tex-chtml)", html, re.I))
+        # the page's own table of contents ("On this page") lists its section headings, whose math MathJax renders on
+        # this page when the page loads it; every other navigation (the sidebar with the other pages' titles) and
+        # the <title> must carry no raw TeX
+        blocks = [b for b in _NAV.findall(html) if not (mathjax and _OWN_TOC.search(b[:300]))]
+        hits = sorted({m.group(0)[:40] for block in blocks for m in _RAW_TEX.finditer(block)})
         if hits:
             found[str(path.relative_to(site))] = hits
     return found

@@ -342,6 +342,14 @@ def test_static_check_flags_raw_tex_in_the_navigation(tmp_path):
     assert check_book.raw_tex_in_navigation(tmp_path) == {}       # math in the body is MathJax's business
     (tmp_path / "b.html").write_text('<nav><a href="a.html">13 · The \\(\\prod f_t\\) argument</a></nav>')
     assert list(check_book.raw_tex_in_navigation(tmp_path)) == ["b.html"]
+    # a page's own "On this page" table of contents shows its section headings' math, which MathJax renders there when
+    # the page loads it; without MathJax, or in the sidebar of other pages' titles, it is raw TeX
+    own = ('<nav aria-label="Page"><a href="#s">4 · Newton\'s step <span class="math">\\(\\alpha H^{-1}\\)</span></a>'
+           '</nav>')
+    (tmp_path / "b.html").write_text('<script src="_static/mathjax/tex-chtml.js"></script>' + own)
+    assert check_book.raw_tex_in_navigation(tmp_path) == {}
+    (tmp_path / "b.html").write_text(own)
+    assert list(check_book.raw_tex_in_navigation(tmp_path)) == ["b.html"]
 
 
 def test_no_raw_tex_in_any_pages_navigation(site):
