@@ -102,6 +102,19 @@ def _check_exponent(exponent) -> float:
     return float(exponent)
 
 
+def _with_gradients(params, name: str):
+    """The trainable parameters of a group that have a gradient, refusing sparse, complex or non-finite ones before
+    the statistics see them (Shampoo's and SOAP's steps share it)."""
+    for p in params:
+        if p.grad is None or not p.requires_grad:
+            continue
+        if p.grad.is_sparse or torch.is_complex(p):
+            raise ValueError(f"{name} needs dense real gradients")
+        if not torch.isfinite(p.grad).all():
+            raise ValueError(f"a gradient holds NaN or inf; {name}'s factors would be poisoned")
+        yield p
+
+
 class Shampoo(torch.optim.Optimizer):
     """Shampoo with optional grafting onto Adam or SGD (see the module docstring for the step).
 
@@ -178,13 +191,7 @@ class Shampoo(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             self._validate_group(group)
-            for p in group["params"]:
-                if p.grad is None or not p.requires_grad:
-                    continue
-                if p.grad.is_sparse or torch.is_complex(p):
-                    raise ValueError("Shampoo needs dense real gradients")
-                if not torch.isfinite(p.grad).all():
-                    raise ValueError("a gradient holds NaN or inf; Shampoo's factors would be poisoned")
+            for p in _with_gradients(group["params"], "Shampoo"):
                 self._step_tensor(p, group)
         return loss
 

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from taskloss.curvature.kfac_math import fold_moment
-from taskloss.curvature.shampoo import _check_betas
+from taskloss.curvature.shampoo import _check_betas, _with_gradients
 from taskloss.parameter_vectors import distinct_param_group
 from taskloss.validation import (
     check_choice,
@@ -112,13 +112,7 @@ class SOAP(torch.optim.Optimizer):
                 loss = closure()
         for group in self.param_groups:
             self._validate_group(group)
-            for p in group["params"]:
-                if p.grad is None or not p.requires_grad:
-                    continue
-                if p.grad.is_sparse or torch.is_complex(p):
-                    raise ValueError("SOAP needs dense real gradients")
-                if not torch.isfinite(p.grad).all():
-                    raise ValueError("a gradient holds NaN or inf; SOAP's factors would be poisoned")
+            for p in _with_gradients(group["params"], "SOAP"):
                 self._step_tensor(p, group)
         return loss
 
