@@ -83,8 +83,26 @@ def matrix_power(m: Tensor, exponent: float, epsilon: float) -> Tensor:
 
 
 def _matrix_power(m: Tensor, exponent: float, epsilon: float) -> Tensor:
-    lam, q = torch.linalg.eigh(m)
+    lam, q = symmetric_eigh(m, epsilon)
     return (q * (lam.clamp(min=0) + epsilon).pow(exponent)) @ q.T
+
+
+def symmetric_eigh(m: Tensor, epsilon: float) -> tuple[Tensor, Tensor]:
+    """``torch.linalg.eigh`` of a statistics matrix, robust to LAPACK's convergence failures: where the solver
+    gives up on an ill-conditioned matrix with repeated eigenvalues (it does, on some CPU code paths, for a factor of
+    a nearly rank-deficient layer), retry in float64, then on ``m + ε·I`` in float64 — the damping the step adds
+    anyway — and return the result in ``m``'s dtype (eigenvalues of the latter shifted back by ε)."""
+    try:
+        return torch.linalg.eigh(m)
+    except torch.linalg.LinAlgError:
+        pass
+    m64 = m.double()
+    try:
+        lam, q = torch.linalg.eigh(m64)
+    except torch.linalg.LinAlgError:
+        lam, q = torch.linalg.eigh(m64 + epsilon * torch.eye(m.shape[0], dtype=torch.float64, device=m.device))
+        lam = lam - epsilon
+    return lam.to(m.dtype), q.to(m.dtype)
 
 
 def _check_betas(betas) -> tuple[float, float]:

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 
 from taskloss.curvature.kfac_math import fold_moment
-from taskloss.curvature.shampoo import _check_betas, _with_gradients
+from taskloss.curvature.shampoo import _check_betas, _with_gradients, symmetric_eigh
 from taskloss.parameter_vectors import distinct_param_group
 from taskloss.validation import (
     check_choice,
@@ -173,9 +173,12 @@ class SOAP(torch.optim.Optimizer):
         st["exp_avg_sq"] = v.reshape(st["exp_avg_sq"].shape).contiguous()
 
 
+_EIGH_JITTER = 1e-12     # the shift of the last-resort float64 retry, relative to the factor's diagonal
+
+
 def _eigenvectors(f: Tensor) -> Tensor:
     """The eigenvectors of a symmetric factor, by descending eigenvalue."""
-    return torch.linalg.eigh(f).eigenvectors.flip(1)
+    return symmetric_eigh(f, _EIGH_JITTER * float(f.diagonal().abs().max().clamp(min=1.0)))[1].flip(1)
 
 
 def _rotate(x: Tensor, qs: list, back: bool = False) -> Tensor:

@@ -245,3 +245,25 @@ def test_nonfinite_gradient_is_refused_and_group_edits_are_checked():
 def test_matrix_power_refuses_bad_input(args, err):
     with pytest.raises(err):
         matrix_power(*args)
+
+
+def test_matrix_power_survives_lapack_convergence_failures(monkeypatch):
+    """On some CPU code paths LAPACK's eigh gives up on an ill-conditioned factor (a wrapped HF classifier under
+    ATEN_CPU_CAPABILITY=default did): the root is then taken from a float64 retry, equal to the direct answer."""
+    from taskloss.curvature import shampoo
+
+    g = torch.randn(6, 3, generator=torch.Generator().manual_seed(0))
+    m = g @ g.T                                                       # rank 3 of 6: repeated zero eigenvalues
+    want = shampoo.matrix_power(m.double(), -0.25, 1e-3).float()      # the fallback computes in float64
+    real, calls = torch.linalg.eigh, []
+
+    def flaky(x):
+        calls.append(x.dtype)
+        if x.dtype != torch.float64:
+            raise torch.linalg.LinAlgError("linalg.eigh: The algorithm failed to converge")
+        return real(x)
+
+    monkeypatch.setattr(torch.linalg, "eigh", flaky)
+    got = shampoo.matrix_power(m, -0.25, 1e-3)
+    assert calls == [torch.float32, torch.float64] and got.dtype == m.dtype
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)

@@ -112,7 +112,9 @@ def test_loop_writes_candidates_into_non_contiguous_parameters():
         stats = mgs_step(mgs, batch)
         runs.append((stats.task_losses, flat(model)))
     torch.testing.assert_close(runs[0][0], runs[1][0], rtol=0, atol=0)
-    torch.testing.assert_close(runs[0][1], runs[1][1], rtol=0, atol=0)
+    # the update is a weighted sum over candidates whose forward passes read the transposed weight through another
+    # matmul kernel on some CPU code paths (ATEN_CPU_CAPABILITY=default: 7e-9 apart), so θ agrees to float32 rounding
+    torch.testing.assert_close(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-7)
 
 
 def test_stacked_losses_equal_the_per_candidate_conversion():
@@ -136,7 +138,9 @@ def test_a_float_task_loss_gives_the_tensor_task_losss_step():
         stats = mgs_step(make(model, n_samples=4, task=fn, parallel=False), batch)
         runs.append((stats.weights, flat(model)))
     torch.testing.assert_close(runs[0][0], runs[1][0], rtol=0, atol=0)
-    torch.testing.assert_close(runs[0][1], runs[1][1], rtol=0, atol=0)
+    # the update is a weighted sum over candidates whose forward passes read the transposed weight through another
+    # matmul kernel on some CPU code paths (ATEN_CPU_CAPABILITY=default: 7e-9 apart), so θ agrees to float32 rounding
+    torch.testing.assert_close(runs[0][1], runs[1][1], rtol=1e-5, atol=1e-7)
 
 
 def test_minus_inf_and_all_inf_task_losses_raise():
