@@ -12,6 +12,7 @@ Examples::
     python -m taskloss.runner run 12 --set smoke                    # params/12_*/smoke.yaml: seconds, claims reported
     python -m taskloss.runner all --set smoke --jobs 2              # make smoke: every notebook at smoke scale
     python -m taskloss.runner table runs/02_importance_sampling_and_mgs --metric toy/gd_final_task_loss --by alpha
+    python -m taskloss.runner run 04 --set full && python -m taskloss.runner record runs/04_sequence_task_losses/full
 
 Exit status: 0 when every run succeeded, 1 when one failed, 2 for bad parameters or an unusable ``--out``
 (nothing executed), 130 after Ctrl-C (queued runs cancelled, kernels stopped, a partial SUMMARY.md written).
@@ -125,7 +126,43 @@ def _parser() -> argparse.ArgumentParser:
     t.add_argument("--by", required=True, help="the swept parameter on the x axis")
     t.add_argument("--over", default="seed", help="the replicate parameter averaged over (default: seed)")
     t.add_argument("--no-figure", action="store_true", help="the table only")
+    c = sub.add_parser("record", help="commit a finished run of a parameter set as the notebook's record "
+                                      "(data/records/<notebook>/<set>), after checking its parameters and comparisons")
+    c.add_argument("run_dir", help="the run's folder, e.g. runs/04_sequence_task_losses/full")
+    c.add_argument("--set", dest="record_set", default="full", help="the parameter set it ran (default: full)")
     return ap
+
+
+def set_parameters(notebook: Path, set_name: str) -> dict:
+    """Every parameter of ``notebook`` as a run of the named set gets them (defaults, then
+    ``params/<notebook>/<set_name>.yaml``), without ``output_dir`` — what a record of that set must have run."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        (spec,) = plan_runs(notebook, Path(tmp), param_set=_param_set(notebook, set_name), package="-")
+    return {k: v for k, v in spec.parameters.items() if k != "output_dir"}
+
+
+def _record(run_dir: Path, set_name: str, nb_dir: Path | None) -> int:
+    import json
+
+    from taskloss.results.records import save_record
+    from taskloss.runner.store import canonical
+
+    meta_path = run_dir / "meta.json"
+    if not meta_path.is_file():
+        raise FileNotFoundError(f"{run_dir} holds no meta.json: pass the folder of a finished run")
+    meta = json.loads(meta_path.read_text())
+    expected = set_parameters(find_notebook(meta["notebook"], nb_dir), set_name)
+    ran = {k: v for k, v in meta.get("parameters", {}).items() if k != "output_dir"}
+    differ = sorted(k for k in set(expected) | set(ran) if canonical(expected.get(k)) != canonical(ran.get(k)))
+    if differ:
+        raise ParameterError(f"{run_dir} did not run the set {set_name!r} as it stands: "
+                             + ", ".join(f"{k} ran {ran.get(k)!r}, the set has {expected.get(k)!r}" for k in differ)
+                             + f"; rerun it with --set {set_name}")
+    dest = save_record(run_dir, set_name)
+    print(f"recorded {meta['notebook']} ({set_name}) in {dest}: commit it with the notebook that reads it")
+    return 0
 
 
 def _param_set(notebook: Path, param_set: str | None) -> tuple[str, Path] | None:
@@ -160,6 +197,8 @@ def main(argv: list[str] | None = None) -> int:
 
             print(tabulate_sweep(Path(args.sweep), args.metric, args.by, args.over, figure=not args.no_figure))
             return 0
+        if args.cmd == "record":
+            return _record(Path(args.run_dir), args.record_set, nb_dir)
         if args.cmd == "refresh":
             todo = [Path(p) for p in args.sources] or list_notebooks(nb_dir)
             if not todo:
