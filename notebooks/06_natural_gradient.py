@@ -1036,9 +1036,9 @@ _ = run.say(
     "steepest descent. Over 60 steps the natural paths stay within {invariance/path_gap_natural:.4f} of each other; "
     "the steepest-descent paths drift up to {invariance/path_gap_steepest:.4f} apart.\n\n"
     "{n_held} of {n_claims} claims hold at these parameters, and the table holds {n_cmp} comparisons. Everything "
-    "here comes from one seed: one classifier initialization, one set of starts and mini-batches. Reruns over seeds "
-    "(`--grid seed=0,1,2,...`) and at other widths (`-p n_classifier 1000 -p hidden 16`) would decide whether the "
-    "null-direction count and the Fisher's mini-batch advantage hold beyond this draw.",
+    "here comes from one seed: one classifier initialization, one set of starts and mini-batches. Whether the "
+    "null-direction count and the Fisher's mini-batch advantage hold beyond this draw is not measured here; reruns "
+    "over seeds (`--grid seed=0,1,2,...`) and at other widths (`-p n_classifier 1000 -p hidden 16`) measure it.",
     n_held=n_held, n_claims=len(run.claims), n_cmp=len(run.comparisons))
 
 # %% [markdown]

@@ -618,10 +618,11 @@ run.say("In this run the dropped terms are not secondary at initialization: the 
 held = sum(c["held"] for c in run.claims.values())
 run.say(f"**Summary.** At these parameters {held} of the {len(run.claims)} claims hold (table above). The exact "
         "Jacobians decide the derivations and the regimes at initialization, over {grid_seeds} initializations per "
-        "grid cell. The training effects come from one seed and {train_steps} steps. A larger run "
-        "(`params/13_recurrent_gradients/full.yaml`: wider LMs, longer training, more initializations) would "
-        "decide how far the trained numbers move. Several seeds would decide which trained network keeps its "
-        "hidden-state gradients longer.", grid_seeds=grid_seeds, train_steps=train_steps)
+        "grid cell. The training effects come from one seed and {train_steps} steps: one training seed has no "
+        "spread to test against, so which trained network keeps its hidden-state gradients longer is a finding of "
+        "this run, not a verdict, and how far the trained numbers move at a larger scale "
+        "(`params/13_recurrent_gradients/full.yaml`: wider LMs, longer training, more initializations) is not "
+        "measured here.", grid_seeds=grid_seeds, train_steps=train_steps)
 
 # %% [markdown]
 # **Try this.**

@@ -578,9 +578,10 @@ held = sum(c["held"] for c in run.claims.values())
 run.say(f"**Summary.** At these parameters {held} of the {len(run.claims)} claims hold (table above). The "
         "gradient-path derivations hold exactly; the gradient norms at initialization depend on the "
         "initialization. The sweep separates Pre-LN from the two Post-LN layouts by failure counts. The paired "
-        f"comparisons over {seeds} seeds decide {n_decided} of {len(C)} after the correction. A larger run "
-        "(`params/14_realformer/full.yaml`: longer training from a rate of 0.001, ten seeds, the warm-up arm) "
-        "would tell a collapse from a slow start, test warm-up, and decide the quality comparisons.")
+        f"comparisons over {seeds} seeds decide {n_decided} of {len(C)} after the correction; an undecided one "
+        "leaves open a difference below its minimum detectable effect (the table's MDE column). Telling a collapse "
+        "from a slow start and testing warm-up need a longer run with the warm-up arm "
+        "(`params/14_realformer/full.yaml`: training from a rate of 0.001, ten seeds), which is not run here.")
 
 # %% [markdown]
 # **Try this.**
