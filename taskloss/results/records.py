@@ -27,7 +27,7 @@ from typing import Any, Sequence
 from taskloss.results.compare import Comparison, adjust, comparison_table, paired_comparison
 from taskloss.utils import DATA_DIR
 
-__all__ = ["RECORDS_DIR", "Record", "RecordMismatch", "load_record", "save_record", "record_path"]
+__all__ = ["RECORDS_DIR", "Record", "RecordMismatch", "load_record", "save_record", "record_path", "corrected_phrase"]
 
 RECORDS_DIR = DATA_DIR / "records"
 FILES = ("results.json", "meta.json")
@@ -41,7 +41,13 @@ class RecordMismatch(ValueError):
 
 
 def record_path(notebook: str, set_name: str = "full", root: Path | None = None) -> Path:
-    """The folder of a notebook's record of a named parameter set: ``data/records/<notebook>/<set_name>``."""
+    """The folder of a notebook's record of a named parameter set: ``data/records/<notebook>/<set_name>``.
+
+    Args:
+        notebook: the notebook's name.
+        set_name: the parameter set's name.
+        root: the records' folder (default: the clone's ``data/records``).
+    """
     for label, value in (("notebook", notebook), ("set_name", set_name)):
         if not isinstance(value, str) or not value or "/" in value or value.startswith("."):
             raise ValueError(f"{label} must be a plain folder name such as '04_sequence_task_losses', got {value!r}")
@@ -100,6 +106,7 @@ class Record:
 
     @property
     def parameters(self) -> dict[str, Any]:
+        """The parameters the recorded run executed with (the notebook's defaults and the set's values)."""
         return dict(self.meta.get("parameters", {}))
 
     def describe(self) -> str:
@@ -111,9 +118,11 @@ class Record:
         cpu = fp.get("cpu", "unknown CPU")
         threads = fp.get("threads", "?")
         minutes = float(self.meta.get("seconds", math.nan)) / 60
+        cpu_min = float(self.meta.get("cpu_seconds", math.nan)) / 60
+        cost = f"{minutes:.0f} min wall" + (f", {cpu_min:.0f} min CPU" if math.isfinite(cpu_min) else "")
         date = f", recorded {when}" if when else ""
         return (f"record of `params/{self.notebook}/{self.set_name}.yaml` (`data/records/{self.notebook}/"
-                f"{self.set_name}`{date}): run on {fp.get('device', 'cpu')} ({cpu}, {threads} thread(s)) in {minutes:.0f} min, "
+                f"{self.set_name}`{date}): run on {fp.get('device', 'cpu')} ({cpu}, {threads} thread{'' if threads == 1 else 's'}) in {cost}, "
                 f"commit {commit}")
 
     def family(self, keys: Sequence[str], correction: str = "holm") -> dict[str, Comparison]:
@@ -135,6 +144,11 @@ class Record:
 def load_record(notebook: str, set_name: str = "full", *, root: Path | None = None) -> Record | None:
     """The committed record of ``notebook``'s parameter set ``set_name`` with every comparison re-decided, or
     ``None`` when none is committed (a pip install carries no ``data/records``: the notebook then says so).
+
+    Args:
+        notebook: the notebook's name, e.g. ``"04_sequence_task_losses"``.
+        set_name: the parameter set the record ran (``params/<notebook>/<set_name>.yaml``).
+        root: the records' folder (default: the clone's ``data/records``).
 
     Raises:
         RecordMismatch: a recorded comparison that today's procedure does not reproduce, a record of another
@@ -161,6 +175,11 @@ def save_record(run_dir: str | Path, set_name: str = "full", *, root: Path | Non
     ``python -m taskloss.runner record RUN_DIR`` does), after checking the run finished and that every one of its
     comparisons is reproduced by today's procedure. Returns the record's folder.
 
+    Args:
+        run_dir: the finished run's folder (``runs/<notebook>/<set_name>``).
+        set_name: the parameter set it ran.
+        root: the records' folder (default: the clone's ``data/records``).
+
     Raises:
         FileNotFoundError: a folder without the two files.
         RecordMismatch: a run that did not finish, or whose comparisons today's procedure does not reproduce.
@@ -186,3 +205,26 @@ def save_record(run_dir: str | Path, set_name: str = "full", *, root: Path | Non
         raise
     return dest
 
+
+def corrected_phrase(c: Comparison, fmt: str = ".3f") -> str:
+    """A corrected comparison in one phrase for a notebook's closing text: its effect, the uncorrected interval,
+    the corrected verdict and the smallest effect detectable at the family's level (or why none is).
+
+    Args:
+        c: a comparison after :func:`~taskloss.results.compare.adjust` (e.g. from :meth:`Record.family`).
+        fmt: the format of the effect, interval and MDE.
+
+    Raises:
+        TypeError: not a Comparison.
+        ValueError: a comparison that was not corrected as part of a family.
+    """
+    if not isinstance(c, Comparison):
+        raise TypeError(f"expected a Comparison, got {type(c).__name__}")
+    if c.correction is None or c.mde_family is None:
+        raise ValueError("corrected_phrase needs a comparison corrected in its family (Record.family, adjust)")
+    mde = c.mde_family
+    det = (f"smallest effect detectable after the correction {mde:{fmt}}" if math.isfinite(mde)
+           else f"nothing detectable after the correction at {c.n_tested} untied seeds")
+    pct = f"{100 * c.confidence:.0f} %"
+    return (f"{c.effect:+{fmt}} (uncorrected {pct} CI [{c.ci_low:{fmt}}, {c.ci_high:{fmt}}]) → "
+            f"**{c.verdict_adjusted}**, {det}")
