@@ -1006,10 +1006,10 @@ _ = run.say(
     "{ess_dim/ess_fraction_mgs_small_d:.2f}. At d = {dmax} the guided limit is "
     "10^({ess_dim/log10_ess_fraction_limit_guided_dmax:.0f}), and {n} draws give the mixture an ESS of "
     "{ess_dim/ess_mgs_dmax:.2f}{pinned}.\n"
-    "* **What one seed leaves open.** Every number here comes from one seed, so their Monte Carlo spread is not "
+    "* **What one seed leaves open.** Every number here comes from one seed, so their spread across seeds is not "
     "measured in this run (`--grid seed=0,1,2,3,4` measures it and tests each claim across seeds). By the closed "
-    "form above, ten times more draws in §6 move the collapse by log(10)/κ ≈ {shift:.0f} dimensions for the guided "
-    "proposal.",
+    "form above (not run), ten times more draws in §6 would move the collapse by log(10)/κ ≈ {shift:.0f} dimensions "
+    "for the guided proposal.",
     n0=sample_sizes[0], d0=ess_dims[j_small], dmax=ess_dims[-1], n=ess_n,
     side="towards the proposal" if run.claims["snis/bias_detected_towards_proposal"]["held"] else
     "not detected towards the proposal at this number of replicates",

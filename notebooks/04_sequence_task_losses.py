@@ -627,10 +627,12 @@ _ = run.claims_table()
 
 # %%
 def detectable(c, fmt=".3f"):
-    """'smallest detectable effect x' of a comparison (80 % power, from its seed spread), where it records one."""
-    mde = getattr(c, "mde", None)
-    ok = isinstance(mde, (int, float)) and math.isfinite(mde)
-    return f"smallest detectable effect {mde:{fmt}}" if ok else "no minimum detectable effect recorded"
+    """What a comparison could detect with 80 % power at its family's level after the correction (from its seed
+    spread), or that its seeds can decide no difference of any size."""
+    mde = c.mde if c.mde_family is None else c.mde_family
+    if math.isfinite(mde):
+        return f"smallest effect detectable after the correction {mde:{fmt}}"
+    return f"no difference of any size is decidable at {c.n_tested} untied seeds"
 
 
 def said(key, fmt=".3f"):

@@ -498,13 +498,19 @@ held = sum(c["held"] for c in run.claims.values())
 orders = [k for k in run.claims if k.split("/")[0] in ("bea", "flooding", "adversarial")]
 orders_held = sum(run.claims[k]["held"] for k in orders)
 path_held = run.claims["egr/explicit_penalty_follows_large_lr"]["held"]
+blind = [m for m in others if not math.isfinite(acc[m].mde_family)]     # no effect of any size decidable
 run.say(f"**Summary.** At these parameters {held} of the {len(run.claims)} claims hold (table below). The slopes of "
         f"backward error analysis, the flooding step and the adversarial expansion match the predicted orders in "
         f"{orders_held} of {len(orders)} checks. The explicit penalty " + ("reproduces" if path_held else "does not "
-        "reproduce") + " the large step's path. Generalization is " + ("improved" if better else "not improved")
-        + " by any of the three methods, over {n} seeds on {n_ex} training digits. A difference smaller than "
-        "the table's minimum detectable effects is not excluded; every training digit, a longer budget and more "
-        "seeds (`params/12_implicit_gradient_regularization/full.yaml`) are not run here.",
+        "reproduce") + " the large step's path. Generalization: "
+        + (f"a better test accuracy is decided for {', '.join(better)}" if better else
+           "a better test accuracy is decided for none of the three methods")
+        + ", over {n} seeds on {n_ex} training digits. "
+        + (f"{len(blind)} of the {len(others)} test-accuracy comparisons cannot decide a difference of any size "
+           "(too few seeds with unequal accuracies for the corrected sign test); " if blind else
+           "A difference below a comparison's detectable effect (the table) is not excluded; ")
+        + "every training digit, a longer budget and more seeds "
+        "(`params/12_implicit_gradient_regularization/full.yaml`) are not run here.",
         n=n_seeds, n_ex=len(Xtr))
 _ = run.claims_table()
 

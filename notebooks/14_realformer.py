@@ -579,7 +579,7 @@ run.say(f"**Summary.** At these parameters {held} of the {len(run.claims)} claim
         "gradient-path derivations hold exactly; the gradient norms at initialization depend on the "
         "initialization. The sweep separates Pre-LN from the two Post-LN layouts by failure counts. The paired "
         f"comparisons over {seeds} seeds decide {n_decided} of {len(C)} after the correction; an undecided one "
-        "leaves open a difference below its minimum detectable effect (the table's MDE column). Telling a collapse "
+        "is not an equality: its uncorrected interval in the table shows the differences it leaves open. Telling a collapse "
         "from a slow start and testing warm-up need a longer run with the warm-up arm "
         "(`params/14_realformer/full.yaml`: training from a rate of 0.001, ten seeds), which is not run here.")
 

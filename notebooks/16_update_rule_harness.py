@@ -1081,10 +1081,12 @@ _ = run.say(f"§7's race, Holm-corrected across its own {len(PRECOND)} compariso
 
 
 def detectable(c, fmt=".3f"):
-    """'smallest detectable effect x' of a comparison (80 % power, from its seed spread), where it records one."""
-    mde = getattr(c, "mde", None)
-    ok = isinstance(mde, (int, float)) and math.isfinite(mde)
-    return f"smallest detectable effect {mde:{fmt}}" if ok else "no minimum detectable effect recorded"
+    """What a comparison could detect with 80 % power at its family's level after the correction (from its seed
+    spread), or that its seeds can decide no difference of any size."""
+    mde = c.mde if c.mde_family is None else c.mde_family
+    if math.isfinite(mde):
+        return f"smallest effect detectable after the correction {mde:{fmt}}"
+    return f"no difference of any size is decidable at {c.n_tested} untied seeds"
 
 
 def corrected(prefix, verdict, bases=("sgd", "adam")):
@@ -1220,8 +1222,11 @@ run.say(f"**Summary.** At these parameters {held} of the {len(run.claims)} claim
         f"{decided} are decided at p < 0.05 one by one, {kept} after the Holm correction across all of them. With "
         f"{n_seeds} seeds on digits and {lm_seeds} on the small LM the comparisons could detect, at 80 % power: K-FAC "
         f"vs SGD on the digits error, {detectable(C['digits/error/kfac_vs_sgd'])}; MGS vs SGD on the small LM's task "
-        f"loss, {detectable(C['lm/task_loss/mgs_vs_sgd'])}. Smaller differences are likely to stay inconclusive at "
-        "these seeds; the next section reads the committed record of `params/16_update_rule_harness/full.yaml`.")
+        f"loss, {detectable(C['lm/task_loss/mgs_vs_sgd'])}. "
+        + ("No comparison of the family can be decided at these seeds, whatever its effect"
+           if not any(math.isfinite(c.mde_family) for c in C.values()) else
+           "A difference below a comparison's detectable effect is likely to stay inconclusive at these seeds")
+        + "; the next section reads the committed record of `params/16_update_rule_harness/full.yaml`.")
 
 # %% [markdown]
 # ## The verdict family at full scale: a committed record
@@ -1233,7 +1238,8 @@ run.say(f"**Summary.** At these parameters {held} of the {len(run.claims)} claim
 # sizes tuned. Its run is committed as a record (`data/records/16_update_rule_harness/full`); the tables below are
 # *re-decided* here from its per-seed values by today's `paired_comparison` and Holm correction, family by family as
 # above (a record the procedure no longer reproduces is refused; `tests/results/test_records.py` checks it ran the set
-# as the set stands). The tuned step sizes of that run are in its record (`digits/tuned_lr/…`).
+# as the set stands). The record also holds that run's tuned step sizes (`digits/lr_…`, `precond/lr_…`); the
+# closing paragraph names the rules whose step size was chosen at the edge of its grid.
 
 # %%
 record = load_record("16_update_rule_harness", "full")
@@ -1277,10 +1283,12 @@ if record is not None:
         "{full/race_seeds} in the race; budget {full/budget} passes on digits, {full/lm_budget} on the LM). Holm across "
         "the {full/n_comparisons} comparisons of the verdict family decides {full/n_decided}. Better: {better}. "
         "Worse: {worse}. K-FAC vs SGD on the digits error: {kfac}. MGS vs SGD on the small LM's task loss: {mgs_lm}. "
-        "The families of their own, decided after their corrections: {own}. ({describe})",
+        "The families of their own, decided after their corrections: {own}. Step sizes chosen at the edge of the "
+        "five-point grid (a wider grid may move them): on digits, {edge_d}; on the LM, {edge_lm}. ({describe})",
         better=full_listing(FULL, "better"), worse=full_listing(FULL, "worse"),
         kfac=corrected_phrase(FULL["digits/error/kfac_vs_sgd"]), mgs_lm=corrected_phrase(FULL["lm/task_loss/mgs_vs_sgd"]),
-        own=own_counts, describe=record.describe())
+        own=own_counts, describe=record.describe(), edge_d=record.results["digits/tuned_at_grid_edge"],
+        edge_lm=record.results["lm/tuned_at_grid_edge"] or "none")
 
 # %% [markdown]
 # **Try this**

@@ -207,8 +207,10 @@ def save_record(run_dir: str | Path, set_name: str = "full", *, root: Path | Non
 
 
 def corrected_phrase(c: Comparison, fmt: str = ".3f") -> str:
-    """A corrected comparison in one phrase for a notebook's closing text: its effect, the uncorrected interval,
-    the corrected verdict and the smallest effect detectable at the family's level (or why none is).
+    """A corrected comparison in one phrase for a notebook's closing text: its effect, the uncorrected interval and
+    the corrected verdict; for an undecided one also the smallest effect detectable at the family's level (or that
+    its seeds decide no difference of any size). A decided verdict carries no MDE: the MDE is a power statement
+    from the seeds' standard deviation, which skewed differences inflate far above an effect the test decided.
 
     Args:
         c: a comparison after :func:`~taskloss.results.compare.adjust` (e.g. from :meth:`Record.family`).
@@ -222,9 +224,10 @@ def corrected_phrase(c: Comparison, fmt: str = ".3f") -> str:
         raise TypeError(f"expected a Comparison, got {type(c).__name__}")
     if c.correction is None or c.mde_family is None:
         raise ValueError("corrected_phrase needs a comparison corrected in its family (Record.family, adjust)")
-    mde = c.mde_family
-    det = (f"smallest effect detectable after the correction {mde:{fmt}}" if math.isfinite(mde)
-           else f"nothing detectable after the correction at {c.n_tested} untied seeds")
     pct = f"{100 * c.confidence:.0f} %"
-    return (f"{c.effect:+{fmt}} (uncorrected {pct} CI [{c.ci_low:{fmt}}, {c.ci_high:{fmt}}]) → "
-            f"**{c.verdict_adjusted}**, {det}")
+    text = f"{c.effect:+{fmt}} (uncorrected {pct} CI [{c.ci_low:{fmt}}, {c.ci_high:{fmt}}]) → **{c.verdict_adjusted}**"
+    if c.verdict_adjusted != "inconclusive":
+        return text
+    if math.isfinite(c.mde_family):
+        return f"{text}, smallest effect detectable after the correction {c.mde_family:{fmt}}"
+    return f"{text}, no difference of any size decidable after the correction at {c.n_tested} untied seeds"
