@@ -626,15 +626,6 @@ _ = run.claims_table()
 # Generated from the recorded values of this run. Verdicts are the Holm-corrected ones of their table.
 
 # %%
-def detectable(c, fmt=".3f"):
-    """What a comparison could detect with 80 % power at its family's level after the correction (from its seed
-    spread), or that its seeds can decide no difference of any size."""
-    mde = c.mde if c.mde_family is None else c.mde_family
-    if math.isfinite(mde):
-        return f"smallest effect detectable after the correction {mde:{fmt}}"
-    return f"no difference of any size is decidable at {c.n_tested} untied seeds"
-
-
 def said(key, fmt=".3f"):
     """'effect (uncorrected CI, uncorrected p) → corrected verdict' of a recorded comparison, for the sentences below."""
     c = run.comparisons[key]
@@ -653,7 +644,7 @@ mgs_reading = ("After the correction MGS is " + "; ".join(f"{v} than continued M
                + f" at {steps} steps; {trend}." if mgs_decided else
                f"No MGS–MLE difference on a task loss is decided at {steps} steps with {len(seeds)} seeds, so this "
                f"run neither confirms nor rules out the paper's effect ({trend}; MGS vs MLE on the targeted loss: "
-               f"{detectable(verdicts['mgs', 'task_loss'])}).")
+               f"{verdicts['mgs', 'task_loss'].detectable('.3f')}).")
 terms_ = task.spec.split("+")
 pg_delta = {k: float(final["pg"][k].mean() - final["mle"][k].mean()) for k in ["task_loss", *terms_] if k in KEYS}
 adds_up = set(terms_) <= set(pg_delta) and abs(sum(pg_delta[k] for k in terms_) - pg_delta["task_loss"]) < 1e-6
@@ -691,8 +682,8 @@ _ = run.say(
     steps=steps, K=mgs_samples, reading=mgs_reading, mgs_t=said("mgs_vs_mle/task_loss"),
     mgs_n=said("mgs_vs_mle/non_termination"), mgs_r=said("mgs_vs_mle/repetition"),
     mgs_p=said("mgs_vs_mle/perplexity", ".2f"), n_pg=len(pg_raw), n_pg_adj=len(pg_decided), n4=len(COMPARED),
-    fam=len(FAMILY_FINAL), n=len(seeds), mde_pg=detectable(verdicts["pg", "task_loss"]),
-    mde_mgs=detectable(verdicts["mgs", "task_loss"]))
+    fam=len(FAMILY_FINAL), n=len(seeds), mde_pg=verdicts["pg", "task_loss"].detectable('.3f'),
+    mde_mgs=verdicts["mgs", "task_loss"].detectable('.3f'))
 
 # %%
 if record is not None:

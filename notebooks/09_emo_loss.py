@@ -997,15 +997,6 @@ minilm_worst = run.results["continued/minilm_worst_on"]
 above_human = [m for m in results if per_seed[m]["frontier"].mean() > human.mean()]
 
 
-def detectable(c, fmt=".3f"):
-    """What a comparison could detect with 80 % power at its family's level after the correction (from its seed
-    spread), or that its seeds can decide no difference of any size."""
-    mde = c.mde if c.mde_family is None else c.mde_family
-    if math.isfinite(mde):
-        return f"smallest effect detectable after the correction {mde:{fmt}}"
-    return f"no difference of any size is decidable at {c.n_tested} untied seeds"
-
-
 _ = run.say(
     "**Continued training** ({quality/n_prompts} prompts, {n} seeds, {k} k-means seeds per pair; verdicts after "
     "Holm's correction across the {n_cmp} comparisons; intervals are uncorrected 95 % intervals). The k-means seed "
@@ -1031,7 +1022,7 @@ _ = run.say(
     g1=run.results["variants/emo_mle_ratio/grad_rel_diff"], above=", ".join(above_human) or "none",
     rel=run.comparisons[MAIN + "/frontier"].effect / run.results["quality/pretrained_gap"],
     train_share=1 - run.results["quality/kmeans_share_of_mean"],
-    mde_f=detectable(run.comparisons[MAIN + "/frontier"]))
+    mde_f=run.comparisons[MAIN + "/frontier"].detectable('.3f'))
 
 # %%
 EXT = "continued/emo_minilm_vs_emo_lm_head"
@@ -1048,7 +1039,7 @@ _ = run.say(
                                          "better": "lower than the LM head's cost after the correction",
                                          "inconclusive": "not distinguishable from the LM head's cost after the "
                                                          "correction"}[run.comparisons[EXT + "/ppl"].verdict_adjusted]
-              + f" ({detectable(run.comparisons[EXT + '/ppl'], '.1f')})."))
+              + f" ({run.comparisons[EXT + '/ppl'].detectable('.1f')})."))
 
 # %%
 _ = run.say(
@@ -1065,7 +1056,7 @@ _ = run.say(
     n_dec=sum(run.comparisons[k].verdict != "inconclusive" for k in CONTINUED),
     n_adj=sum(run.comparisons[k].verdict_adjusted != "inconclusive" for k in CONTINUED),
     n_held=sum(c["held"] for c in run.claims.values()), n_claims=len(run.claims),
-    mde_main=detectable(run.comparisons[MAIN + "/frontier"]), mde_ppl=detectable(run.comparisons[MAIN + "/ppl"], ".1f"))
+    mde_main=run.comparisons[MAIN + "/frontier"].detectable('.3f'), mde_ppl=run.comparisons[MAIN + "/ppl"].detectable(".1f"))
 
 # %%
 if record is not None:

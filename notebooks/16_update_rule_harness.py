@@ -1080,15 +1080,6 @@ _ = run.say(f"§7's race, Holm-corrected across its own {len(PRECOND)} compariso
                         f"**{run.comparisons[k].verdict_adjusted}**" for k in PRECOND) + ".")
 
 
-def detectable(c, fmt=".3f"):
-    """What a comparison could detect with 80 % power at its family's level after the correction (from its seed
-    spread), or that its seeds can decide no difference of any size."""
-    mde = c.mde if c.mde_family is None else c.mde_family
-    if math.isfinite(mde):
-        return f"smallest effect detectable after the correction {mde:{fmt}}"
-    return f"no difference of any size is decidable at {c.n_tested} untied seeds"
-
-
 def corrected(prefix, verdict, bases=("sgd", "adam")):
     """'rule vs base' for every comparison under ``prefix`` whose Holm-corrected verdict is ``verdict``."""
     return [f"{k.split('/')[-1].replace('_vs_', ' vs ')}" for k, c in C.items()
@@ -1139,7 +1130,7 @@ run.say(
     f"Holm correction {len(better_sgd)} of the rules beat SGD on the error rate"
     + (f" ({', '.join(better_sgd)})" if better_sgd else "")
     + ". K-FAC and Hessian-free against SGD and Adam: " + "; ".join(f"{k} **{v}**" for k, v in kh.items())
-    + f" (K-FAC vs SGD: {detectable(C['digits/error/kfac_vs_sgd'])}, in error-rate units)"
+    + f" (K-FAC vs SGD: {C['digits/error/kfac_vs_sgd'].detectable('.3f')}, in error-rate units)"
     + ". Every rule ran at its tuned step size (SGD {digits/lr_sgd:.3g}, Adam {digits/lr_adam:.3g}, K-FAC "
     "{digits/lr_kfac:.3g}, MGS {digits/lr_mgs:.3g}); chosen at the edge of the grid: {digits/tuned_at_grid_edge}.",
     budget=budget)
@@ -1160,7 +1151,7 @@ run.say(
     + "".join(f"The per-seed errors of {n} are identical to those of {k}, so only {k} enters the family. "
               for n, k in same_as.items())
     + "Against SGD after the correction, at equal counted passes: "
-    + "; ".join(f"{n} **{c.verdict_adjusted}** ({detectable(c)})" for n, c in c_second.items())
+    + "; ".join(f"{n} **{c.verdict_adjusted}** ({c.detectable('.3f')})" for n, c in c_second.items())
     + f". The CPU time the pass count does not show: Newton's runs took ×{cpu_x['newton']:.0f} SGD's CPU seconds, the "
     f"natural gradient's ×{cpu_x['natural_exact']:.0f}. Within the same passes the natural gradient takes "
     + ("as many steps as" if lr_steps["natural_exact"] == lr_steps["sgd"]
@@ -1184,7 +1175,7 @@ run.say(
     "{lm/ppl_mezo:.1f}; above twice the pretrained perplexity at some seed: {lm/ppl_over_2x_base}. After the "
     "correction, better than SGD or Adam on the task loss: " + (", ".join(lm_better) or "none") + "; worse: "
     + (", ".join(lm_worse) or "none") + "; every other pair inconclusive (MGS vs SGD: "
-    + detectable(C["lm/task_loss/mgs_vs_sgd"]) + ").\n"
+    + C["lm/task_loss/mgs_vs_sgd"].detectable('.3f') + ").\n"
     "* **Equal steps on the small LM.** A greedy decoding costs T = {lm_decode_len} counted forwards, so at equal "
     "passes MGS took {lm/steps_mgs:.0f} steps and REINFORCE {lm/steps_reinforce:.0f} where SGD took "
     "{lm/steps_sgd:.0f}. Given the same number of steps, SGD reaches {lm_equal_steps/task_loss_sgd_at_mgs_steps:.3f} "
@@ -1221,8 +1212,8 @@ run.say(f"**Summary.** At these parameters {held} of the {len(run.claims)} claim
         f"rules by agreement beside their counted cost. The verdict family holds {family} paired comparisons; "
         f"{decided} are decided at p < 0.05 one by one, {kept} after the Holm correction across all of them. With "
         f"{n_seeds} seeds on digits and {lm_seeds} on the small LM the comparisons could detect, at 80 % power: K-FAC "
-        f"vs SGD on the digits error, {detectable(C['digits/error/kfac_vs_sgd'])}; MGS vs SGD on the small LM's task "
-        f"loss, {detectable(C['lm/task_loss/mgs_vs_sgd'])}. "
+        f"vs SGD on the digits error, {C['digits/error/kfac_vs_sgd'].detectable('.3f')}; MGS vs SGD on the small LM's task "
+        f"loss, {C['lm/task_loss/mgs_vs_sgd'].detectable('.3f')}. "
         + ("No comparison of the family can be decided at these seeds, whatever its effect"
            if not any(math.isfinite(c.mde_family) for c in C.values()) else
            "A difference below a comparison's detectable effect is likely to stay inconclusive at these seeds")

@@ -120,6 +120,28 @@ class Comparison:
             return f"{self.name} vs {self.baseline}: inconclusive ({diff}; {stats}; {why})."
         return f"{self.name} is {verdict} than {self.baseline} ({diff}; {stats})."
 
+    def detectable(self, fmt: str = ".3g") -> str:
+        """What this comparison could detect, for a sentence: the minimum detectable effect at 80 % power (at the
+        family's level once :func:`~taskloss.results.compare.adjust` was applied), or that its untied seeds can
+        decide no difference of any size at that level.
+
+        Args:
+            fmt: the format of the effect.
+        """
+        _check_fmt(fmt)
+        return _detectable(self, fmt)
+
+
+def _detectable(c: Comparison, fmt: str) -> str:
+    mde = c.mde if c.mde_family is None else c.mde_family
+    if math.isnan(mde):
+        return "no detectable effect defined (no spread recorded)"
+    if math.isinf(mde):
+        return f"no difference of any size is decidable at {c.n_tested if c.n_tested is not None else c.n} untied seeds"
+    after = "" if c.mde_family is None else " after the correction"
+    unit = " win rate" if c.estimand == "win-rate" else ""
+    return f"smallest effect detectable{after} {mde:{fmt}}{unit}"
+
 
 def _mde_text(c: Comparison, fmt: str) -> str:
     mde = c.mde if c.mde_family is None else c.mde_family

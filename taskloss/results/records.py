@@ -228,6 +228,4 @@ def corrected_phrase(c: Comparison, fmt: str = ".3f") -> str:
     text = f"{c.effect:+{fmt}} (uncorrected {pct} CI [{c.ci_low:{fmt}}, {c.ci_high:{fmt}}]) → **{c.verdict_adjusted}**"
     if c.verdict_adjusted != "inconclusive":
         return text
-    if math.isfinite(c.mde_family):
-        return f"{text}, smallest effect detectable after the correction {c.mde_family:{fmt}}"
-    return f"{text}, no difference of any size decidable after the correction at {c.n_tested} untied seeds"
+    return f"{text}, {c.detectable(fmt)}"

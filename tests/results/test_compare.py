@@ -263,3 +263,20 @@ def test_bars_with_interval_draws_the_interval_at_the_confidence_asked_for():
         assert np.isclose(half_width[conf], float(hi - m))
         plt.close(fig)
     assert half_width[0.68] < half_width[0.95]
+
+
+def test_detectable_names_the_mde_or_says_no_difference_is_decidable():
+    from taskloss.results.compare import adjust
+
+    rng = np.random.default_rng(1)
+    b = rng.normal(0, 1, 12)
+    c = paired_comparison(b - 1 + rng.normal(0, 0.3, 12), b, lower_is_better=True)
+    assert c.detectable(".2f") == f"smallest effect detectable {c.mde:.2f}"
+    fam = adjust([c, c])
+    assert fam[0].detectable(".2f") == f"smallest effect detectable after the correction {fam[0].mde_family:.2f}"
+    few = paired_comparison([1.0, 2.0, 3.0], [0.0, 0.5, 1.0])
+    assert few.detectable() == "no difference of any size is decidable at 3 untied seeds"
+    wins = paired_comparison(b + 1, b, estimand="win-rate")
+    assert wins.detectable().endswith(" win rate")
+    with pytest.raises((TypeError, ValueError)):
+        c.detectable(3)

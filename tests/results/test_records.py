@@ -133,7 +133,7 @@ def test_corrected_phrase_states_the_family_verdict_and_what_it_could_detect(tmp
         f"→ **inconclusive**, smallest effect detectable after the correction {null.mde_family:.2f}")
     small = load_record(NB, "full", root=save_record(_fake_run(tmp_path / "run5", n=5), root=tmp_path / "s").parents[1])
     assert corrected_phrase(small.family(["x/decided", "x/null"])["x/decided"]).endswith(
-        "no difference of any size decidable after the correction at 5 untied seeds")
+        "no difference of any size is decidable at 5 untied seeds")
     with pytest.raises(ValueError, match="corrected in its family"):
         corrected_phrase(rec.comparisons["x/decided"])                       # not corrected: refused
     with pytest.raises(TypeError, match="Comparison"):
